@@ -1,0 +1,76 @@
+# Phalanx: `make demo` and `make test` are the two set-up commands; the rest are quicker targets.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PYTEST := $(BIN)/pytest
+STAMP := $(VENV)/.installed
+
+.PHONY: help venv cluster-bin lint typecheck test test-unit test-integration test-e2e test-trainer \
+        crd crd-check docs chart-crd demo bench bench-trainer bench-gang bench-recovery dev-up dev-down clean
+
+help:
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
+
+$(STAMP): requirements-dev.txt operator/pyproject.toml trainer-image/pyproject.toml
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -r requirements-dev.txt
+	$(BIN)/pip install -q --no-deps -e operator -e trainer-image
+	@touch $@
+
+venv: $(STAMP) ## create the development virtualenv (.venv) with pinned dependencies
+
+cluster-bin: ## build (or reuse from ~/.cache/phalanx) etcd, kube-*, kubectl, kwok, helm
+	bash hack/cluster-bin.sh
+
+lint: $(STAMP) ## ruff
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check operator trainer-image tests bench hack
+
+typecheck: $(STAMP) ## mypy --strict on the product code
+	$(BIN)/mypy
+
+crd: $(STAMP) ## regenerate crds/ and docs/api.md from the typed models
+	$(BIN)/python -m phalanx.api.generate --write
+
+crd-check: $(STAMP) ## fail when the committed CRD, chart copy or API docs are stale
+	$(BIN)/python -m phalanx.api.generate --check
+
+test-unit: $(STAMP) ## unit tests only (no cluster, no torch processes): seconds
+	$(PYTEST) -m unit -q
+
+test-trainer: $(STAMP) ## trainer tests (torch.distributed on CPU with gloo)
+	$(PYTEST) -m trainer -q
+
+test-integration: $(STAMP) cluster-bin ## integration tests against the local control plane
+	$(PYTEST) -m integration -q
+
+test-e2e: $(STAMP) cluster-bin ## end-to-end: real training through the operator
+	$(PYTEST) -m e2e -q
+
+test: $(STAMP) cluster-bin lint typecheck crd-check ## the whole suite: lint, types, CRD freshness, all tests
+	$(PYTEST) -q
+
+dev-up: $(STAMP) cluster-bin ## start the local cluster in the background
+	$(BIN)/phalanx dev up
+
+dev-down: $(STAMP) ## stop the local cluster
+	$(BIN)/phalanx dev down
+
+demo: $(STAMP) cluster-bin ## the main job on a local cluster: train, preempt, recover
+	$(BIN)/python -m phalanx.demo
+
+bench: bench-trainer bench-gang bench-recovery ## all benchmarks (results in bench/results/)
+
+bench-trainer: $(STAMP)
+	$(BIN)/python bench/trainer_bench.py
+
+bench-gang: $(STAMP) cluster-bin
+	$(BIN)/python bench/gang_bench.py
+
+bench-recovery: $(STAMP) cluster-bin
+	$(BIN)/python bench/recovery_bench.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

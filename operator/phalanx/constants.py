@@ -1,0 +1,100 @@
+"""Names shared by the operator, its manifests and the trainer's environment contract.
+
+One source of truth: builders, policies, the CRD's CEL rules and docs/environment.md read these.
+The trainer keeps its own copy (phalanx_trainer/contract.py); tests/unit/test_contract.py checks
+that both sides agree.
+"""
+
+from typing import Final
+
+GROUP: Final = "phalanx.dev"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+KIND: Final = "TrainingJob"
+PLURAL: Final = "trainingjobs"
+SINGULAR: Final = "trainingjob"
+SHORT_NAMES: Final = ("tj",)
+
+TRAINER_CONTAINER: Final = "trainer"
+
+# Labels and annotations on everything a TrainingJob owns.
+LABEL_JOB_NAME: Final = f"{GROUP}/job-name"
+LABEL_REPLICA_INDEX: Final = f"{GROUP}/replica-index"
+LABEL_ATTEMPT: Final = f"{GROUP}/attempt"
+LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+MANAGED_BY: Final = "phalanx"
+GANG_SCHEDULING_GATE: Final = f"{GROUP}/gang"
+
+# Exit-code contract between trainer and operator (docs/environment.md).
+EXIT_SUCCESS: Final = 0
+# EX_TEMPFAIL from sysexits.h: the trainer saved a checkpoint after SIGTERM and stopped on purpose.
+EXIT_CHECKPOINTED_ON_PREEMPTION: Final = 75
+# 1-127 (other than the code above) are permanent unless listed in spec.runPolicy.retryableExitCodes;
+# 128-255 (killed by a signal, including OOM kills) are retryable failures.
+FIRST_SIGNAL_EXIT_CODE: Final = 128
+
+DEFAULT_RENDEZVOUS_PORT: Final = 29500
+DEFAULT_METRICS_PORT: Final = 9400
+DEFAULT_CHECKPOINT_PATH: Final = "/checkpoints"
+
+# The environment contract: variables the operator sets in every trainer container.
+ENV_MASTER_ADDR: Final = "MASTER_ADDR"
+ENV_MASTER_PORT: Final = "MASTER_PORT"
+ENV_WORLD_SIZE: Final = "WORLD_SIZE"  # processes (replicas x procsPerReplica), not pods
+ENV_NNODES: Final = "NNODES"
+ENV_NODE_RANK: Final = "NODE_RANK"
+ENV_NPROC_PER_NODE: Final = "NPROC_PER_NODE"
+ENV_PET_NNODES: Final = "PET_NNODES"
+ENV_PET_NPROC_PER_NODE: Final = "PET_NPROC_PER_NODE"
+ENV_PET_NODE_RANK: Final = "PET_NODE_RANK"
+ENV_PET_MASTER_ADDR: Final = "PET_MASTER_ADDR"
+ENV_PET_MASTER_PORT: Final = "PET_MASTER_PORT"
+ENV_JOB_NAME: Final = "PHALANX_JOB_NAME"
+ENV_JOB_UID: Final = "PHALANX_JOB_UID"
+ENV_ATTEMPT: Final = "PHALANX_ATTEMPT"
+ENV_CHECKPOINT_DIR: Final = "PHALANX_CHECKPOINT_DIR"
+ENV_CHECKPOINT_INTERVAL: Final = "PHALANX_CHECKPOINT_INTERVAL_STEPS"
+ENV_CHECKPOINT_KEEP: Final = "PHALANX_CHECKPOINT_KEEP"
+ENV_METRICS_PORT: Final = "PHALANX_METRICS_PORT"
+ENV_RENDEZVOUS_TIMEOUT: Final = "PHALANX_RENDEZVOUS_TIMEOUT_SECONDS"
+ENV_PREEMPTION_EXIT_CODE: Final = "PHALANX_PREEMPTION_EXIT_CODE"
+ENV_GRACE_PERIOD: Final = "PHALANX_TERMINATION_GRACE_SECONDS"
+
+# Names the operator owns: a template that sets one of these is rejected at admission.
+RESERVED_ENV_NAMES: Final = (
+    ENV_MASTER_ADDR,
+    ENV_MASTER_PORT,
+    ENV_WORLD_SIZE,
+    "RANK",
+    "LOCAL_RANK",
+    ENV_NNODES,
+    ENV_NODE_RANK,
+    ENV_NPROC_PER_NODE,
+    ENV_PET_NNODES,
+    ENV_PET_NPROC_PER_NODE,
+    ENV_PET_NODE_RANK,
+    ENV_PET_MASTER_ADDR,
+    ENV_PET_MASTER_PORT,
+    ENV_JOB_NAME,
+    ENV_JOB_UID,
+    ENV_ATTEMPT,
+    ENV_CHECKPOINT_DIR,
+    ENV_CHECKPOINT_INTERVAL,
+    ENV_CHECKPOINT_KEEP,
+    ENV_METRICS_PORT,
+    ENV_PREEMPTION_EXIT_CODE,
+    ENV_GRACE_PERIOD,
+)
+
+# NCCL defaults the user may override through the template's env.
+NCCL_DEFAULTS: Final = {
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+    "NCCL_ASYNC_ERROR_HANDLING": "1",
+}
+
+GPU_RESOURCE: Final = "nvidia.com/gpu"
+MIG_RESOURCE_PREFIX: Final = "nvidia.com/mig-"
+
+# Progress endpoint the trainer's local rank 0 of global rank 0 serves (JSON, see docs/environment.md).
+PROGRESS_PATH: Final = "/progress"

@@ -1,0 +1,3 @@
+"""Phalanx trainer: the distributed training loop the operator launches in each pod."""
+
+__version__ = "0.1.0"
