@@ -1,0 +1,313 @@
+"""The operator's Prometheus metrics and the small helpers the reconcile code calls to update them.
+
+Everything lives in one private registry so the exposition holds exactly METRIC_NAMES plus the
+process collector, and tests can read it without a server.  Per-job series (phase, checkpoint age,
+progress, restarts, admission wait) are bounded by the number of live TrainingJobs: `forget_job`
+drops them when a job is deleted.  Ages are computed at scrape time from stored timestamps, so a
+stalled operator shows a growing age instead of a frozen one.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Final, Literal
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+    generate_latest,
+    start_http_server,
+)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+RestartReason = Literal["failure", "preemption"]
+RESTART_REASONS: Final[tuple[RestartReason, ...]] = ("failure", "preemption")
+TERMINAL_PHASES: Final = ("Succeeded", "Failed")
+
+# Scheduling waits range from seconds (free cluster) to hours (busy queue, Kueue-style backoff).
+ADMISSION_WAIT_BUCKETS: Final = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0)
+RECONCILE_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+# Created series (`*_created`) double every counter's series count for little use on dashboards.
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
+REGISTRY: Final = CollectorRegistry(auto_describe=True)
+ProcessCollector(registry=REGISTRY)  # the usual process_* series, told apart by the scrape job
+
+JOBS_CREATED: Final = Counter(
+    "phalanx_jobs_created", "TrainingJobs the operator started managing.", registry=REGISTRY
+)
+JOBS_FINISHED: Final = Counter(
+    "phalanx_jobs_finished",
+    "TrainingJobs that reached a terminal phase, by result (succeeded or failed).",
+    ["result"],
+    registry=REGISTRY,
+)
+JOBS_BY_PHASE: Final = Gauge(
+    "phalanx_jobs", "TrainingJobs the operator currently knows, by phase.", ["phase"], registry=REGISTRY
+)
+JOB_RESTARTS: Final = Counter(
+    "phalanx_job_restarts",
+    "Gang restarts of a TrainingJob, by reason (failure counts against the backoff limit, preemption not).",
+    ["namespace", "job", "reason"],
+    registry=REGISTRY,
+)
+ADMISSION_WAIT: Final = Histogram(
+    "phalanx_admission_wait_seconds",
+    "Time from a gang asking for admission to all its pods being admitted.",
+    buckets=ADMISSION_WAIT_BUCKETS,
+    registry=REGISTRY,
+)
+GANG_ADMISSIONS: Final = Counter("phalanx_gang_admissions", "Gangs admitted as a whole.", registry=REGISTRY)
+GANG_TIMEOUTS: Final = Counter(
+    "phalanx_gang_timeouts",
+    "Gangs that were not admitted within their admission timeout and were requeued.",
+    registry=REGISTRY,
+)
+RECONCILE_DURATION: Final = Histogram(
+    "phalanx_reconcile_duration_seconds",
+    "Wall time of one reconcile handler call, by handler.",
+    ["handler"],
+    buckets=RECONCILE_BUCKETS,
+    registry=REGISTRY,
+)
+RECONCILE_ERRORS: Final = Counter(
+    "phalanx_reconcile_errors",
+    "Reconcile handler calls that raised (kopf retries them), by handler.",
+    ["handler"],
+    registry=REGISTRY,
+)
+PODS_CREATED: Final = Counter("phalanx_pods_created", "Worker pods created.", registry=REGISTRY)
+JOB_PROGRESS: Final = Gauge(
+    "phalanx_job_progress_ratio",
+    "Fraction of a TrainingJob's total steps completed (0 to 1), as reported by its trainer.",
+    ["namespace", "job"],
+    registry=REGISTRY,
+)
+
+
+@dataclass
+class _JobState:
+    """What the scrape-time collector needs about one job."""
+
+    phase: str | None = None
+    last_checkpoint_at: float | None = None
+    waiting_since: float | None = None
+    restart_reasons: set[str] = field(default_factory=set)
+
+
+class _JobCollector(Collector):
+    """Per-job series whose value depends on the time of the scrape."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._jobs: dict[tuple[str, str], _JobState] = {}
+
+    def update(self, namespace: str, name: str, change: Callable[[_JobState], None]) -> None:
+        with self._lock:
+            change(self._jobs.setdefault((namespace, name), _JobState()))
+
+    def pop(self, namespace: str, name: str) -> _JobState | None:
+        with self._lock:
+            return self._jobs.pop((namespace, name), None)
+
+    def phase_counts(self) -> dict[str, int]:
+        with self._lock:
+            counts: dict[str, int] = {}
+            for state in self._jobs.values():
+                if state.phase is not None:
+                    counts[state.phase] = counts.get(state.phase, 0) + 1
+            return counts
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        now = self._clock()
+        phase = GaugeMetricFamily(
+            "phalanx_job_phase",
+            "1 for the current phase of each TrainingJob (one series per job).",
+            labels=["namespace", "job", "phase"],
+        )
+        checkpoint_age = GaugeMetricFamily(
+            "phalanx_job_checkpoint_age_seconds",
+            "Seconds since the newest valid checkpoint of a TrainingJob was written.",
+            labels=["namespace", "job"],
+        )
+        waiting = GaugeMetricFamily(
+            "phalanx_job_admission_waiting_seconds",
+            "Seconds a TrainingJob's gang has been waiting for admission so far.",
+            labels=["namespace", "job"],
+        )
+        with self._lock:
+            for (namespace, name), state in sorted(self._jobs.items()):
+                if state.phase is not None:
+                    phase.add_metric([namespace, name, state.phase], 1.0)
+                if state.last_checkpoint_at is not None:
+                    checkpoint_age.add_metric([namespace, name], max(0.0, now - state.last_checkpoint_at))
+                if state.waiting_since is not None:
+                    waiting.add_metric([namespace, name], max(0.0, now - state.waiting_since))
+        yield from (phase, checkpoint_age, waiting)
+
+    def describe(self) -> Iterable[GaugeMetricFamily]:
+        # Empty families: lets the registry check names without running a scrape-time computation.
+        return [
+            GaugeMetricFamily("phalanx_job_phase", "", labels=["namespace", "job", "phase"]),
+            GaugeMetricFamily("phalanx_job_checkpoint_age_seconds", "", labels=["namespace", "job"]),
+            GaugeMetricFamily("phalanx_job_admission_waiting_seconds", "", labels=["namespace", "job"]),
+        ]
+
+
+_JOBS: Final = _JobCollector(time.time)
+REGISTRY.register(_JOBS)
+
+# Every sample family the operator exports, as PromQL sees it in the Prometheus text format
+# (counters with `_total`; histograms by base name, sampled as `_bucket`, `_sum`, `_count`).
+METRIC_NAMES: Final = (
+    "phalanx_jobs_created_total",
+    "phalanx_jobs_finished_total",
+    "phalanx_jobs",
+    "phalanx_job_phase",
+    "phalanx_job_restarts_total",
+    "phalanx_admission_wait_seconds",
+    "phalanx_job_admission_waiting_seconds",
+    "phalanx_gang_admissions_total",
+    "phalanx_gang_timeouts_total",
+    "phalanx_reconcile_duration_seconds",
+    "phalanx_reconcile_errors_total",
+    "phalanx_pods_created_total",
+    "phalanx_job_checkpoint_age_seconds",
+    "phalanx_job_progress_ratio",
+)
+
+
+def _refresh_phase_gauge(previous_phases: Iterable[str]) -> None:
+    counts = _JOBS.phase_counts()
+    for phase in set(previous_phases) | set(counts):
+        JOBS_BY_PHASE.labels(phase=phase).set(counts.get(phase, 0))
+
+
+def observe_job_created(namespace: str, name: str) -> None:
+    """A TrainingJob was seen for the first time (its create handler ran)."""
+    JOBS_CREATED.inc()
+
+
+def observe_phase_change(namespace: str, name: str, old: str | None, new: str) -> None:
+    """Record a job's current phase; idempotent, so a resumed operator may call it again."""
+    before = _JOBS.phase_counts()
+
+    def set_phase(state: _JobState) -> None:
+        state.phase = new
+
+    _JOBS.update(namespace, name, set_phase)
+    if new in TERMINAL_PHASES and old != new:
+        JOBS_FINISHED.labels(result=new.lower()).inc()
+    _refresh_phase_gauge(before)
+
+
+def observe_admission_wait_started(namespace: str, name: str, started_at: float) -> None:
+    """The job's gang asked for admission at `started_at` (epoch seconds)."""
+
+    def set_waiting(state: _JobState) -> None:
+        state.waiting_since = started_at
+
+    _JOBS.update(namespace, name, set_waiting)
+
+
+def observe_gang_admitted(namespace: str, name: str, waited_seconds: float) -> None:
+    """The whole gang was admitted after `waited_seconds`."""
+    ADMISSION_WAIT.observe(max(0.0, waited_seconds))
+    GANG_ADMISSIONS.inc()
+
+    def clear_waiting(state: _JobState) -> None:
+        state.waiting_since = None
+
+    _JOBS.update(namespace, name, clear_waiting)
+
+
+def observe_gang_timeout(namespace: str, name: str) -> None:
+    """The gang missed its admission deadline and goes back to the queue (still waiting)."""
+    GANG_TIMEOUTS.inc()
+
+
+def observe_restart(namespace: str, name: str, reason: RestartReason) -> None:
+    """The operator restarted the job's gang."""
+    if reason not in RESTART_REASONS:
+        raise ValueError(f"restart reason must be one of {RESTART_REASONS}, got {reason!r}")
+    JOB_RESTARTS.labels(namespace=namespace, job=name, reason=reason).inc()
+
+    def remember_reason(state: _JobState) -> None:
+        state.restart_reasons.add(reason)
+
+    _JOBS.update(namespace, name, remember_reason)
+
+
+def observe_pods_created(count: int = 1) -> None:
+    PODS_CREATED.inc(count)
+
+
+def observe_checkpoint(namespace: str, name: str, saved_at: float) -> None:
+    """The newest valid checkpoint of the job was written at `saved_at` (epoch seconds)."""
+
+    def set_checkpoint(state: _JobState) -> None:
+        if state.last_checkpoint_at is None or saved_at > state.last_checkpoint_at:
+            state.last_checkpoint_at = saved_at
+
+    _JOBS.update(namespace, name, set_checkpoint)
+
+
+def observe_progress(namespace: str, name: str, completed_steps: int, total_steps: int) -> None:
+    """The trainer reported `completed_steps` of `total_steps`."""
+    if total_steps <= 0:
+        raise ValueError(f"total_steps must be positive, got {total_steps}")
+    ratio = min(1.0, max(0.0, completed_steps / total_steps))
+    JOB_PROGRESS.labels(namespace=namespace, job=name).set(ratio)
+
+
+@contextmanager
+def reconcile_timer(handler: str) -> Iterator[None]:
+    """Time one handler call; count it as an error when it raises (the exception propagates)."""
+    started = time.perf_counter()
+    try:
+        yield
+    except BaseException:
+        RECONCILE_ERRORS.labels(handler=handler).inc()
+        raise
+    finally:
+        RECONCILE_DURATION.labels(handler=handler).observe(time.perf_counter() - started)
+
+
+def forget_job(namespace: str, name: str) -> None:
+    """Drop every per-job series of a deleted job, keeping label cardinality bounded by live jobs."""
+    before = _JOBS.phase_counts()
+    state = _JOBS.pop(namespace, name)
+    reasons = state.restart_reasons if state is not None else set()
+    for reason in reasons:
+        try:
+            JOB_RESTARTS.remove(namespace, name, reason)
+        except KeyError:
+            pass
+    try:
+        JOB_PROGRESS.remove(namespace, name)
+    except KeyError:
+        pass
+    _refresh_phase_gauge(before)
+
+
+def render_metrics() -> bytes:
+    """The Prometheus text exposition of the operator's registry (what /metrics serves)."""
+    return generate_latest(REGISTRY)
+
+
+def start_metrics_server(port: int, addr: str = "0.0.0.0") -> WSGIServer:
+    """Serve /metrics on a daemon thread; port 0 picks a free port (read `server.server_port`)."""
+    server, _thread = start_http_server(port, addr=addr, registry=REGISTRY)
+    return server
