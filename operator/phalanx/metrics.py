@@ -5,6 +5,9 @@ process collector, and tests can read it without a server.  Per-job series (phas
 progress, restarts, admission wait) are bounded by the number of live TrainingJobs: `forget_job`
 drops them when a job is deleted.  Ages are computed at scrape time from stored timestamps, so a
 stalled operator shows a growing age instead of a frozen one.
+
+The job's name is the label `trainingjob`, not `job`: Prometheus owns `job` (the scrape job), and
+the chart's PodMonitor gives trainer series the same `trainingjob` label so both sides join.
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ JOBS_BY_PHASE: Final = Gauge(
 JOB_RESTARTS: Final = Counter(
     "phalanx_job_restarts",
     "Gang restarts of a TrainingJob, by reason (failure counts against the backoff limit, preemption not).",
-    ["namespace", "job", "reason"],
+    ["namespace", "trainingjob", "reason"],
     registry=REGISTRY,
 )
 ADMISSION_WAIT: Final = Histogram(
@@ -91,7 +94,7 @@ PODS_CREATED: Final = Counter("phalanx_pods_created", "Worker pods created.", re
 JOB_PROGRESS: Final = Gauge(
     "phalanx_job_progress_ratio",
     "Fraction of a TrainingJob's total steps completed (0 to 1), as reported by its trainer.",
-    ["namespace", "job"],
+    ["namespace", "trainingjob"],
     registry=REGISTRY,
 )
 
@@ -135,17 +138,17 @@ class _JobCollector(Collector):
         phase = GaugeMetricFamily(
             "phalanx_job_phase",
             "1 for the current phase of each TrainingJob (one series per job).",
-            labels=["namespace", "job", "phase"],
+            labels=["namespace", "trainingjob", "phase"],
         )
         checkpoint_age = GaugeMetricFamily(
             "phalanx_job_checkpoint_age_seconds",
             "Seconds since the newest valid checkpoint of a TrainingJob was written.",
-            labels=["namespace", "job"],
+            labels=["namespace", "trainingjob"],
         )
         waiting = GaugeMetricFamily(
             "phalanx_job_admission_waiting_seconds",
             "Seconds a TrainingJob's gang has been waiting for admission so far.",
-            labels=["namespace", "job"],
+            labels=["namespace", "trainingjob"],
         )
         with self._lock:
             for (namespace, name), state in sorted(self._jobs.items()):
@@ -160,9 +163,9 @@ class _JobCollector(Collector):
     def describe(self) -> Iterable[GaugeMetricFamily]:
         # Empty families: lets the registry check names without running a scrape-time computation.
         return [
-            GaugeMetricFamily("phalanx_job_phase", "", labels=["namespace", "job", "phase"]),
-            GaugeMetricFamily("phalanx_job_checkpoint_age_seconds", "", labels=["namespace", "job"]),
-            GaugeMetricFamily("phalanx_job_admission_waiting_seconds", "", labels=["namespace", "job"]),
+            GaugeMetricFamily("phalanx_job_phase", "", labels=["namespace", "trainingjob", "phase"]),
+            GaugeMetricFamily("phalanx_job_checkpoint_age_seconds", "", labels=["namespace", "trainingjob"]),
+            GaugeMetricFamily("phalanx_job_admission_waiting_seconds", "", labels=["namespace", "trainingjob"]),
         ]
 
 
@@ -242,7 +245,7 @@ def observe_restart(namespace: str, name: str, reason: RestartReason) -> None:
     """The operator restarted the job's gang."""
     if reason not in RESTART_REASONS:
         raise ValueError(f"restart reason must be one of {RESTART_REASONS}, got {reason!r}")
-    JOB_RESTARTS.labels(namespace=namespace, job=name, reason=reason).inc()
+    JOB_RESTARTS.labels(namespace=namespace, trainingjob=name, reason=reason).inc()
 
     def remember_reason(state: _JobState) -> None:
         state.restart_reasons.add(reason)
@@ -269,7 +272,7 @@ def observe_progress(namespace: str, name: str, completed_steps: int, total_step
     if total_steps <= 0:
         raise ValueError(f"total_steps must be positive, got {total_steps}")
     ratio = min(1.0, max(0.0, completed_steps / total_steps))
-    JOB_PROGRESS.labels(namespace=namespace, job=name).set(ratio)
+    JOB_PROGRESS.labels(namespace=namespace, trainingjob=name).set(ratio)
 
 
 @contextmanager
