@@ -1,0 +1,404 @@
+"""TrainingJob, phalanx.dev/v1alpha1: the contract users write against.
+
+Every field's description, default, bounds and cross-field rule lives here; `make crd` turns this
+module into crds/phalanx.dev_trainingjobs.yaml, the chart's copy and docs/api.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from phalanx import constants as c
+from phalanx.api.schema import Rule, api_field
+
+# The longest pod name is "<job>-worker-<index>" and must be a DNS label (63 characters):
+# 63 - len("-worker-") - 5 digits of index leaves 50.
+MAX_JOB_NAME_LENGTH = 50
+MAX_REPLICAS = 10_000
+
+_RESERVED_LIST = "[" + ", ".join(f"'{n}'" for n in c.RESERVED_ENV_NAMES) + "]"
+
+
+@dataclass
+class EnvVar:
+    """An environment variable of a container (the rest of Kubernetes' EnvVar is kept as given)."""
+
+    __preserve_unknown__ = True
+    name: str = api_field("Variable name.", required=True, max_length=256)
+    value: str | None = api_field("Variable value.", max_length=32768)
+
+
+@dataclass
+class Container:
+    """A container of the pod template. Fields beyond those listed are kept and passed to the pod."""
+
+    __preserve_unknown__ = True
+    __rules__ = (
+        Rule(
+            f"!has(self.env) || self.env.all(e, !(e.name in {_RESERVED_LIST}))",
+            "env sets a name the operator owns (MASTER_ADDR, WORLD_SIZE, RANK, PET_*, PHALANX_*); "
+            "remove it: Phalanx sets it from spec (see docs/environment.md)",
+            reason="FieldValueForbidden",
+        ),
+    )
+    name: str = api_field("Container name; the one named 'trainer' runs training.", required=True, max_length=63)
+    image: str | None = api_field("Container image.", max_length=1024)
+    env: list[EnvVar] | None = api_field("Environment variables.", max_items=256)
+
+
+@dataclass
+class PodSpecTemplate:
+    """The pod spec of the template. Fields beyond those listed are kept and passed to the pods."""
+
+    __preserve_unknown__ = True
+    __rules__ = (
+        Rule(
+            "self.containers.exists(x, x.name == 'trainer')",
+            "needs a container named 'trainer': add one to spec.template.spec.containers",
+            field_path=".containers",
+            reason="FieldValueRequired",
+        ),
+    )
+    containers: list[Container] = api_field(
+        "Containers of each pod; exactly one must be named 'trainer'.", required=True, max_items=16, factory=list
+    )
+    restart_policy: str | None = api_field(
+        "Must be Never or unset: the operator decides restarts, all pods of a gang together.",
+        enum=("Never",),
+    )
+
+
+@dataclass
+class PodTemplate:
+    """The pod template every worker is made from (a PodTemplateSpec)."""
+
+    metadata: dict[str, Any] | None = api_field("Labels and annotations for the pods.")
+    spec: PodSpecTemplate = api_field("The pod spec.", required=True, factory=PodSpecTemplate)
+
+
+@dataclass
+class MigDevice:
+    """A MIG slice per pod, requested as nvidia.com/mig-<profile> (the device plugin's mixed strategy)."""
+
+    profile: str = api_field(
+        "MIG profile, for example 1g.10gb or 3g.40gb.",
+        required=True,
+        pattern=r"^[1-9]g\.[0-9]+gb(\+me)?$",
+        example="1g.10gb",
+        default="",
+    )
+    count: int = api_field("MIG devices of this profile per pod.", default=1, minimum=1, maximum=7)
+
+
+@dataclass
+class Resources:
+    """Accelerators per pod. Set gpus or mig, not both; cpu and memory go in the template."""
+
+    __rules__ = (
+        Rule(
+            "!(has(self.gpus) && self.gpus > 0 && has(self.mig))",
+            "set either gpus or mig, not both: a pod gets whole GPUs or MIG slices",
+            reason="FieldValueForbidden",
+        ),
+    )
+    gpus: int | None = api_field("nvidia.com/gpu per pod (requests = limits).", minimum=0, maximum=64)
+    mig: MigDevice | None = api_field("A MIG device per pod instead of whole GPUs.")
+
+
+@dataclass
+class Rendezvous:
+    """Where rank 0 listens for torch.distributed's rendezvous."""
+
+    port: int = api_field("MASTER_PORT.", default=c.DEFAULT_RENDEZVOUS_PORT, minimum=1024, maximum=65535)
+    timeout_seconds: int = api_field(
+        "How long workers wait for rank 0's address to resolve and accept connections.",
+        default=600, minimum=10, maximum=86400,
+    )  # fmt: skip
+
+
+@dataclass
+class Nccl:
+    """NCCL settings. Any other NCCL_* or TORCH_NCCL_* variable passes through the template's env."""
+
+    debug: str | None = api_field("NCCL_DEBUG.", enum=("VERSION", "WARN", "INFO", "TRACE"))
+    socket_ifname: str | None = api_field("NCCL_SOCKET_IFNAME, for example eth0 or ^lo.", max_length=256)
+    ib_disable: bool | None = api_field("NCCL_IB_DISABLE: true turns InfiniBand off.")
+
+
+@dataclass
+class PersistentVolumeClaimSource:
+    """An existing PersistentVolumeClaim."""
+
+    claim_name: str = api_field("Claim name.", required=True, default="", max_length=253)
+    read_only: bool | None = api_field("Mount read-only (checkpoints cannot be written then).")
+
+
+@dataclass
+class HostPathSource:
+    """A directory on the node (single-node development only)."""
+
+    path: str = api_field("Path on the node.", required=True, default="", max_length=4096)
+    type: str | None = api_field("hostPath type.", enum=("", "DirectoryOrCreate", "Directory"))
+
+
+@dataclass
+class EmptyDirSource:
+    """Scratch space that lives as long as the pod: checkpoints do not survive a gang restart."""
+
+    medium: str | None = api_field("'' or Memory.", enum=("", "Memory"))
+    size_limit: str | None = api_field("Size limit, for example 10Gi.", max_length=64)
+
+
+@dataclass
+class CheckpointVolume:
+    """A volume source for checkpoints (one of the listed kinds; others pass through unchanged)."""
+
+    __preserve_unknown__ = True
+    __rules__ = (
+        Rule(
+            "(has(self.persistentVolumeClaim) ? 1 : 0) + (has(self.hostPath) ? 1 : 0) + "
+            "(has(self.emptyDir) ? 1 : 0) <= 1",
+            "give exactly one volume source (persistentVolumeClaim, hostPath or emptyDir)",
+        ),
+    )
+    persistent_volume_claim: PersistentVolumeClaimSource | None = api_field("A PersistentVolumeClaim (recommended).")
+    host_path: HostPathSource | None = api_field("A node directory.")
+    empty_dir: EmptyDirSource | None = api_field("A pod-lifetime directory.")
+
+
+@dataclass
+class Checkpoint:
+    """Where and how often the trainer checkpoints; the volume is mounted at `path` in every pod."""
+
+    path: str = api_field(
+        "Mount path, exported as PHALANX_CHECKPOINT_DIR.", default=c.DEFAULT_CHECKPOINT_PATH,
+        pattern="^/.*", max_length=4096,
+    )  # fmt: skip
+    volume: CheckpointVolume | None = api_field("Volume for checkpoints; without one nothing is mounted.")
+    interval_steps: int | None = api_field("Checkpoint every N steps.", minimum=1)
+    keep: int = api_field("Complete checkpoints kept (the newest is never deleted).", default=3, minimum=2,
+                          maximum=1000)  # fmt: skip
+
+
+@dataclass
+class Gang:
+    """All-or-nothing admission of the job's pods."""
+
+    min_available: int | None = api_field("Pods that must be placeable together (default: replicas).", minimum=1)
+    timeout_seconds: int = api_field(
+        "Admitted pods that are not all Running by then are torn down and requeued with backoff.",
+        default=300, minimum=10, maximum=86400,
+    )  # fmt: skip
+
+
+@dataclass
+class Scheduling:
+    """How the gang is scheduled."""
+
+    provider: str = api_field(
+        "builtin: the operator admits whole gangs (scheduling gates); volcano or coscheduling: a PodGroup "
+        "for that scheduler; none: plain pods.",
+        default="builtin",
+        enum=("builtin", "volcano", "coscheduling", "none"),
+    )
+    gang: Gang = api_field("Gang settings.", factory=Gang, default={})
+    priority_class_name: str | None = api_field("PriorityClass of the pods.", max_length=253)
+    queue: str | None = api_field("Queue name (Volcano queue; informational for builtin).", max_length=253)
+
+
+@dataclass
+class RunPolicy:
+    """Restarts, deadlines, clean-up and suspension."""
+
+    backoff_limit: int = api_field(
+        "Gang restarts after retryable failures before the job fails (preemptions are not counted).",
+        default=3, minimum=0, maximum=1000,
+    )  # fmt: skip
+    active_deadline_seconds: int | None = api_field("Fail the job after this long since it started.", minimum=1)
+    ttl_seconds_after_finished: int | None = api_field("Delete the job this long after it finished.", minimum=0)
+    suspend: bool = api_field("true deletes the pods and keeps the job; false resumes it.", default=False)
+    termination_grace_period_seconds: int = api_field(
+        "SIGTERM-to-SIGKILL time of every pod: the trainer's emergency checkpoint must fit inside.",
+        default=60, minimum=1, maximum=3600,
+    )  # fmt: skip
+    retryable_exit_codes: list[int] | None = api_field(
+        "Exit codes 1-127 that are retryable failures rather than permanent ones.", max_items=64,
+        extra={"items": {"minimum": 1, "maximum": 127}},
+    )  # fmt: skip
+
+
+_IMMUTABLE_WHILE_ACTIVE = (
+    Rule(
+        "!has(oldSelf.replicas) || self.replicas == oldSelf.replicas || self.runPolicy.suspend",
+        "spec.replicas can change only while the job is suspended (set spec.runPolicy.suspend: true first)",
+        field_path=".replicas",
+    ),
+    Rule(
+        "self.procsPerReplica == oldSelf.procsPerReplica || self.runPolicy.suspend",
+        "spec.procsPerReplica can change only while the job is suspended",
+        field_path=".procsPerReplica",
+    ),
+    Rule(
+        "self.resources == oldSelf.resources || self.runPolicy.suspend",
+        "spec.resources can change only while the job is suspended",
+        field_path=".resources",
+    ),
+    Rule(
+        "self.template == oldSelf.template || self.runPolicy.suspend",
+        "spec.template can change only while the job is suspended",
+        field_path=".template",
+    ),
+    Rule(
+        "self.scheduling.provider == oldSelf.scheduling.provider",
+        "spec.scheduling.provider cannot change; delete and recreate the job",
+        field_path=".scheduling.provider",
+    ),
+)
+
+
+@dataclass
+class TrainingJobSpec:
+    """What to run: a gang of identical pods, each running procsPerReplica training processes."""
+
+    __rules__ = (
+        Rule(
+            "!has(self.scheduling.gang.minAvailable) || self.scheduling.gang.minAvailable <= self.replicas",
+            "spec.scheduling.gang.minAvailable must be <= spec.replicas",
+            field_path=".scheduling.gang.minAvailable",
+            reason="FieldValueInvalid",
+        ),
+        *_IMMUTABLE_WHILE_ACTIVE,
+    )
+    replicas: int = api_field("Pods in the gang (nodes). WORLD_SIZE = replicas x procsPerReplica.", default=1,
+                              minimum=1, maximum=MAX_REPLICAS)  # fmt: skip
+    procs_per_replica: int | None = api_field(
+        "Training processes per pod; default resources.gpus when set, else 1.", minimum=1, maximum=64
+    )
+    resources: Resources = api_field("Accelerators per pod.", factory=Resources, default={})
+    template: PodTemplate = api_field("Pod template; its 'trainer' container runs training.", required=True,
+                                      factory=PodTemplate, default={})  # fmt: skip
+    rendezvous: Rendezvous = api_field("torch.distributed rendezvous.", factory=Rendezvous, default={})
+    nccl: Nccl | None = api_field("NCCL environment.")
+    checkpoint: Checkpoint = api_field("Checkpoint volume and policy.", factory=Checkpoint, default={})
+    scheduling: Scheduling = api_field("Gang scheduling, priority, queue.", factory=Scheduling, default={})
+    run_policy: RunPolicy = api_field("Restarts, deadline, TTL, suspend.", factory=RunPolicy, default={})
+
+    @property
+    def effective_procs_per_replica(self) -> int:
+        if self.procs_per_replica is not None:
+            return self.procs_per_replica
+        if self.resources.gpus:
+            return self.resources.gpus
+        return 1
+
+    @property
+    def world_size(self) -> int:
+        return self.replicas * self.effective_procs_per_replica
+
+    @property
+    def min_available(self) -> int:
+        return self.scheduling.gang.min_available or self.replicas
+
+
+@dataclass
+class Condition:
+    """A metav1.Condition."""
+
+    type: str = api_field("Condition type.", required=True, default="")
+    status: str = api_field("True, False or Unknown.", required=True, default="Unknown",
+                            enum=("True", "False", "Unknown"))  # fmt: skip
+    reason: str = api_field("Machine-readable CamelCase reason.", default="")
+    message: str = api_field("What a person should know.", default="")
+    last_transition_time: str | None = api_field("When status last changed (RFC 3339).")
+    observed_generation: int | None = api_field("spec generation this condition reflects.")
+
+
+@dataclass
+class Restarts:
+    """Gang restarts by cause."""
+
+    failures: int = api_field("Restarts after retryable failures (count against backoffLimit).", default=0)
+    preemptions: int = api_field("Restarts after preemption, eviction or node loss (do not count).", default=0)
+
+
+@dataclass
+class ReplicaCounts:
+    """Pods of the current attempt by state."""
+
+    active: int = api_field("Pods created and not finished.", default=0)
+    ready: int = api_field("Pods Running and Ready.", default=0)
+    succeeded: int = api_field("Pods that exited 0.", default=0)
+    failed: int = api_field("Pods that failed.", default=0)
+
+
+@dataclass
+class LastCheckpoint:
+    """The newest complete checkpoint the trainer reported."""
+
+    step: int | None = api_field("Training step of the checkpoint.")
+    time: str | None = api_field("When it was committed (RFC 3339).")
+
+
+@dataclass
+class Progress:
+    """Training progress read from the trainer's /progress endpoint."""
+
+    step: int | None = api_field("Current step.")
+    total_steps: int | None = api_field("Steps to run.")
+    percent: int | None = api_field("step / totalSteps in percent.")
+    eta_seconds: int | None = api_field("Estimated seconds to finish.")
+    loss: str | None = api_field("Latest loss (as text, to keep the schema integer-only).")
+    tokens_per_second: str | None = api_field("Throughput (as text).")
+
+
+@dataclass
+class TrainingJobStatus:
+    """Observed state, written by the operator only."""
+
+    phase: str | None = api_field(
+        "Pending, Admitted, Running, Restarting, Succeeded, Failed or Suspended.",
+        enum=("Pending", "Admitted", "Running", "Restarting", "Succeeded", "Failed", "Suspended"),
+    )
+    conditions: list[Condition] | None = api_field(
+        "Admitted, Running, Restarting, Succeeded, Failed, Suspended with reasons.",
+        extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    attempt: int | None = api_field("Current attempt: 0 first, +1 on every gang restart.")
+    restarts: Restarts | None = api_field("Restarts by cause.")
+    replicas: ReplicaCounts | None = api_field("Pods of the current attempt by state.")
+    ready_summary: str | None = api_field("ready/replicas, for `kubectl get`.")
+    start_time: str | None = api_field("When the first attempt was admitted.")
+    completion_time: str | None = api_field("When the job finished.")
+    admitted_time: str | None = api_field("When the current attempt was admitted.")
+    requeue_after: str | None = api_field("The current attempt may not be admitted before this time (backoff).")
+    gang_timeouts: int | None = api_field("Times the gang was torn down for not starting in time.")
+    last_checkpoint: LastCheckpoint | None = api_field("Newest checkpoint reported by the trainer.")
+    progress: Progress | None = api_field("Training progress.")
+    observed_generation: int | None = api_field("spec generation last acted on.")
+    message: str | None = api_field("The latest condition's message, for a quick look.")
+
+
+@dataclass
+class TrainingJob:
+    """A distributed training job: a gang of pods that runs, is preempted and recovers as one."""
+
+    __rules__ = (
+        Rule(
+            f"size(self.metadata.name) <= {MAX_JOB_NAME_LENGTH}",
+            f"metadata.name must be at most {MAX_JOB_NAME_LENGTH} characters: pods are named "
+            "<name>-worker-<index> and must fit a 63-character DNS label",
+            reason="FieldValueTooLong",
+        ),
+        Rule(
+            "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
+            "metadata.name must start with a letter and hold only lowercase letters, digits and '-': "
+            "it names the job's headless Service (a DNS-1035 label)",
+            reason="FieldValueInvalid",
+        ),
+    )
+    api_version: str | None = api_field("phalanx.dev/v1alpha1", json_name="apiVersion")
+    kind: str | None = api_field("TrainingJob")
+    metadata: dict[str, Any] | None = api_field("Standard object metadata.", extra={"type": "object"})
+    spec: TrainingJobSpec = api_field("Desired state.", required=True, factory=TrainingJobSpec, default={})
+    status: TrainingJobStatus | None = api_field("Observed state.")

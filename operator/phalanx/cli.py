@@ -1,0 +1,78 @@
+"""`phalanx` command line: `phalanx operator` (what the image runs) and `phalanx dev up|down|status`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+
+def _dev(args: argparse.Namespace) -> int:
+    from phalanx.devcluster.cluster import ClusterError, LocalCluster, default_state_dir
+    from phalanx.devcluster.nodes import DEFAULT_POOLS, pools_from_config
+
+    cluster = LocalCluster(Path(args.state_dir) if args.state_dir else default_state_dir(args.name))
+    try:
+        if args.dev_command == "up":
+            pools = DEFAULT_POOLS
+            if args.nodes:
+                pools = tuple(pools_from_config(yaml.safe_load(Path(args.nodes).read_text()) or []))
+            started = time.monotonic()
+            kubeconfig = cluster.up(pools)
+            print(f"Local cluster up in {time.monotonic() - started:.1f}s.", file=sys.stderr)
+            print(f"  kubectl --kubeconfig {kubeconfig} get nodes", file=sys.stderr)
+            print(kubeconfig)
+        elif args.dev_command == "down":
+            cluster.down()
+        else:
+            print(json.dumps(cluster.status(), indent=2))
+    except ClusterError as exc:
+        print(f"phalanx dev {args.dev_command}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _operator(args: argparse.Namespace) -> int:
+    from phalanx.runner import run_operator
+
+    run_operator(
+        namespaces=args.namespace or [],
+        metrics_port=args.metrics_port,
+        health_port=args.health_port,
+        verbose=args.verbose,
+    )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="phalanx", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    op = sub.add_parser("operator", help="run the TrainingJob operator against the current kubeconfig")
+    op.add_argument("--namespace", action="append", help="watch this namespace (repeatable; default: all)")
+    op.add_argument("--metrics-port", type=int, default=8080, help="Prometheus metrics port (0: off)")
+    op.add_argument("--health-port", type=int, default=8081, help="liveness endpoint /healthz port (0: off)")
+    op.add_argument("--verbose", action="store_true")
+    op.set_defaults(func=_operator)
+
+    dev = sub.add_parser("dev", help="a local control plane for development and tests")
+    dev.add_argument("dev_command", choices=("up", "down", "status"))
+    dev.add_argument("--name", default="default", help="cluster name (state in ~/.local/state/phalanx/NAME)")
+    dev.add_argument("--state-dir", help="state directory (overrides --name)")
+    dev.add_argument("--nodes", help="YAML list of simulated node pools (see docs/dev-cluster.md)")
+    dev.set_defaults(func=_dev)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

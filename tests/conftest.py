@@ -1,0 +1,153 @@
+"""Shared fixtures: one real local control plane per test session, one namespace per test.
+
+The cluster (etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kwok) starts only when
+a test asks for it. Set PHALANX_TEST_KUBECONFIG to reuse a cluster started by `phalanx dev up`
+(quicker when iterating on one test).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from phalanx.devcluster.cluster import LocalCluster, default_state_dir
+from phalanx.devcluster.nodes import DEFAULT_POOLS, NodePool, node_manifests
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Cluster:
+    kubeconfig: str
+    bin_dir: Path
+    local: LocalCluster
+
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        cmd = [str(self.bin_dir / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args]
+        result = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout)
+        if check and result.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed ({result.returncode}): {result.stderr}")
+        return result
+
+    def get_json(self, *args: str) -> Any:
+        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
+
+    def apply(self, manifest: dict[str, Any] | list[dict[str, Any]], namespace: str | None = None) -> None:
+        items = manifest if isinstance(manifest, list) else [manifest]
+        body = json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
+        extra = ["-n", namespace] if namespace else []
+        self.kubectl("apply", "-f", "-", *extra, input=body)
+
+    def api(self) -> Any:
+        from kubernetes import config
+
+        return config.new_client_from_config(config_file=self.kubeconfig)
+
+    def add_nodes(self, pools: Sequence[NodePool]) -> list[str]:
+        return self.local.add_nodes(pools) if pools else []
+
+    def delete_nodes(self, names: Sequence[str]) -> None:
+        if names:
+            self.kubectl("delete", "node", "--wait=false", "--ignore-not-found", *names)
+
+
+def wait_for(predicate: Any, timeout: float = 60.0, interval: float = 0.5, what: str = "condition") -> Any:
+    """Polls until predicate() returns something truthy; fails the test with `what` otherwise."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last value: {last!r}")
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    reuse = os.environ.get("PHALANX_TEST_KUBECONFIG")
+    if reuse:
+        local = LocalCluster(Path(reuse).parent if Path(reuse).name == "kubeconfig" else default_state_dir())
+        state = local.state()
+        assert state is not None, f"PHALANX_TEST_KUBECONFIG={reuse} has no phalanx cluster state beside it"
+        yield Cluster(reuse, Path(state.bin_dir), local)
+        return
+    local = LocalCluster(tmp_path_factory.mktemp("cluster"))
+    kubeconfig = local.up(DEFAULT_POOLS)
+    state = local.state()
+    assert state is not None
+    try:
+        yield Cluster(str(kubeconfig), Path(state.bin_dir), local)
+    finally:
+        local.down(quiet=True)
+
+
+@pytest.fixture
+def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    short = request.node.name.lower().replace("_", "-")
+    short = "".join(ch for ch in short if ch.isalnum() or ch == "-")[:40].strip("-")
+    name = f"{short}-{uuid.uuid4().hex[:5]}"
+    cluster.kubectl("create", "namespace", name)
+    wait_for(
+        lambda: cluster.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode == 0,
+        timeout=30,
+        what=f"default service account in {name}",
+    )
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture
+def private_nodes(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """Creates simulated nodes only the calling test uses: tainted and labelled with a unique key.
+
+    Pods reach them with `tolerations` + `nodeSelector` from the returned helper, so tests that
+    count capacity do not see each other's pods.
+    """
+    created: list[str] = []
+    tag = uuid.uuid4().hex[:6]
+
+    class PrivateNodes:
+        label = {"phalanx.dev/test-pool": tag}
+        toleration = {"key": "phalanx.dev/test-pool", "operator": "Equal", "value": tag, "effect": "NoSchedule"}
+
+        def add(self, count: int, gpus: int = 8, prefix: str = "p", **kwargs: Any) -> list[str]:
+            pool = NodePool(
+                name_prefix=f"{prefix}-{tag}",
+                count=count,
+                gpus=gpus,
+                labels={**self.label, **kwargs.pop("labels", {})},
+                taints=(("phalanx.dev/test-pool", tag, "NoSchedule"),),
+                **kwargs,
+            )
+            names = cluster.add_nodes([pool])
+            created.extend(names)
+            wait_for(
+                lambda: all(_node_ready(cluster, n) for n in names), timeout=60, what=f"nodes {names} Ready"
+            )
+            return names
+
+        def placement(self) -> dict[str, Any]:
+            return {"nodeSelector": dict(self.label), "tolerations": [dict(self.toleration)]}
+
+    yield PrivateNodes()
+    cluster.delete_nodes(created)
+
+
+def _node_ready(cluster: Cluster, name: str) -> bool:
+    node = cluster.get_json("node", name)
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in node.get("status", {}).get("conditions", []))
+
+
+__all__ = ["Cluster", "wait_for", "node_manifests"]

@@ -1,0 +1,72 @@
+"""Pure parts of the local cluster: node manifests, node pool config, component command lines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from phalanx.devcluster import components
+from phalanx.devcluster.nodes import DEFAULT_POOLS, NodePool, node_manifest, node_manifests, pools_from_config
+from phalanx.devcluster.pki import Pki
+
+pytestmark = pytest.mark.unit
+
+
+def test_gpu_node_has_capacity_labels_and_kwok_annotation() -> None:
+    node = node_manifest(NodePool(name_prefix="n", gpus=8, zones=2), 3)
+    assert node["metadata"]["name"] == "n-3"
+    assert node["metadata"]["annotations"]["kwok.x-k8s.io/node"] == "fake"
+    assert node["status"]["allocatable"]["nvidia.com/gpu"] == "8"
+    assert node["metadata"]["labels"]["nvidia.com/gpu.count"] == "8"
+    assert node["metadata"]["labels"]["topology.kubernetes.io/zone"] == "zone-1"
+    assert node["metadata"]["labels"]["topology.phalanx.dev/rack"] == "rack-1"
+
+
+def test_mig_node_uses_mixed_strategy_resource_names() -> None:
+    node = node_manifest(NodePool(name_prefix="m", gpus=0, mig={"1g.10gb": 7}), 0)
+    assert node["status"]["capacity"]["nvidia.com/mig-1g.10gb"] == "7"
+    assert "nvidia.com/gpu" not in node["status"]["capacity"]
+    assert node["metadata"]["labels"]["nvidia.com/mig.strategy"] == "mixed"
+
+
+def test_taints_are_rendered() -> None:
+    node = node_manifest(NodePool(taints=(("gpu", "reserved", "NoSchedule"),)), 0)
+    assert node["spec"]["taints"] == [{"key": "gpu", "value": "reserved", "effect": "NoSchedule"}]
+
+
+def test_default_pools_include_gpu_mig_and_cpu_nodes() -> None:
+    names = [n["metadata"]["name"] for n in node_manifests(DEFAULT_POOLS)]
+    assert "gpu-node-0" in names and "mig-node-0" in names and "cpu-node-0" in names
+    assert len(names) == len(set(names))
+
+
+def test_pool_config_rejects_unknown_fields_by_name() -> None:
+    with pytest.raises(ValueError, match="gpu_count"):
+        pools_from_config([{"count": 1, "gpu_count": 8}])
+    (pool,) = pools_from_config([{"count": 2, "gpus": 4, "taints": [{"key": "k", "value": "v"}]}])
+    assert pool.taints == (("k", "v", "NoSchedule"),)
+
+
+def test_negative_pool_sizes_are_refused() -> None:
+    with pytest.raises(ValueError, match="count"):
+        NodePool(count=-1)
+
+
+def test_apiserver_command_enables_rbac_priority_and_service_account_signing() -> None:
+    pki = Pki(Path("/pki"))
+    ports = components.Ports(1, 2, 3, 4, 5, 6)
+    argv = components.kube_apiserver(Path("/bin"), pki, ports).argv
+    assert "--authorization-mode=RBAC" in argv
+    assert any(a.startswith("--enable-admission-plugins=") and "Priority" in a for a in argv)
+    assert "--service-account-signing-key-file=/pki/sa.key" in argv
+    assert "--etcd-servers=http://127.0.0.1:1" in argv
+    assert "--bind-address=127.0.0.1" in argv
+
+
+def test_controller_manager_runs_every_default_controller() -> None:
+    argv = components.kube_controller_manager(
+        Path("/bin"), Path("/kc"), Pki(Path("/pki")), components.Ports(1, 2, 3, 4, 5, 6)
+    ).argv
+    assert "--controllers=*" in argv
+    assert "--leader-elect=false" in argv
