@@ -1,0 +1,462 @@
+"""charts/phalanx: lint, render for several value sets, validate against the Kubernetes schemas,
+and check the security and RBAC promises the chart makes.
+
+Needs only the helm binary from hack/cluster-bin.sh (no cluster).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+pytestmark = pytest.mark.unit
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CHART = REPO_ROOT / "charts" / "phalanx"
+KUBE_VERSION = "1.36.3"
+MONITORING_API_VERSIONS = (
+    "monitoring.coreos.com/v1/ServiceMonitor",
+    "monitoring.coreos.com/v1/PodMonitor",
+    "monitoring.coreos.com/v1/PrometheusRule",
+)
+MONITORING_GROUP = "monitoring.coreos.com"
+NAMESPACED_WATCH = ["team-a", "team-b"]
+
+# name -> (values, extra helm arguments)
+VALUE_SETS: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
+    "default": ({}, ()),
+    "namespaced": ({"watchNamespaces": NAMESPACED_WATCH}, ()),
+    "monitoring": (
+        {
+            "metrics": {
+                "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus"}},
+                "podMonitor": {"enabled": True},
+                "prometheusRule": {"enabled": True},
+            }
+        },
+        tuple(arg for api in MONITORING_API_VERSIONS for arg in ("--api-versions", api)),
+    ),
+    "network-policy": (
+        {
+            "watchNamespaces": NAMESPACED_WATCH,
+            "networkPolicy": {
+                "enabled": True,
+                "metricsFrom": [
+                    {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+                ],
+            },
+        },
+        (),
+    ),
+    "monitoring-without-api": (
+        {"metrics": {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}}},
+        (),
+    ),
+}
+
+HELM_LABELS = (
+    "helm.sh/chart",
+    "app.kubernetes.io/name",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/version",
+    "app.kubernetes.io/component",
+    "app.kubernetes.io/part-of",
+    "app.kubernetes.io/managed-by",
+)
+
+
+def helm_binary() -> Path:
+    bin_dir = subprocess.run(
+        ["bash", str(REPO_ROOT / "hack" / "cluster-bin.sh"), "--print-dir"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    helm = Path(bin_dir) / "helm"
+    if not helm.is_file():
+        pytest.fail(f"helm not found at {helm}: run `bash hack/cluster-bin.sh` (or set PHALANX_CLUSTER_BIN)")
+    return helm
+
+
+def helm(
+    *args: str, values: dict[str, Any] | None = None, tmp: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    cmd = [str(helm_binary()), *args]
+    if values:
+        assert tmp is not None
+        values_file = tmp / "values.yaml"
+        values_file.write_text(yaml.safe_dump(values))
+        cmd += ["--values", str(values_file)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+
+@cache
+def rendered(value_set: str) -> tuple[dict[str, Any], ...]:
+    values, extra = VALUE_SETS[value_set]
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as values_file:
+        yaml.safe_dump(values, values_file)
+        values_file.flush()
+        result = subprocess.run(
+            [
+                str(helm_binary()),
+                "template",
+                "rel",
+                str(CHART),
+                "--namespace",
+                "phalanx-system",
+                "--kube-version",
+                KUBE_VERSION,
+                "--include-crds",
+                "--values",
+                values_file.name,
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert result.returncode == 0, f"helm template ({value_set}) failed:\n{result.stderr}"
+    return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
+
+
+def of_kind(docs: tuple[dict[str, Any], ...], kind: str) -> list[dict[str, Any]]:
+    return [doc for doc in docs if doc["kind"] == kind]
+
+
+def the_deployment(docs: tuple[dict[str, Any], ...]) -> dict[str, Any]:
+    (deployment,) = of_kind(docs, "Deployment")
+    return deployment
+
+
+def rbac_rules(docs: tuple[dict[str, Any], ...]) -> Iterator[tuple[str, dict[str, Any]]]:
+    for doc in docs:
+        if doc["kind"] in ("Role", "ClusterRole"):
+            for rule in doc.get("rules", []):
+                yield f"{doc['kind']}/{doc['metadata']['name']}", rule
+
+
+def grants(docs: tuple[dict[str, Any], ...], group: str, resource: str, verb: str) -> bool:
+    return any(
+        (group in rule.get("apiGroups", []) or "*" in rule.get("apiGroups", []))
+        and (resource in rule.get("resources", []) or "*" in rule.get("resources", []))
+        and (verb in rule.get("verbs", []) or "*" in rule.get("verbs", []))
+        for _, rule in rbac_rules(docs)
+    )
+
+
+# A light structural schema for the Prometheus Operator kinds, which kubernetes-validate lacks.
+_MONITORING_SCHEMAS: dict[str, dict[str, Any]] = {
+    "ServiceMonitor": {
+        "type": "object",
+        "required": ["selector", "endpoints"],
+        "properties": {
+            "selector": {"type": "object", "required": ["matchLabels"]},
+            "endpoints": {
+                "type": "array",
+                "minItems": 1,
+                "items": {
+                    "type": "object",
+                    "required": ["port"],
+                    "properties": {
+                        "port": {"type": "string"},
+                        "path": {"type": "string", "pattern": "^/"},
+                        "interval": {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"},
+                        "honorLabels": {"type": "boolean"},
+                    },
+                },
+            },
+        },
+    },
+    "PodMonitor": {
+        "type": "object",
+        "required": ["selector", "podMetricsEndpoints"],
+        "properties": {
+            "selector": {"type": "object"},
+            "namespaceSelector": {"type": "object"},
+            "podMetricsEndpoints": {
+                "type": "array",
+                "minItems": 1,
+                "items": {
+                    "type": "object",
+                    "required": ["port"],
+                    "properties": {
+                        "relabelings": {
+                            "type": "array",
+                            "items": {"type": "object", "required": ["sourceLabels", "targetLabel"]},
+                        }
+                    },
+                },
+            },
+        },
+    },
+    "PrometheusRule": {
+        "type": "object",
+        "required": ["groups"],
+        "properties": {
+            "groups": {
+                "type": "array",
+                "minItems": 1,
+                "items": {
+                    "type": "object",
+                    "required": ["name", "rules"],
+                    "properties": {
+                        "rules": {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "required": ["alert", "expr", "labels", "annotations"],
+                                "properties": {
+                                    "alert": {"type": "string", "pattern": "^[A-Z][A-Za-z0-9]+$"},
+                                    "expr": {"type": "string", "minLength": 1},
+                                    "for": {"type": "string", "pattern": "^[0-9]+(s|m|h)$"},
+                                    "labels": {
+                                        "type": "object",
+                                        "required": ["severity"],
+                                        "properties": {"severity": {"enum": ["info", "warning", "critical"]}},
+                                    },
+                                    "annotations": {"type": "object", "required": ["summary"]},
+                                },
+                            },
+                        }
+                    },
+                },
+            }
+        },
+    },
+}
+
+
+def brackets_balance(expr: str) -> bool:
+    closing = {")": "(", "]": "[", "}": "{"}
+    stack: list[str] = []
+    for char in expr:
+        if char in "([{":
+            stack.append(char)
+        elif char in closing:
+            if not stack or stack.pop() != closing[char]:
+                return False
+    return not stack
+
+
+def test_helm_lint_is_clean_for_every_value_set(tmp_path: Path) -> None:
+    # helm lint has no --api-versions: the monitoring objects are linted through `helm template` below.
+    for name, (values, _) in VALUE_SETS.items():
+        result = helm(
+            "lint", "--strict", str(CHART), "--kube-version", KUBE_VERSION, values=values, tmp=tmp_path
+        )
+        assert result.returncode == 0, f"helm lint ({name}):\n{result.stdout}\n{result.stderr}"
+        assert "[WARNING]" not in result.stdout and "[ERROR]" not in result.stdout, result.stdout
+
+
+@pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
+def test_rendered_objects_validate_against_kubernetes_schemas(value_set: str) -> None:
+    docs = rendered(value_set)
+    assert docs, "nothing rendered"
+    for doc in docs:
+        name = f"{doc['kind']}/{doc['metadata']['name']}"
+        if doc["apiVersion"].startswith(MONITORING_GROUP + "/"):
+            jsonschema.validate(doc["spec"], _MONITORING_SCHEMAS[doc["kind"]])
+            continue
+        try:
+            kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(f"{value_set}: {name} is invalid at {'.'.join(map(str, exc.path))}: {exc.message}")
+
+
+@pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
+def test_every_templated_object_carries_the_helm_convention_labels(value_set: str) -> None:
+    for doc in rendered(value_set):
+        if doc["kind"] == "CustomResourceDefinition":
+            continue  # crds/ is copied verbatim from the generator, not templated
+        labels = doc["metadata"].get("labels", {})
+        missing = [label for label in HELM_LABELS if label not in labels]
+        assert not missing, f"{doc['kind']}/{doc['metadata']['name']} lacks {missing}"
+        assert labels["app.kubernetes.io/managed-by"] == "Helm"
+
+
+def test_operator_pod_meets_pod_security_restricted() -> None:
+    pod = the_deployment(rendered("default"))["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert not pod.get("hostNetwork") and not pod.get("hostPID") and not pod.get("hostIPC")
+    for container in pod["containers"]:
+        context = container["securityContext"]
+        assert context["runAsNonRoot"] is True
+        assert context["readOnlyRootFilesystem"] is True
+        assert context["allowPrivilegeEscalation"] is False
+        assert context["capabilities"] == {"drop": ["ALL"]}
+        assert context["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
+
+
+def test_operator_runs_one_replica_recreated_with_probes_on_the_health_port() -> None:
+    deployment = the_deployment(rendered("default"))
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    assert f"--health-port={ports['health']}" in container["args"]
+    assert f"--metrics-port={ports['metrics']}" in container["args"]
+    assert container["args"][0] == "operator"
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert not any(arg.startswith("--namespace") for arg in container["args"])
+
+
+def test_namespaced_install_watches_only_the_listed_namespaces() -> None:
+    docs = rendered("namespaced")
+    (container,) = the_deployment(docs)["spec"]["template"]["spec"]["containers"]
+    assert [arg for arg in container["args"] if arg.startswith("--namespace")] == [
+        f"--namespace={ns}" for ns in NAMESPACED_WATCH
+    ]
+    roles = of_kind(docs, "Role")
+    bindings = of_kind(docs, "RoleBinding")
+    assert sorted(role["metadata"]["namespace"] for role in roles) == NAMESPACED_WATCH
+    assert sorted(binding["metadata"]["namespace"] for binding in bindings) == NAMESPACED_WATCH
+    for binding in bindings:
+        assert binding["roleRef"]["kind"] == "Role"
+        assert binding["subjects"][0]["namespace"] == "phalanx-system"
+    (cluster_role,) = of_kind(docs, "ClusterRole")
+    cluster_resources = {resource for rule in cluster_role["rules"] for resource in rule["resources"]}
+    assert cluster_resources == {"nodes", "priorityclasses", "customresourcedefinitions"}
+    for rule in cluster_role["rules"]:
+        assert set(rule["verbs"]) <= {"get", "list", "watch"}, rule
+
+
+@pytest.mark.parametrize("value_set", ["default", "namespaced"])
+def test_rbac_grants_what_the_operator_needs(value_set: str) -> None:
+    docs = rendered(value_set)
+    needed = [
+        ("phalanx.dev", "trainingjobs", ("get", "list", "watch", "patch", "update")),
+        ("phalanx.dev", "trainingjobs/status", ("get", "patch", "update")),
+        ("", "pods", ("get", "list", "watch", "create", "delete", "patch")),
+        ("", "services", ("get", "list", "watch", "create", "delete")),
+        ("", "events", ("create", "patch")),
+        ("events.k8s.io", "events", ("create", "patch")),
+        ("", "nodes", ("get", "list", "watch")),
+        ("scheduling.k8s.io", "priorityclasses", ("get", "list", "watch")),
+        ("scheduling.volcano.sh", "podgroups", ("get", "list", "watch", "create", "delete")),
+        ("scheduling.x-k8s.io", "podgroups", ("get", "list", "watch", "create", "delete")),
+        ("apiextensions.k8s.io", "customresourcedefinitions", ("get", "list", "watch")),
+    ]
+    for group, resource, verbs in needed:
+        for verb in verbs:
+            assert grants(docs, group, resource, verb), f"{value_set}: cannot {verb} {group}/{resource}"
+
+
+@pytest.mark.parametrize("value_set", ["default", "namespaced"])
+def test_rbac_grants_nothing_dangerous(value_set: str) -> None:
+    docs = rendered(value_set)
+    for where, rule in rbac_rules(docs):
+        for key in ("apiGroups", "resources", "verbs"):
+            assert "*" not in rule.get(key, []), f"{where} uses a wildcard in {key}: {rule}"
+        assert not rule.get("nonResourceURLs"), f"{where} grants non-resource URLs"
+        forbidden = {"secrets", "pods/exec", "pods/attach", "pods/portforward", "serviceaccounts/token"}
+        assert not forbidden & set(rule["resources"]), f"{where} grants {forbidden & set(rule['resources'])}"
+        assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"]), f"{where}: {rule['verbs']}"
+    assert not grants(docs, "", "configmaps", "create")
+    assert not grants(docs, "", "nodes", "delete")
+    assert not grants(docs, "apps", "deployments", "create")
+    assert not grants(docs, "phalanx.dev", "trainingjobs", "delete")
+
+
+def test_monitoring_objects_render_only_when_asked_for_and_the_api_exists() -> None:
+    kinds = {doc["kind"] for doc in rendered("monitoring")}
+    assert {"ServiceMonitor", "PodMonitor", "PrometheusRule"} <= kinds
+    for value_set in ("default", "monitoring-without-api"):
+        assert not {doc["apiVersion"] for doc in rendered(value_set)} & {f"{MONITORING_GROUP}/v1"}
+
+
+def test_alerts_cover_admission_restarts_progress_and_checkpoints() -> None:
+    (rule_object,) = of_kind(rendered("monitoring"), "PrometheusRule")
+    rules = [rule for group in rule_object["spec"]["groups"] for rule in group["rules"]]
+    alerts = {rule["alert"]: rule for rule in rules}
+    assert {
+        "PhalanxJobAdmissionWaitTooLong",
+        "PhalanxJobRestartingOften",
+        "PhalanxJobNoProgress",
+        "PhalanxCheckpointTooOld",
+    } <= set(alerts)
+    assert "30 * 60" in alerts["PhalanxJobAdmissionWaitTooLong"]["expr"]
+    assert "[15m]" in alerts["PhalanxJobNoProgress"]["expr"]
+    for rule in rules:
+        assert brackets_balance(rule["expr"]), rule["alert"]
+        # Helm must leave Prometheus's own template variables for Alertmanager to expand.
+        assert "$labels." in rule["annotations"]["summary"], rule["alert"]
+
+
+def test_service_monitor_targets_the_metrics_service() -> None:
+    docs = rendered("monitoring")
+    (monitor,) = of_kind(docs, "ServiceMonitor")
+    services = [svc for svc in of_kind(docs, "Service") if svc["metadata"]["name"].endswith("-metrics")]
+    (service,) = services
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["endpoints"][0]["port"] in {port["name"] for port in service["spec"]["ports"]}
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus"
+    assert service["spec"]["selector"].items() <= (
+        the_deployment(docs)["spec"]["template"]["metadata"]["labels"].items()
+    )
+
+
+def test_network_policy_admits_only_job_pods_and_listed_scrapers() -> None:
+    policies = of_kind(rendered("network-policy"), "NetworkPolicy")
+    assert sorted(policy["metadata"]["namespace"] for policy in policies) == NAMESPACED_WATCH
+    for policy in policies:
+        spec = policy["spec"]
+        assert spec["policyTypes"] == ["Ingress"]
+        assert spec["podSelector"]["matchExpressions"] == [
+            {"key": "phalanx.dev/job-name", "operator": "Exists"}
+        ]
+        peers, scrapers = spec["ingress"]
+        assert peers["from"] == [{"podSelector": spec["podSelector"]}]
+        assert scrapers["ports"] == [{"protocol": "TCP", "port": 9400}]
+    assert not of_kind(rendered("default"), "NetworkPolicy")
+
+
+def test_dashboard_config_map_holds_the_committed_fresh_dashboard() -> None:
+    (config_map,) = of_kind(rendered("default"), "ConfigMap")
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dashboard = json.loads(config_map["data"]["phalanx.json"])
+    assert dashboard["uid"] == "phalanx-overview"
+    assert len([panel for panel in dashboard["panels"] if panel["type"] != "row"]) >= 10
+    check = subprocess.run(
+        ["python3", str(CHART / "hack" / "build_dashboard.py"), "--check"], capture_output=True, text=True
+    )
+    assert check.returncode == 0, check.stderr
+
+
+def test_values_schema_rejects_bad_values(tmp_path: Path) -> None:
+    bad_values = [
+        {"watchNamespaces": ["Not_A_Namespace"]},
+        {"operator": {"metricsPort": 0}},
+        {"image": {"pullPolicy": "Sometimes"}},
+        {"metrics": {"prometheusRule": {"thresholds": {"noProgressMinutes": 0}}}},
+        {"replicas": 2},
+    ]
+    for values in bad_values:
+        result = helm(
+            "template", "rel", str(CHART), "--kube-version", KUBE_VERSION, values=values, tmp=tmp_path
+        )
+        assert result.returncode != 0, f"accepted {values}"
+        assert "schema" in result.stderr, result.stderr
+
+
+def test_chart_crd_is_the_generated_crd() -> None:
+    source = REPO_ROOT / "crds" / "phalanx.dev_trainingjobs.yaml"
+    copy = CHART / "crds" / "phalanx.dev_trainingjobs.yaml"
+    assert source.is_file(), f"{source} is missing: run `make crd`"
+    assert copy.is_file(), f"{copy} is missing: run `make crd` (it copies the CRD into the chart)"
+    assert yaml.safe_load(copy.read_text()) == yaml.safe_load(source.read_text())
+    (crd,) = of_kind(rendered("default"), "CustomResourceDefinition")
+    assert crd["metadata"]["name"] == "trainingjobs.phalanx.dev"
