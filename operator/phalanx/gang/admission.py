@@ -1,0 +1,316 @@
+"""All-or-nothing admission of waiting gangs onto the cluster's free capacity.
+
+One pass (plan_admission) walks the waiting gangs in order (priority desc, created asc, key) and
+admits a gang only when at least min_available of its pods can be placed at the same time. When
+the first gang that does not fit (the head) is blocked, it reserves the nodes it will need once the
+work on them finishes; later gangs backfill only onto nodes outside that reservation, so they can
+never delay the head. The reservation is sticky: pass last plan's reservations back in and the head
+keeps its nodes instead of chasing whichever nodes look freest this time. docs/scheduling.md has
+the full rule and why.
+"""
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from phalanx.gang.capacity import (
+    NodeInfo,
+    PodDemand,
+    Refusal,
+    RefusalKind,
+    ResourceList,
+    copies_that_fit,
+    permanent_refusal,
+    placement_refusal,
+    shortage,
+)
+from phalanx.gang.explain import NodeOutlook, explain_never_fits, explain_waiting
+
+
+@dataclass(frozen=True)
+class GangRequest:
+    key: str  # "namespace/name"
+    priority: int
+    created: float
+    pods: tuple[tuple[str, PodDemand], ...]
+    min_available: int = 0  # 0 means every pod
+
+    @property
+    def needed(self) -> int:
+        return self.min_available if 0 < self.min_available <= len(self.pods) else len(self.pods)
+
+
+@dataclass(frozen=True)
+class Admission:
+    key: str
+    placements: tuple[tuple[str, str], ...]  # (pod name, node name)
+
+
+@dataclass(frozen=True)
+class AdmissionPlan:
+    computed_at: float
+    admitted: tuple[Admission, ...] = ()
+    waiting: Mapping[str, str] = field(default_factory=dict)  # key -> why it waits
+    never_fits: Mapping[str, str] = field(default_factory=dict)  # key -> why it cannot ever fit
+    # key -> nodes held for that blocked gang; pass back into the next plan_admission call.
+    reservations: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+def admission_order(gangs: Sequence[GangRequest]) -> list[GangRequest]:
+    return sorted(gangs, key=lambda g: (-g.priority, g.created, g.key))
+
+
+# A group is the pods of one gang that share an identical demand: (demand, pod names).
+_Group = tuple[PodDemand, list[str]]
+
+
+def _groups(gang: GangRequest) -> list[_Group]:
+    by_demand: dict[PodDemand, list[str]] = {}
+    for name, demand in gang.pods:
+        by_demand.setdefault(demand, []).append(name)
+    # Largest pods first (accelerators, then cpu, then memory): they are the hardest to place.
+    return sorted(by_demand.items(), key=lambda g: (_size_key(g[0]), g[1]), reverse=True)
+
+
+def _size_key(demand: PodDemand) -> tuple[int, int, int]:
+    requests = dict(demand.requests)
+    extended = sum(v for k, v in requests.items() if k not in ("cpu", "memory", "ephemeral-storage", "pods"))
+    return (extended, requests.get("cpu", 0), requests.get("memory", 0))
+
+
+class _Cluster:
+    """Free capacity during one pass, with per-shape eligibility cached (it cannot change mid-pass).
+
+    version changes whenever free capacity or the reserved set changes, so results computed for
+    one pod shape can be reused by the next gang of the same shape while nothing moved.
+    """
+
+    def __init__(self, nodes: Sequence[NodeInfo], used: Mapping[str, ResourceList]) -> None:
+        self.nodes = {node.name: node for node in nodes}
+        self.order = sorted(self.nodes)
+        self.allocatable = {node.name: dict(node.allocatable) for node in nodes}
+        self.free: dict[str, dict[str, int]] = {}
+        for node in nodes:
+            free = dict(self.allocatable[node.name])
+            for name, amount in (used.get(node.name) or {}).items():
+                free[name] = free.get(name, 0) - amount
+            self.free[node.name] = free
+        self.reserved_by: dict[str, str] = {}
+        self.version = 0
+        self._refusals: dict[tuple[object, ...], tuple[list[str], dict[str, Refusal]]] = {}
+
+    def _refusal_table(self, demand: PodDemand, ever: bool) -> tuple[list[str], dict[str, Refusal]]:
+        key = (demand.placement_key, ever)
+        if key not in self._refusals:
+            check = permanent_refusal if ever else placement_refusal
+            eligible: list[str] = []
+            refusals: dict[str, Refusal] = {}
+            for name in self.order:
+                refusal = check(self.nodes[name], demand)
+                if refusal is None:
+                    eligible.append(name)
+                else:
+                    refusals[name] = refusal
+            self._refusals[key] = (eligible, refusals)
+        return self._refusals[key]
+
+    def eligible(self, demand: PodDemand, ever: bool = False) -> list[str]:
+        """Nodes whose readiness, taints and selectors admit this shape (ever: once nodes recover)."""
+        return self._refusal_table(demand, ever)[0]
+
+    def unreserved(self, demand: PodDemand) -> list[str]:
+        return [n for n in self.eligible(demand) if n not in self.reserved_by]
+
+    def take(self, placements: Sequence[tuple[str, str]], demands: Mapping[str, PodDemand]) -> None:
+        for pod, node in placements:
+            free = self.free[node]
+            for name, amount in demands[pod].requests:
+                free[name] = free.get(name, 0) - amount
+        self.version += 1
+
+    def reserve(self, key: str, nodes: Sequence[str]) -> None:
+        for node in nodes:
+            self.reserved_by[node] = key
+        self.version += 1
+
+    def outlooks(self, demand: PodDemand, ever: bool) -> list[NodeOutlook]:
+        """Per node: how many pods of this shape fit (on allocatable when ever), or why none."""
+        refusals = self._refusal_table(demand, ever)[1]
+        free_by_node = self.allocatable if ever else self.free
+        outlooks = []
+        for node in self.order:
+            refusal = refusals.get(node)
+            if refusal is None and not ever and node in self.reserved_by:
+                refusal = Refusal(RefusalKind.RESERVED)
+            copies = 0
+            if refusal is None:
+                copies = copies_that_fit(free_by_node[node], demand.requests)
+                if copies == 0:
+                    refusal = shortage(free_by_node[node], self.allocatable[node], demand)
+            outlooks.append(NodeOutlook(node, copies, refusal))
+        return outlooks
+
+
+def _place(
+    groups: Sequence[_Group],
+    needed: int,
+    candidates: Mapping[PodDemand, Sequence[str]],
+    free: Mapping[str, Mapping[str, int]],
+    fixed_order: bool = False,
+) -> list[tuple[str, str]] | None:
+    """Place as many pods as possible; None when fewer than needed fit. free is not modified.
+
+    Default choice per step: if one node can take all remaining pods of a group, the tightest such
+    node (keeps big holes for big gangs); otherwise the node taking the most (fewest nodes per gang,
+    better for collectives). fixed_order=True fills nodes in the order given instead.
+    """
+    trial: dict[str, dict[str, int]] = {}
+    placements: list[tuple[str, str]] = []
+    for demand, names in groups:
+        copies = {}
+        for node in candidates[demand]:
+            fit = copies_that_fit(trial.get(node) or free[node], demand.requests)
+            if fit > 0:
+                copies[node] = fit
+        remaining = list(names)
+        order = list(candidates[demand])
+        while remaining and copies:
+            if fixed_order:
+                node = next(n for n in order if n in copies)
+            else:
+                enough = [(fit, node) for node, fit in copies.items() if fit >= len(remaining)]
+                if enough:
+                    node = min(enough)[1]
+                else:
+                    node = min(copies.items(), key=lambda item: (-item[1], item[0]))[0]
+            count = min(copies.pop(node), len(remaining))
+            node_free = trial.setdefault(node, dict(free[node]))
+            for name, amount in demand.requests:
+                node_free[name] = node_free.get(name, 0) - amount * count
+            placements.extend((pod, node) for pod in remaining[:count])
+            del remaining[:count]
+    return placements if len(placements) >= needed else None
+
+
+def plan_admission(
+    waiting: Sequence[GangRequest],
+    nodes: Sequence[NodeInfo],
+    used: Mapping[str, ResourceList],
+    now: float,
+    *,
+    reservations: Mapping[str, Sequence[str]] | None = None,
+    max_reservations: int = 1,
+) -> AdmissionPlan:
+    """Decide which waiting gangs to admit now and where each of their pods goes.
+
+    used: requests already held per node (usage_by_node, including admitted pods not yet bound).
+    now: stamped on the plan as computed_at (the admission time for the gang timeout).
+    reservations: the previous plan's reservations, so a blocked head keeps the nodes it waits for.
+    max_reservations: how many blocked gangs (in order) may hold nodes; 1 is EASY backfilling.
+    """
+    cluster = _Cluster(nodes, used)
+    previous = reservations or {}
+    admitted: list[Admission] = []
+    waiting_reasons: dict[str, str] = {}
+    never: dict[str, str] = {}
+    held: dict[str, tuple[str, ...]] = {}
+    never_fit_cache: dict[_Shape, str | None] = {}
+    # shape -> (cluster version, reason) of the last failed attempt: same shape, nothing moved, same answer.
+    blocked_cache: dict[_Shape, tuple[int, str]] = {}
+
+    for gang in admission_order(waiting):
+        groups = _groups(gang)
+        if not groups:
+            admitted.append(Admission(gang.key, ()))
+            continue
+        counts = [(demand, len(names)) for demand, names in groups]
+        needed = gang.needed
+        shape: _Shape = (tuple(counts), needed)
+
+        if shape not in never_fit_cache:
+            never_fit_cache[shape] = _never_fit_reason(cluster, groups, counts, needed)
+        never_reason = never_fit_cache[shape]
+        if never_reason is not None:
+            never[gang.key] = never_reason
+            continue
+
+        cached = blocked_cache.get(shape)
+        if cached is not None and cached[0] == cluster.version and len(held) >= max_reservations:
+            waiting_reasons[gang.key] = cached[1]
+            continue
+
+        candidates = {demand: cluster.unreserved(demand) for demand, _ in groups}
+        placements = _place(groups, needed, candidates, cluster.free)
+        if placements is not None:
+            cluster.take(placements, {pod: demand for demand, names in groups for pod in names})
+            admitted.append(Admission(gang.key, tuple(placements)))
+            continue
+
+        outlooks = cluster.outlooks(groups[0][0], ever=False)
+        reason = explain_waiting(counts, needed, outlooks, cluster.reserved_by)
+        waiting_reasons[gang.key] = reason
+        blocked_cache[shape] = (cluster.version, reason)
+        if len(held) < max_reservations:
+            nodes_held = _reserve(cluster, groups, needed, candidates, previous.get(gang.key))
+            if nodes_held:
+                held[gang.key] = nodes_held
+                cluster.reserve(gang.key, nodes_held)
+
+    return AdmissionPlan(
+        computed_at=now,
+        admitted=tuple(admitted),
+        waiting=waiting_reasons,
+        never_fits=never,
+        reservations=held,
+    )
+
+
+_Shape = tuple[tuple[tuple[PodDemand, int], ...], int]
+
+
+def _never_fit_reason(
+    cluster: _Cluster, groups: Sequence[_Group], counts: Sequence[tuple[PodDemand, int]], needed: int
+) -> str | None:
+    """None when the gang fits the cluster emptied of all work with every node recovered."""
+    everywhere = {demand: cluster.eligible(demand, ever=True) for demand, _ in groups}
+    if _place(groups, needed, everywhere, cluster.allocatable) is not None:
+        return None
+    return explain_never_fits(counts, needed, cluster.outlooks(groups[0][0], ever=True))
+
+
+def _reserve(
+    cluster: _Cluster,
+    groups: Sequence[_Group],
+    needed: int,
+    candidates: Mapping[PodDemand, Sequence[str]],
+    previous: Sequence[str] | None,
+) -> tuple[str, ...]:
+    """The nodes a blocked gang will run on once the work on them finishes.
+
+    Keep the previous reservation when it is still usable; otherwise fill the nodes where the most
+    of the gang fits right now (they are likely to free up first), judged on allocatable.
+    """
+    if previous:
+        kept = set(previous)
+        available: set[str] = set().union(*candidates.values())
+        if kept <= available:
+            restricted = {demand: [n for n in nodes if n in kept] for demand, nodes in candidates.items()}
+            placements = _place(groups, needed, restricted, cluster.allocatable, fixed_order=True)
+            if placements is not None:
+                return tuple(sorted({node for _, node in placements}))
+    primary = groups[0][0]
+    score = {node: copies_that_fit(cluster.free[node], primary.requests) for node in cluster.order}
+    ordered = {demand: sorted(nodes, key=lambda n: (-score[n], n)) for demand, nodes in candidates.items()}
+    placements = _place(groups, needed, ordered, cluster.allocatable, fixed_order=True)
+    if placements is None:
+        return ()
+    return tuple(sorted({node for _, node in placements}))
+
+
+def placements_by_node(plan: AdmissionPlan) -> dict[str, list[str]]:
+    """node -> pods admitted onto it in this plan (handy for logging and for usage accounting)."""
+    by_node: dict[str, list[str]] = defaultdict(list)
+    for admission in plan.admitted:
+        for pod, node in admission.placements:
+            by_node[node].append(pod)
+    return dict(by_node)
