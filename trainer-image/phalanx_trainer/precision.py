@@ -1,0 +1,75 @@
+"""Mixed precision: autocast dtype per mode, and dynamic loss scaling for fp16.
+
+Parameters and optimizer state stay fp32 (master weights); autocast runs matmuls in bf16/fp16 while
+LayerNorm (FP32LayerNorm) and the loss (computed on fp32 logits) stay fp32. The scaler works on
+local shards and agrees on overflow with one all-reduce, so it serves DDP, FSDP, TP and PP alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from phalanx_trainer.config import PrecisionConfig
+
+AUTOCAST_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+class DynamicLossScaler:
+    """Scales the loss up, skips steps whose gradients overflow, backs off and grows the scale."""
+
+    def __init__(self, config: PrecisionConfig) -> None:
+        self.enabled = config.dtype == "fp16"
+        self.scale = config.initial_scale if self.enabled else 1.0
+        self.growth_factor = config.growth_factor
+        self.backoff_factor = config.backoff_factor
+        self.growth_interval = config.growth_interval
+        self.good_steps = 0
+        self.skipped_steps = 0
+
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss * self.scale if self.enabled else loss
+
+    def unscale_and_check(self, params: Iterable[torch.Tensor], group: Any = None) -> bool:
+        """Divides gradients by the scale; True when any rank saw inf or NaN (then skip the step)."""
+        if not self.enabled:
+            return False
+        grads = [local_tensor(p.grad) for p in params if p.grad is not None]
+        inverse = 1.0 / self.scale
+        total = torch.zeros(1)
+        if grads:
+            torch._foreach_mul_(grads, inverse)
+            total = torch.stack([g.float().abs().sum() for g in grads]).sum().reshape(1).cpu()
+        found = torch.tensor([0.0 if bool(torch.isfinite(total).all()) else 1.0])
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(found, op=dist.ReduceOp.MAX, group=group)
+        return bool(found.item() > 0)
+
+    def update(self, found_overflow: bool) -> None:
+        if not self.enabled:
+            return
+        if found_overflow:
+            self.scale *= self.backoff_factor
+            self.good_steps = 0
+            self.skipped_steps += 1
+            return
+        self.good_steps += 1
+        if self.good_steps >= self.growth_interval:
+            self.scale *= self.growth_factor
+            self.good_steps = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"scale": self.scale, "good_steps": self.good_steps, "skipped_steps": self.skipped_steps}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.scale = float(state_dict["scale"])
+        self.good_steps = int(state_dict["good_steps"])
+        self.skipped_steps = int(state_dict["skipped_steps"])

@@ -1,0 +1,398 @@
+"""The training loop. Read `Trainer.train` top to bottom: data -> forward/backward (gradient sync on
+the last micro-step only) -> unscale / overflow check -> global-norm clip -> optimizer -> LR ->
+metrics -> checkpoint -> preemption check. `__init__` builds everything in the order TP -> PP -> DP.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import resource
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel
+
+from phalanx_trainer import contract
+from phalanx_trainer.checkpoint import CheckpointManager, PreemptionWatcher
+from phalanx_trainer.config import TrainerConfig
+from phalanx_trainer.dataset import DataStream, build_source
+from phalanx_trainer.distenv import DistEnv
+from phalanx_trainer.logs import EventLog
+from phalanx_trainer.metrics import MetricsServer, StepReport, TrainerMetrics
+from phalanx_trainer.models import build_model, model_flops_per_token
+from phalanx_trainer.models.gpt import GPT, split_for_stage
+from phalanx_trainer.optim import optimizer_class_and_kwargs
+from phalanx_trainer.parallel_dims import ParallelDims, device_for
+from phalanx_trainer.parallelize import apply_compile, apply_ddp, apply_fsdp, apply_tensor_parallel
+from phalanx_trainer.precision import AUTOCAST_DTYPES, DynamicLossScaler, local_tensor
+from phalanx_trainer.schedule import build_scheduler
+
+
+class RNGState:
+    """This rank's generator states (CPU and, when present, the current CUDA device)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"cpu": torch.get_rng_state()}
+        if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+            state["cuda"] = torch.cuda.get_rng_state()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        torch.set_rng_state(state_dict["cpu"])
+        if "cuda" in state_dict and torch.cuda.is_available():
+            torch.cuda.set_rng_state(state_dict["cuda"])
+
+
+class ProgressState:
+    def __init__(self) -> None:
+        self.step = 0
+        self.tokens = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "tokens": self.tokens}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.step = int(state_dict["step"])
+        self.tokens = int(state_dict["tokens"])
+
+
+def cross_entropy_fp32(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+
+def global_grad_norm(params: list[nn.Parameter], pp_group: Any) -> float:
+    """L2 norm of all gradients of the whole model: across FSDP/TP shards and pipeline stages."""
+    plain = [p.grad for p in params if p.grad is not None and not isinstance(p.grad, DTensor)]
+    sharded = [p.grad for p in params if isinstance(p.grad, DTensor)]
+    squared = torch.zeros((), dtype=torch.float32)
+    if plain:
+        squared += torch.nn.utils.get_total_norm(plain).float().cpu() ** 2
+    if sharded:
+        norm = torch.nn.utils.get_total_norm(sharded)
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        squared += norm.float().cpu() ** 2
+    if pp_group is not None:
+        dist.all_reduce(squared, group=pp_group)
+    return float(squared.sqrt())
+
+
+class Trainer:
+    def __init__(self, config: TrainerConfig, dist_env: DistEnv, log: EventLog | None = None) -> None:
+        self.config = config
+        self.env = dist_env
+        self.log = log or EventLog(dist_env.rank, config.metrics.json_logs)
+        job, par = config.job, config.parallelism
+        self.dims = ParallelDims.from_config(par, dist_env.world_size)
+        self.device = device_for(dist_env.local_rank, job.device)
+        if job.torch_threads:
+            torch.set_num_threads(job.torch_threads)
+        if job.deterministic:
+            torch.use_deterministic_algorithms(True, warn_only=True)
+        self.mesh: DeviceMesh | None = (
+            self.dims.build_mesh(self.device.type) if self.dims.distributed else None
+        )
+        self.pp_rank, self.dp_rank, self.tp_rank = self.dims.coordinates(dist_env.rank)
+        self.accumulation = par.grad_accumulation_steps
+
+        # Same seed everywhere: every rank builds the same full model, then keeps its part of it,
+        # which is what makes sharded and pipelined runs start from the one-process weights.
+        torch.manual_seed(job.seed)
+        model = build_model(config.model).to(self.device)
+        self.flops_per_token = model_flops_per_token(model)
+        if hasattr(model, "autocast_dtype"):
+            setattr(model, "autocast_dtype", AUTOCAST_DTYPES[config.precision.dtype])  # noqa: B010
+        if self.dims.pp > 1:
+            assert isinstance(model, GPT)
+            split_for_stage(model, self.pp_rank, self.dims.pp)
+        if self.dims.tp > 1:
+            assert isinstance(model, GPT) and self.mesh is not None
+            apply_tensor_parallel(model, self.mesh["tp"])
+        if config.model.compile and isinstance(model, GPT):
+            apply_compile(model)
+        self.model = model  # unwrapped: parameter names match a one-process model
+        self.train_module: nn.Module = model
+        self.dp_group: Any = None
+        if self.mesh is not None and self.dims.dp > 1:
+            dp_mesh = self.mesh["dp"]
+            self.dp_group = dp_mesh.get_group()
+            if par.dp_mode in ("fsdp", "zero2"):
+                apply_fsdp(model, dp_mesh, reshard_after_forward=par.dp_mode == "fsdp")
+            else:
+                self.train_module = apply_ddp(model, dp_mesh, par.ddp_bucket_mb, self.device)
+        self.pp_group: Any = (
+            self.mesh["pp"].get_group() if self.mesh is not None and self.dims.pp > 1 else None
+        )
+        # Different streams per rank for anything random from here on (none of the shipped models
+        # draws during training, but users' models may).
+        torch.manual_seed(job.seed + 1 + dist_env.rank)
+
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        optimizer_class, optimizer_kwargs = optimizer_class_and_kwargs(config.optimizer, self.device)
+        self.optimizer: torch.optim.Optimizer
+        if par.dp_mode == "zero1" and self.dp_group is not None:
+            self.optimizer = ZeroRedundancyOptimizer(
+                self.params, optimizer_class=optimizer_class, process_group=self.dp_group, **optimizer_kwargs
+            )
+        else:
+            self.optimizer = optimizer_class(self.params, **optimizer_kwargs)
+        self.scheduler = build_scheduler(self.optimizer, config.schedule, job.steps)
+        self.scaler = DynamicLossScaler(config.precision)
+
+        self.stage: PipelineStage | None = None
+        self.schedule: ScheduleGPipe | Schedule1F1B | None = None
+        self._pipeline_losses: list[torch.Tensor] = []
+        if self.dims.pp > 1:
+            self.stage = PipelineStage(
+                self.train_module, self.pp_rank, self.dims.pp, self.device, group=self.pp_group
+            )
+            schedule_class = ScheduleGPipe if par.pp_schedule == "gpipe" else Schedule1F1B
+            self.schedule = schedule_class(self.stage, par.pp_microbatches, loss_fn=self._pipeline_loss)
+
+        self.data = DataStream(
+            build_source(config.data, config.model, job.seed),
+            config.data,
+            self.dp_rank,
+            self.dims.dp,
+            self.device,
+        )
+        self.progress = ProgressState()
+        self.rng = RNGState()
+        self.tokens_per_step = (
+            config.data.batch_size * config.model.seq_len * self.dims.dp * self.accumulation
+        )
+        self.samples_per_step = config.data.batch_size * self.dims.dp * self.accumulation
+        self.metrics = TrainerMetrics(
+            self.flops_per_token, config.metrics.peak_flops, dist_env.world_size, attempt=dist_env.attempt
+        )
+        self.server: MetricsServer | None = None
+        self.checkpoints = CheckpointManager(config.checkpoint)
+        self.watcher = PreemptionWatcher()
+
+    # ---- one step ---------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _gradient_sync(self, enabled: bool) -> Iterator[None]:
+        """Accumulation micro-steps before the last skip the gradient all-reduce / reduce-scatter."""
+        module = self.train_module
+        if isinstance(module, DistributedDataParallel) and not enabled:
+            with module.no_sync():
+                yield
+            return
+        if isinstance(module, FSDPModule):
+            module.set_requires_gradient_sync(enabled)
+        yield
+
+    def _pipeline_loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        loss = cross_entropy_fp32(output, targets)
+        self._pipeline_losses.append(loss.detach())
+        return self.scaler.scale_loss(loss / self.accumulation)
+
+    def forward_backward(self) -> torch.Tensor:
+        """Runs the accumulation micro-steps; returns this rank's mean loss (NaN on non-last stages)."""
+        total = torch.zeros((), device=self.device)
+        for micro in range(self.accumulation):
+            inputs, targets = self.data.next_batch()
+            with self._gradient_sync(micro == self.accumulation - 1):
+                if self.schedule is not None and self.stage is not None:
+                    self._pipeline_step(inputs, targets)
+                    continue
+                loss = cross_entropy_fp32(self.train_module(inputs), targets)
+                self.scaler.scale_loss(loss / self.accumulation).backward()  # type: ignore[no-untyped-call]
+                total += loss.detach()
+        if self.schedule is not None:
+            if not self._pipeline_losses:
+                return torch.full((), math.nan)
+            total = torch.stack(self._pipeline_losses).mean() * self.accumulation
+            self._pipeline_losses.clear()
+        return total / self.accumulation
+
+    def _pipeline_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> None:
+        assert self.schedule is not None and self.stage is not None
+        if self.stage.is_first:
+            self.schedule.step(inputs, target=targets if self.stage.is_last else None)
+        elif self.stage.is_last:
+            self.schedule.step(target=targets, losses=[])
+        else:
+            self.schedule.step()
+
+    def optimizer_step(self) -> tuple[float, bool]:
+        """Unscale, check overflow, clip, step, schedule; returns (grad norm before clipping, skipped)."""
+        overflow = self.scaler.unscale_and_check(self.params)
+        grad_norm = math.inf
+        if not overflow:
+            grad_norm = global_grad_norm(self.params, self.pp_group)
+            clip = self.config.optimizer.grad_clip
+            if clip > 0 and grad_norm > clip:
+                grads = [local_tensor(p.grad) for p in self.params if p.grad is not None]
+                torch._foreach_mul_(grads, clip / (grad_norm + 1e-6))
+            self.optimizer.step()
+        self.scaler.update(overflow)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        return grad_norm, overflow
+
+    def reduce_loss(self, local_loss: torch.Tensor) -> float:
+        """Mean over data-parallel ranks, taken from the last pipeline stage. Collective on all ranks."""
+        value = local_loss.detach().float().cpu().reshape(1)
+        if self.pp_group is not None:
+            value = value if self.stage is not None and self.stage.is_last else torch.zeros(1)
+            dist.all_reduce(value, group=self.pp_group)
+        if self.dp_group is not None:
+            dist.all_reduce(value, group=self.dp_group)
+            value /= self.dims.dp
+        return float(value.item())
+
+    def train_step(self) -> tuple[torch.Tensor, StepReport]:
+        began = time.perf_counter()
+        self.data.take_wait_seconds()
+        local_loss = self.forward_backward()
+        backward_done = time.perf_counter()
+        learning_rate = float(self.scheduler.get_last_lr()[0])
+        grad_norm, skipped = self.optimizer_step()
+        finished = time.perf_counter()
+        data_wait = self.data.take_wait_seconds()
+        self.progress.step += 1
+        self.progress.tokens += self.tokens_per_step
+        report = StepReport(
+            step=self.progress.step,
+            total_steps=self.config.job.steps,
+            loss=math.nan,
+            learning_rate=learning_rate,
+            grad_norm=grad_norm,
+            loss_scale=self.scaler.scale,
+            skipped=skipped,
+            data_wait_seconds=data_wait,
+            forward_backward_seconds=backward_done - began - data_wait,
+            optimizer_seconds=finished - backward_done,
+            tokens=self.tokens_per_step,
+            samples=self.samples_per_step,
+        )
+        return local_loss, report
+
+    # ---- the loop ---------------------------------------------------------------------------
+
+    def app_state(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "optimizer": self.optimizer,
+            "scheduler": self.scheduler,
+            "scaler": self.scaler,
+            "data": self.data,
+            "rng": self.rng,
+            "progress": self.progress,
+        }
+
+    def start_metrics_server(self, port: int) -> None:
+        if port > 0:
+            self.server = MetricsServer(self.metrics, port, serve_progress=self.env.rank == 0)
+
+    def _memory(self) -> tuple[int, int]:
+        if self.device.type == "cuda":
+            return torch.cuda.memory_allocated(self.device), torch.cuda.max_memory_allocated(self.device)
+        return 0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+    def _last_checkpoint(self) -> tuple[int, str] | None:
+        last = self.checkpoints.last
+        return (last.step, last.time) if last is not None else None
+
+    def train(self) -> int:
+        """Runs to job.steps; returns the process exit code (0, or 75 after a preemption checkpoint)."""
+        config = self.config
+        app_state = self.app_state()
+        restored = self.checkpoints.restore(app_state)
+        if restored is not None:
+            self.progress.step = restored
+            self.log("resumed", step=restored)
+        self.watcher.install()
+        self.log(
+            "start",
+            world_size=self.env.world_size,
+            dp=self.dims.dp,
+            tp=self.dims.tp,
+            pp=self.dims.pp,
+            dp_mode=config.parallelism.dp_mode,
+            precision=config.precision.dtype,
+            parameters=sum(p.numel() for p in self.model.parameters()),
+            flops_per_token=self.flops_per_token,
+        )
+        profiler = Profiler(
+            config.metrics.profile_start_step, config.metrics.profile_steps, config.metrics.profile_dir
+        )
+        while self.progress.step < config.job.steps:
+            profiler.before_step(self.progress.step + 1)
+            local_loss, report = self.train_step()
+            profiler.after_step(report.step)
+            self.metrics.record_step(report)
+            step = report.step
+            if step % config.metrics.log_every == 0 or step == config.job.steps:
+                report.loss = self.reduce_loss(local_loss)
+                report.memory_allocated_bytes, report.memory_peak_bytes = self._memory()
+                progress = self.metrics.publish(report, self._last_checkpoint())
+                self.log(
+                    "progress",
+                    step=step,
+                    total_steps=report.total_steps,
+                    loss=round(report.loss, 5),
+                    lr=report.learning_rate,
+                    grad_norm=round(report.grad_norm, 5),
+                    loss_scale=report.loss_scale,
+                    tokens_per_second=round(progress["tokens_per_second"], 1),
+                    eta_seconds=round(progress["eta_seconds"], 1),
+                    data_wait_s=round(report.data_wait_seconds, 5),
+                    forward_backward_s=round(report.forward_backward_seconds, 5),
+                    optimizer_s=round(report.optimizer_seconds, 5),
+                )
+            if step < config.job.steps and self.checkpoints.should_save(step):
+                self.checkpoints.save(step, app_state)
+            if self.watcher.agreed_stop():
+                self.log("preempted", step=step)
+                self.checkpoints.save(step, app_state, emergency=True)
+                self.checkpoints.wait()
+                self.checkpoints.close()
+                return contract.EXIT_CHECKPOINTED_ON_PREEMPTION
+        self.checkpoints.save(self.progress.step, app_state)
+        self.checkpoints.wait()
+        self.checkpoints.close()
+        self.log("finished", step=self.progress.step)
+        return contract.EXIT_SUCCESS
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+
+class Profiler:
+    """An optional torch.profiler window over steps [start, start + steps), saved as a Chrome trace."""
+
+    def __init__(self, start: int, steps: int, directory: str) -> None:
+        self.start, self.steps, self.directory = start, steps, directory
+        self._active: torch.profiler.profile | None = None
+
+    def before_step(self, step: int) -> None:
+        if self.start > 0 and self.steps > 0 and step == self.start:
+            self._active = torch.profiler.profile(record_shapes=False)
+            self._active.__enter__()  # type: ignore[no-untyped-call]
+
+    def after_step(self, step: int) -> None:
+        if self._active is not None and step >= self.start + self.steps - 1:
+            self._active.__exit__(None, None, None)  # type: ignore[no-untyped-call]
+            import os
+
+            os.makedirs(self.directory, exist_ok=True)
+            rank = dist.get_rank() if dist.is_initialized() else 0
+            self._active.export_chrome_trace(
+                os.path.join(self.directory, f"trace-rank{rank}-step{self.start}.json")
+            )
+            self._active = None
