@@ -36,6 +36,7 @@ from prometheus_client.registry import Collector
 RestartReason = Literal["failure", "preemption"]
 RESTART_REASONS: Final[tuple[RestartReason, ...]] = ("failure", "preemption")
 TERMINAL_PHASES: Final = ("Succeeded", "Failed")
+JOB_LABELS: Final = ("namespace", "trainingjob")
 
 # Scheduling waits range from seconds (free cluster) to hours (busy queue, Kueue-style backoff).
 ADMISSION_WAIT_BUCKETS: Final = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0)
@@ -62,7 +63,7 @@ JOBS_BY_PHASE: Final = Gauge(
 JOB_RESTARTS: Final = Counter(
     "phalanx_job_restarts",
     "Gang restarts of a TrainingJob, by reason (failure counts against the backoff limit, preemption not).",
-    ["namespace", "trainingjob", "reason"],
+    (*JOB_LABELS, "reason"),
     registry=REGISTRY,
 )
 ADMISSION_WAIT: Final = Histogram(
@@ -94,7 +95,7 @@ PODS_CREATED: Final = Counter("phalanx_pods_created", "Worker pods created.", re
 JOB_PROGRESS: Final = Gauge(
     "phalanx_job_progress_ratio",
     "Fraction of a TrainingJob's total steps completed (0 to 1), as reported by its trainer.",
-    ["namespace", "trainingjob"],
+    JOB_LABELS,
     registry=REGISTRY,
 )
 
@@ -135,21 +136,7 @@ class _JobCollector(Collector):
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
         now = self._clock()
-        phase = GaugeMetricFamily(
-            "phalanx_job_phase",
-            "1 for the current phase of each TrainingJob (one series per job).",
-            labels=["namespace", "trainingjob", "phase"],
-        )
-        checkpoint_age = GaugeMetricFamily(
-            "phalanx_job_checkpoint_age_seconds",
-            "Seconds since the newest valid checkpoint of a TrainingJob was written.",
-            labels=["namespace", "trainingjob"],
-        )
-        waiting = GaugeMetricFamily(
-            "phalanx_job_admission_waiting_seconds",
-            "Seconds a TrainingJob's gang has been waiting for admission so far.",
-            labels=["namespace", "trainingjob"],
-        )
+        phase, checkpoint_age, waiting = _job_families()
         with self._lock:
             for (namespace, name), state in sorted(self._jobs.items()):
                 if state.phase is not None:
@@ -158,15 +145,30 @@ class _JobCollector(Collector):
                     checkpoint_age.add_metric([namespace, name], max(0.0, now - state.last_checkpoint_at))
                 if state.waiting_since is not None:
                     waiting.add_metric([namespace, name], max(0.0, now - state.waiting_since))
-        yield from (phase, checkpoint_age, waiting)
+        return (phase, checkpoint_age, waiting)
 
     def describe(self) -> Iterable[GaugeMetricFamily]:
         # Empty families: lets the registry check names without running a scrape-time computation.
-        return [
-            GaugeMetricFamily("phalanx_job_phase", "", labels=["namespace", "trainingjob", "phase"]),
-            GaugeMetricFamily("phalanx_job_checkpoint_age_seconds", "", labels=["namespace", "trainingjob"]),
-            GaugeMetricFamily("phalanx_job_admission_waiting_seconds", "", labels=["namespace", "trainingjob"]),
-        ]
+        return _job_families()
+
+
+def _job_families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
+    phase = GaugeMetricFamily(
+        "phalanx_job_phase",
+        "1 for the current phase of each TrainingJob (one series per job).",
+        labels=(*JOB_LABELS, "phase"),
+    )
+    checkpoint_age = GaugeMetricFamily(
+        "phalanx_job_checkpoint_age_seconds",
+        "Seconds since the newest valid checkpoint of a TrainingJob was written.",
+        labels=JOB_LABELS,
+    )
+    waiting = GaugeMetricFamily(
+        "phalanx_job_admission_waiting_seconds",
+        "Seconds a TrainingJob's gang has been waiting for admission so far.",
+        labels=JOB_LABELS,
+    )
+    return phase, checkpoint_age, waiting
 
 
 _JOBS: Final = _JobCollector(time.time)

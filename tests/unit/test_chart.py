@@ -14,7 +14,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import jsonschema
+import jsonschema  # type: ignore[import-untyped]
 import kubernetes_validate
 import pytest
 import yaml
@@ -437,7 +437,7 @@ def test_dashboard_config_map_holds_the_committed_fresh_dashboard() -> None:
 
 
 def test_values_schema_rejects_bad_values(tmp_path: Path) -> None:
-    bad_values = [
+    bad_values: list[dict[str, Any]] = [
         {"watchNamespaces": ["Not_A_Namespace"]},
         {"operator": {"metricsPort": 0}},
         {"image": {"pullPolicy": "Sometimes"}},

@@ -125,7 +125,59 @@ ROWS: tuple[Row, ...] = (
     ),
     Row(
         "Training",
-        (),  # filled in by trainer_panels(): the trainer's metric names decide what can be shown
+        (
+            # Trainer rates are global (all data-parallel ranks), so every rank reports the same
+            # value: take the max per job, not the sum.
+            Panel(
+                "Tokens per second",
+                "Global training throughput of each job.",
+                (Query(per_job_max("phalanx_trainer_tokens_per_second"), "{{namespace}}/{{trainingjob}}"),),
+                unit="short",
+            ),
+            Panel(
+                "MFU",
+                "Model FLOPs utilisation (PaLM's definition); 0 when the device peak is unknown.",
+                (Query(per_job_max("phalanx_trainer_mfu_ratio"), "{{namespace}}/{{trainingjob}}"),),
+                unit="percentunit",
+                extra_defaults={"min": 0, "max": 1},
+            ),
+            Panel(
+                "Step time split",
+                "Last step's time by phase (slowest rank): data wait, forward and backward, optimizer.",
+                (
+                    Query(
+                        'max by (phase) (phalanx_trainer_step_seconds{phase!="total", ' + JOB_FILTER + "})",
+                        "{{phase}}",
+                    ),
+                ),
+                unit="s",
+                stacked=True,
+            ),
+            Panel(
+                "Share of time by phase",
+                "Fraction of training time spent in each phase, averaged over ranks.",
+                (
+                    Query(
+                        "avg by (phase) "
+                        f"(rate(phalanx_trainer_phase_seconds_total{{{JOB_FILTER}}}[$__rate_interval]))",
+                        "{{phase}}",
+                    ),
+                ),
+                unit="percentunit",
+                stacked=True,
+            ),
+            Panel(
+                "Loss",
+                "Training loss, mean over data-parallel ranks.",
+                (Query(per_job_max("phalanx_trainer_loss"), "{{namespace}}/{{trainingjob}}"),),
+            ),
+            Panel(
+                "Accelerator memory peak",
+                "Highest peak memory over the job's ranks.",
+                (Query(per_job_max("phalanx_trainer_memory_peak_bytes"), "{{namespace}}/{{trainingjob}}"),),
+                unit="bytes",
+            ),
+        ),
     ),
     Row(
         "Checkpoints",
@@ -211,13 +263,6 @@ ROWS: tuple[Row, ...] = (
 )
 
 
-def trainer_panels() -> tuple[Panel, ...]:
-    return TRAINER_PANELS
-
-
-TRAINER_PANELS: tuple[Panel, ...] = ()
-
-
 def panel_json(panel: Panel, panel_id: int, x: int, y: int) -> dict[str, Any]:
     custom: dict[str, Any] = {}
     if panel.kind == "timeseries":
@@ -265,9 +310,7 @@ def build_dashboard() -> dict[str, Any]:
     y = 0
     next_id = 1
     for row in ROWS:
-        row_panels = row.panels or trainer_panels()
-        if not row_panels:
-            continue
+        row_panels = row.panels
         panels.append(
             {
                 "id": next_id,
