@@ -388,7 +388,7 @@ class TrainingJob:
             f"size(self.metadata.name) <= {MAX_JOB_NAME_LENGTH}",
             f"metadata.name must be at most {MAX_JOB_NAME_LENGTH} characters: pods are named "
             "<name>-worker-<index> and must fit a 63-character DNS label",
-            reason="FieldValueTooLong",
+            reason="FieldValueInvalid",
         ),
         Rule(
             "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",

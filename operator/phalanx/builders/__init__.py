@@ -1,0 +1,1 @@
+"""Pure functions that build the objects a TrainingJob owns."""

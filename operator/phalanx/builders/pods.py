@@ -1,0 +1,225 @@
+"""Worker pods and the headless Service of a TrainingJob (pure: dicts in, dicts out)."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+from phalanx import constants as c
+from phalanx.api.v1alpha1 import TrainingJobSpec
+from phalanx.builders.names import service_name, worker_fqdn, worker_pod_name
+
+SHM_VOLUME = "phalanx-dshm"
+CHECKPOINT_VOLUME = "phalanx-checkpoints"
+VOLCANO_SCHEDULER = "volcano"
+COSCHEDULING_SCHEDULER = "scheduler-plugins-scheduler"
+COSCHEDULING_POD_LABEL = "scheduling.x-k8s.io/pod-group"
+VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """The identity of the owning TrainingJob."""
+
+    name: str
+    namespace: str
+    uid: str
+
+    @staticmethod
+    def of(job: dict[str, Any]) -> JobRef:
+        meta = job["metadata"]
+        return JobRef(meta["name"], meta["namespace"], meta["uid"])
+
+    def owner_reference(self) -> dict[str, Any]:
+        return {
+            "apiVersion": c.API_VERSION,
+            "kind": c.KIND,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+
+def selector_labels(job: JobRef) -> dict[str, str]:
+    return {c.LABEL_JOB_NAME: job.name}
+
+
+def common_labels(job: JobRef) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "phalanx-trainer",
+        "app.kubernetes.io/instance": job.name,
+        "app.kubernetes.io/component": "worker",
+        "app.kubernetes.io/part-of": "phalanx",
+        c.LABEL_MANAGED_BY: c.MANAGED_BY,
+        **selector_labels(job),
+    }
+
+
+def accelerator_limits(spec: TrainingJobSpec) -> dict[str, str]:
+    if spec.resources.mig is not None:
+        mig = spec.resources.mig
+        return {f"{c.MIG_RESOURCE_PREFIX}{mig.profile}": str(mig.count)}
+    if spec.resources.gpus:
+        return {c.GPU_RESOURCE: str(spec.resources.gpus)}
+    return {}
+
+
+def contract_env(
+    job: JobRef, spec: TrainingJobSpec, index: int, attempt: int, cluster_domain: str = "cluster.local"
+) -> list[dict[str, str]]:
+    """The environment contract of docs/environment.md for replica `index`."""
+    master = worker_fqdn(job.name, job.namespace, 0, cluster_domain)
+    port = str(spec.rendezvous.port)
+    nnodes, nproc = str(spec.replicas), str(spec.effective_procs_per_replica)
+    values: dict[str, str] = {
+        c.ENV_MASTER_ADDR: master,
+        c.ENV_MASTER_PORT: port,
+        c.ENV_WORLD_SIZE: str(spec.world_size),
+        c.ENV_NNODES: nnodes,
+        c.ENV_NODE_RANK: str(index),
+        c.ENV_NPROC_PER_NODE: nproc,
+        c.ENV_PET_NNODES: nnodes,
+        c.ENV_PET_NPROC_PER_NODE: nproc,
+        c.ENV_PET_NODE_RANK: str(index),
+        c.ENV_PET_MASTER_ADDR: master,
+        c.ENV_PET_MASTER_PORT: port,
+        c.ENV_JOB_NAME: job.name,
+        c.ENV_JOB_UID: job.uid,
+        c.ENV_ATTEMPT: str(attempt),
+        c.ENV_CHECKPOINT_DIR: spec.checkpoint.path,
+        c.ENV_CHECKPOINT_KEEP: str(spec.checkpoint.keep),
+        c.ENV_METRICS_PORT: str(c.DEFAULT_METRICS_PORT),
+        c.ENV_RENDEZVOUS_TIMEOUT: str(spec.rendezvous.timeout_seconds),
+        c.ENV_PREEMPTION_EXIT_CODE: str(c.EXIT_CHECKPOINTED_ON_PREEMPTION),
+        c.ENV_GRACE_PERIOD: str(spec.run_policy.termination_grace_period_seconds),
+    }
+    if spec.checkpoint.interval_steps:
+        values[c.ENV_CHECKPOINT_INTERVAL] = str(spec.checkpoint.interval_steps)
+    if spec.nccl is not None:
+        if spec.nccl.debug:
+            values["NCCL_DEBUG"] = spec.nccl.debug
+        if spec.nccl.socket_ifname:
+            values["NCCL_SOCKET_IFNAME"] = spec.nccl.socket_ifname
+        if spec.nccl.ib_disable is not None:
+            values["NCCL_IB_DISABLE"] = "1" if spec.nccl.ib_disable else "0"
+    return [{"name": k, "value": v} for k, v in values.items()]
+
+
+def _merge_env(contract: list[dict[str, str]], user: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    user_names = {e["name"] for e in user}
+    defaults = [{"name": k, "value": v} for k, v in c.NCCL_DEFAULTS.items() if k not in user_names]
+    # The contract comes first and the user's env after it, so `$(MASTER_ADDR)` expansions work.
+    return [*contract, *defaults, *user]
+
+
+def _add_limits(container: dict[str, Any], limits: dict[str, str]) -> None:
+    if not limits:
+        return
+    resources = container.setdefault("resources", {})
+    resources.setdefault("limits", {}).update(limits)
+    resources.setdefault("requests", {}).update(limits)  # extended resources: requests = limits
+
+
+def build_worker_pod(
+    job: JobRef,
+    spec: TrainingJobSpec,
+    index: int,
+    attempt: int,
+    template: dict[str, Any],
+    *,
+    cluster_domain: str = "cluster.local",
+) -> dict[str, Any]:
+    """Pod `<job>-worker-<index>` of `attempt`. `template` is spec.template as the user wrote it."""
+    template = copy.deepcopy(template)
+    meta_in = template.get("metadata") or {}
+    pod_spec: dict[str, Any] = template.get("spec") or {}
+    name = worker_pod_name(job.name, index)
+    labels = {
+        **(meta_in.get("labels") or {}),
+        **common_labels(job),
+        c.LABEL_REPLICA_INDEX: str(index),
+        c.LABEL_ATTEMPT: str(attempt),
+    }
+    annotations = dict(meta_in.get("annotations") or {})
+
+    pod_spec["hostname"] = name
+    pod_spec["subdomain"] = service_name(job.name)
+    pod_spec["restartPolicy"] = "Never"
+    pod_spec["terminationGracePeriodSeconds"] = spec.run_policy.termination_grace_period_seconds
+    pod_spec.setdefault("automountServiceAccountToken", False)
+    if spec.scheduling.priority_class_name:
+        pod_spec["priorityClassName"] = spec.scheduling.priority_class_name
+
+    provider = spec.scheduling.provider
+    if provider == "builtin":
+        pod_spec["schedulingGates"] = [*(pod_spec.get("schedulingGates") or []), {"name": c.GANG_SCHEDULING_GATE}]
+    elif provider == "volcano":
+        pod_spec["schedulerName"] = VOLCANO_SCHEDULER
+        annotations[VOLCANO_GROUP_ANNOTATION] = job.name
+    elif provider == "coscheduling":
+        pod_spec["schedulerName"] = COSCHEDULING_SCHEDULER
+        labels[COSCHEDULING_POD_LABEL] = job.name
+
+    limits = accelerator_limits(spec)
+    if limits:
+        tolerations = pod_spec.setdefault("tolerations", [])
+        if not any(t.get("key") == c.GPU_RESOURCE for t in tolerations):
+            tolerations.append({"key": c.GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
+
+    volumes = pod_spec.setdefault("volumes", [])
+    volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}})
+    mounts = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
+    if spec.checkpoint.volume is not None:
+        from phalanx.api.schema import to_json
+
+        volumes.append({"name": CHECKPOINT_VOLUME, **to_json(spec.checkpoint.volume)})
+        mounts.append({"name": CHECKPOINT_VOLUME, "mountPath": spec.checkpoint.path})
+
+    for container in pod_spec.get("containers", []):
+        if container.get("name") != c.TRAINER_CONTAINER:
+            continue
+        container["env"] = _merge_env(
+            contract_env(job, spec, index, attempt, cluster_domain), container.get("env") or []
+        )
+        _add_limits(container, limits)
+        container["volumeMounts"] = [*(container.get("volumeMounts") or []), *mounts]
+        ports = container.setdefault("ports", [])
+        if not any(p.get("name") == "metrics" for p in ports):
+            ports.append({"name": "metrics", "containerPort": c.DEFAULT_METRICS_PORT, "protocol": "TCP"})
+        if not any(p.get("containerPort") == spec.rendezvous.port for p in ports):
+            ports.append({"name": "rendezvous", "containerPort": spec.rendezvous.port, "protocol": "TCP"})
+
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": job.namespace,
+            "labels": labels,
+            "annotations": annotations,
+            "ownerReferences": [job.owner_reference()],
+        },
+        "spec": pod_spec,
+    }
+
+
+def build_headless_service(job: JobRef, spec: TrainingJobSpec) -> dict[str, Any]:
+    """Gives every worker the DNS name <pod>.<job>.<ns>.svc, resolvable before the pod is Ready."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": service_name(job.name),
+            "namespace": job.namespace,
+            "labels": common_labels(job),
+            "ownerReferences": [job.owner_reference()],
+        },
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": selector_labels(job),
+            "ports": [{"name": "rendezvous", "port": spec.rendezvous.port, "targetPort": spec.rendezvous.port}],
+        },
+    }
