@@ -299,12 +299,18 @@ def _reserve(
             if placements is not None:
                 return tuple(sorted({node for _, node in placements}))
     primary = groups[0][0]
-    score = {node: copies_that_fit(cluster.free[node], primary.requests) for node in cluster.order}
+    score = {node: _room_for(cluster.free[node], primary) for node in cluster.order}
     ordered = {demand: sorted(nodes, key=lambda n: (-score[n], n)) for demand, nodes in candidates.items()}
     placements = _place(groups, needed, ordered, cluster.allocatable, fixed_order=True)
     if placements is None:
         return ()
     return tuple(sorted({node for _, node in placements}))
+
+
+def _room_for(free: Mapping[str, int], demand: PodDemand) -> float:
+    """Pods of this shape the free amounts hold, fractions included (4 of 8 GPUs free is 0.5)."""
+    ratios = [max(free.get(name, 0), 0) / amount for name, amount in demand.requests if amount > 0]
+    return min(ratios, default=0.0)
 
 
 def placements_by_node(plan: AdmissionPlan) -> dict[str, list[str]]:
