@@ -165,6 +165,9 @@ def test_head_keeps_its_reservation_when_other_nodes_look_freer_later() -> None:
     assert [(a.key, a.placements) for a in sticky.admitted] == [("ns/filler", (("ns/filler-0", "n2"),))]
     fresh = plan_admission([head, filler], nodes, later_used, now=1)
     assert fresh.reservations == {"ns/head": ("n2",)}  # without the previous plan it would move
+    # n1's original work ends: the head starts there, although n2 now holds long backfill work.
+    final = plan_admission([head], nodes, {"n2": {GPU: 6000}}, now=2, reservations=sticky.reservations)
+    assert [(a.key, a.placements) for a in final.admitted] == [("ns/head", (("ns/head-0", "n1"),))]
 
 
 def test_stale_reservation_on_a_vanished_node_is_replaced() -> None:
