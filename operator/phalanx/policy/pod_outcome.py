@@ -301,11 +301,7 @@ def gang_verdict(outcomes: Sequence[PodOutcome]) -> GangVerdict:
     if not outcomes:
         return verdict(VerdictKind.PENDING, "NoPods", "no pods yet")
     if succeeded == len(outcomes):
-        return verdict(
-            VerdictKind.SUCCEEDED,
-            REASON_COMPLETED,
-            "every pod finished successfully",
-        )
+        return verdict(VerdictKind.SUCCEEDED, REASON_COMPLETED, "every pod finished successfully")
 
     preempted = [o for o in outcomes if o.kind is OutcomeKind.PREEMPTED]
     known_times = [o.at for o in preempted if o.at is not None]
@@ -322,33 +318,16 @@ def gang_verdict(outcomes: Sequence[PodOutcome]) -> GangVerdict:
     permanent = [o for o in outcomes if o.kind is OutcomeKind.FAILED_PERMANENT and independent(o)]
     if permanent:
         first = _first(permanent)
-        return verdict(
-            VerdictKind.FAILED,
-            first.reason,
-            f"{first.pod}: {first.message}",
-            first.pod,
-        )
+        return verdict(VerdictKind.FAILED, first.reason, f"{first.pod}: {first.message}", first.pod)
     if preempted:
         first = _first(preempted)
         return verdict(
-            VerdictKind.RESTART_PREEMPTION,
-            first.reason,
-            f"{first.pod}: {first.message}",
-            first.pod,
+            VerdictKind.RESTART_PREEMPTION, first.reason, f"{first.pod}: {first.message}", first.pod
         )
     retryable = [o for o in outcomes if o.kind is OutcomeKind.FAILED_RETRYABLE]
     if retryable:
         first = _first(retryable)
-        return verdict(
-            VerdictKind.RESTART_FAILURE,
-            first.reason,
-            f"{first.pod}: {first.message}",
-            first.pod,
-        )
+        return verdict(VerdictKind.RESTART_FAILURE, first.reason, f"{first.pod}: {first.message}", first.pod)
     if pending == 0:
         return verdict(VerdictKind.RUNNING, "Running", f"{running} pods running")
-    return verdict(
-        VerdictKind.PENDING,
-        "Pending",
-        f"{pending} of {len(outcomes)} pods not running yet",
-    )
+    return verdict(VerdictKind.PENDING, "Pending", f"{pending} of {len(outcomes)} pods not running yet")

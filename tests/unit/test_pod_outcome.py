@@ -1,0 +1,265 @@
+"""Pod outcome classification and the gang verdict: one row per case of the contract."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from phalanx.policy.pod_outcome import (
+    GangVerdict,
+    OutcomeKind,
+    PodOutcome,
+    VerdictKind,
+    classify_pod,
+    gang_verdict,
+    missing_pod_outcome,
+)
+
+pytestmark = pytest.mark.unit
+
+READY_NODE: dict[str, Any] = {
+    "metadata": {"name": "node-a"},
+    "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+}
+NOT_READY_NODE: dict[str, Any] = {
+    "metadata": {"name": "node-a"},
+    "status": {
+        "conditions": [{"type": "Ready", "status": "Unknown", "lastTransitionTime": "2026-11-30T10:00:00Z"}]
+    },
+}
+T0 = "2026-11-30T10:00:00Z"
+T0_EPOCH = 1_796_032_800.0
+
+
+def terminated(code: int, reason: str = "Error", name: str = "trainer", at: str = T0) -> dict[str, Any]:
+    return {"name": name, "state": {"terminated": {"exitCode": code, "reason": reason, "finishedAt": at}}}
+
+
+def pod(
+    phase: str,
+    containers: list[dict[str, Any]] | None = None,
+    disruption: str | None = None,
+    deleting: bool = False,
+    reason: str | None = None,
+    node: str | None = "node-a",
+) -> dict[str, Any]:
+    status: dict[str, Any] = {"phase": phase, "containerStatuses": containers or []}
+    if disruption is not None:
+        status["conditions"] = [
+            {"type": "DisruptionTarget", "status": "True", "reason": disruption, "lastTransitionTime": T0}
+        ]
+    if reason is not None:
+        status["reason"] = reason
+    metadata: dict[str, Any] = {"name": "job-worker-0", "namespace": "ns"}
+    if deleting:
+        metadata["deletionTimestamp"] = "2026-11-30T10:00:30Z"
+        metadata["deletionGracePeriodSeconds"] = 30
+    spec: dict[str, Any] = {"containers": [{"name": "trainer"}]}
+    if node:
+        spec["nodeName"] = node
+    return {"metadata": metadata, "spec": spec, "status": status}
+
+
+def classify(
+    raw: dict[str, Any],
+    node: dict[str, Any] | None = READY_NODE,
+    by_operator: bool = False,
+    retryable: frozenset[int] = frozenset(),
+) -> PodOutcome:
+    return classify_pod(raw, retryable_exit_codes=retryable, node=node, deleted_by_operator=by_operator)
+
+
+DISRUPTION_REASONS = [
+    "PreemptionByScheduler",
+    "PreemptionByKubeScheduler",
+    "DeletionByTaintManager",
+    "EvictionByEvictionAPI",
+    "DeletionByPodGC",
+    "TerminationByKubelet",
+]
+
+
+@pytest.mark.parametrize(
+    ("raw", "kind", "reason", "code"),
+    [
+        (pod("Pending", node=None), OutcomeKind.PENDING, "Pending", None),
+        (pod("Running"), OutcomeKind.RUNNING, "Running", None),
+        (pod("Succeeded", [terminated(0, "Completed")]), OutcomeKind.SUCCEEDED, "Completed", 0),
+        (pod("Failed", [terminated(75)]), OutcomeKind.PREEMPTED, "CheckpointedOnSigterm", 75),
+        (pod("Failed", [terminated(1)]), OutcomeKind.FAILED_PERMANENT, "ExitCode", 1),
+        (pod("Failed", [terminated(127)]), OutcomeKind.FAILED_PERMANENT, "ExitCode", 127),
+        (pod("Failed", [terminated(128)]), OutcomeKind.FAILED_RETRYABLE, "ExitCode", 128),
+        (pod("Failed", [terminated(143)]), OutcomeKind.FAILED_RETRYABLE, "ExitCode", 143),
+        (pod("Failed", [terminated(255)]), OutcomeKind.FAILED_RETRYABLE, "ExitCode", 255),
+        (pod("Failed", [terminated(137, "OOMKilled")]), OutcomeKind.FAILED_RETRYABLE, "OOMKilled", 137),
+        (pod("Failed", reason="Evicted"), OutcomeKind.PREEMPTED, "Evicted", None),
+        (pod("Failed", reason="NodeShutdown"), OutcomeKind.PREEMPTED, "NodeShutdown", None),
+        (pod("Failed"), OutcomeKind.PREEMPTED, "Evicted", None),
+        (pod("Failed", reason="DeadlineExceeded"), OutcomeKind.FAILED_PERMANENT, "DeadlineExceeded", None),
+        (pod("Running", deleting=True), OutcomeKind.PREEMPTED, "Deleted", None),
+        (pod("Unknown", node="node-a"), OutcomeKind.PENDING, "PhaseUnknown", None),
+    ],
+)
+def test_classification_table(raw: dict[str, Any], kind: OutcomeKind, reason: str, code: int | None) -> None:
+    outcome = classify(raw)
+    assert (outcome.kind, outcome.reason, outcome.exit_code) == (kind, reason, code)
+    assert outcome.pod == "job-worker-0" and outcome.message
+
+
+def test_listed_exit_codes_become_retryable() -> None:
+    assert (
+        classify(pod("Failed", [terminated(3)]), retryable=frozenset({3})).kind
+        is OutcomeKind.FAILED_RETRYABLE
+    )
+    assert (
+        classify(pod("Failed", [terminated(4)]), retryable=frozenset({3})).kind
+        is OutcomeKind.FAILED_PERMANENT
+    )
+
+
+@pytest.mark.parametrize("reason", DISRUPTION_REASONS)
+def test_every_disruption_reason_on_a_stopped_pod_is_a_preemption(reason: str) -> None:
+    failed = classify(pod("Failed", [terminated(143)], disruption=reason))
+    assert (failed.kind, failed.reason, failed.at) == (OutcomeKind.PREEMPTED, reason, T0_EPOCH)
+    deleting = classify(pod("Running", disruption=reason, deleting=True), by_operator=True)
+    assert (deleting.kind, deleting.reason) == (OutcomeKind.PREEMPTED, reason)
+
+
+@pytest.mark.parametrize("reason", DISRUPTION_REASONS)
+def test_disruption_condition_on_a_running_pod_restarts_nothing(reason: str) -> None:
+    outcome = classify(pod("Running", disruption=reason))
+    assert outcome.kind is OutcomeKind.RUNNING
+    assert "DisruptionTarget" in outcome.message
+
+
+def test_condition_set_then_cleared_is_just_running() -> None:
+    raw = pod("Running")
+    raw["status"]["conditions"] = [
+        {"type": "DisruptionTarget", "status": "False", "reason": "PreemptionByScheduler"}
+    ]
+    assert classify(raw).kind is OutcomeKind.RUNNING
+
+
+def test_deletion_by_the_operator_is_not_a_disruption() -> None:
+    assert classify(pod("Running", deleting=True), by_operator=True).kind is OutcomeKind.RUNNING
+    outcome = classify(pod("Running", deleting=True), by_operator=False)
+    # The deletion was requested grace-period seconds before the deletionTimestamp deadline.
+    assert (outcome.kind, outcome.at) == (OutcomeKind.PREEMPTED, T0_EPOCH)
+
+
+@pytest.mark.parametrize(
+    ("raw", "node", "lost"),
+    [
+        (pod("Failed", [terminated(137)]), None, True),
+        (pod("Unknown"), NOT_READY_NODE, True),
+        (pod("Running", deleting=True), NOT_READY_NODE, True),
+        (pod("Failed", [terminated(137)]), NOT_READY_NODE, True),
+        (pod("Running"), NOT_READY_NODE, False),  # not lost until the pod is failed or being removed
+        (pod("Failed", [terminated(137)]), READY_NODE, False),
+    ],
+)
+def test_node_lost(raw: dict[str, Any], node: dict[str, Any] | None, lost: bool) -> None:
+    outcome = classify(raw, node=node, by_operator=True)
+    assert (outcome.reason == "NodeLost") is lost
+    if lost:
+        assert outcome.kind is OutcomeKind.PREEMPTED
+
+
+def test_checkpoint_exit_wins_over_a_sidecar_killed_at_the_same_time() -> None:
+    raw = pod("Failed", [terminated(137, name="log-shipper"), terminated(75)])
+    assert classify(raw).kind is OutcomeKind.PREEMPTED
+
+
+def test_trainer_exit_code_decides_over_other_containers() -> None:
+    raw = pod("Failed", [terminated(2, name="sidecar"), terminated(139)])
+    assert (classify(raw).kind, classify(raw).exit_code) == (OutcomeKind.FAILED_RETRYABLE, 139)
+
+
+def test_failed_init_container_is_classified_by_its_exit_code() -> None:
+    raw = pod("Failed")
+    raw["status"]["initContainerStatuses"] = [terminated(1, name="fetch-data")]
+    outcome = classify(raw)
+    assert (outcome.kind, outcome.exit_code) == (OutcomeKind.FAILED_PERMANENT, 1)
+    assert "fetch-data" in outcome.message
+
+
+def test_trainer_that_died_while_a_sidecar_keeps_the_pod_running_is_a_failure() -> None:
+    raw = pod("Running", [terminated(1), {"name": "sidecar", "state": {"running": {}}}])
+    assert classify(raw).kind is OutcomeKind.FAILED_PERMANENT
+
+
+def test_gated_pod_says_it_waits_for_admission() -> None:
+    raw = pod("Pending", node=None)
+    raw["spec"]["schedulingGates"] = [{"name": "phalanx.dev/gang"}]
+    assert classify(raw).message == "waiting for admission"
+
+
+def outcome(kind: OutcomeKind, name: str, at: float | None = None, reason: str = "r") -> PodOutcome:
+    return PodOutcome(name, kind, reason, f"{name} {reason}", None, at)
+
+
+def verdict(*outcomes: PodOutcome) -> GangVerdict:
+    return gang_verdict(list(outcomes))
+
+
+def test_verdict_all_succeeded() -> None:
+    v = verdict(outcome(OutcomeKind.SUCCEEDED, "a"), outcome(OutcomeKind.SUCCEEDED, "b"))
+    assert (v.kind, v.succeeded) == (VerdictKind.SUCCEEDED, 2)
+
+
+def test_verdict_permanent_failure_fails_the_job_with_the_first_reason() -> None:
+    v = verdict(
+        outcome(OutcomeKind.FAILED_RETRYABLE, "a", 5.0),
+        outcome(OutcomeKind.FAILED_PERMANENT, "b", 9.0, "late"),
+        outcome(OutcomeKind.FAILED_PERMANENT, "c", 7.0, "early"),
+    )
+    assert (v.kind, v.reason, v.pod) == (VerdictKind.FAILED, "early", "c")
+
+
+def test_verdict_preemption_beats_failures_caused_by_the_teardown() -> None:
+    v = verdict(
+        outcome(OutcomeKind.PREEMPTED, "a", 100.0, "PreemptionByScheduler"),
+        outcome(OutcomeKind.FAILED_RETRYABLE, "b", 101.0),  # SIGTERM'd survivor, exit 143
+        outcome(OutcomeKind.FAILED_PERMANENT, "c", 103.0),  # rank crashed with exit 1 when its peer vanished
+    )
+    assert (v.kind, v.reason, v.pod) == (VerdictKind.RESTART_PREEMPTION, "PreemptionByScheduler", "a")
+
+
+def test_verdict_permanent_failure_before_any_preemption_still_fails() -> None:
+    v = verdict(outcome(OutcomeKind.FAILED_PERMANENT, "c", 50.0), outcome(OutcomeKind.PREEMPTED, "a", 100.0))
+    assert v.kind is VerdictKind.FAILED
+
+
+def test_verdict_preemption_of_unknown_time_covers_every_failure() -> None:
+    v = verdict(outcome(OutcomeKind.FAILED_PERMANENT, "c", 50.0), missing_pod_outcome("a"))
+    assert (v.kind, v.reason) == (VerdictKind.RESTART_PREEMPTION, "Deleted")
+
+
+def test_verdict_retryable_failure_restarts_as_a_failure() -> None:
+    v = verdict(
+        outcome(OutcomeKind.RUNNING, "a"), outcome(OutcomeKind.FAILED_RETRYABLE, "b", 3.0, "OOMKilled")
+    )
+    assert (v.kind, v.reason, v.running) == (VerdictKind.RESTART_FAILURE, "OOMKilled", 1)
+
+
+@pytest.mark.parametrize(
+    ("kinds", "expected"),
+    [
+        ([OutcomeKind.RUNNING, OutcomeKind.RUNNING], VerdictKind.RUNNING),
+        ([OutcomeKind.RUNNING, OutcomeKind.SUCCEEDED], VerdictKind.RUNNING),
+        ([OutcomeKind.RUNNING, OutcomeKind.PENDING], VerdictKind.PENDING),
+        ([], VerdictKind.PENDING),
+    ],
+)
+def test_verdict_without_failures(kinds: list[OutcomeKind], expected: VerdictKind) -> None:
+    assert gang_verdict([outcome(k, f"p{i}") for i, k in enumerate(kinds)]).kind is expected
+
+
+def test_classified_pods_fold_into_a_preemption_end_to_end() -> None:
+    victim = pod("Failed", [terminated(143, at="2026-11-30T10:00:20Z")], disruption="PreemptionByScheduler")
+    peer = pod("Failed", [terminated(1, at="2026-11-30T10:00:25Z")])
+    peer["metadata"]["name"] = "job-worker-1"
+    outcomes = [classify(victim), classify(peer)]
+    assert [o.kind for o in outcomes] == [OutcomeKind.PREEMPTED, OutcomeKind.FAILED_PERMANENT]
+    assert gang_verdict(outcomes).kind is VerdictKind.RESTART_PREEMPTION
