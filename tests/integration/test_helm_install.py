@@ -1,0 +1,172 @@
+"""`helm install` of charts/phalanx into the local control plane: CRD, RBAC, and what the operator's
+service account may and may not do (`kubectl auth can-i --as=system:serviceaccount:...`).
+
+The operator image is not pullable here; kwok's simulated nodes report the pod Running anyway, so
+the Deployment is checked for scheduling, not for reconciling (that is the end-to-end issue's).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Cluster, wait_for
+
+pytestmark = pytest.mark.integration
+
+CHART = Path(__file__).resolve().parents[2] / "charts" / "phalanx"
+
+# (verb, resource, extra kubectl arguments) the operator needs in a namespace it watches.
+NEEDED_IN_WATCHED_NAMESPACE = (
+    ("watch", "trainingjobs.phalanx.dev", ()),
+    ("patch", "trainingjobs.phalanx.dev", ("--subresource=status",)),
+    ("create", "pods", ()),
+    ("delete", "pods", ()),
+    ("create", "services", ()),
+    ("create", "events", ()),
+    ("create", "events.events.k8s.io", ()),
+    ("create", "podgroups.scheduling.volcano.sh", ()),
+    ("delete", "podgroups.scheduling.x-k8s.io", ()),
+)
+# Groups whose API the test cluster does not serve: `kubectl auth can-i` cannot resolve them (it
+# falls back to group "*"), so these are asked through a SubjectAccessReview with the group spelt out.
+APIS_NOT_SERVED = ("scheduling.volcano.sh", "scheduling.x-k8s.io")
+NEEDED_CLUSTER_WIDE = (
+    ("list", "nodes", ()),
+    ("watch", "priorityclasses.scheduling.k8s.io", ()),
+    ("get", "customresourcedefinitions.apiextensions.k8s.io", ()),
+)
+FORBIDDEN = (
+    ("get", "secrets", ()),
+    ("list", "secrets", ()),
+    ("create", "pods", ("--subresource=exec",)),
+    ("create", "pods", ("--subresource=attach",)),
+    ("delete", "nodes", ()),
+    ("create", "deployments.apps", ()),
+    ("update", "configmaps", ()),
+    ("delete", "trainingjobs.phalanx.dev", ()),
+    ("create", "clusterroles.rbac.authorization.k8s.io", ()),
+)
+
+
+class Release:
+    def __init__(self, cluster: Cluster, namespace: str, name: str) -> None:
+        self.cluster = cluster
+        self.namespace = namespace
+        self.name = name
+        self.fullname = f"{name}-phalanx"
+        self.service_account = f"system:serviceaccount:{namespace}:{self.fullname}"
+
+    def helm(self, *args: str) -> subprocess.CompletedProcess[str]:
+        cmd = [str(self.cluster.bin_dir / "helm"), f"--kubeconfig={self.cluster.kubeconfig}", *args]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+    def can_i(self, verb: str, resource: str, *extra: str, namespace: str | None = None) -> bool:
+        plural, _, group = resource.partition(".")
+        if group in APIS_NOT_SERVED:
+            return self.access_review(verb, plural, group, namespace)
+        scope = ["--all-namespaces"] if namespace is None else ["-n", namespace]
+        result = self.cluster.kubectl(
+            "auth", "can-i", verb, resource, *extra, f"--as={self.service_account}", *scope, check=False
+        )
+        answer = result.stdout.strip()
+        assert answer in ("yes", "no"), (
+            f"kubectl auth can-i {verb} {resource}: {result.stdout}{result.stderr}"
+        )
+        return answer == "yes"
+
+    def access_review(self, verb: str, resource: str, group: str, namespace: str | None) -> bool:
+        attributes = {"verb": verb, "resource": resource, "group": group}
+        if namespace is not None:
+            attributes["namespace"] = namespace
+        review = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": {
+                "user": self.service_account,
+                "groups": [
+                    "system:serviceaccounts",
+                    f"system:serviceaccounts:{self.namespace}",
+                    "system:authenticated",
+                ],
+                "resourceAttributes": attributes,
+            },
+        }
+        result = self.cluster.kubectl("create", "-f", "-", "-o", "json", input=json.dumps(review))
+        return bool(json.loads(result.stdout)["status"].get("allowed"))
+
+
+Installer = Callable[..., Release]
+
+
+@pytest.fixture
+def install(cluster: Cluster, namespace: str) -> Iterator[Installer]:
+    releases: list[Release] = []
+
+    def _install(*set_values: str) -> Release:
+        release = Release(cluster, namespace, f"r{uuid.uuid4().hex[:6]}")
+        args = [arg for value in set_values for arg in ("--set", value)]
+        result = release.helm(
+            "install", release.name, str(CHART), "--namespace", namespace, "--set", "image.tag=test", *args
+        )
+        assert result.returncode == 0, f"helm install failed:\n{result.stdout}\n{result.stderr}"
+        releases.append(release)
+        return release
+
+    yield _install
+    for release in releases:
+        release.helm("uninstall", release.name, "--namespace", namespace, "--wait=false")
+
+
+def test_cluster_wide_install_creates_crd_and_least_privilege_rbac(
+    cluster: Cluster, install: Installer
+) -> None:
+    release = install()
+    ns = release.namespace
+
+    crd = cluster.get_json("crd", "trainingjobs.phalanx.dev")
+    assert any(c["type"] == "Established" and c["status"] == "True" for c in crd["status"]["conditions"])
+    cluster.get_json("serviceaccount", release.fullname, "-n", ns)
+    role = cluster.get_json("clusterrole", release.fullname)
+    binding = cluster.get_json("clusterrolebinding", release.fullname)
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": release.fullname, "namespace": ns}]
+    cluster.get_json("service", f"{release.fullname}-metrics", "-n", ns)
+
+    for verb, resource, extra in NEEDED_IN_WATCHED_NAMESPACE + NEEDED_CLUSTER_WIDE:
+        assert release.can_i(verb, resource, *extra), f"operator cannot {verb} {resource} {extra}"
+    for verb, resource, extra in FORBIDDEN:
+        assert not release.can_i(verb, resource, *extra), f"operator may {verb} {resource} {extra}"
+        assert not release.can_i(verb, resource, *extra, namespace=ns), (
+            f"operator may {verb} {resource} in {ns}"
+        )
+
+    # kwok's nodes pretend to run whatever is scheduled: the pod was admitted under `restricted` and placed.
+    def operator_pod_running() -> bool:
+        pods = cluster.get_json("pods", "-n", ns, "-l", f"app.kubernetes.io/instance={release.name}")["items"]
+        return len(pods) == 1 and pods[0]["status"].get("phase") == "Running"
+
+    wait_for(operator_pod_running, timeout=45, what="operator pod scheduled and Running on a kwok node")
+
+
+def test_namespaced_install_confines_the_operator_to_its_namespaces(
+    cluster: Cluster, namespace: str, install: Installer
+) -> None:
+    release = install(f"watchNamespaces[0]={namespace}")
+
+    cluster.get_json("role", release.fullname, "-n", namespace)
+    cluster.get_json("rolebinding", release.fullname, "-n", namespace)
+    for verb, resource, extra in NEEDED_IN_WATCHED_NAMESPACE:
+        assert release.can_i(verb, resource, *extra, namespace=namespace), f"cannot {verb} {resource}"
+        assert not release.can_i(verb, resource, *extra, namespace="default"), (
+            f"may {verb} {resource} in default"
+        )
+    for verb, resource, extra in NEEDED_CLUSTER_WIDE:
+        assert release.can_i(verb, resource, *extra), f"cannot {verb} {resource}"
+    assert not release.can_i("list", "pods")  # not across all namespaces
+    assert not release.can_i("get", "secrets", namespace=namespace)
