@@ -410,7 +410,8 @@ def test_service_monitor_targets_the_metrics_service() -> None:
 
 
 def test_network_policy_admits_only_job_pods_and_listed_scrapers() -> None:
-    policies = of_kind(rendered("network-policy"), "NetworkPolicy")
+    docs = rendered("network-policy")
+    policies = of_kind(docs, "NetworkPolicy")
     assert sorted(policy["metadata"]["namespace"] for policy in policies) == NAMESPACED_WATCH
     for policy in policies:
         spec = policy["spec"]
@@ -418,9 +419,20 @@ def test_network_policy_admits_only_job_pods_and_listed_scrapers() -> None:
         assert spec["podSelector"]["matchExpressions"] == [
             {"key": "phalanx.dev/job-name", "operator": "Exists"}
         ]
-        peers, scrapers = spec["ingress"]
+        peers, metrics_readers = spec["ingress"]
         assert peers["from"] == [{"podSelector": spec["podSelector"]}]
-        assert scrapers["ports"] == [{"protocol": "TCP", "port": 9400}]
+        assert metrics_readers["ports"] == [{"protocol": "TCP", "port": 9400}]
+        operator, scraper = metrics_readers["from"]
+        # The operator reads each trainer's /progress on the metrics port.
+        assert operator["namespaceSelector"]["matchLabels"] == {
+            "kubernetes.io/metadata.name": "phalanx-system"
+        }
+        assert operator["podSelector"]["matchLabels"].items() <= (
+            the_deployment(docs)["spec"]["template"]["metadata"]["labels"].items()
+        )
+        assert scraper == {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
+        }
     assert not of_kind(rendered("default"), "NetworkPolicy")
 
 
