@@ -61,10 +61,10 @@ def admission_order(gangs: Sequence[GangRequest]) -> list[GangRequest]:
 
 
 # A group is the pods of one gang that share an identical demand: (demand, pod names).
-_Group = tuple[PodDemand, list[str]]
+PodGroup = tuple[PodDemand, list[str]]
 
 
-def _groups(gang: GangRequest) -> list[_Group]:
+def group_pods(gang: GangRequest) -> list[PodGroup]:
     by_demand: dict[PodDemand, list[str]] = {}
     for name, demand in gang.pods:
         by_demand.setdefault(demand, []).append(name)
@@ -78,7 +78,7 @@ def _size_key(demand: PodDemand) -> tuple[int, int, int]:
     return (extended, requests.get("cpu", 0), requests.get("memory", 0))
 
 
-class _Cluster:
+class ClusterState:
     """Free capacity during one pass, with per-shape eligibility cached (it cannot change mid-pass).
 
     version changes whenever free capacity or the reserved set changes, so results computed for
@@ -151,8 +151,8 @@ class _Cluster:
         return outlooks
 
 
-def _place(
-    groups: Sequence[_Group],
+def place_gang(
+    groups: Sequence[PodGroup],
     needed: int,
     candidates: Mapping[PodDemand, Sequence[str]],
     free: Mapping[str, Mapping[str, int]],
@@ -208,7 +208,7 @@ def plan_admission(
     reservations: the previous plan's reservations, so a blocked head keeps the nodes it waits for.
     max_reservations: how many blocked gangs (in order) may hold nodes; 1 is EASY backfilling.
     """
-    cluster = _Cluster(nodes, used)
+    cluster = ClusterState(nodes, used)
     previous = reservations or {}
     admitted: list[Admission] = []
     waiting_reasons: dict[str, str] = {}
@@ -219,7 +219,7 @@ def plan_admission(
     blocked_cache: dict[_Shape, tuple[int, str]] = {}
 
     for gang in admission_order(waiting):
-        groups = _groups(gang)
+        groups = group_pods(gang)
         if not groups:
             admitted.append(Admission(gang.key, ()))
             continue
@@ -240,7 +240,7 @@ def plan_admission(
             continue
 
         candidates = {demand: cluster.unreserved(demand) for demand, _ in groups}
-        placements = _place(groups, needed, candidates, cluster.free)
+        placements = place_gang(groups, needed, candidates, cluster.free)
         if placements is not None:
             cluster.take(placements, {pod: demand for demand, names in groups for pod in names})
             admitted.append(Admission(gang.key, tuple(placements)))
@@ -269,18 +269,18 @@ _Shape = tuple[tuple[tuple[PodDemand, int], ...], int]
 
 
 def _never_fit_reason(
-    cluster: _Cluster, groups: Sequence[_Group], counts: Sequence[tuple[PodDemand, int]], needed: int
+    cluster: ClusterState, groups: Sequence[PodGroup], counts: Sequence[tuple[PodDemand, int]], needed: int
 ) -> str | None:
     """None when the gang fits the cluster emptied of all work with every node recovered."""
     everywhere = {demand: cluster.eligible(demand, ever=True) for demand, _ in groups}
-    if _place(groups, needed, everywhere, cluster.allocatable) is not None:
+    if place_gang(groups, needed, everywhere, cluster.allocatable) is not None:
         return None
     return explain_never_fits(counts, needed, cluster.outlooks(groups[0][0], ever=True))
 
 
 def _reserve(
-    cluster: _Cluster,
-    groups: Sequence[_Group],
+    cluster: ClusterState,
+    groups: Sequence[PodGroup],
     needed: int,
     candidates: Mapping[PodDemand, Sequence[str]],
     previous: Sequence[str] | None,
@@ -295,13 +295,13 @@ def _reserve(
         available: set[str] = set().union(*candidates.values())
         if kept <= available:
             restricted = {demand: [n for n in nodes if n in kept] for demand, nodes in candidates.items()}
-            placements = _place(groups, needed, restricted, cluster.allocatable, fixed_order=True)
+            placements = place_gang(groups, needed, restricted, cluster.allocatable, fixed_order=True)
             if placements is not None:
                 return tuple(sorted({node for _, node in placements}))
     primary = groups[0][0]
     score = {node: _room_for(cluster.free[node], primary) for node in cluster.order}
     ordered = {demand: sorted(nodes, key=lambda n: (-score[n], n)) for demand, nodes in candidates.items()}
-    placements = _place(groups, needed, ordered, cluster.allocatable, fixed_order=True)
+    placements = place_gang(groups, needed, ordered, cluster.allocatable, fixed_order=True)
     if placements is None:
         return ()
     return tuple(sorted({node for _, node in placements}))

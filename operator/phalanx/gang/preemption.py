@@ -1,0 +1,90 @@
+"""Which lower-priority running gangs to stop so that a blocked higher-priority gang fits.
+
+Preemption goes through admission, not kube-scheduler: gated pods are invisible to the scheduler, so
+its preemption never runs for a gang that waits at the gate. The operator stops whole victim gangs
+(SIGTERM with their grace period, so they checkpoint and come back as a new attempt) and the head is
+admitted on the next pass once their pods are gone. docs/scheduling.md has the rule.
+"""
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from phalanx.gang.admission import ClusterState, GangRequest, group_pods, place_gang
+from phalanx.gang.capacity import NodeInfo, PodDemand, ResourceList
+
+
+@dataclass(frozen=True)
+class RunningGang:
+    key: str
+    priority: int
+    started: float
+    pods: tuple[tuple[str, str, PodDemand], ...]  # (pod name, node name, demand)
+
+
+@dataclass(frozen=True)
+class PreemptionChoice:
+    victims: tuple[str, ...]  # keys of the gangs to stop, in the order they were chosen
+    placements: tuple[tuple[str, str], ...]  # where the head fits once they are gone
+
+
+def _release(free: dict[str, dict[str, int]], gang: RunningGang) -> None:
+    for _, node, demand in gang.pods:
+        if node not in free:
+            continue
+        node_free = free[node]
+        for name, amount in demand.requests:
+            node_free[name] = node_free.get(name, 0) + amount
+
+
+def choose_victims(
+    head: GangRequest,
+    running: Sequence[RunningGang],
+    nodes: Sequence[NodeInfo],
+    used: Mapping[str, ResourceList],
+) -> PreemptionChoice | None:
+    """The smallest set (greedy) of strictly lower-priority gangs whose removal lets the head fit.
+
+    Candidates go lowest priority first, then the most recently started (least work lost, even with
+    checkpoints), then key. Victims are added until the head fits, then any victim the head turns out
+    not to need is dropped again. None when the head fits already or even stopping every lower-priority
+    gang would not make room.
+    """
+    cluster = ClusterState(nodes, used)
+    groups = group_pods(head)
+    if not groups:
+        return None
+    candidates = {demand: cluster.eligible(demand) for demand, _ in groups}
+    if place_gang(groups, head.needed, candidates, cluster.free) is not None:
+        return None
+    lower = sorted(
+        (gang for gang in running if gang.priority < head.priority),
+        key=lambda gang: (gang.priority, -gang.started, gang.key),
+    )
+
+    def fits_without(victims: Sequence[RunningGang]) -> list[tuple[str, str]] | None:
+        free = {node: dict(amounts) for node, amounts in cluster.free.items()}
+        for victim in victims:
+            _release(free, victim)
+        return place_gang(groups, head.needed, candidates, free)
+
+    chosen: list[RunningGang] = []
+    placements = None
+    for victim in lower:
+        chosen.append(victim)
+        placements = fits_without(chosen)
+        if placements is not None:
+            break
+    if placements is None:
+        return None
+    # Greedy order can over-select (an early victim may be on nodes the head ends up not using).
+    for victim in list(reversed(chosen[:-1])):
+        trimmed = [v for v in chosen if v is not victim]
+        trial = fits_without(trimmed)
+        if trial is not None:
+            chosen, placements = trimmed, trial
+    return PreemptionChoice(tuple(v.key for v in chosen), tuple(placements))
+
+
+def head_of_line_blocked(plan_waiting: Mapping[str, str], order: Sequence[GangRequest]) -> GangRequest | None:
+    """The first gang in admission order that the plan left waiting (the candidate preemptor)."""
+    return next((gang for gang in order if gang.key in plan_waiting), None)
