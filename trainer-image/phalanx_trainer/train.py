@@ -214,7 +214,10 @@ class Trainer:
         if self.schedule is not None:
             if not self._pipeline_losses:
                 return torch.full((), math.nan)
-            total = torch.stack(self._pipeline_losses).mean() * self.accumulation
+            # The first schedule step also calls the loss once while it infers shapes: keep only the
+            # losses of the real micro-batches, the last ones recorded.
+            real = self.accumulation * self.config.parallelism.pp_microbatches
+            total = torch.stack(self._pipeline_losses[-real:]).mean() * self.accumulation
             self._pipeline_losses.clear()
         return total / self.accumulation
 

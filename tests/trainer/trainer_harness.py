@@ -1,0 +1,129 @@
+"""Runs the real Trainer in spawned gloo processes and records losses and full gradients.
+
+Each spawned group runs several layouts one after another in the same processes (starting Python
+and importing torch costs more than the tiny runs themselves on a 2-core machine).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.distributed.tensor import DTensor
+
+from phalanx_trainer.config import load_config
+from phalanx_trainer.distenv import DistEnv
+from phalanx_trainer.logs import EventLog
+from phalanx_trainer.train import Trainer
+
+# A tiny GPT on the shipped text: 2 blocks, d=32, 4 heads, 16 tokens; 8 sequences per global batch.
+TINY = [
+    "job.torch_threads=1",
+    "job.steps=3",
+    "model.n_layers=2",
+    "model.d_model=32",
+    "model.n_heads=4",
+    "model.seq_len=16",
+    "optimizer.lr=0.003",
+    "schedule.kind=constant",
+    "metrics.port=0",
+    "checkpoint.dir=''",
+]
+GLOBAL_BATCH = 8
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _clean(name: str) -> str:
+    return name.replace("_orig_mod.", "").replace("module.", "")
+
+
+def full_gradients(trainer: Trainer) -> dict[str, torch.Tensor]:
+    """Every parameter's whole gradient, gathered over shards and (all ranks) over pipeline stages."""
+    local: dict[str, torch.Tensor] = {}
+    for name, param in trainer.model.named_parameters():
+        if param.grad is None:
+            continue
+        grad = param.grad.full_tensor() if isinstance(param.grad, DTensor) else param.grad
+        local[_clean(name)] = grad.detach().clone()
+    if not dist.is_initialized():
+        return local
+    gathered: list[dict[str, torch.Tensor] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, local)
+    merged: dict[str, torch.Tensor] = {}
+    for part in gathered:
+        merged.update(part or {})
+    return merged
+
+
+def run_trainer(overrides: list[str], world_size: int, rank: int, steps: int) -> dict[str, Any]:
+    config = load_config(None, TINY + overrides + [f"job.steps={steps}"], world_size)
+    env = DistEnv(rank, rank, world_size, 1, 0, world_size, "127.0.0.1", 0, 0, 60.0)
+    trainer = Trainer(config, env, log=EventLog(rank=1))  # quiet
+    losses: list[float] = []
+    grads: dict[str, torch.Tensor] = {}
+    for step in range(steps):
+        local_loss = trainer.forward_backward()
+        if step == 0:
+            grads = full_gradients(trainer)
+        losses.append(trainer.reduce_loss(local_loss))
+        trainer.optimizer_step()
+    trainer.close()
+    return {
+        "losses": losses,
+        "grads": grads,
+        "loss_scale": trainer.scaler.scale,
+        "skipped": trainer.scaler.skipped_steps,
+    }
+
+
+def _worker(
+    rank: int, world_size: int, port: int, layouts: dict[str, list[str]], steps: int, out: str
+) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    results: dict[str, Any] = {}
+    for name, overrides in layouts.items():
+        try:
+            results[name] = run_trainer(overrides, world_size, rank, steps)
+        except Exception:  # recorded per layout so one broken layout does not hide the others
+            results[name] = {"error": traceback.format_exc()}
+        dist.barrier()
+    if rank == 0:
+        torch.save(results, Path(out) / "results.pt")
+    dist.destroy_process_group()
+
+
+def run_spawned(layouts: dict[str, list[str]], world_size: int, steps: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as out:
+        mp.start_processes(
+            _worker,
+            args=(world_size, free_port(), layouts, steps, out),
+            nprocs=world_size,
+            start_method="spawn",
+        )
+        results: dict[str, Any] = torch.load(Path(out) / "results.pt", weights_only=False)
+    return results
+
+
+def max_relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """Largest |a - b| over all gradients relative to the largest |b| of the whole model.
+
+    Relative to the model, not per tensor: some gradients are zero in exact arithmetic (the attention
+    key bias cancels in softmax) and per-tensor ratios of rounding noise would be meaningless.
+    """
+    assert a.keys() == b.keys(), sorted(set(a) ^ set(b))
+    scale = max(float(reference.abs().max()) for reference in b.values())
+    return max(float((a[name] - reference).abs().max()) for name, reference in b.items()) / scale
