@@ -120,7 +120,12 @@ def private_nodes(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[
 
     class PrivateNodes:
         label = {"phalanx.dev/test-pool": tag}
-        toleration = {"key": "phalanx.dev/test-pool", "operator": "Equal", "value": tag, "effect": "NoSchedule"}
+        toleration = {
+            "key": "phalanx.dev/test-pool",
+            "operator": "Equal",
+            "value": tag,
+            "effect": "NoSchedule",
+        }
 
         def add(self, count: int, gpus: int = 8, prefix: str = "p", **kwargs: Any) -> list[str]:
             pool = NodePool(
@@ -147,7 +152,9 @@ def private_nodes(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[
 
 def _node_ready(cluster: Cluster, name: str) -> bool:
     node = cluster.get_json("node", name)
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in node.get("status", {}).get("conditions", []))
+    return any(
+        c["type"] == "Ready" and c["status"] == "True" for c in node.get("status", {}).get("conditions", [])
+    )
 
 
 __all__ = ["Cluster", "wait_for", "node_manifests"]

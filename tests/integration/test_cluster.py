@@ -53,12 +53,17 @@ def test_gpu_pod_is_bound_to_a_node_with_free_gpus_and_runs(cluster: Cluster, na
     assert bound.startswith("gpu-node-")
 
 
-def test_pod_asking_more_gpus_than_any_node_stays_pending_with_reason(cluster: Cluster, namespace: str) -> None:
+def test_pod_asking_more_gpus_than_any_node_stays_pending_with_reason(
+    cluster: Cluster, namespace: str
+) -> None:
     cluster.apply(pod("huge", gpus=64), namespace)
 
     def unschedulable() -> str:
         conds = cluster.get_json("pod", "huge", "-n", namespace).get("status", {}).get("conditions", [])
-        return next((c.get("message", "") for c in conds if c["type"] == "PodScheduled" and c["status"] == "False"), "")
+        return next(
+            (c.get("message", "") for c in conds if c["type"] == "PodScheduled" and c["status"] == "False"),
+            "",
+        )
 
     message = wait_for(unschedulable, timeout=60, what="PodScheduled=False")
     assert "Insufficient nvidia.com/gpu" in message
@@ -72,7 +77,9 @@ def test_higher_priority_pod_preempts_and_victim_gets_disruption_target(
     for name, value in (("low", 100), ("high", 100000)):
         cluster.apply({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
                        "metadata": {"name": f"{namespace}-{name}"}, "value": value})  # fmt: skip
-    cluster.apply(pod("victim", gpus=8, priority_class=f"{namespace}-low", **private_nodes.placement()), namespace)
+    cluster.apply(
+        pod("victim", gpus=8, priority_class=f"{namespace}-low", **private_nodes.placement()), namespace
+    )
     wait_for(lambda: phase(cluster, namespace, "victim") == "Running", timeout=60, what="victim Running")
 
     # Watch the victim from now on: kwok removes a deleted pod at once, so the condition is seen
@@ -88,7 +95,9 @@ def test_higher_priority_pod_preempts_and_victim_gets_disruption_target(
     try:
         cluster.apply(pod("preemptor", gpus=8, priority_class=f"{namespace}-high", **private_nodes.placement()),
                       namespace)  # fmt: skip
-        wait_for(lambda: phase(cluster, namespace, "preemptor") == "Running", timeout=90, what="preemptor Running")
+        wait_for(
+            lambda: phase(cluster, namespace, "preemptor") == "Running", timeout=90, what="preemptor Running"
+        )
     finally:
         watcher.terminate()
         reader.join(timeout=5)
@@ -135,7 +144,9 @@ def test_owner_reference_garbage_collection_deletes_children(cluster: Cluster, n
     cluster.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "parent"}}, namespace)
     uid = cluster.get_json("configmap", "parent", "-n", namespace)["metadata"]["uid"]
     child = pod("child")
-    child["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "ConfigMap", "name": "parent", "uid": uid}]
+    child["metadata"]["ownerReferences"] = [
+        {"apiVersion": "v1", "kind": "ConfigMap", "name": "parent", "uid": uid}
+    ]
     cluster.apply(child, namespace)
     assert phase(cluster, namespace, "child") != ""
     cluster.kubectl("delete", "configmap", "parent", "-n", namespace)

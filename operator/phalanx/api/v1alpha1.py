@@ -42,7 +42,9 @@ class Container:
             reason="FieldValueForbidden",
         ),
     )
-    name: str = api_field("Container name; the one named 'trainer' runs training.", required=True, max_length=63)
+    name: str = api_field(
+        "Container name; the one named 'trainer' runs training.", required=True, max_length=63
+    )
     image: str | None = api_field("Container image.", max_length=1024)
     env: list[EnvVar] | None = api_field("Environment variables.", max_items=256)
 
@@ -61,7 +63,10 @@ class PodSpecTemplate:
         ),
     )
     containers: list[Container] = api_field(
-        "Containers of each pod; exactly one must be named 'trainer'.", required=True, max_items=16, factory=list
+        "Containers of each pod; exactly one must be named 'trainer'.",
+        required=True,
+        max_items=16,
+        factory=list,
     )
     restart_policy: str | None = api_field(
         "Must be Never or unset: the operator decides restarts, all pods of a gang together.",
@@ -162,7 +167,9 @@ class CheckpointVolume:
             "give exactly one volume source (persistentVolumeClaim, hostPath or emptyDir)",
         ),
     )
-    persistent_volume_claim: PersistentVolumeClaimSource | None = api_field("A PersistentVolumeClaim (recommended).")
+    persistent_volume_claim: PersistentVolumeClaimSource | None = api_field(
+        "A PersistentVolumeClaim (recommended)."
+    )
     host_path: HostPathSource | None = api_field("A node directory.")
     empty_dir: EmptyDirSource | None = api_field("A pod-lifetime directory.")
 
@@ -185,7 +192,9 @@ class Checkpoint:
 class Gang:
     """All-or-nothing admission of the job's pods."""
 
-    min_available: int | None = api_field("Pods that must be placeable together (default: replicas).", minimum=1)
+    min_available: int | None = api_field(
+        "Pods that must be placeable together (default: replicas).", minimum=1
+    )
     timeout_seconds: int = api_field(
         "Admitted pods that are not all Running by then are torn down and requeued with backoff.",
         default=300, minimum=10, maximum=86400,
@@ -215,8 +224,12 @@ class RunPolicy:
         "Gang restarts after retryable failures before the job fails (preemptions are not counted).",
         default=3, minimum=0, maximum=1000,
     )  # fmt: skip
-    active_deadline_seconds: int | None = api_field("Fail the job after this long since it started.", minimum=1)
-    ttl_seconds_after_finished: int | None = api_field("Delete the job this long after it finished.", minimum=0)
+    active_deadline_seconds: int | None = api_field(
+        "Fail the job after this long since it started.", minimum=1
+    )
+    ttl_seconds_after_finished: int | None = api_field(
+        "Delete the job this long after it finished.", minimum=0
+    )
     suspend: bool = api_field("true deletes the pods and keeps the job; false resumes it.", default=False)
     termination_grace_period_seconds: int = api_field(
         "SIGTERM-to-SIGKILL time of every pod: the trainer's emergency checkpoint must fit inside.",
@@ -235,7 +248,8 @@ _IMMUTABLE_WHILE_ACTIVE = (
         field_path=".replicas",
     ),
     Rule(
-        "self.procsPerReplica == oldSelf.procsPerReplica || self.runPolicy.suspend",
+        "(has(self.procsPerReplica) == has(oldSelf.procsPerReplica) && "
+        "(!has(self.procsPerReplica) || self.procsPerReplica == oldSelf.procsPerReplica)) || self.runPolicy.suspend",
         "spec.procsPerReplica can change only while the job is suspended",
         field_path=".procsPerReplica",
     ),
@@ -319,7 +333,9 @@ class Restarts:
     """Gang restarts by cause."""
 
     failures: int = api_field("Restarts after retryable failures (count against backoffLimit).", default=0)
-    preemptions: int = api_field("Restarts after preemption, eviction or node loss (do not count).", default=0)
+    preemptions: int = api_field(
+        "Restarts after preemption, eviction or node loss (do not count).", default=0
+    )
 
 
 @dataclass
@@ -371,8 +387,12 @@ class TrainingJobStatus:
     start_time: str | None = api_field("When the first attempt was admitted.")
     completion_time: str | None = api_field("When the job finished.")
     admitted_time: str | None = api_field("When the current attempt was admitted.")
-    requeue_after: str | None = api_field("The current attempt may not be admitted before this time (backoff).")
+    requeue_after: str | None = api_field(
+        "The current attempt may not be admitted before this time (backoff)."
+    )
     gang_timeouts: int | None = api_field("Times the gang was torn down for not starting in time.")
+    created_attempt: int | None = api_field("The attempt whose pods have all been created.")
+    admission_message: str | None = api_field("Why the gang waits for admission (builtin provider).")
     last_checkpoint: LastCheckpoint | None = api_field("Newest checkpoint reported by the trainer.")
     progress: Progress | None = api_field("Training progress.")
     observed_generation: int | None = api_field("spec generation last acted on.")

@@ -154,7 +154,10 @@ def build_worker_pod(
 
     provider = spec.scheduling.provider
     if provider == "builtin":
-        pod_spec["schedulingGates"] = [*(pod_spec.get("schedulingGates") or []), {"name": c.GANG_SCHEDULING_GATE}]
+        pod_spec["schedulingGates"] = [
+            *(pod_spec.get("schedulingGates") or []),
+            {"name": c.GANG_SCHEDULING_GATE},
+        ]
     elif provider == "volcano":
         pod_spec["schedulerName"] = VOLCANO_SCHEDULER
         annotations[VOLCANO_GROUP_ANNOTATION] = job.name
@@ -220,6 +223,8 @@ def build_headless_service(job: JobRef, spec: TrainingJobSpec) -> dict[str, Any]
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
             "selector": selector_labels(job),
-            "ports": [{"name": "rendezvous", "port": spec.rendezvous.port, "targetPort": spec.rendezvous.port}],
+            "ports": [
+                {"name": "rendezvous", "port": spec.rendezvous.port, "targetPort": spec.rendezvous.port}
+            ],
         },
     }

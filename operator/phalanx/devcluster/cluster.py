@@ -48,7 +48,9 @@ def resolve_bin_dir() -> Path:
     else:
         script = REPO_ROOT / "hack" / "cluster-bin.sh"
         if not script.exists():
-            raise ClusterError("set PHALANX_CLUSTER_BIN to a directory with etcd, kube-apiserver, ... and kwok")
+            raise ClusterError(
+                "set PHALANX_CLUSTER_BIN to a directory with etcd, kube-apiserver, ... and kwok"
+            )
         out = subprocess.run(["bash", str(script), "--print-dir"], capture_output=True, text=True, check=True)
         bin_dir = Path(out.stdout.strip())
     missing = [b for b in REQUIRED_BINARIES if not (bin_dir / b).is_file()]
@@ -71,9 +73,14 @@ def kubeconfig_text(server: str, pki: Pki, context: str = "phalanx-dev") -> str:
     config = {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [{"name": context, "cluster": {"server": server, "certificate-authority": str(pki.ca_cert)}}],
+        "clusters": [
+            {"name": context, "cluster": {"server": server, "certificate-authority": str(pki.ca_cert)}}
+        ],
         "users": [
-            {"name": "admin", "user": {"client-certificate": str(pki.admin_cert), "client-key": str(pki.admin_key)}}
+            {
+                "name": "admin",
+                "user": {"client-certificate": str(pki.admin_cert), "client-key": str(pki.admin_key)},
+            }
         ],
         "contexts": [{"name": context, "context": {"cluster": context, "user": "admin"}}],
         "current-context": context,
@@ -130,7 +137,9 @@ class LocalCluster:
     def up(self, pools: Sequence[NodePool] = DEFAULT_POOLS, timeout: float = 120.0) -> Path:
         started = time.monotonic()
         if self.running_components():
-            raise ClusterError(f"a cluster is already running from {self.state_dir}; run `phalanx dev down` first")
+            raise ClusterError(
+                f"a cluster is already running from {self.state_dir}; run `phalanx dev down` first"
+            )
         bin_dir = resolve_bin_dir()
         for sub in ("run", "logs"):
             (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
@@ -201,7 +210,9 @@ class LocalCluster:
         }
 
     # -- nodes -----------------------------------------------------------------------------
-    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
         state = self.state()
         if state is None:
             raise ClusterError("no cluster state; run `phalanx dev up` first")
@@ -227,7 +238,11 @@ class LocalCluster:
     def _start(self, component: components.Component) -> None:
         log = self.log_file(component.name).open("ab")
         proc = subprocess.Popen(
-            component.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            component.argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
         self._pid_file(component.name).write_text(str(proc.pid))
         self.log(f"started {component.name} (pid {proc.pid}, log {self.log_file(component.name)})")
@@ -266,7 +281,9 @@ class LocalCluster:
             except (urllib.error.URLError, OSError) as exc:
                 last_error = str(exc)
             time.sleep(0.3)
-        raise ClusterError(f"{name} not healthy after {timeout:.0f}s at {url}: {last_error}\n{_tail(self.log_file(name))}")
+        raise ClusterError(
+            f"{name} not healthy after {timeout:.0f}s at {url}: {last_error}\n{_tail(self.log_file(name))}"
+        )
 
     def _wait_nodes_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -277,7 +294,8 @@ class LocalCluster:
                 n["metadata"]["name"]
                 for n in items
                 if not any(
-                    c["type"] == "Ready" and c["status"] == "True" for c in n.get("status", {}).get("conditions", [])
+                    c["type"] == "Ready" and c["status"] == "True"
+                    for c in n.get("status", {}).get("conditions", [])
                 )
             ]
             if not not_ready:

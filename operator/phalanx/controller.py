@@ -1,0 +1,358 @@
+"""The work loop: a de-duplicating queue of TrainingJob keys, reconcile workers, and the gang
+admission pass. kopf's handlers (handlers.py) only enqueue keys here.
+
+Level-triggered: every reconcile reads the job, its pods and the nodes afresh and asks the pure
+state machine (reconcile/lifecycle.py) what to do, so a lost or repeated event changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import urllib.request
+from typing import Any
+
+from phalanx import constants as c
+from phalanx import metrics
+from phalanx.api.schema import parse
+from phalanx.api.v1alpha1 import TrainingJobSpec
+from phalanx.builders.podgroups import build_podgroup
+from phalanx.builders.pods import JobRef, build_headless_service, build_worker_pod
+from phalanx.gang.admission import GangRequest, plan_admission
+from phalanx.gang.capacity import NodeInfo, PodDemand, usage_by_node
+from phalanx.k8s import KubeApi
+from phalanx.reconcile.lifecycle import FINISHED_PHASES, decide, is_gated, iso, parse_iso, pod_attempt
+
+log = logging.getLogger("phalanx.controller")
+
+NODE_CACHE_SECONDS = 2.0
+RESYNC_SECONDS = 20.0
+PROGRESS_RETRY_AFTER_FAILURE_SECONDS = 30.0
+ADMISSION_INTERVAL_SECONDS = 1.0
+PROGRESS_TIMEOUT_SECONDS = 1.0
+PROGRESS_POLL_SECONDS = 3.0
+
+
+def status_diff(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """A merge patch that turns `old` into `new` (None removes a key); only what changed."""
+    patch: dict[str, Any] = {k: v for k, v in new.items() if old.get(k) != v}
+    for key in old:
+        if key not in new:
+            patch[key] = None
+    return patch
+
+
+class Controller:
+    def __init__(self, api: KubeApi, namespaces: list[str], cluster_domain: str = "cluster.local",
+                 workers: int = 4) -> None:  # fmt: skip
+        self.api = api
+        self.namespaces = namespaces
+        self.cluster_domain = cluster_domain
+        self.workers = workers
+        self.queue: asyncio.Queue[str] = asyncio.Queue()
+        self.queued: set[str] = set()
+        self.active: set[str] = set()
+        self.again: set[str] = set()
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self.nodes_at = 0.0
+        self.reservations: dict[str, tuple[str, ...]] = {}
+        self.admission_dirty = asyncio.Event()
+        self.known_jobs: set[str] = set()
+        self.progress_failed_at: dict[str, float] = {}
+        self.tasks: list[asyncio.Task[None]] = []
+
+    # -- queue ----------------------------------------------------------------------------------
+    def enqueue(self, key: str, delay: float = 0.0) -> None:
+        if delay > 0:
+            asyncio.get_running_loop().call_later(delay, self.enqueue, key)
+            return
+        if key in self.active:
+            self.again.add(key)  # reconcile once more after the running one finishes
+            return
+        if key not in self.queued:
+            self.queued.add(key)
+            self.queue.put_nowait(key)
+
+    def forget(self, key: str) -> None:
+        self.known_jobs.discard(key)
+        self.progress_failed_at.pop(key, None)
+        self.reservations.pop(key, None)
+        namespace, name = key.split("/", 1)
+        metrics.forget_job(namespace, name)
+
+    async def start(self) -> None:
+        for i in range(self.workers):
+            self.tasks.append(asyncio.create_task(self._worker(), name=f"reconcile-{i}"))
+        self.tasks.append(asyncio.create_task(self._admission_loop(), name="admission"))
+        self.tasks.append(asyncio.create_task(self._resync_loop(), name="resync"))
+
+    async def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+    async def _worker(self) -> None:
+        while True:
+            key = await self.queue.get()
+            self.queued.discard(key)
+            self.active.add(key)
+            try:
+                with metrics.reconcile_timer("trainingjob"):
+                    followups = await asyncio.to_thread(self.reconcile, key)
+                for delay in followups:
+                    self.enqueue(key, delay=delay)
+            except Exception as exc:  # a failed reconcile is retried, never fatal
+                log.warning("reconcile of %s failed, retrying: %s", key, exc)
+                self.enqueue(key, delay=2.0)
+            finally:
+                self.active.discard(key)
+                if key in self.again:
+                    self.again.discard(key)
+                    self.enqueue(key)
+
+    async def _resync_loop(self) -> None:
+        while True:
+            await asyncio.sleep(RESYNC_SECONDS)
+            for key in list(self.known_jobs):
+                self.enqueue(key)
+
+    # -- reconcile --------------------------------------------------------------------------------
+    def current_nodes(self) -> dict[str, dict[str, Any]]:
+        if time.monotonic() - self.nodes_at > NODE_CACHE_SECONDS:
+            self.nodes = {n["metadata"]["name"]: n for n in self.api.list_nodes()}
+            self.nodes_at = time.monotonic()
+        return self.nodes
+
+    def reconcile(self, key: str) -> list[float]:
+        """One level-triggered pass; returns the delays after which to look at this job again."""
+        namespace, name = key.split("/", 1)
+        followups: list[float] = []
+        job = self.api.get_job(namespace, name)
+        if job is None or job["metadata"].get("deletionTimestamp"):
+            self.forget(key)
+            return followups
+        self.known_jobs.add(key)
+        pods = self.api.list_job_pods(namespace, name)
+        now = time.time()
+        old_status = dict(job.get("status") or {})
+        if not old_status:
+            metrics.observe_job_created(namespace, name)
+        plan = decide(job, pods, self.current_nodes(), now)
+        spec = parse(TrainingJobSpec, job["spec"])
+        ref = JobRef.of(job)
+
+        if plan.status.get("phase") == "Running":
+            self._read_progress(key, job, pods, plan.status)
+        if plan.status.get("phase") in FINISHED_PHASES:
+            self.known_jobs.discard(key)  # nothing left to resync; TTL rides on recheck_after
+        patch = status_diff(old_status, plan.status)
+        if patch:
+            self.api.patch_job_status(namespace, name, patch)
+        self._observe(namespace, name, old_status, plan.status)
+
+        uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
+        grace = spec.run_policy.termination_grace_period_seconds
+        for pod_name in plan.delete_pods:
+            self.api.delete_pod(namespace, pod_name, uids.get(pod_name), grace)
+        if plan.create_indices:
+            self.api.create_if_absent(build_headless_service(ref, spec))
+            podgroup = build_podgroup(ref, spec)
+            if podgroup is not None:
+                self.api.create_if_absent(podgroup)
+            attempt = int(plan.status["attempt"])
+            template = job["spec"].get("template") or {}
+            for index in plan.create_indices:
+                pod = build_worker_pod(
+                    ref, spec, index, attempt, template, cluster_domain=self.cluster_domain
+                )
+                if self.api.create_if_absent(pod):
+                    metrics.observe_pods_created()
+            self.loop.call_soon_threadsafe(self.admission_dirty.set)
+            followups.append(0.5)
+        for event in plan.events:
+            self.api.create_event(job, event.type, event.reason, event.message, iso(now))
+        if plan.delete_job:
+            self.api.delete_job(namespace, name)
+            self.forget(key)
+            return followups
+        if plan.recheck_after is not None:
+            followups.append(plan.recheck_after)
+        if plan.delete_pods:
+            followups.append(1.0)
+        if plan.status.get("phase") == "Running":
+            followups.append(PROGRESS_POLL_SECONDS)
+        return followups
+
+    def _observe(self, namespace: str, name: str, old: dict[str, Any], new: dict[str, Any]) -> None:
+        if old.get("phase") != new.get("phase") and new.get("phase"):
+            metrics.observe_phase_change(namespace, name, old.get("phase"), new["phase"])
+        old_restarts, new_restarts = old.get("restarts") or {}, new.get("restarts") or {}
+        for field, reason in (("failures", "failure"), ("preemptions", "preemption")):
+            if new_restarts.get(field, 0) > old_restarts.get(field, 0):
+                metrics.observe_restart(namespace, name, reason)  # type: ignore[arg-type]
+        if (new.get("gangTimeouts") or 0) > (old.get("gangTimeouts") or 0):
+            metrics.observe_gang_timeout(namespace, name)
+
+    def _read_progress(
+        self, key: str, job: dict[str, Any], pods: list[dict[str, Any]], status: dict[str, Any]
+    ) -> None:
+        """Copies the trainer's /progress (served by global rank 0) into status.progress."""
+        failed_at = self.progress_failed_at.get(key)
+        if failed_at is not None and time.monotonic() - failed_at < PROGRESS_RETRY_AFTER_FAILURE_SECONDS:
+            return
+        attempt = status.get("attempt")
+        rank0 = next(
+            (p for p in pods if pod_attempt(p) == attempt
+             and p["metadata"]["labels"].get(c.LABEL_REPLICA_INDEX) == "0"), None,
+        )  # fmt: skip
+        ip = (rank0 or {}).get("status", {}).get("podIP")
+        if not ip:
+            return
+        try:
+            url = f"http://{ip}:{c.DEFAULT_METRICS_PORT}{c.PROGRESS_PATH}"
+            with urllib.request.urlopen(url, timeout=PROGRESS_TIMEOUT_SECONDS) as response:
+                report = json.loads(response.read())
+        except (OSError, ValueError):
+            # Simulated pods serve nothing and a trainer may still be starting: not an error, but
+            # do not spend a worker on it at every pass.
+            self.progress_failed_at[key] = time.monotonic()
+            return
+        self.progress_failed_at.pop(key, None)
+        status["progress"] = progress_status(report)
+        checkpoint = report.get("last_checkpoint") or None
+        if checkpoint and checkpoint.get("step") is not None:
+            status["lastCheckpoint"] = {"step": int(checkpoint["step"]), "time": checkpoint.get("time")}
+            saved = parse_iso(checkpoint.get("time"))
+            if saved is not None:
+                metrics.observe_checkpoint(job["metadata"]["namespace"], job["metadata"]["name"], saved)
+        total, step = report.get("total_steps"), report.get("step")
+        if isinstance(total, int) and isinstance(step, int) and total > 0:
+            metrics.observe_progress(job["metadata"]["namespace"], job["metadata"]["name"], step, total)
+
+    # -- gang admission (provider: builtin) ------------------------------------------------------
+    async def _admission_loop(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self.admission_dirty.wait(), timeout=ADMISSION_INTERVAL_SECONDS * 3)
+            except TimeoutError:
+                pass
+            self.admission_dirty.clear()
+            try:
+                await asyncio.to_thread(self.admission_pass)
+            except Exception as exc:
+                log.warning("admission pass failed, retrying: %s", exc)
+            await asyncio.sleep(ADMISSION_INTERVAL_SECONDS)
+
+    def admission_pass(self) -> None:
+        jobs = [j for j in self.api.list_jobs(self.namespaces) if _waits_for_admission(j)]
+        if not jobs:
+            self.reservations.clear()
+            return
+        all_pods = self.api.list_all_pods()
+        by_job: dict[str, list[dict[str, Any]]] = {}
+        planned: dict[str, str] = {}
+        for pod in all_pods:
+            labels = pod["metadata"].get("labels") or {}
+            if c.LABEL_JOB_NAME in labels:
+                by_job.setdefault(f"{pod['metadata']['namespace']}/{labels[c.LABEL_JOB_NAME]}", []).append(
+                    pod
+                )
+            selector = pod.get("spec", {}).get("nodeSelector") or {}
+            if (
+                not pod.get("spec", {}).get("nodeName")
+                and not is_gated(pod)
+                and "kubernetes.io/hostname" in selector
+            ):
+                planned[f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"] = selector[
+                    "kubernetes.io/hostname"
+                ]
+        priorities = self.api.priority_values()
+        requests = []
+        gated_pods: dict[str, dict[str, dict[str, Any]]] = {}
+        now = time.time()
+        for job in jobs:
+            key = f"{job['metadata']['namespace']}/{job['metadata']['name']}"
+            spec = parse(TrainingJobSpec, job["spec"])
+            attempt = (job.get("status") or {}).get("attempt", 0)
+            pods = [p for p in by_job.get(key, []) if pod_attempt(p) == attempt and is_gated(p)]
+            if len(pods) < spec.replicas:
+                continue  # still being created (or torn down): never admit half a gang
+            gated_pods[key] = {p["metadata"]["name"]: p for p in pods}
+            created = parse_iso(job["metadata"].get("creationTimestamp")) or now
+            requests.append(GangRequest(
+                key=key,
+                priority=priorities.get(spec.scheduling.priority_class_name or "", 0),
+                created=created,
+                pods=tuple((p["metadata"]["name"], PodDemand.from_pod_spec(p["spec"])) for p in pods),
+                min_available=spec.min_available,
+            ))  # fmt: skip
+        if not requests:
+            return
+        nodes = [NodeInfo.from_k8s(n) for n in self.current_nodes().values()]
+        used = usage_by_node(all_pods, planned)
+        plan = plan_admission(requests, nodes, used, now, reservations=self.reservations)
+        self.reservations = dict(plan.reservations)
+        jobs_by_key = {f"{j['metadata']['namespace']}/{j['metadata']['name']}": j for j in jobs}
+        for admission in plan.admitted:
+            namespace = admission.key.split("/", 1)[0]
+            for pod_name, node in admission.placements:
+                pod = gated_pods[admission.key][pod_name]
+                gates = [
+                    g
+                    for g in pod["spec"].get("schedulingGates") or []
+                    if g.get("name") != c.GANG_SCHEDULING_GATE
+                ]
+                self.api.admit_pod(namespace, pod_name, node, gates, pod["spec"].get("nodeSelector") or {})
+            created = min(parse_iso(p["metadata"].get("creationTimestamp")) or now
+                          for p in gated_pods[admission.key].values())  # fmt: skip
+            metrics.observe_gang_admitted(namespace, admission.key.split("/", 1)[1], max(0.0, now - created))
+            self._enqueue_threadsafe(admission.key)
+        for key, reason in [
+            *plan.waiting.items(),
+            *((k, f"can never fit: {r}") for k, r in plan.never_fits.items()),
+        ]:
+            job = jobs_by_key[key]
+            if (job.get("status") or {}).get("admissionMessage") != reason:
+                namespace, name = key.split("/", 1)
+                self.api.patch_job_status(namespace, name, {"admissionMessage": reason})
+                self._enqueue_threadsafe(key)
+
+    def _enqueue_threadsafe(self, key: str) -> None:
+        loop = self.loop
+        loop.call_soon_threadsafe(self.enqueue, key)
+
+    loop: asyncio.AbstractEventLoop
+
+
+def _waits_for_admission(job: dict[str, Any]) -> bool:
+    status = job.get("status") or {}
+    spec = job.get("spec") or {}
+    if (spec.get("scheduling") or {}).get("provider", "builtin") != "builtin":
+        return False
+    if (spec.get("runPolicy") or {}).get("suspend"):
+        return False
+    return status.get("phase") not in (*FINISHED_PHASES, "Suspended") and status.get(
+        "createdAttempt"
+    ) == status.get("attempt", 0)
+
+
+def progress_status(report: dict[str, Any]) -> dict[str, Any]:
+    """status.progress from the trainer's /progress JSON (docs/environment.md)."""
+    out: dict[str, Any] = {}
+    step, total = report.get("step"), report.get("total_steps")
+    if isinstance(step, int):
+        out["step"] = step
+    if isinstance(total, int) and total > 0:
+        out["totalSteps"] = total
+        if isinstance(step, int):
+            out["percent"] = min(100, int(100 * step / total))
+    eta = report.get("eta_seconds")
+    if isinstance(eta, (int, float)):
+        out["etaSeconds"] = int(eta)
+    if isinstance(report.get("loss"), (int, float)):
+        out["loss"] = f"{report['loss']:.4f}"
+    if isinstance(report.get("tokens_per_second"), (int, float)):
+        out["tokensPerSecond"] = f"{report['tokens_per_second']:.0f}"
+    return out

@@ -1,0 +1,73 @@
+"""kopf handlers: the only module that imports kopf. Each handler only tells the controller which
+TrainingJob to look at; the controller decides (controller.py, reconcile/lifecycle.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from phalanx import constants as c
+from phalanx.controller import Controller
+from phalanx.k8s import KubeApi, load_api_client
+
+
+@kopf.on.startup()
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    # Progress and diff-base live in annotations, so the status schema stays strict.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=c.GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=c.GROUP, key="last-handled-configuration"
+    )
+    settings.posting.level = logging.WARNING
+    # Keep watches fresh behind load balancers that drop idle connections.
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.watching.connect_timeout = 30
+    settings.networking.error_backoffs = [1, 2, 5, 10]
+    namespaces = [n for n in os.environ.get("PHALANX_NAMESPACES", "").split(",") if n]
+    domain = os.environ.get("PHALANX_CLUSTER_DOMAIN", "cluster.local")
+    controller = Controller(KubeApi(load_api_client()), namespaces, cluster_domain=domain)
+    controller.loop = asyncio.get_running_loop()
+    await controller.start()
+    memo.controller = controller
+
+
+@kopf.on.cleanup()
+async def shutdown(memo: kopf.Memo, **_: Any) -> None:
+    controller: Controller | None = getattr(memo, "controller", None)
+    if controller is not None:
+        await controller.stop()
+
+
+@kopf.on.event(c.GROUP, c.VERSION, c.PLURAL)
+def trainingjob_event(event: kopf.RawEvent, namespace: str | None, name: str, memo: Any, **_: Any) -> None:
+    controller: Controller = memo.controller
+    key = f"{namespace}/{name}"
+    if event.get("type") == "DELETED":
+        controller.forget(key)
+        controller.admission_dirty.set()
+        return
+    controller.enqueue(key)
+
+
+@kopf.on.event("", "v1", "pods", labels={c.LABEL_JOB_NAME: kopf.PRESENT})
+def pod_event(
+    event: kopf.RawEvent, namespace: str | None, labels: Mapping[str, str], memo: Any, **_: Any
+) -> None:
+    controller: Controller = memo.controller
+    controller.enqueue(f"{namespace}/{labels[c.LABEL_JOB_NAME]}")
+    if event.get("type") == "DELETED":
+        controller.admission_dirty.set()  # capacity came back
+
+
+@kopf.on.event("", "v1", "nodes")
+def node_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
+    controller: Controller = memo.controller
+    if event.get("type") in ("ADDED", "DELETED"):
+        controller.nodes_at = 0.0
+        controller.admission_dirty.set()

@@ -1,0 +1,327 @@
+"""The TrainingJob state machine (pure): given the job, its pods and the nodes, what to do next.
+
+One decision per call; the I/O layer applies it and calls again on the next event. Every step is
+idempotent: pod names are deterministic, and an attempt's pods are only created while none of an
+older attempt remain (they share names).
+
+Phases: Pending (waiting for admission or backoff) -> Admitted (pods ungated, not all running) ->
+Running -> Succeeded | Failed; Restarting between attempts; Suspended while spec.runPolicy.suspend.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any
+
+from phalanx import constants as c
+from phalanx.api.schema import parse
+from phalanx.api.v1alpha1 import TrainingJobSpec
+from phalanx.gang.backoff import gang_timed_out, requeue_at
+from phalanx.policy.pod_outcome import (
+    OutcomeKind,
+    PodOutcome,
+    VerdictKind,
+    classify_pod,
+    gang_verdict,
+    missing_pod_outcome,
+)
+from phalanx.reconcile.conditions import set_condition
+
+FINISHED_PHASES = ("Succeeded", "Failed")
+GANG_BACKOFF_BASE_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclass
+class Plan:
+    """What the I/O layer should do, in this order: status, deletions, creations, events."""
+
+    status: dict[str, Any]
+    create_indices: list[int] = field(default_factory=list)
+    delete_pods: list[str] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    delete_job: bool = False
+    # Seconds until the state machine has something time-based to check (deadline, timeout, TTL).
+    recheck_after: float | None = None
+
+
+def iso(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_iso(value: str | None) -> float | None:
+    if not value:
+        return None
+    return dt.datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC).timestamp()
+
+
+def pod_attempt(pod: dict[str, Any]) -> int:
+    try:
+        return int(pod["metadata"]["labels"][c.LABEL_ATTEMPT])
+    except (KeyError, ValueError):
+        return -1
+
+
+def pod_index(pod: dict[str, Any]) -> int:
+    try:
+        return int(pod["metadata"]["labels"][c.LABEL_REPLICA_INDEX])
+    except (KeyError, ValueError):
+        return -1
+
+
+def is_gated(pod: dict[str, Any]) -> bool:
+    gates = pod.get("spec", {}).get("schedulingGates") or []
+    return any(g.get("name") == c.GANG_SCHEDULING_GATE for g in gates)
+
+
+def _is_terminal(pod: dict[str, Any]) -> bool:
+    return pod.get("status", {}).get("phase") in ("Succeeded", "Failed")
+
+
+def _is_ready(pod: dict[str, Any]) -> bool:
+    conds = pod.get("status", {}).get("conditions") or []
+    return pod.get("status", {}).get("phase") == "Running" and any(
+        x.get("type") == "Ready" and x.get("status") == "True" for x in conds
+    )
+
+
+class _Builder:
+    """Accumulates the next status and the side effects of one decision."""
+
+    def __init__(self, job: dict[str, Any], now: float) -> None:
+        self.now = now
+        self.now_iso = iso(now)
+        self.generation = job.get("metadata", {}).get("generation")
+        self.old = dict(job.get("status") or {})
+        self.status = dict(self.old)
+        self.status.setdefault("attempt", 0)
+        self.status.setdefault("restarts", {"failures": 0, "preemptions": 0})
+        self.status["restarts"] = dict(self.status["restarts"])
+        self.status.setdefault("conditions", [])
+        self.status["observedGeneration"] = self.generation
+        self.plan = Plan(status=self.status)
+
+    def condition(self, type_: str, status: str, reason: str, message: str) -> None:
+        self.status["conditions"] = set_condition(
+            self.status["conditions"], type_, status, reason, message, self.now_iso, self.generation
+        )
+
+    def phase(self, phase: str, reason: str, message: str, event_type: str = "Normal") -> None:
+        if self.old.get("phase") != phase:
+            self.plan.events.append(Event(event_type, reason, message))
+        self.status["phase"] = phase
+        self.status["message"] = message
+        for type_ in ("Running", "Restarting", "Suspended", "Succeeded", "Failed"):
+            if type_ == phase:
+                self.condition(type_, "True", reason, message)
+            elif any(x["type"] == type_ for x in self.status["conditions"]):
+                self.condition(type_, "False", reason, message)
+
+    def recheck(self, seconds: float) -> None:
+        seconds = max(seconds, 0.5)
+        current = self.plan.recheck_after
+        self.plan.recheck_after = seconds if current is None else min(current, seconds)
+
+
+def decide(
+    job: dict[str, Any],
+    pods: list[dict[str, Any]],
+    nodes: dict[str, dict[str, Any]],
+    now: float,
+) -> Plan:
+    spec = parse(TrainingJobSpec, job.get("spec"))
+    b = _Builder(job, now)
+    status = b.status
+    attempt: int = status["attempt"]
+    current = {pod_index(p): p for p in pods if pod_attempt(p) == attempt}
+    stale = [p for p in pods if pod_attempt(p) != attempt]
+    grace_deleting = [p["metadata"]["name"] for p in stale if not p["metadata"].get("deletionTimestamp")]
+    b.plan.delete_pods.extend(grace_deleting)
+    _count_replicas(b, spec, list(current.values()))
+
+    if status.get("phase") in FINISHED_PHASES:
+        _finished(b, spec, current)
+        return b.plan
+
+    if spec.run_policy.suspend:
+        b.plan.delete_pods.extend(p["metadata"]["name"] for p in current.values() if not _deleting(p))
+        b.phase("Suspended", "Suspended", "spec.runPolicy.suspend is true: pods deleted, status kept")
+        return b.plan
+    if status.get("phase") == "Suspended":
+        # Resumed: a fresh attempt, counted neither as failure nor as preemption.
+        status["attempt"] = attempt + 1
+        b.phase("Pending", "Resumed", "resumed after suspension; creating a new attempt")
+        b.plan.delete_pods.extend(p["metadata"]["name"] for p in current.values() if not _deleting(p))
+        return b.plan
+
+    start = parse_iso(status.get("startTime"))
+    deadline = spec.run_policy.active_deadline_seconds
+    if deadline and start is not None:
+        if now >= start + deadline:
+            _fail(b, current, "DeadlineExceeded", f"ran longer than activeDeadlineSeconds={deadline}")
+            return b.plan
+        b.recheck(start + deadline - now)
+
+    requeue = parse_iso(status.get("requeueAfter"))
+    if requeue is not None and now < requeue:
+        b.phase("Pending", "Backoff", f"gang timed out; retrying admission after {status['requeueAfter']}")
+        b.recheck(requeue - now)
+        return b.plan
+
+    if stale:
+        b.phase(
+            "Restarting",
+            _restart_reason(b),
+            f"waiting for {len(stale)} pod(s) of the previous attempt to stop",
+        )
+        return b.plan
+
+    if status.get("createdAttempt") != attempt:
+        missing = [i for i in range(spec.replicas) if i not in current]
+        b.plan.create_indices.extend(missing)
+        if not missing:
+            status["createdAttempt"] = attempt
+        if spec.scheduling.provider != "builtin":
+            status.setdefault("admittedTime", b.now_iso)
+        if attempt == 0 or status.get("phase") not in ("Restarting",):
+            b.phase("Pending", "Created", f"created {spec.replicas} pod(s) for attempt {attempt}")
+        return b.plan
+
+    outcomes = _outcomes(spec, current, nodes)
+    verdict = gang_verdict(outcomes)
+    if verdict.kind is VerdictKind.SUCCEEDED:
+        status["completionTime"] = b.now_iso
+        b.phase("Succeeded", verdict.reason, "every worker exited 0")
+        return b.plan
+    if verdict.kind is VerdictKind.FAILED:
+        _fail(b, current, verdict.reason, verdict.message)
+        return b.plan
+    if verdict.kind is VerdictKind.RESTART_PREEMPTION:
+        status["restarts"]["preemptions"] = status["restarts"].get("preemptions", 0) + 1
+        _restart(b, current, "Preempted", verdict.message)
+        return b.plan
+    if verdict.kind is VerdictKind.RESTART_FAILURE:
+        failures = status["restarts"].get("failures", 0)
+        if failures >= spec.run_policy.backoff_limit:
+            _fail(b, current, "BackoffLimitExceeded",
+                  f"{verdict.message}; backoffLimit={spec.run_policy.backoff_limit} reached")  # fmt: skip
+            return b.plan
+        status["restarts"]["failures"] = failures + 1
+        _restart(b, current, "FailureRestart", verdict.message)
+        return b.plan
+
+    running = sum(o.kind in (OutcomeKind.RUNNING, OutcomeKind.SUCCEEDED) for o in outcomes)
+    gated = sum(is_gated(p) for p in current.values())
+    if gated:
+        message = status.get("admissionMessage") or "waiting for the whole gang to fit"
+        b.condition("Admitted", "False", "WaitingForCapacity", message)
+        b.phase("Pending", "WaitingForCapacity", message)
+        return b.plan
+    if not status.get("admittedTime"):
+        status["admittedTime"] = b.now_iso
+    status.pop("admissionMessage", None)
+    b.condition("Admitted", "True", "GangAdmitted", f"all {spec.replicas} pod(s) admitted together")
+    if running >= spec.replicas:
+        status.setdefault("startTime", b.now_iso)
+        b.phase("Running", "AllWorkersRunning", f"{spec.replicas} worker(s) running, attempt {attempt}")
+        return b.plan
+
+    admitted_at = parse_iso(status.get("admittedTime")) or now
+    timeout = spec.scheduling.gang.timeout_seconds
+    if gang_timed_out(admitted_at, now, timeout, running, spec.replicas):
+        timeouts = int(status.get("gangTimeouts") or 0) + 1
+        status["gangTimeouts"] = timeouts
+        status["requeueAfter"] = iso(requeue_at(now, timeouts, base=GANG_BACKOFF_BASE_SECONDS))
+        message = (f"only {running}/{spec.replicas} pod(s) running {timeout}s after admission; "
+                   f"gang torn down, retrying after {status['requeueAfter']}")  # fmt: skip
+        _new_attempt(b, current)
+        b.phase("Pending", "GangTimeout", message, "Warning")
+        return b.plan
+    b.recheck(admitted_at + timeout - now)
+    if status.get("phase") != "Restarting" or running:
+        b.phase("Admitted", "GangAdmitted", f"{running}/{spec.replicas} worker(s) running")
+    return b.plan
+
+
+def _deleting(pod: dict[str, Any]) -> bool:
+    return bool(pod["metadata"].get("deletionTimestamp"))
+
+
+def _outcomes(
+    spec: TrainingJobSpec, current: dict[int, dict[str, Any]], nodes: dict[str, Any]
+) -> list[PodOutcome]:
+    retryable = frozenset(spec.run_policy.retryable_exit_codes or ())
+    outcomes = []
+    for index in range(spec.replicas):
+        pod = current.get(index)
+        if pod is None:
+            outcomes.append(missing_pod_outcome(f"worker-{index}"))
+            continue
+        node_name = pod.get("spec", {}).get("nodeName")
+        node = nodes.get(node_name) if node_name else None
+        outcomes.append(
+            classify_pod(pod, retryable_exit_codes=retryable, node=node, deleted_by_operator=False)
+        )
+    return outcomes
+
+
+def _count_replicas(b: _Builder, spec: TrainingJobSpec, pods: list[dict[str, Any]]) -> None:
+    ready = sum(_is_ready(p) for p in pods)
+    b.status["replicas"] = {
+        "active": sum(not _is_terminal(p) for p in pods),
+        "ready": ready,
+        "succeeded": sum(p.get("status", {}).get("phase") == "Succeeded" for p in pods),
+        "failed": sum(p.get("status", {}).get("phase") == "Failed" for p in pods),
+    }
+    b.status["readySummary"] = f"{ready}/{spec.replicas}"
+
+
+def _restart_reason(b: _Builder) -> str:
+    for cond in b.status["conditions"]:
+        if cond["type"] == "Restarting" and cond["status"] == "True":
+            return str(cond["reason"])
+    return "Restarting"
+
+
+def _new_attempt(b: _Builder, current: dict[int, dict[str, Any]]) -> None:
+    """Moves to attempt+1; the pods of this attempt are deleted with their grace period (SIGTERM)."""
+    b.status["attempt"] = int(b.status["attempt"]) + 1
+    b.status.pop("admittedTime", None)
+    b.status.pop("createdAttempt", None)
+    b.plan.delete_pods.extend(p["metadata"]["name"] for p in current.values() if not _deleting(p))
+
+
+def _restart(b: _Builder, current: dict[int, dict[str, Any]], reason: str, message: str) -> None:
+    _new_attempt(b, current)
+    b.status.pop("requeueAfter", None)
+    b.phase("Restarting", reason, f"{message}; restarting the gang as attempt {b.status['attempt']} "
+            "from the newest checkpoint", "Warning")  # fmt: skip
+
+
+def _fail(b: _Builder, current: dict[int, dict[str, Any]], reason: str, message: str) -> None:
+    b.status["completionTime"] = b.now_iso
+    b.plan.delete_pods.extend(
+        p["metadata"]["name"] for p in current.values() if not _is_terminal(p) and not _deleting(p)
+    )
+    b.phase("Failed", reason, message, "Warning")
+
+
+def _finished(b: _Builder, spec: TrainingJobSpec, current: dict[int, dict[str, Any]]) -> None:
+    if b.status.get("phase") == "Failed":
+        b.plan.delete_pods.extend(
+            p["metadata"]["name"] for p in current.values() if not _is_terminal(p) and not _deleting(p)
+        )
+    ttl = spec.run_policy.ttl_seconds_after_finished
+    done = parse_iso(b.status.get("completionTime"))
+    if ttl is not None and done is not None:
+        if b.now >= done + ttl:
+            b.plan.delete_job = True
+        else:
+            b.recheck(done + ttl - b.now)
