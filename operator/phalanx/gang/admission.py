@@ -10,7 +10,7 @@ the full rule and why.
 """
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from phalanx.gang.capacity import (
@@ -19,6 +19,7 @@ from phalanx.gang.capacity import (
     Refusal,
     RefusalKind,
     ResourceList,
+    Resources,
     copies_that_fit,
     permanent_refusal,
     placement_refusal,
@@ -97,6 +98,8 @@ class ClusterState:
             self.free[node.name] = free
         self.reserved_by: dict[str, str] = {}
         self.version = 0
+        # requests -> node -> copies_that_fit(free[node], requests); dropped per node on take().
+        self._copies: dict[Resources, dict[str, int]] = {}
         self._refusals: dict[tuple[object, ...], tuple[list[str], dict[str, Refusal]]] = {}
 
     def _refusal_table(self, demand: PodDemand, ever: bool) -> tuple[list[str], dict[str, Refusal]]:
@@ -121,11 +124,22 @@ class ClusterState:
     def unreserved(self, demand: PodDemand) -> list[str]:
         return [n for n in self.eligible(demand) if n not in self.reserved_by]
 
+    def copies(self, node: str, requests: Resources) -> int:
+        table = self._copies.setdefault(requests, {})
+        if node not in table:
+            table[node] = copies_that_fit(self.free[node], requests)
+        return table[node]
+
     def take(self, placements: Sequence[tuple[str, str]], demands: Mapping[str, PodDemand]) -> None:
+        touched = set()
         for pod, node in placements:
             free = self.free[node]
             for name, amount in demands[pod].requests:
                 free[name] = free.get(name, 0) - amount
+            touched.add(node)
+        for table in self._copies.values():
+            for node in touched:
+                table.pop(node, None)
         self.version += 1
 
     def reserve(self, key: str, nodes: Sequence[str]) -> None:
@@ -157,8 +171,11 @@ def place_gang(
     candidates: Mapping[PodDemand, Sequence[str]],
     free: Mapping[str, Mapping[str, int]],
     fixed_order: bool = False,
+    copies_in_free: Callable[[str, Resources], int] | None = None,
 ) -> list[tuple[str, str]] | None:
     """Place as many pods as possible; None when fewer than needed fit. free is not modified.
+
+    copies_in_free, when given, answers copies_that_fit(free[node], requests) from a cache.
 
     Default choice per step: if one node can take all remaining pods of a group, the tightest such
     node (keeps big holes for big gangs); otherwise the node taking the most (fewest nodes per gang,
@@ -169,7 +186,10 @@ def place_gang(
     for demand, names in groups:
         copies = {}
         for node in candidates[demand]:
-            fit = copies_that_fit(trial.get(node) or free[node], demand.requests)
+            if node in trial or copies_in_free is None:
+                fit = copies_that_fit(trial.get(node, free[node]), demand.requests)
+            else:
+                fit = copies_in_free(node, demand.requests)
             if fit > 0:
                 copies[node] = fit
         remaining = list(names)
@@ -240,7 +260,7 @@ def plan_admission(
             continue
 
         candidates = {demand: cluster.unreserved(demand) for demand, _ in groups}
-        placements = place_gang(groups, needed, candidates, cluster.free)
+        placements = place_gang(groups, needed, candidates, cluster.free, copies_in_free=cluster.copies)
         if placements is not None:
             cluster.take(placements, {pod: demand for demand, names in groups for pod in names})
             admitted.append(Admission(gang.key, tuple(placements)))
