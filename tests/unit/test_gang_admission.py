@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from phalanx.gang.admission import AdmissionPlan, GangRequest, admission_order, plan_admission
-from phalanx.gang.capacity import NodeInfo, PodDemand
+from phalanx.gang.admission import AdmissionPlan, GangRequest, admission_order, plan_admission, planned_nodes
+from phalanx.gang.capacity import NodeInfo, PodDemand, usage_by_node
 
 pytestmark = pytest.mark.unit
 
@@ -236,3 +236,19 @@ def test_plan_over_500_nodes_and_200_gangs_is_fast() -> None:
         # The operator runs a pass on every admission event; the budget on a shared 2-core machine.
         assert best < 1.0, f"plan_admission took {best:.3f}s"
     assert len(plan_admission(fitting, nodes, {}, now=0).admitted) == 200
+
+
+def test_planned_nodes_feed_usage_until_the_scheduler_binds() -> None:
+    nodes = [gpu_node("a")]
+    one = GangRequest("team/one", 0, 0.0, (("one-worker-0", gpu_pod(8)),))
+    first = plan_admission([one], nodes, {}, now=0)
+    planned = planned_nodes(first)
+    assert planned == {"team/one-worker-0": "a"}
+    unbound = {
+        "metadata": {"name": "one-worker-0", "namespace": "team"},
+        "spec": {"containers": [{"name": "trainer", "resources": {"limits": {GPU: "8"}}}]},
+        "status": {"phase": "Pending"},
+    }
+    used = usage_by_node([unbound], admitted_unbound=planned)
+    second = plan_admission([gang("team/two", 1, 8)], nodes, used, now=1)
+    assert second.admitted == () and "team/two" in second.waiting

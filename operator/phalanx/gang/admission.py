@@ -9,7 +9,6 @@ keeps its nodes instead of chasing whichever nodes look freest this time. docs/s
 the full rule and why.
 """
 
-from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -33,7 +32,7 @@ class GangRequest:
     key: str  # "namespace/name"
     priority: int
     created: float
-    pods: tuple[tuple[str, PodDemand], ...]
+    pods: Sequence[tuple[str, PodDemand]]  # (pod name, demand)
     min_available: int = 0  # 0 means every pod
 
     @property
@@ -333,10 +332,12 @@ def _room_for(free: Mapping[str, int], demand: PodDemand) -> float:
     return min(ratios, default=0.0)
 
 
-def placements_by_node(plan: AdmissionPlan) -> dict[str, list[str]]:
-    """node -> pods admitted onto it in this plan (handy for logging and for usage accounting)."""
-    by_node: dict[str, list[str]] = defaultdict(list)
+def planned_nodes(plan: AdmissionPlan) -> dict[str, str]:
+    """ "namespace/pod" -> node for every admitted pod: the admitted_unbound input of usage_by_node
+    until the scheduler has bound those pods."""
+    planned: dict[str, str] = {}
     for admission in plan.admitted:
+        namespace = admission.key.split("/", 1)[0]
         for pod, node in admission.placements:
-            by_node[node].append(pod)
-    return dict(by_node)
+            planned[f"{namespace}/{pod}"] = node
+    return planned
