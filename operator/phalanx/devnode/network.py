@@ -1,0 +1,79 @@
+"""Pod addresses on loopback and the hosts file that makes pod DNS names resolve (pure)."""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+
+def default_ip_prefix(seed: str) -> str:
+    """A /24 inside 127.0.0.0/8 chosen from `seed`, so agents of different clusters rarely overlap."""
+    digest = hashlib.sha256(seed.encode()).digest()
+    # 127.0.x is left to the usual loopback users; start the second octet at 1.
+    return f"127.{1 + digest[0] % 254}.{digest[1]}"
+
+
+@dataclass
+class IpPool:
+    """Hands out <prefix>.2 .. <prefix>.254, lowest free first, one per pod uid."""
+
+    prefix: str
+    owners: dict[str, str] = field(default_factory=dict)  # ip -> pod uid
+
+    def __post_init__(self) -> None:
+        ipaddress.IPv4Address(f"{self.prefix}.1")  # raises on a malformed prefix
+
+    def allocate(self, uid: str) -> str:
+        for ip, owner in self.owners.items():
+            if owner == uid:
+                return ip
+        for host in range(2, 255):
+            ip = f"{self.prefix}.{host}"
+            if ip not in self.owners:
+                self.owners[ip] = uid
+                return ip
+        raise RuntimeError(f"no free pod address left in {self.prefix}.0/24")
+
+    def release(self, uid: str) -> None:
+        for ip in [ip for ip, owner in self.owners.items() if owner == uid]:
+            del self.owners[ip]
+
+
+@dataclass(frozen=True)
+class PodAddress:
+    ip: str
+    hostname: str
+    subdomain: str
+    namespace: str
+
+
+def pod_names(pod: PodAddress, cluster_domain: str = "cluster.local") -> list[str]:
+    """The names a pod answers to, most qualified first, as cluster DNS and /etc/hosts would give them."""
+    if not pod.subdomain:
+        return [pod.hostname]
+    base = f"{pod.hostname}.{pod.subdomain}.{pod.namespace}"
+    return [
+        f"{base}.svc.{cluster_domain}",
+        f"{base}.svc",
+        base,
+        f"{pod.hostname}.{pod.subdomain}",
+        pod.hostname,
+    ]
+
+
+def render_hosts(
+    pods: Iterable[PodAddress], host_lines: str = "", cluster_domain: str = "cluster.local"
+) -> str:
+    """An /etc/hosts for nss_wrapper: the machine's own entries, then two lines per pod.
+
+    The second line carries the IPv4-mapped IPv6 address: c10d's store looks a name up as IPv6 first
+    and retries that form instead of falling back to IPv4 when only an IPv4 line exists.
+    """
+    lines = [line for line in host_lines.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    for pod in sorted(pods, key=lambda p: (p.namespace, p.hostname, p.ip)):
+        names = " ".join(pod_names(pod, cluster_domain))
+        lines.append(f"{pod.ip} {names}")
+        lines.append(f"::ffff:{pod.ip} {names}")
+    return "\n".join(lines) + "\n"
