@@ -1,4 +1,4 @@
-"""The checkpoint interface the training loop calls (first a minimal implementation; issue 6 fills it in).
+"""The checkpoint interface the training loop calls.
 
 Contract with train.py:
     manager = CheckpointManager(config, process_group=None)
@@ -11,62 +11,16 @@ Contract with train.py:
     manager.save(final_step, app_state); manager.wait(); manager.close()
 
 `app_state` maps names to objects with state_dict()/load_state_dict() (torch's Stateful protocol):
-"model", "optimizer", "scheduler", "scaler", "data", "rng", "progress". The manager decides how to
-flatten model/optimizer state for DCP (torch.distributed.checkpoint.state_dict helpers).
+"model", "optimizer", "scheduler", "scaler", "data", "rng", "progress". "model" and "optimizer" may be
+the nn.Module (plain, DDP, FSDP2, TP) and the torch.optim.Optimizer themselves: their state goes through
+torch.distributed.checkpoint.state_dict and DCP (resharded on load); every other entry is saved per rank
+and must be loadable with torch.load(weights_only=True). `manager.last` is the newest checkpoint
+(CheckpointInfo) and `manager.status()` the dict for status.lastCheckpoint. See docs/checkpoints.md.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Protocol
+from phalanx_trainer.checkpoint.manager import CheckpointManager
+from phalanx_trainer.checkpoint.records import CheckpointConfig, CheckpointError, CheckpointInfo, Stateful
 
-
-class Stateful(Protocol):
-    def state_dict(self) -> dict[str, Any]: ...
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
-
-
-@dataclass
-class CheckpointConfig:
-    """Section [checkpoint] of the trainer config."""
-
-    dir: str = ""  # empty: checkpointing off. Defaults to $PHALANX_CHECKPOINT_DIR when set.
-    interval_steps: int = 0  # 0: only the final and the emergency checkpoint
-    keep: int = 3  # complete checkpoints kept (>= 2)
-    async_save: bool = True
-    emergency_budget_seconds: float = 20.0  # skip the SIGTERM checkpoint when it would not fit
-    resume: bool = True  # take the newest valid checkpoint at start
-
-
-@dataclass(frozen=True)
-class CheckpointInfo:
-    step: int
-    time: str  # RFC 3339
-    path: str
-
-
-class CheckpointManager:
-    def __init__(self, config: CheckpointConfig, process_group: Any = None) -> None:
-        self.config = config
-        self.process_group = process_group
-        self.last: CheckpointInfo | None = None
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self.config.dir)
-
-    def restore(self, app_state: dict[str, Stateful]) -> int | None:
-        return None
-
-    def should_save(self, step: int) -> bool:
-        interval = self.config.interval_steps
-        return self.enabled and interval > 0 and step % interval == 0
-
-    def save(self, step: int, app_state: dict[str, Stateful], *, emergency: bool = False) -> None:
-        return None
-
-    def wait(self) -> None:
-        return None
-
-    def close(self) -> None:
-        return None
+__all__ = ["CheckpointConfig", "CheckpointError", "CheckpointInfo", "CheckpointManager", "Stateful"]

@@ -26,5 +26,6 @@ class PreemptionWatcher:
 
         flag = torch.tensor([1.0 if self.received_at is not None else 0.0])
         if dist.is_available() and dist.is_initialized():
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=process_group)  # type: ignore[arg-type]
+            group = process_group if isinstance(process_group, dist.ProcessGroup) else None
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
         return bool(flag.item() > 0)

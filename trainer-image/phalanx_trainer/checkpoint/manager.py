@@ -1,0 +1,384 @@
+"""CheckpointManager: asynchronous DCP saves committed by manifest and rename, verified resume.
+
+Save: stage tensors into reusable CPU buffers (the only part training waits for), then a background
+thread writes them with DCP over a dedicated gloo group, hashes what each rank wrote, and rank 0 writes
+the manifest, renames the temporary folder into place and applies retention.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.filesystem import FileSystemWriter
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+from torch.distributed.tensor import DTensor
+
+from phalanx_trainer.checkpoint import metrics
+from phalanx_trainer.checkpoint.async_writer import BackgroundWriter
+from phalanx_trainer.checkpoint.manifest import (
+    DCP_METADATA_NAME,
+    FileEntry,
+    Manifest,
+    describe_file,
+    fsync_path,
+    write_manifest,
+)
+from phalanx_trainer.checkpoint.records import CheckpointConfig, CheckpointError, CheckpointInfo, Stateful
+from phalanx_trainer.checkpoint.safe_load import (
+    SafeFileSystemReader,
+    SafeLoadPlanner,
+    dump_small_state,
+    load_small_state,
+)
+from phalanx_trainer.checkpoint.selection import Selection, latest_valid_checkpoint, rank_file_name
+from phalanx_trainer.checkpoint.state import (
+    StagingArea,
+    apply_per_rank,
+    apply_sharded,
+    collect,
+    fill_tensors,
+    split_tensors,
+    tensor_bytes,
+)
+from phalanx_trainer.checkpoint.store import (
+    commit,
+    list_checkpoints,
+    remove_leftovers,
+    remove_tree,
+    retention_victims,
+    step_dir_name,
+    temporary_dir_name,
+)
+from phalanx_trainer.contract import ENV_CHECKPOINT_DIR
+
+log = logging.getLogger("phalanx_trainer.checkpoint")
+
+# Used only to estimate the first emergency save, before any save has been measured.
+ASSUMED_WRITE_BYTES_PER_SECOND = 200e6
+
+
+def _now_rfc3339() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+@dataclass
+class _Pending:
+    step: int
+    emergency: bool
+    staged: dict[str, torch.Tensor]
+    small_state: bytes
+    started: float
+    blocking_seconds: float
+
+
+@dataclass(frozen=True)
+class SaveRecord:
+    """What the last committed save cost, for metrics, the emergency estimate and status."""
+
+    step: int
+    blocking_seconds: float
+    total_seconds: float
+    bytes_written: int
+
+
+def describe_layout(app_state: Mapping[str, Any], world_size: int) -> dict[str, Any]:
+    model = app_state.get("model")
+    kind = "single"
+    if isinstance(model, nn.Module):
+        if any(isinstance(p, DTensor) for p in model.parameters()):
+            kind = "dtensor"  # FSDP2 and/or TP
+        elif isinstance(model, nn.parallel.DistributedDataParallel):
+            kind = "ddp"
+    return {"kind": kind, "world_size": world_size}
+
+
+class CheckpointManager:
+    def __init__(
+        self,
+        config: CheckpointConfig,
+        process_group: Any = None,
+        *,
+        layout: Mapping[str, Any] | None = None,
+        writer_nice_increment: int = 10,
+        hash_on_save: bool = True,
+    ) -> None:
+        self.config = config
+        self.process_group = process_group
+        self.last: CheckpointInfo | None = None
+        self.last_save: SaveRecord | None = None
+        self.root = Path(config.dir or os.environ.get(ENV_CHECKPOINT_DIR, ""))
+        self._enabled = bool(config.dir or os.environ.get(ENV_CHECKPOINT_DIR))
+        self._layout = dict(layout) if layout is not None else None
+        self._hash_on_save = hash_on_save
+        self._writer = BackgroundWriter(writer_nice_increment)
+        self._staging = StagingArea()
+        self._distributed = dist.is_available() and dist.is_initialized()
+        self._group: Any = None
+        if self._distributed and self._enabled:
+            ranks = dist.get_process_group_ranks(process_group) if process_group is not None else None
+            # Collective over the whole world; every rank constructs the manager.
+            self._group = dist.new_group(ranks=ranks, backend="gloo")
+        self.rank = dist.get_rank(self._group) if self._group is not None else 0
+        self.world_size = dist.get_world_size(self._group) if self._group is not None else 1
+
+    @property
+    def enabled(self) -> bool:
+        return self._enabled
+
+    # -- collectives on the checkpoint group ---------------------------------------------------------
+
+    def _broadcast(self, value: Any) -> Any:
+        if self._group is None:
+            return value
+        box = [value]
+        dist.broadcast_object_list(box, group=self._group, group_src=0)
+        return box[0]
+
+    def _all_gather(self, value: Any) -> list[Any]:
+        if self._group is None:
+            return [value]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, value, group=self._group)
+        return out
+
+    def _max(self, values: list[float]) -> list[float]:
+        tensor = torch.tensor(values, dtype=torch.float64)
+        if self._group is not None:
+            dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self._group)
+        return [float(v) for v in tensor.tolist()]
+
+    # -- resume -------------------------------------------------------------------------------------
+
+    def restore(self, app_state: dict[str, Stateful]) -> int | None:
+        """Load the newest valid checkpoint into app_state; returns its step, or None for a fresh start."""
+        if not self.enabled or not self.config.resume:
+            return None
+        self._raise_if_failed(self._writer.wait())
+        selection: Selection | None = None
+        if self.rank == 0:
+            selection = latest_valid_checkpoint(self.root)
+            for removed in remove_leftovers(self.root):
+                log.info("removed unfinished checkpoint folder %s", removed.name)
+            self._report_selection(selection)
+        selection = self._broadcast(selection)
+        assert selection is not None
+        if selection.path is None or selection.manifest is None:
+            return None
+        self._load(selection.path, selection.manifest, app_state)
+        self.last = CheckpointInfo(
+            step=selection.manifest.step, time=selection.manifest.created, path=str(selection.path)
+        )
+        metrics.LAST_STEP.set(selection.manifest.step)
+        metrics.LAST_TIME.set(_parse_time(selection.manifest.created))
+        return selection.manifest.step
+
+    def _report_selection(self, selection: Selection) -> None:
+        for item in selection.rejected:
+            log.warning("checkpoint %s skipped at resume: %s", item.name, item.reason)
+        if selection.rejected:
+            metrics.FALLBACKS.inc(len(selection.rejected))
+        if selection.path is None:
+            log.info("no valid checkpoint under %s: fresh start", self.root)
+        else:
+            fallback = " (fallback: newer ones were damaged)" if selection.rejected else ""
+            log.info("resuming from %s%s", selection.path.name, fallback)
+
+    def _load(self, folder: Path, manifest: Manifest, app_state: dict[str, Stateful]) -> None:
+        own_file = rank_file_name(self.rank if self.rank < manifest.world_size else 0)
+        if self.rank >= manifest.world_size:
+            log.warning(
+                "checkpoint has %d ranks; rank %d takes rank 0's per-rank state",
+                manifest.world_size,
+                self.rank,
+            )
+        small = load_small_state((folder / own_file).read_bytes())
+        skeleton = small.get("sharded", {})
+        live, _ = collect(app_state)
+        _, live_tensors = split_tensors(live)
+        _, saved_keys = split_tensors(fill_tensors(skeleton, lambda key: torch.empty(0)))
+        missing = sorted(set(saved_keys) - set(live_tensors))
+        extra = sorted(set(live_tensors) - set(saved_keys))
+        if missing or extra:
+            raise CheckpointError(
+                f"{folder.name} does not match the model: "
+                f"only in checkpoint {missing[:3]}, only in model {extra[:3]}"
+            )
+        targets = {key: live_tensors[key] for key in saved_keys}
+        dcp_load(
+            targets,
+            storage_reader=SafeFileSystemReader(folder),
+            planner=SafeLoadPlanner(),
+            process_group=self._group,
+        )
+        apply_sharded(app_state, fill_tensors(skeleton, targets.__getitem__))
+        not_in_checkpoint = apply_per_rank(app_state, small.get("per_rank", {}))
+        if not_in_checkpoint:
+            log.warning("checkpoint %s has no state for %s; they start fresh", folder.name, not_in_checkpoint)
+
+    # -- save ---------------------------------------------------------------------------------------
+
+    def should_save(self, step: int) -> bool:
+        interval = self.config.interval_steps
+        return self.enabled and interval > 0 and step % interval == 0
+
+    def save(self, step: int, app_state: dict[str, Stateful], *, emergency: bool = False) -> None:
+        """Checkpoint `step`. Returns once the state is staged (async) or committed (sync, emergency).
+
+        A save in flight is finished first. An emergency save is skipped, with a log line, when its
+        estimated duration does not fit config.emergency_budget_seconds.
+        """
+        if not self.enabled:
+            return
+        called = time.monotonic()
+        self._raise_if_failed(self._writer.wait())
+        if self.last is not None and self.last.step == step:
+            log.info("step %d is already checkpointed", step)
+            return
+        if emergency and not self._emergency_fits(step, app_state, called):
+            return
+        started = time.monotonic()
+        sharded, per_rank = collect(app_state)
+        skeleton, tensors = split_tensors(sharded)
+        small_state = dump_small_state({"sharded": skeleton, "per_rank": per_rank})
+        staged = self._staging.stage(tensors)
+        if self._layout is None:
+            self._layout = describe_layout(app_state, self.world_size)
+        pending = _Pending(step, emergency, staged, small_state, started, time.monotonic() - started)
+        metrics.SAVE_BLOCKING_SECONDS.observe(pending.blocking_seconds)
+        if self.config.async_save and not emergency:
+            self._writer.submit(lambda: self._write(pending), name=f"checkpoint-step-{step}")
+        else:
+            self._write(pending)
+
+    def _emergency_fits(self, step: int, app_state: dict[str, Stateful], called: float) -> bool:
+        if self.last_save is not None:
+            estimate = self.last_save.blocking_seconds + self.last_save.total_seconds
+        else:
+            sharded, _ = collect(app_state)
+            _, tensors = split_tensors(sharded)
+            estimate = tensor_bytes(tensors) * self.world_size / ASSUMED_WRITE_BYTES_PER_SECOND
+        remaining = self.config.emergency_budget_seconds - (time.monotonic() - called)
+        worst_estimate, neg_remaining = self._max([estimate, -remaining])
+        if worst_estimate <= -neg_remaining:
+            return True
+        metrics.EMERGENCY_SKIPPED.inc()
+        log.warning(
+            "emergency checkpoint at step %d skipped: estimated %.1fs exceeds the %.1fs left of the budget; "
+            "resume will use step %s",
+            step,
+            worst_estimate,
+            -neg_remaining,
+            self.last.step if self.last else "none",
+        )
+        return False
+
+    def _write(self, pending: _Pending) -> None:
+        token = self._broadcast(uuid.uuid4().hex if self.rank == 0 else None)
+        temporary = self.root / temporary_dir_name(pending.step, token)
+        temporary.mkdir(parents=True, exist_ok=True)
+        own_small = rank_file_name(self.rank)
+        with open(temporary / own_small, "wb") as handle:
+            handle.write(pending.small_state)
+            handle.flush()
+            os.fsync(handle.fileno())
+        writer = FileSystemWriter(temporary, single_file_per_rank=True, sync_files=True)
+        dcp_save(pending.staged, storage_writer=writer, process_group=self._group)
+        prefix = f"__{self.rank}_"
+        own_names = sorted(n for n in os.listdir(temporary) if n.startswith(prefix) and n.endswith(".distcp"))
+        own_entries = [self._describe(temporary, name) for name in [own_small, *own_names]]
+        everyone = self._all_gather(own_entries)
+        outcome: str | None = None
+        if self.rank == 0:
+            outcome = self._commit(pending, temporary, [entry for entries in everyone for entry in entries])
+        final = self._broadcast(outcome)
+        total = time.monotonic() - pending.started
+        written = sum(entry.size for entry in own_entries)
+        self.last_save = SaveRecord(pending.step, pending.blocking_seconds, total, written)
+        self.last = CheckpointInfo(step=pending.step, time=_now_rfc3339(), path=str(final))
+        metrics.SAVE_TOTAL_SECONDS.observe(total)
+        metrics.SAVE_BYTES.set(written)
+        metrics.LAST_STEP.set(pending.step)
+        metrics.LAST_TIME.set(time.time())
+        log.info(
+            "checkpoint step %d committed%s: blocked %.3fs, total %.2fs, %d bytes on rank %d",
+            pending.step,
+            " (emergency)" if pending.emergency else "",
+            pending.blocking_seconds,
+            total,
+            written,
+            self.rank,
+        )
+
+    def _describe(self, folder: Path, name: str) -> FileEntry:
+        if self._hash_on_save:
+            return describe_file(folder, name)
+        return FileEntry(name, (folder / name).stat().st_size, "0" * 64)
+
+    def _commit(self, pending: _Pending, temporary: Path, entries: list[FileEntry]) -> str:
+        for name in os.listdir(temporary):  # DCP's own metadata temp has been renamed by now
+            fsync_path(temporary / name)
+        entries.append(self._describe(temporary, DCP_METADATA_NAME))
+        manifest = Manifest(
+            step=pending.step,
+            world_size=self.world_size,
+            layout=self._layout or {},
+            created=_now_rfc3339(),
+            files=tuple(sorted(entries, key=lambda entry: entry.path)),
+            emergency=pending.emergency,
+        )
+        write_manifest(temporary, manifest)
+        final = self.root / step_dir_name(pending.step)
+        commit(temporary, final)
+        self._apply_retention(protected={pending.step})
+        return str(final)
+
+    def _apply_retention(self, protected: set[int]) -> None:
+        complete = list_checkpoints(self.root).complete
+        steps = [step for step, _ in complete]
+        for victim in retention_victims(steps, self.config.keep, protected):
+            remove_tree(self.root / step_dir_name(victim))
+            log.info("removed old checkpoint %s (keep=%d)", step_dir_name(victim), self.config.keep)
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+
+    @staticmethod
+    def _raise_if_failed(error: BaseException | None) -> None:
+        if error is not None:
+            raise CheckpointError(f"checkpoint write failed: {type(error).__name__}: {error}") from error
+
+    def wait(self) -> None:
+        """Block until the save in flight (if any) is committed."""
+        self._raise_if_failed(self._writer.wait())
+
+    def close(self) -> None:
+        self.wait()
+
+    def status(self) -> dict[str, Any]:
+        """What the operator copies into status.lastCheckpoint (served on the trainer's /progress)."""
+        if self.last is None:
+            return {}
+        body: dict[str, Any] = {"step": self.last.step, "time": self.last.time, "path": self.last.path}
+        if self.last_save is not None and self.last_save.step == self.last.step:
+            body["blockingSeconds"] = round(self.last_save.blocking_seconds, 4)
+            body["totalSeconds"] = round(self.last_save.total_seconds, 3)
+            body["bytes"] = self.last_save.bytes_written
+        return body
+
+
+def _parse_time(value: str) -> float:
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0

@@ -1,0 +1,34 @@
+"""Plain records shared by the checkpoint modules: configuration, last checkpoint, Stateful protocol."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+class Stateful(Protocol):
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
+
+
+@dataclass
+class CheckpointConfig:
+    """Section [checkpoint] of the trainer config."""
+
+    dir: str = ""  # empty: checkpointing off. Defaults to $PHALANX_CHECKPOINT_DIR when set.
+    interval_steps: int = 0  # 0: only the final and the emergency checkpoint
+    keep: int = 3  # complete checkpoints kept (>= 2)
+    async_save: bool = True
+    emergency_budget_seconds: float = 20.0  # skip the SIGTERM checkpoint when it would not fit
+    resume: bool = True  # take the newest valid checkpoint at start
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    step: int
+    time: str  # RFC 3339
+    path: str
+
+
+class CheckpointError(RuntimeError):
+    """A save or restore that cannot go on (the message says why)."""

@@ -1,0 +1,41 @@
+"""A Stateful for every random generator a training step touches, per rank, loadable with weights_only."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import torch
+
+
+class RngState:
+    """Python, NumPy, torch CPU and (when present) every CUDA device's generator."""
+
+    def state_dict(self) -> dict[str, Any]:
+        version, internal, gauss = random.getstate()
+        kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+        state: dict[str, Any] = {
+            "python": [version, list(internal), gauss],
+            "numpy": [
+                str(kind),
+                torch.from_numpy(np.asarray(keys).copy()),
+                int(pos),
+                int(has_gauss),
+                float(cached),
+            ],
+            "torch_cpu": torch.get_rng_state(),
+        }
+        if torch.cuda.is_available():
+            state["torch_cuda"] = torch.cuda.get_rng_state_all()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        version, internal, gauss = state_dict["python"]
+        random.setstate((int(version), tuple(int(x) for x in internal), gauss))
+        kind, keys, pos, has_gauss, cached = state_dict["numpy"]
+        np.random.set_state((kind, keys.numpy(), pos, has_gauss, cached))
+        torch.set_rng_state(state_dict["torch_cpu"])
+        cuda_states = state_dict.get("torch_cuda")
+        if cuda_states is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(cuda_states[: torch.cuda.device_count()])

@@ -1,0 +1,164 @@
+"""Turning the trainer's app_state into what we write, and back.
+
+Model and optimizer go through torch's distributed state-dict helpers (FQN keys whatever the wrapping:
+DDP, FSDP2, TP), and their tensors (plain or DTensor) are written with DCP, which reshards on load.
+Their non-tensor leaves (learning rate, betas, ...) and every other Stateful are small and per rank:
+they are written to a per-rank file that loads under `weights_only=True`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
+from torch.distributed.tensor import DTensor
+
+from phalanx_trainer.checkpoint.records import Stateful
+
+TENSOR_MARK = "__phalanx_dcp_tensor__"
+SHARDED_KEYS = ("model", "optimizer")
+
+
+def _module_and_optimizer(
+    app_state: Mapping[str, Any],
+) -> tuple[nn.Module | None, torch.optim.Optimizer | None]:
+    model, optimizer = app_state.get("model"), app_state.get("optimizer")
+    module = model if isinstance(model, nn.Module) else None
+    optim = optimizer if isinstance(optimizer, torch.optim.Optimizer) and module is not None else None
+    return module, optim
+
+
+def collect(app_state: Mapping[str, Stateful | Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(sharded state of model/optimizer, per-rank state of everything else)."""
+    module, optim = _module_and_optimizer(app_state)
+    sharded: dict[str, Any] = {}
+    if module is not None and optim is not None:
+        sharded["model"], sharded["optimizer"] = get_state_dict(module, optim)
+    elif module is not None:
+        sharded["model"] = get_model_state_dict(module)
+    handled = {key for key, value in (("model", module), ("optimizer", optim)) if value is not None}
+    per_rank = {name: obj.state_dict() for name, obj in app_state.items() if name not in handled}
+    return sharded, per_rank
+
+
+def split_tensors(tree: Any, prefix: str = "") -> tuple[Any, dict[str, torch.Tensor]]:
+    """Replace every tensor leaf by a marker naming its DCP key; return (skeleton, key -> tensor)."""
+    tensors: dict[str, torch.Tensor] = {}
+
+    def walk(node: Any, path: str) -> Any:
+        if isinstance(node, torch.Tensor):
+            tensors[path] = node
+            return {TENSOR_MARK: path}
+        if isinstance(node, dict):
+            return {key: walk(value, f"{path}/{key}" if path else str(key)) for key, value in node.items()}
+        if isinstance(node, list):
+            return [walk(value, f"{path}/{index}") for index, value in enumerate(node)]
+        return node
+
+    return walk(tree, prefix), tensors
+
+
+def fill_tensors(skeleton: Any, lookup: Callable[[str], torch.Tensor]) -> Any:
+    """Inverse of split_tensors: put a tensor back at every marker."""
+    if isinstance(skeleton, dict):
+        if set(skeleton) == {TENSOR_MARK}:
+            return lookup(str(skeleton[TENSOR_MARK]))
+        return {key: fill_tensors(value, lookup) for key, value in skeleton.items()}
+    if isinstance(skeleton, list):
+        return [fill_tensors(value, lookup) for value in skeleton]
+    return skeleton
+
+
+def apply_sharded(app_state: Mapping[str, Any], sharded: dict[str, Any]) -> None:
+    module, optim = _module_and_optimizer(app_state)
+    if module is not None and optim is not None:
+        set_state_dict(
+            module, optim, model_state_dict=sharded["model"], optim_state_dict=sharded["optimizer"]
+        )
+    elif module is not None:
+        set_model_state_dict(module, sharded["model"])
+
+
+def apply_per_rank(app_state: Mapping[str, Any], per_rank: Mapping[str, Any]) -> list[str]:
+    """Load every other Stateful; returns the names the checkpoint did not have."""
+    module, optim = _module_and_optimizer(app_state)
+    handled = {key for key, value in (("model", module), ("optimizer", optim)) if value is not None}
+    missing: list[str] = []
+    for name, obj in app_state.items():
+        if name in handled:
+            continue
+        if name not in per_rank:
+            missing.append(name)
+            continue
+        obj.load_state_dict(per_rank[name])
+    return missing
+
+
+def tensor_bytes(tensors: Mapping[str, torch.Tensor]) -> int:
+    total = 0
+    for tensor in tensors.values():
+        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+        total += local.numel() * local.element_size()
+    return total
+
+
+class StagingArea:
+    """CPU copies of the tensors to save, allocated once and reused: a save is one memcpy, no page faults."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, torch.Tensor] = {}
+
+    def _buffer_for(self, key: str, tensor: torch.Tensor) -> torch.Tensor:
+        buffer = self._buffers.get(key)
+        if buffer is not None and self._matches(buffer, tensor):
+            return buffer
+        if isinstance(tensor, DTensor):
+            # .to keeps mesh and placements; copy=True because .to("cpu") of a CPU tensor is the tensor
+            # itself, and the writer would then read weights that later steps change.
+            staged = tensor.detach().to("cpu", copy=True)
+            assert isinstance(staged, DTensor)
+            if torch.cuda.is_available():
+                staged._local_tensor = staged.to_local().pin_memory()
+            buffer = staged
+        else:
+            buffer = torch.empty_like(tensor, device="cpu", pin_memory=torch.cuda.is_available())
+        self._buffers[key] = buffer
+        return buffer
+
+    @staticmethod
+    def _matches(buffer: torch.Tensor, tensor: torch.Tensor) -> bool:
+        if isinstance(tensor, DTensor) != isinstance(buffer, DTensor):
+            return False
+        if isinstance(tensor, DTensor) and isinstance(buffer, DTensor):
+            same_layout = tensor.placements == buffer.placements and tensor.device_mesh == buffer.device_mesh
+            return (
+                same_layout
+                and buffer.shape == tensor.shape
+                and buffer.to_local().shape == tensor.to_local().shape
+            )
+        return buffer.shape == tensor.shape and buffer.dtype == tensor.dtype
+
+    @torch.no_grad()
+    def stage(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        staged: dict[str, torch.Tensor] = {}
+        needs_sync = False
+        for key, tensor in tensors.items():
+            buffer = self._buffer_for(key, tensor)
+            source = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+            target = buffer.to_local() if isinstance(buffer, DTensor) else buffer
+            target.copy_(source.detach(), non_blocking=source.is_cuda)
+            needs_sync = needs_sync or source.is_cuda
+            staged[key] = buffer
+        if needs_sync:
+            torch.cuda.synchronize()
+        for key in set(self._buffers) - set(tensors):
+            del self._buffers[key]
+        return staged

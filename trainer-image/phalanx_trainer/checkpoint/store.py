@@ -1,0 +1,101 @@
+"""The checkpoint folder on disk: names, listing, commit by rename, retention. No torch here."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from phalanx_trainer.checkpoint.manifest import fsync_path
+
+_STEP_RE = re.compile(r"^step-(\d{8,})$")
+_TMP_RE = re.compile(r"^\.tmp-step-(\d{8,})-[0-9a-f]{32}$")
+_TRASH_PREFIX = ".trash-"
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def temporary_dir_name(step: int, token: str | None = None) -> str:
+    return f".tmp-step-{step:08d}-{token or uuid.uuid4().hex}"
+
+
+def parse_step_dir(name: str) -> int | None:
+    match = _STEP_RE.match(name)
+    return int(match.group(1)) if match else None
+
+
+def parse_temporary_dir(name: str) -> int | None:
+    match = _TMP_RE.match(name)
+    return int(match.group(1)) if match else None
+
+
+@dataclass(frozen=True)
+class Listing:
+    complete: tuple[tuple[int, Path], ...]  # committed step folders, newest first
+    temporaries: tuple[tuple[int, Path], ...]  # never committed, newest first
+
+
+def list_checkpoints(root: Path) -> Listing:
+    complete: list[tuple[int, Path]] = []
+    temporaries: list[tuple[int, Path]] = []
+    try:
+        entries = list(os.scandir(root))
+    except FileNotFoundError:
+        return Listing((), ())
+    for entry in entries:
+        if not entry.is_dir(follow_symlinks=False):
+            continue
+        step = parse_step_dir(entry.name)
+        if step is not None:
+            complete.append((step, Path(entry.path)))
+            continue
+        step = parse_temporary_dir(entry.name)
+        if step is not None:
+            temporaries.append((step, Path(entry.path)))
+    complete.sort(key=lambda item: item[0], reverse=True)
+    temporaries.sort(key=lambda item: item[0], reverse=True)
+    return Listing(tuple(complete), tuple(temporaries))
+
+
+def retention_victims(complete_steps: list[int], keep: int, protected: set[int]) -> list[int]:
+    """Steps to delete so that the newest `keep` remain; never the newest one, never a protected one."""
+    ordered = sorted(set(complete_steps), reverse=True)
+    kept = ordered[: max(keep, 1)]
+    return [step for step in ordered if step not in kept and step not in protected]
+
+
+def remove_tree(path: Path) -> None:
+    """Delete a folder so that a crash halfway never leaves something that looks complete."""
+    trash = path.with_name(f"{_TRASH_PREFIX}{path.name}-{uuid.uuid4().hex[:8]}")
+    try:
+        os.rename(path, trash)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def remove_leftovers(root: Path) -> list[Path]:
+    """Delete temporaries and trash from earlier runs (only call when no save is in flight)."""
+    removed: list[Path] = []
+    for _, path in list_checkpoints(root).temporaries:
+        remove_tree(path)
+        removed.append(path)
+    for entry in os.scandir(root) if root.is_dir() else []:
+        if entry.name.startswith(_TRASH_PREFIX) and entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(Path(entry.path))
+    return removed
+
+
+def commit(temporary: Path, final: Path) -> None:
+    """Publish a finished temporary folder under its final name, durably."""
+    if final.exists():
+        # An older, unusable copy of the same step (it failed verification): move it out of the way.
+        remove_tree(final)
+    os.rename(temporary, final)
+    fsync_path(final.parent)
