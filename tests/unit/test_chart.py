@@ -329,7 +329,8 @@ def test_namespaced_install_watches_only_the_listed_namespaces() -> None:
         assert binding["subjects"][0]["namespace"] == "phalanx-system"
     (cluster_role,) = of_kind(docs, "ClusterRole")
     cluster_resources = {resource for rule in cluster_role["rules"] for resource in rule["resources"]}
-    assert cluster_resources == {"nodes", "priorityclasses", "customresourcedefinitions"}
+    # pods: read-only everywhere, since gang admission counts every pod on a node.
+    assert cluster_resources == {"nodes", "priorityclasses", "customresourcedefinitions", "pods"}
     for rule in cluster_role["rules"]:
         assert set(rule["verbs"]) <= {"get", "list", "watch"}, rule
 
@@ -338,7 +339,7 @@ def test_namespaced_install_watches_only_the_listed_namespaces() -> None:
 def test_rbac_grants_what_the_operator_needs(value_set: str) -> None:
     docs = rendered(value_set)
     needed = [
-        ("phalanx.dev", "trainingjobs", ("get", "list", "watch", "patch", "update")),
+        ("phalanx.dev", "trainingjobs", ("get", "list", "watch", "patch", "update", "delete")),
         ("phalanx.dev", "trainingjobs/status", ("get", "patch", "update")),
         ("", "pods", ("get", "list", "watch", "create", "delete", "patch")),
         ("", "services", ("get", "list", "watch", "create", "delete")),
@@ -368,7 +369,8 @@ def test_rbac_grants_nothing_dangerous(value_set: str) -> None:
     assert not grants(docs, "", "configmaps", "create")
     assert not grants(docs, "", "nodes", "delete")
     assert not grants(docs, "apps", "deployments", "create")
-    assert not grants(docs, "phalanx.dev", "trainingjobs", "delete")
+    assert not grants(docs, "phalanx.dev", "trainingjobs", "create")
+    assert not grants(docs, "", "pods", "update")
 
 
 def test_monitoring_objects_render_only_when_asked_for_and_the_api_exists() -> None:
