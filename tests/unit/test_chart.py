@@ -308,10 +308,23 @@ def test_operator_runs_one_replica_recreated_with_probes_on_the_health_port() ->
     ports = {port["name"]: port["containerPort"] for port in container["ports"]}
     assert f"--health-port={ports['health']}" in container["args"]
     assert f"--metrics-port={ports['metrics']}" in container["args"]
-    assert container["args"][0] == "operator"
+    dockerfile = (REPO_ROOT / "Dockerfile").read_text()
+    entrypoint = json.loads(dockerfile.split("ENTRYPOINT", 1)[1].splitlines()[0])
+    assert container["command"] == entrypoint == ["phalanx", "operator"]
     for probe in ("livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert not any(arg.startswith("--namespace") for arg in container["args"])
+
+
+@pytest.mark.parametrize("value_set", ["default", "namespaced"])
+def test_operator_command_line_is_accepted_by_the_cli(value_set: str) -> None:
+    from phalanx.cli import build_parser
+
+    (container,) = the_deployment(rendered(value_set))["spec"]["template"]["spec"]["containers"]
+    args = build_parser().parse_args([*container["command"][1:], *container["args"]])
+    assert args.command == "operator"
+    assert args.health_port == 8081 and args.metrics_port == 8080
+    assert (args.namespace or []) == (NAMESPACED_WATCH if value_set == "namespaced" else [])
 
 
 def test_namespaced_install_watches_only_the_listed_namespaces() -> None:
