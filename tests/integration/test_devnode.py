@@ -1,0 +1,258 @@
+"""The dev node runs real pods: exit codes, logs, graceful deletion, pod DNS and a gloo all-reduce."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import Cluster, RealNode, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def pod(
+    name: str,
+    node: RealNode,
+    script: str,
+    *,
+    env: list[dict[str, Any]] | None = None,
+    subdomain: str = "",
+    grace: int = 30,
+    volumes: list[dict[str, Any]] | None = None,
+    mounts: list[dict[str, Any]] | None = None,
+    args: list[str] | None = None,
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        **node.placement(),
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": grace,
+        "hostname": name,
+        "automountServiceAccountToken": False,
+        "volumes": volumes or [],
+        "containers": [
+            {
+                "name": "main",
+                "image": "ignored-by-the-dev-node",
+                "command": ["python", "-c", textwrap.dedent(script)] if script else ["python"],
+                "args": args or [],
+                "env": env or [],
+                "volumeMounts": mounts or [],
+            }
+        ],
+    }
+    if subdomain:
+        spec["subdomain"] = subdomain
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": "devnode-test"}},
+        "spec": spec,
+    }
+
+
+def phase_of(cluster: Cluster, namespace: str, name: str) -> str:
+    found = cluster.kubectl(
+        "get", "pod", name, "-n", namespace, "-o", "jsonpath={.status.phase}", check=False
+    )
+    return found.stdout if found.returncode == 0 else "<gone>"
+
+
+def terminated(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
+    status = cluster.get_json("pod", name, "-n", namespace)["status"]
+    state: dict[str, Any] = status["containerStatuses"][0]["state"]["terminated"]
+    return state
+
+
+def wait_phase(
+    cluster: Cluster, namespace: str, name: str, phases: tuple[str, ...], timeout: float = 40
+) -> str:
+    found: str = wait_for(
+        lambda: (p := phase_of(cluster, namespace, name)) in phases and p,
+        timeout=timeout,
+        what=f"pod {name} in {phases}",
+    )
+    return found
+
+
+def test_a_pod_that_exits_0_succeeds_with_its_env_and_log(
+    cluster: Cluster, namespace: str, real_node: RealNode
+) -> None:
+    env = [
+        {"name": "MY_POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "MY_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "GREETING", "value": "hello from $(MY_POD)"},
+    ]
+    cluster.apply(pod("printer", real_node, "import os; print(os.environ['GREETING'], os.environ['MY_IP'])", env=env),
+                  namespace)  # fmt: skip
+
+    assert wait_phase(cluster, namespace, "printer", ("Succeeded", "Failed")) == "Succeeded"
+    state = terminated(cluster, namespace, "printer")
+    assert (state["exitCode"], state["reason"]) == (0, "Completed")
+    pod_ip = cluster.get_json("pod", "printer", "-n", namespace)["status"]["podIP"]
+    assert pod_ip.startswith("127.") and pod_ip != "127.0.0.1"
+    assert f"hello from printer {pod_ip}" in real_node.log(namespace, "printer", "main")
+
+
+def test_a_pod_that_exits_3_fails_with_exit_code_3(
+    cluster: Cluster, namespace: str, real_node: RealNode
+) -> None:
+    cluster.apply(pod("exits-3", real_node, "import sys; print('giving up'); sys.exit(3)"), namespace)
+
+    assert wait_phase(cluster, namespace, "exits-3", ("Succeeded", "Failed")) == "Failed"
+    state = terminated(cluster, namespace, "exits-3")
+    assert (state["exitCode"], state["reason"]) == (3, "Error")
+    assert "giving up" in real_node.log(namespace, "exits-3", "main")
+
+
+TRAPS_SIGTERM = """
+    import os, pathlib, signal, sys, time
+    work = pathlib.Path(os.environ["WORK"])
+    marker = work / "marker"
+    def stop(signum, frame):
+        marker.write_text("sigterm")
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, stop)
+    (work / "ready").write_text("ready")
+    while True:
+        time.sleep(0.1)
+"""
+
+IGNORES_SIGTERM = """
+    import os, pathlib, signal, time
+    work = pathlib.Path(os.environ["WORK"])
+    signal.signal(signal.SIGTERM, lambda signum, frame: (work / "marker").write_text("ignored"))
+    (work / "ready").write_text("ready")
+    while True:
+        time.sleep(0.1)
+"""
+
+
+@pytest.mark.parametrize(
+    ("script", "grace", "marker"),
+    [(TRAPS_SIGTERM, 30, "sigterm"), (IGNORES_SIGTERM, 2, "ignored")],
+    ids=["exits-on-sigterm", "sigkill-after-grace"],
+)
+def test_a_deleted_pod_gets_sigterm_then_is_removed(
+    cluster: Cluster,
+    namespace: str,
+    real_node: RealNode,
+    tmp_path: Path,
+    script: str,
+    grace: int,
+    marker: str,
+) -> None:
+    # hostPath is used as is; the dev node rewrites the mount path /work in env values to it.
+    volumes = [{"name": "work", "hostPath": {"path": str(tmp_path), "type": "Directory"}}]
+    mounts = [{"name": "work", "mountPath": "/work"}]
+    env = [{"name": "WORK", "value": "/work"}]
+    manifest = pod("sleeper", real_node, script, env=env, grace=grace, volumes=volumes, mounts=mounts)
+    cluster.apply(manifest, namespace)
+    wait_for(lambda: (tmp_path / "ready").exists(), timeout=30, what="the process to start")
+    assert phase_of(cluster, namespace, "sleeper") == "Running"
+
+    cluster.kubectl("delete", "pod", "sleeper", "-n", namespace, "--wait=false")
+
+    wait_for(
+        lambda: phase_of(cluster, namespace, "sleeper") == "<gone>", timeout=grace + 20, what="pod removed"
+    )
+    assert (tmp_path / "marker").read_text() == marker
+
+
+PEER = """
+    import os, socket, sys, time
+    me, peer = os.environ["ME"], os.environ["PEER"]
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("0.0.0.0", 7000))  # both pods use port 7000: each gets its own address
+    server.listen(1)
+    deadline = time.time() + 30
+    while True:
+        try:
+            address = socket.getaddrinfo(peer, 7000, socket.AF_INET)[0][4]
+            with socket.create_connection(address, timeout=2) as conn:
+                conn.sendall(me.encode())
+            break
+        except OSError:
+            if time.time() > deadline:
+                sys.exit("peer unreachable")
+            time.sleep(0.2)
+    conn, _ = server.accept()
+    print(f"{me} resolved {peer} to {address[0]} and heard from {conn.recv(100).decode()}")
+"""
+
+
+def test_two_pods_resolve_each_others_names_and_connect(
+    cluster: Cluster, namespace: str, real_node: RealNode
+) -> None:
+    cluster.apply(headless_service("peers"), namespace)
+    fqdn = f"{{}}.peers.{namespace}.svc.cluster.local"
+    for me, peer in (("peer-a", "peer-b"), ("peer-b", "peer-a")):
+        env = [{"name": "ME", "value": me}, {"name": "PEER", "value": fqdn.format(peer)}]
+        cluster.apply(pod(me, real_node, PEER, env=env, subdomain="peers"), namespace)
+
+    for name in ("peer-a", "peer-b"):
+        assert wait_phase(cluster, namespace, name, ("Succeeded", "Failed")) == "Succeeded", real_node.log(
+            namespace, name, "main"
+        )
+    ip_b = cluster.get_json("pod", "peer-b", "-n", namespace)["status"]["podIP"]
+    assert f"peer-a resolved {fqdn.format('peer-b')} to {ip_b} and heard from peer-b" in real_node.log(
+        namespace, "peer-a", "main"
+    )
+    assert "heard from peer-a" in real_node.log(namespace, "peer-b", "main")
+
+
+ALL_REDUCE = """
+import os
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo", init_method="env://")
+total = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(total)
+print(f"rank {dist.get_rank()} of {dist.get_world_size()} all-reduced {total.item()}")
+dist.destroy_process_group()
+"""
+
+
+def test_gloo_all_reduce_between_two_pods(cluster: Cluster, namespace: str, real_node: RealNode) -> None:
+    cluster.apply(headless_service("gang"), namespace)
+    cluster.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "scripts"},
+            "data": {"reduce.py": ALL_REDUCE},
+        },
+        namespace,
+    )
+    master = f"gang-0.gang.{namespace}.svc.cluster.local"
+    for rank in (0, 1):
+        env = [
+            {"name": "MASTER_ADDR", "value": master},
+            {"name": "MASTER_PORT", "value": str(29400 + int(namespace[-5:], 16) % 500)},
+            {"name": "WORLD_SIZE", "value": "2"},
+            {"name": "RANK", "value": str(rank)},
+        ]
+        volumes = [{"name": "scripts", "configMap": {"name": "scripts"}}]
+        mounts = [{"name": "scripts", "mountPath": "/opt/scripts"}]
+        manifest = pod(f"gang-{rank}", real_node, "", env=env, subdomain="gang", volumes=volumes, mounts=mounts,
+                       args=["/opt/scripts/reduce.py"])  # fmt: skip
+        cluster.apply(manifest, namespace)
+
+    for rank in (0, 1):
+        name = f"gang-{rank}"
+        phase = wait_phase(cluster, namespace, name, ("Succeeded", "Failed"), timeout=60)
+        assert phase == "Succeeded", real_node.log(namespace, name, "main")
+        assert f"rank {rank} of 2 all-reduced 3.0" in real_node.log(namespace, name, "main")
+
+
+def headless_service(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name},
+        "spec": {"clusterIP": "None", "selector": {"app": "devnode-test"}, "ports": [{"port": 7000}]},
+    }
