@@ -158,3 +158,67 @@ def _node_ready(cluster: Cluster, name: str) -> bool:
 
 
 __all__ = ["Cluster", "wait_for", "node_manifests"]
+
+
+# -- dev node: a node that really runs pods as local processes (phalanx.devnode) ------------------
+
+
+@dataclass
+class RealNode:
+    """One dev-node agent registered in the test cluster; pods reach it with `placement()`."""
+
+    name: str
+    state_dir: Path
+
+    def placement(self) -> dict[str, Any]:
+        return {
+            "nodeSelector": {"kubernetes.io/hostname": self.name},
+            "tolerations": [
+                {"key": "phalanx.dev/real-node", "operator": "Equal", "value": "true", "effect": "NoSchedule"}
+            ],
+        }
+
+    def log(self, namespace: str, pod: str, container: str) -> str:
+        path = self.state_dir / "logs" / f"{namespace}_{pod}_{container}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+
+@pytest.fixture(scope="session")
+def real_node(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealNode]:
+    """A dev-node agent for this test session (its own name, state dir and pod address range)."""
+    import signal
+    import sys
+
+    from phalanx.devnode.network import default_ip_prefix
+
+    name = f"real-{uuid.uuid4().hex[:6]}"
+    state_dir = tmp_path_factory.mktemp("devnode")
+    log = (state_dir / "agent.log").open("ab")
+    argv = [
+        sys.executable, "-m", "phalanx.devnode", "--kubeconfig", cluster.kubeconfig, "--name", name,
+        "--state-dir", str(state_dir), "--ip-prefix", default_ip_prefix(f"{state_dir}:{name}"),
+        "--workdir", str(REPO_ROOT),
+    ]  # fmt: skip
+    agent = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for(lambda: _node_ready_or_missing(cluster, name), timeout=60, what=f"dev node {name} Ready")
+        yield RealNode(name, state_dir)
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        try:
+            agent.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(agent.pid, signal.SIGKILL)
+            agent.wait()
+        log.close()
+        cluster.kubectl("delete", "node", "--wait=false", "--ignore-not-found", name, check=False)
+
+
+def _node_ready_or_missing(cluster: Cluster, name: str) -> bool:
+    found = cluster.kubectl("get", "node", name, "-o", "json", check=False)
+    if found.returncode != 0:
+        return False
+    node = json.loads(found.stdout)
+    return any(
+        c["type"] == "Ready" and c["status"] == "True" for c in node.get("status", {}).get("conditions", [])
+    )
