@@ -1,0 +1,63 @@
+"""Pod addresses and the hosts file of the dev node."""
+
+from __future__ import annotations
+
+import pytest
+
+from phalanx.devnode.network import IpPool, PodAddress, default_ip_prefix, pod_names, render_hosts
+
+pytestmark = pytest.mark.unit
+
+
+def test_addresses_are_unique_per_pod_and_reused_after_release() -> None:
+    pool = IpPool("127.9.9")
+    first, second = pool.allocate("uid-a"), pool.allocate("uid-b")
+    assert (first, second) == ("127.9.9.2", "127.9.9.3")
+    assert pool.allocate("uid-a") == first  # asking twice for one pod gives the same address
+    pool.release("uid-a")
+    assert pool.allocate("uid-c") == first
+
+
+def test_a_full_pool_says_so() -> None:
+    pool = IpPool("127.9.9")
+    for index in range(253):
+        pool.allocate(f"uid-{index}")
+    with pytest.raises(RuntimeError, match="no free pod address"):
+        pool.allocate("one-too-many")
+
+
+def test_a_malformed_prefix_is_refused() -> None:
+    with pytest.raises(ValueError):
+        IpPool("127.300.1")
+
+
+def test_default_prefix_stays_in_loopback_and_differs_between_seeds() -> None:
+    prefixes = {default_ip_prefix(f"/state/{n}") for n in range(20)}
+    assert all(p.startswith("127.") and not p.startswith("127.0.") for p in prefixes)
+    assert len(prefixes) > 15
+    assert default_ip_prefix("same") == default_ip_prefix("same")
+
+
+def test_a_pod_with_a_subdomain_answers_to_its_cluster_dns_names() -> None:
+    names = pod_names(PodAddress("127.9.9.2", "job-worker-0", "job", "team-a"))
+    assert names == [
+        "job-worker-0.job.team-a.svc.cluster.local",
+        "job-worker-0.job.team-a.svc",
+        "job-worker-0.job.team-a",
+        "job-worker-0.job",
+        "job-worker-0",
+    ]
+    assert pod_names(PodAddress("127.9.9.3", "lonely", "", "team-a")) == ["lonely"]
+
+
+def test_hosts_file_has_an_ipv4_and_a_v4_mapped_ipv6_line_per_pod_after_the_machines_own() -> None:
+    text = render_hosts(
+        [PodAddress("127.9.9.3", "b", "svc", "ns"), PodAddress("127.9.9.2", "a", "svc", "ns")],
+        host_lines="# comment\n127.0.0.1 localhost\n",
+    )
+    lines = text.splitlines()
+    assert lines[0] == "127.0.0.1 localhost"
+    assert lines[1].startswith("127.9.9.2 a.svc.ns.svc.cluster.local ")
+    assert lines[2].startswith("::ffff:127.9.9.2 a.svc.ns.svc.cluster.local ")
+    assert lines[3].startswith("127.9.9.3 b.svc.ns.svc.cluster.local ")
+    assert len(lines) == 5
