@@ -160,6 +160,75 @@ def _node_ready(cluster: Cluster, name: str) -> bool:
 __all__ = ["Cluster", "wait_for", "node_manifests"]
 
 
+class OperatorProcess:
+    """`phalanx operator` as a subprocess against the test cluster (what the image runs)."""
+
+    def __init__(self, cluster: Cluster, log_dir: Path) -> None:
+        self.cluster = cluster
+        self.log_dir = log_dir
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self, extra_env: dict[str, str] | None = None) -> None:
+        import sys
+
+        self.starts += 1
+        log = (self.log_dir / f"operator-{self.starts}.log").open("wb")
+        env = {**os.environ, "KUBECONFIG": self.cluster.kubeconfig, **(extra_env or {})}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "phalanx.cli", "operator", "--metrics-port", "0", "--health-port", "0"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def ensure_running(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            self.start()
+
+    def log_text(self) -> str:
+        return "\n".join(p.read_text(errors="replace") for p in sorted(self.log_dir.glob("operator-*.log")))
+
+
+@pytest.fixture(scope="session")
+def crd_installed(cluster: Cluster) -> None:
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO_ROOT / "crds"))
+    cluster.kubectl("wait", "--for=condition=Established", "crd/trainingjobs.phalanx.dev", "--timeout=60s")
+
+
+@pytest.fixture(scope="session")
+def operator_process(
+    cluster: Cluster, crd_installed: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:
+    op = OperatorProcess(cluster, tmp_path_factory.mktemp("operator"))
+    op.start()
+    yield op
+    op.stop()
+
+
+@pytest.fixture
+def operator(operator_process: OperatorProcess) -> OperatorProcess:
+    """The shared operator, restarted first if an earlier test stopped or killed it."""
+    operator_process.ensure_running()
+    return operator_process
+
+
 # -- dev node: a node that really runs pods as local processes (phalanx.devnode) ------------------
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 import urllib.request
 from typing import Any
@@ -169,6 +170,7 @@ class Controller:
                 )
                 if self.api.create_if_absent(pod):
                     metrics.observe_pods_created()
+                    _failpoint_after_pod_create()
             self.loop.call_soon_threadsafe(self.admission_dirty.set)
             followups.append(0.5)
         for event in plan.events:
@@ -324,6 +326,20 @@ class Controller:
         loop.call_soon_threadsafe(self.enqueue, key)
 
     loop: asyncio.AbstractEventLoop
+
+
+_pods_created_here = 0
+
+
+def _failpoint_after_pod_create() -> None:
+    """Test hook: PHALANX_FAILPOINT_EXIT_AFTER_PODS=N kills the process after its N-th pod creation,
+    the way a crash between two API calls would (tests/integration/test_reconcile.py)."""
+    global _pods_created_here
+    limit = os.environ.get("PHALANX_FAILPOINT_EXIT_AFTER_PODS")
+    _pods_created_here += 1
+    if limit and _pods_created_here >= int(limit):
+        log.error("failpoint: exiting after %d pod creations", _pods_created_here)
+        os._exit(3)
 
 
 def _waits_for_admission(job: dict[str, Any]) -> bool:

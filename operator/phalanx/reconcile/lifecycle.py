@@ -246,8 +246,20 @@ def decide(
         return b.plan
     b.recheck(admitted_at + timeout - now)
     if status.get("phase") != "Restarting" or running:
-        b.phase("Admitted", "GangAdmitted", f"{running}/{spec.replicas} worker(s) running")
+        message = f"{running}/{spec.replicas} worker(s) running"
+        why = _unschedulable_message(current.values())
+        if why:
+            message += f"; the scheduler says: {why}"
+        b.phase("Admitted", "GangAdmitted", message)
     return b.plan
+
+
+def _unschedulable_message(pods: Any) -> str:
+    for pod in pods:
+        for cond in pod.get("status", {}).get("conditions") or []:
+            if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and cond.get("message"):
+                return str(cond["message"])[:300]
+    return ""
 
 
 def _deleting(pod: dict[str, Any]) -> bool:
