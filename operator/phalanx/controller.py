@@ -21,8 +21,9 @@ from phalanx.api.schema import parse
 from phalanx.api.v1alpha1 import TrainingJobSpec
 from phalanx.builders.podgroups import build_podgroup
 from phalanx.builders.pods import JobRef, build_headless_service, build_worker_pod
-from phalanx.gang.admission import GangRequest, plan_admission
+from phalanx.gang.admission import GangRequest, admission_order, plan_admission
 from phalanx.gang.capacity import NodeInfo, PodDemand, usage_by_node
+from phalanx.gang.preemption import RunningGang, choose_victims
 from phalanx.k8s import KubeApi
 from phalanx.reconcile.lifecycle import FINISHED_PHASES, decide, is_gated, iso, parse_iso, pod_attempt
 
@@ -34,6 +35,7 @@ PROGRESS_RETRY_AFTER_FAILURE_SECONDS = 30.0
 ADMISSION_INTERVAL_SECONDS = 1.0
 PROGRESS_TIMEOUT_SECONDS = 1.0
 PROGRESS_POLL_SECONDS = 3.0
+PREEMPTION_COOLDOWN_SECONDS = 15.0
 
 
 def status_diff(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
@@ -62,6 +64,7 @@ class Controller:
         self.admission_dirty = asyncio.Event()
         self.known_jobs: set[str] = set()
         self.progress_failed_at: dict[str, float] = {}
+        self.preempting: dict[str, float] = {}
         self.tasks: list[asyncio.Task[None]] = []
 
     # -- queue ----------------------------------------------------------------------------------
@@ -248,7 +251,8 @@ class Controller:
             await asyncio.sleep(ADMISSION_INTERVAL_SECONDS)
 
     def admission_pass(self) -> None:
-        jobs = [j for j in self.api.list_jobs(self.namespaces) if _waits_for_admission(j)]
+        every_job = self.api.list_jobs(self.namespaces)
+        jobs = [j for j in every_job if _waits_for_admission(j)]
         if not jobs:
             self.reservations.clear()
             return
@@ -311,6 +315,9 @@ class Controller:
                           for p in gated_pods[admission.key].values())  # fmt: skip
             metrics.observe_gang_admitted(namespace, admission.key.split("/", 1)[1], max(0.0, now - created))
             self._enqueue_threadsafe(admission.key)
+        head = next((r for r in admission_order(requests) if r.key in plan.waiting), None)
+        if head is not None:
+            self._preempt_for(head, every_job, by_job, nodes, used, priorities)
         for key, reason in [
             *plan.waiting.items(),
             *((k, f"can never fit: {r}") for k, r in plan.never_fits.items()),
@@ -320,6 +327,61 @@ class Controller:
                 namespace, name = key.split("/", 1)
                 self.api.patch_job_status(namespace, name, {"admissionMessage": reason})
                 self._enqueue_threadsafe(key)
+
+    def _preempt_for(
+        self,
+        head: GangRequest,
+        jobs: list[dict[str, Any]],
+        pods_by_job: dict[str, list[dict[str, Any]]],
+        nodes: list[NodeInfo],
+        used: dict[str, dict[str, int]],
+        priorities: dict[str, int],
+    ) -> None:
+        """Priority preemption through admission: stop the fewest lower-priority gangs the head needs.
+
+        The victims' pods get their grace period (SIGTERM: the trainer checkpoints); the victim job
+        sees its pods deleted by someone else, restarts as a preemption, and waits for capacity.
+        """
+        now = time.monotonic()
+        if any(now - at < PREEMPTION_COOLDOWN_SECONDS for at in self.preempting.values()):
+            return  # let the last victims finish terminating before choosing again
+        running = []
+        for job in jobs:
+            key = f"{job['metadata']['namespace']}/{job['metadata']['name']}"
+            status = job.get("status") or {}
+            if key == head.key or status.get("phase") not in ("Running", "Admitted"):
+                continue
+            spec = parse(TrainingJobSpec, job["spec"])
+            bound = [
+                (p["metadata"]["name"], p["spec"]["nodeName"], PodDemand.from_pod_spec(p["spec"]))
+                for p in pods_by_job.get(key, [])
+                if pod_attempt(p) == status.get("attempt", 0) and p.get("spec", {}).get("nodeName")
+            ]
+            if bound:
+                started = parse_iso(status.get("admittedTime")) or 0.0
+                priority = priorities.get(spec.scheduling.priority_class_name or "", 0)
+                running.append(RunningGang(key, priority, started, tuple(bound)))
+        choice = choose_victims(head, running, nodes, used)
+        if choice is None:
+            return
+        for victim in choice.victims:
+            namespace, name = victim.split("/", 1)
+            log.info("preempting %s for higher-priority %s", victim, head.key)
+            self.preempting[victim] = now
+            job = next(
+                j for j in jobs if j["metadata"]["namespace"] == namespace and j["metadata"]["name"] == name
+            )
+            grace = parse(TrainingJobSpec, job["spec"]).run_policy.termination_grace_period_seconds
+            for pod in pods_by_job.get(victim, []):
+                self.api.delete_pod(namespace, pod["metadata"]["name"], pod["metadata"]["uid"], grace)
+            self.api.create_event(
+                job,
+                "Warning",
+                "PreemptedByPriority",
+                f"stopped to make room for higher-priority {head.key}",
+                iso(time.time()),
+            )
+            self._enqueue_threadsafe(victim)
 
     def _enqueue_threadsafe(self, key: str) -> None:
         loop = self.loop
