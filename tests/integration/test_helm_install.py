@@ -1,23 +1,27 @@
 """`helm install` of charts/phalanx into the local control plane: CRD, RBAC, and what the operator's
 service account may and may not do (`kubectl auth can-i --as=system:serviceaccount:...`).
 
-The operator image is not pullable here; kwok's simulated nodes report the pod Running anyway, so
-the Deployment is checked for scheduling, not for reconciling (that is the end-to-end issue's).
+The operator image is not pullable here. In the integration tests kwok's simulated nodes report the
+pod Running anyway; the e2e test places it on the dev node, which runs `phalanx operator` from this
+checkout as a local process, and has it reconcile a TrainingJob to Succeeded.
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import Cluster, wait_for
-
-pytestmark = pytest.mark.integration
+from tests.conftest import Cluster, OperatorProcess, RealNode, wait_for
+from tests.jobs import training_job
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "phalanx"
 
@@ -107,12 +111,16 @@ Installer = Callable[..., Release]
 
 
 @pytest.fixture
-def install(cluster: Cluster, namespace: str) -> Iterator[Installer]:
+def install(cluster: Cluster, namespace: str, tmp_path: Path) -> Iterator[Installer]:
     releases: list[Release] = []
 
-    def _install(*set_values: str) -> Release:
+    def _install(*set_values: str, values: dict[str, Any] | None = None) -> Release:
         release = Release(cluster, namespace, f"r{uuid.uuid4().hex[:6]}")
         args = [arg for value in set_values for arg in ("--set", value)]
+        if values:
+            values_file = tmp_path / f"{release.name}-values.yaml"
+            values_file.write_text(yaml.safe_dump(values))
+            args += ["--values", str(values_file)]
         result = release.helm(
             "install", release.name, str(CHART), "--namespace", namespace, "--set", "image.tag=test", *args
         )
@@ -125,6 +133,7 @@ def install(cluster: Cluster, namespace: str) -> Iterator[Installer]:
         release.helm("uninstall", release.name, "--namespace", namespace, "--wait=false")
 
 
+@pytest.mark.integration
 def test_cluster_wide_install_creates_crd_and_least_privilege_rbac(
     cluster: Cluster, install: Installer
 ) -> None:
@@ -156,6 +165,7 @@ def test_cluster_wide_install_creates_crd_and_least_privilege_rbac(
     wait_for(operator_pod_running, timeout=45, what="operator pod scheduled and Running on a kwok node")
 
 
+@pytest.mark.integration
 def test_namespaced_install_confines_the_operator_to_its_namespaces(
     cluster: Cluster, namespace: str, install: Installer
 ) -> None:
@@ -172,3 +182,110 @@ def test_namespaced_install_confines_the_operator_to_its_namespaces(
         assert release.can_i(verb, resource, *extra), f"cannot {verb} {resource}"
     assert not release.can_i("delete", "pods", namespace="default")
     assert not release.can_i("get", "secrets", namespace=namespace)
+
+
+def service_account_kubeconfig(cluster: Cluster, namespace: str, service_account: str, path: Path) -> None:
+    """A kubeconfig that authenticates as the service account (a TokenRequest token), nothing more."""
+    admin = yaml.safe_load(Path(cluster.kubeconfig).read_text())
+    token = cluster.kubectl(
+        "create", "token", service_account, "-n", namespace, "--duration=1h"
+    ).stdout.strip()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "test", "cluster": admin["clusters"][0]["cluster"]}],
+                "users": [{"name": service_account, "user": {"token": token}}],
+                "contexts": [{"name": "sa", "context": {"cluster": "test", "user": service_account}}],
+                "current-context": "sa",
+            }
+        )
+    )
+    path.chmod(0o600)
+
+
+def scrape_metrics(address: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+@pytest.mark.e2e
+def test_chart_operator_on_the_dev_node_reconciles_a_job_to_succeeded(
+    cluster: Cluster,
+    namespace: str,
+    real_node: RealNode,
+    operator_process: OperatorProcess,
+    install: Installer,
+) -> None:
+    # Only the chart's operator may touch this job; the `operator` fixture restarts the shared one later.
+    operator_process.stop()
+    service_account = "phalanx-e2e"
+    cluster.kubectl("create", "serviceaccount", service_account, "-n", namespace)
+    # The dev node mounts no service-account token, so the operator gets its service account's token
+    # through KUBECONFIG: it runs with exactly the chart's RBAC.  Outside /tmp, which the pod mounts.
+    kubeconfig = Path.home() / ".cache" / "phalanx" / "e2e" / f"{namespace}.kubeconfig"
+    service_account_kubeconfig(cluster, namespace, service_account, kubeconfig)
+    values = {
+        "serviceAccount": {"create": False, "name": service_account},
+        "watchNamespaces": [namespace],
+        "operator": {"extraEnv": [{"name": "KUBECONFIG", "value": str(kubeconfig)}]},
+        "grafana": {"dashboard": {"enabled": False}},
+        **real_node.placement(),
+    }
+    try:
+        release = install(values=values)
+
+        def operator_address() -> str | None:
+            pods = cluster.get_json(
+                "pods", "-n", namespace, "-l", f"app.kubernetes.io/instance={release.name}"
+            )
+            running = [
+                p for p in pods["items"] if p["status"].get("phase") == "Running" and p["status"].get("podIP")
+            ]
+            return f"{running[0]['status']['podIP']}" if running else None
+
+        pod_ip = wait_for(
+            operator_address, timeout=60, what="the chart's operator pod Running on the dev node"
+        )
+        wait_for(
+            lambda: _answers(f"http://{pod_ip}:8081/healthz"),
+            timeout=60,
+            what="kopf's /healthz on the operator pod",
+        )
+
+        job = training_job("helm-e2e", replicas=2, gpus=1, run_for="3s")
+        cluster.apply(job, namespace=namespace)
+        wait_for(
+            lambda: (
+                cluster.get_json("trainingjob", "helm-e2e", "-n", namespace).get("status", {}).get("phase")
+                == "Succeeded"
+            ),
+            timeout=120,
+            what="TrainingJob helm-e2e Succeeded",
+        )
+        samples = scrape_metrics(f"{pod_ip}:8080")
+        job_labels = frozenset(
+            {("namespace", namespace), ("trainingjob", "helm-e2e"), ("phase", "Succeeded")}
+        )
+        assert samples.get(("phalanx_job_phase", job_labels)) == 1.0, (
+            "the chart's operator did not record the job"
+        )
+        assert samples[("phalanx_jobs_finished_total", frozenset({("result", "succeeded")}))] >= 1
+        assert samples[("phalanx_pods_created_total", frozenset())] >= 2
+    finally:
+        kubeconfig.unlink(missing_ok=True)
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
