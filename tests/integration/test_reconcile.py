@@ -22,7 +22,9 @@ def job_status(cluster: Cluster, ns: str, name: str) -> dict[str, Any]:
 
 
 def job_pods(cluster: Cluster, ns: str, name: str) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = cluster.get_json("pods", "-n", ns, "-l", f"phalanx.dev/job-name={name}")["items"]
+    items: list[dict[str, Any]] = cluster.get_json("pods", "-n", ns, "-l", f"phalanx.dev/job-name={name}")[
+        "items"
+    ]
     return items
 
 
@@ -45,7 +47,9 @@ def test_four_replicas_of_two_gpus_get_pods_service_env_resources_and_volumes(
         checkpoint={"volume": {"hostPath": {"path": "/tmp/ckpt"}}, "intervalSteps": 50},
         nccl={"debug": "WARN", "ibDisable": True},
     )
-    job["spec"]["template"]["spec"]["containers"][0]["env"] = [{"name": "NCCL_ASYNC_ERROR_HANDLING", "value": "0"}]
+    job["spec"]["template"]["spec"]["containers"][0]["env"] = [
+        {"name": "NCCL_ASYNC_ERROR_HANDLING", "value": "0"}
+    ]
     cluster.apply(job, namespace)
     wait_phase(cluster, namespace, "llm", "Running")
     uid = cluster.get_json("tj", "llm", "-n", namespace)["metadata"]["uid"]
@@ -115,7 +119,9 @@ def test_pods_that_succeed_make_the_job_succeed_with_completion_time(
     status = wait_phase(cluster, namespace, "done", "Succeeded")
     assert status["completionTime"] >= status["startTime"]
     assert status["replicas"]["succeeded"] == 2
-    events = cluster.get_json("events", "-n", namespace, "--field-selector", "involvedObject.name=done")["items"]
+    events = cluster.get_json("events", "-n", namespace, "--field-selector", "involvedObject.name=done")[
+        "items"
+    ]
     assert {"AllWorkersRunning", "Completed"} <= {e["reason"] for e in events}
 
 
@@ -164,10 +170,28 @@ def test_suspend_deletes_pods_keeps_status_and_resume_starts_a_new_attempt(
 ) -> None:
     cluster.apply(training_job("pause", replicas=2), namespace)
     wait_phase(cluster, namespace, "pause", "Running")
-    cluster.kubectl("patch", "tj", "pause", "-n", namespace, "--type=merge", "-p", '{"spec":{"runPolicy":{"suspend":true}}}')
+    cluster.kubectl(
+        "patch",
+        "tj",
+        "pause",
+        "-n",
+        namespace,
+        "--type=merge",
+        "-p",
+        '{"spec":{"runPolicy":{"suspend":true}}}',
+    )
     wait_phase(cluster, namespace, "pause", "Suspended")
     wait_for(lambda: not job_pods(cluster, namespace, "pause"), timeout=30, what="pods deleted")
-    cluster.kubectl("patch", "tj", "pause", "-n", namespace, "--type=merge", "-p", '{"spec":{"runPolicy":{"suspend":false}}}')
+    cluster.kubectl(
+        "patch",
+        "tj",
+        "pause",
+        "-n",
+        namespace,
+        "--type=merge",
+        "-p",
+        '{"spec":{"runPolicy":{"suspend":false}}}',
+    )
     status = wait_phase(cluster, namespace, "pause", "Running")
     assert status["attempt"] == 1 and status["restarts"] == {"failures": 0, "preemptions": 0}
 
@@ -175,7 +199,9 @@ def test_suspend_deletes_pods_keeps_status_and_resume_starts_a_new_attempt(
 def test_ttl_after_finished_deletes_the_job_and_its_pods(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:
-    cluster.apply(training_job("short", replicas=1, run_for="1s", runPolicy={"ttlSecondsAfterFinished": 2}), namespace)
+    cluster.apply(
+        training_job("short", replicas=1, run_for="1s", runPolicy={"ttlSecondsAfterFinished": 2}), namespace
+    )
     wait_for(lambda: cluster.kubectl("get", "tj", "short", "-n", namespace, check=False).returncode != 0,
              timeout=60, what="job deleted by TTL")  # fmt: skip
     wait_for(lambda: not job_pods(cluster, namespace, "short"), timeout=60, what="pods garbage-collected")
@@ -197,7 +223,9 @@ def test_kubectl_get_shows_columns_and_explain_shows_descriptions(
 def test_admitted_pods_the_scheduler_cannot_place_say_why_in_status(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:
-    job = training_job("nopvc", replicas=2, checkpoint={"volume": {"persistentVolumeClaim": {"claimName": "absent"}}})
+    job = training_job(
+        "nopvc", replicas=2, checkpoint={"volume": {"persistentVolumeClaim": {"claimName": "absent"}}}
+    )
     cluster.apply(job, namespace)
     status = wait_for(
         lambda: "absent" in (s := job_status(cluster, namespace, "nopvc")).get("message", "") and s,

@@ -1,0 +1,66 @@
+"""Bad TrainingJobs are rejected by the API server at admission, with a message naming the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Cluster
+from tests.jobs import training_job
+
+pytestmark = pytest.mark.integration
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+INVALID = sorted((DATA / "invalid").glob("*.yaml"))
+VALID = sorted((DATA / "valid").glob("*.yaml"))
+
+
+def expected_message(path: Path) -> str:
+    first = path.read_text().splitlines()[0]
+    assert first.startswith("# expect: "), f"{path.name} must start with '# expect: <message fragment>'"
+    return first.removeprefix("# expect: ")
+
+
+def test_the_invalid_corpus_is_large_enough() -> None:
+    assert len(INVALID) >= 25
+
+
+@pytest.mark.parametrize("manifest", INVALID, ids=lambda p: p.stem)
+def test_invalid_manifest_is_rejected_naming_the_field(
+    cluster: Cluster, crd_installed: None, manifest: Path
+) -> None:
+    # Server-side dry run: full admission (schema, CEL, field validation), nothing stored.
+    result = cluster.kubectl("create", "--dry-run=server", "-n", "default", "-f", str(manifest), check=False)
+    assert result.returncode != 0, f"{manifest.name} was accepted"
+    assert expected_message(manifest) in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("manifest", VALID, ids=lambda p: p.stem)
+def test_valid_variant_is_accepted(cluster: Cluster, crd_installed: None, manifest: Path) -> None:
+    result = cluster.kubectl("create", "--dry-run=server", "-n", "default", "-f", str(manifest), check=False)
+    assert result.returncode == 0, result.stderr
+
+
+def test_defaults_are_applied_by_the_api_server(
+    cluster: Cluster, crd_installed: None, namespace: str
+) -> None:
+    cluster.apply(training_job("defaults", replicas=2), namespace)
+    spec = cluster.get_json("tj", "defaults", "-n", namespace)["spec"]
+    assert spec["rendezvous"] == {"port": 29500, "timeoutSeconds": 600}
+    assert spec["runPolicy"]["backoffLimit"] == 3 and spec["runPolicy"]["terminationGracePeriodSeconds"] == 60
+    assert spec["scheduling"]["provider"] == "builtin" and spec["scheduling"]["gang"]["timeoutSeconds"] == 300
+    assert spec["checkpoint"] == {"path": "/checkpoints", "keep": 3}
+
+
+def test_shape_fields_are_immutable_unless_suspended(
+    cluster: Cluster, crd_installed: None, namespace: str
+) -> None:
+    cluster.apply(training_job("frozen", replicas=2), namespace)
+    change = cluster.kubectl("patch", "tj", "frozen", "-n", namespace, "--type=merge", "-p", '{"spec":{"replicas":3}}',
+                             check=False)  # fmt: skip
+    assert change.returncode != 0
+    assert "spec.replicas can change only while the job is suspended" in change.stderr
+    cluster.kubectl("patch", "tj", "frozen", "-n", namespace, "--type=merge",
+                    "-p", '{"spec":{"replicas":3,"runPolicy":{"suspend":true}}}')  # fmt: skip
+    assert cluster.get_json("tj", "frozen", "-n", namespace)["spec"]["replicas"] == 3
