@@ -1,0 +1,296 @@
+"""Gang admission, gang timeout, priority preemption and recovery against the real control plane.
+
+Every test runs its jobs on nodes only it uses (`private_nodes`), so counting GPUs is exact. Pods are
+kwok's: Running once bound, finished after the job's `run_for`. The pure rules these tests exercise
+are in docs/scheduling.md; the many-seed versions of the randomized checks run in the simulation
+(tests/unit/test_gang_simulation.py), here a few seeds go through the real API server and scheduler.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.conftest import Cluster, OperatorProcess, wait_for
+from tests.jobs import training_job
+
+pytestmark = pytest.mark.integration
+
+GATE = "phalanx.dev/gang"
+
+
+# -- helpers --------------------------------------------------------------------------------------
+def job_status(cluster: Cluster, ns: str, name: str) -> dict[str, Any]:
+    result = cluster.kubectl("get", "tj", name, "-n", ns, "-o", "json", check=False)
+    if result.returncode != 0:
+        return {}
+    status: dict[str, Any] = json.loads(result.stdout).get("status") or {}
+    return status
+
+
+def all_statuses(cluster: Cluster, ns: str) -> dict[str, dict[str, Any]]:
+    items = cluster.get_json("tj", "-n", ns)["items"]
+    return {j["metadata"]["name"]: j.get("status") or {} for j in items}
+
+
+def pods_in(cluster: Cluster, ns: str, job: str | None = None) -> list[dict[str, Any]]:
+    selector = f"phalanx.dev/job-name={job}" if job else "phalanx.dev/job-name"
+    items: list[dict[str, Any]] = cluster.get_json("pods", "-n", ns, "-l", selector)["items"]
+    return items
+
+
+def wait_phase(cluster: Cluster, ns: str, name: str, phase: str, timeout: float = 60) -> dict[str, Any]:
+    status: dict[str, Any] = wait_for(
+        lambda: (s := job_status(cluster, ns, name)).get("phase") == phase and s,
+        timeout=timeout,
+        what=f"TrainingJob {name} phase {phase}",
+    )
+    return status
+
+
+def condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next((c for c in status.get("conditions") or [] if c["type"] == type_), {})
+
+
+def is_gated(pod: dict[str, Any]) -> bool:
+    return any(g.get("name") == GATE for g in pod["spec"].get("schedulingGates") or [])
+
+
+def gpus_of(pod: dict[str, Any]) -> int:
+    limits = pod["spec"]["containers"][0].get("resources", {}).get("limits", {})
+    return int(limits.get("nvidia.com/gpu", 0))
+
+
+def holds_node(pod: dict[str, Any]) -> bool:
+    """Bound and not finished: the pod holds its node's resources."""
+    return bool(pod["spec"].get("nodeName")) and pod["status"].get("phase") not in ("Succeeded", "Failed")
+
+
+@pytest.fixture
+def priority_classes(cluster: Cluster) -> Iterator[tuple[str, str]]:
+    """A (low, high) pair of PriorityClasses only this test uses."""
+    tag = uuid.uuid4().hex[:6]
+    low, high = f"gang-low-{tag}", f"gang-high-{tag}"
+    cluster.apply([
+        {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": low}, "value": 100},
+        {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": high}, "value": 1000},
+    ])  # fmt: skip
+    yield low, high
+    cluster.kubectl("delete", "priorityclass", low, high, "--ignore-not-found", check=False)
+
+
+# -- admission ------------------------------------------------------------------------------------
+def test_two_gangs_of_sixteen_gpus_on_sixteen_gpus_run_one_after_the_other(
+    cluster: Cluster, namespace: str, operator: OperatorProcess, private_nodes: Any
+) -> None:
+    private_nodes.add(2, gpus=8)
+    placement = private_nodes.placement()
+    cluster.apply([training_job(n, replicas=2, gpus=8, run_for="6s", placement=placement) for n in ("a", "b")],
+                  namespace)  # fmt: skip
+
+    def one_running_one_waiting() -> tuple[str, str] | None:
+        statuses = all_statuses(cluster, namespace)
+        running = [n for n, s in statuses.items() if s.get("phase") == "Running"]
+        waiting = [n for n, s in statuses.items() if condition(s, "Admitted").get("status") == "False"]
+        return (running[0], waiting[0]) if len(running) == 1 and len(waiting) == 1 else None
+
+    first, second = wait_for(one_running_one_waiting, timeout=30, what="one gang running, one waiting")
+    waiting = job_status(cluster, namespace, second)
+    admitted = condition(waiting, "Admitted")
+    assert admitted["reason"] == "WaitingForCapacity"
+    assert "needs 2 pods x 8 nvidia.com/gpu" in admitted["message"], admitted
+    assert waiting["phase"] == "Pending"
+    second_pods = pods_in(cluster, namespace, second)
+    assert len(second_pods) == 2 and all(is_gated(p) and not p["spec"].get("nodeName") for p in second_pods)
+
+    # While the first runs, the second never holds a GPU; then it runs once the first is done.
+    while (s := job_status(cluster, namespace, first)).get("phase") == "Running":
+        assert not any(holds_node(p) for p in pods_in(cluster, namespace, second))
+        time.sleep(0.5)
+    assert s["phase"] == "Succeeded"
+    wait_phase(cluster, namespace, second, "Succeeded", timeout=40)
+    assert job_status(cluster, namespace, second)["attempt"] == 0
+
+
+@pytest.mark.parametrize("seed", [11, 29])
+def test_random_arrivals_of_mixed_gangs_all_finish_without_overcommit_or_partial_gangs(
+    cluster: Cluster, namespace: str, operator: OperatorProcess, private_nodes: Any, seed: int
+) -> None:
+    """Mixed gang sizes arriving in a random order on 16 GPUs: everything finishes (no deadlock), bound
+    GPUs never exceed 16, and no gang is partly bound for longer than a scheduling round trip."""
+    print(f"seed={seed}")
+    rng = random.Random(seed)
+    private_nodes.add(2, gpus=8)
+    placement = private_nodes.placement()
+    shapes = [(1, 8), (2, 8), (2, 4), (4, 2), (3, 4), (2, 2), (1, 4), (4, 4), (2, 6), (1, 2)]
+    rng.shuffle(shapes)
+    jobs = [training_job(f"j{i}", replicas=r, gpus=g, run_for=f"{rng.choice((2, 3, 4))}s", placement=placement)
+            for i, (r, g) in enumerate(shapes)]  # fmt: skip
+    replicas = {j["metadata"]["name"]: j["spec"]["replicas"] for j in jobs}
+    for job in jobs:
+        cluster.apply(job, namespace)
+        time.sleep(rng.uniform(0.0, 0.6))
+
+    partial_since: dict[str, float] = {}
+    peak = 0
+    deadline = time.monotonic() + 75
+    while time.monotonic() < deadline:
+        pods = pods_in(cluster, namespace)
+        held = [p for p in pods if holds_node(p)]
+        peak = max(peak, sum(gpus_of(p) for p in held))
+        assert peak <= 16, f"seed {seed}: {peak} GPUs bound on 16"
+        statuses = all_statuses(cluster, namespace)
+        for name, want in replicas.items():
+            attempt = statuses.get(name, {}).get("attempt", 0)
+            mine = [p for p in pods if p["metadata"]["labels"]["phalanx.dev/job-name"] == name
+                    and p["metadata"]["labels"]["phalanx.dev/attempt"] == str(attempt)]  # fmt: skip
+            ungated = [p for p in mine if not is_gated(p) and p["status"].get("phase") != "Succeeded"]
+            bound = [p for p in ungated if p["spec"].get("nodeName")]
+            if bound and len(bound) < len(ungated):
+                partial_since.setdefault(name, time.monotonic())
+                assert time.monotonic() - partial_since[name] < 10, f"seed {seed}: {name} partly bound"
+            else:
+                partial_since.pop(name, None)
+            assert not (ungated and any(is_gated(p) for p in mine)), f"seed {seed}: {name} partly admitted"
+        if len(statuses) == len(jobs) and all(s.get("phase") == "Succeeded" for s in statuses.values()):
+            break
+        time.sleep(0.5)
+    statuses = all_statuses(cluster, namespace)
+    assert {n: s.get("phase") for n, s in statuses.items()} == dict.fromkeys(replicas, "Succeeded"), seed
+    assert all(s["attempt"] == 0 for s in statuses.values()), seed
+    assert peak > 8, f"seed {seed}: gangs never ran side by side (peak {peak} GPUs)"
+
+
+# -- gang timeout -----------------------------------------------------------------------------
+def test_gang_that_cannot_fully_start_is_torn_down_requeued_and_succeeds_once_capacity_returns(
+    cluster: Cluster, namespace: str, operator: OperatorProcess, private_nodes: Any
+) -> None:
+    """One of the two nodes stops running pods (its simulated kubelet is gone) while it still looks
+    Ready: the gang is admitted, one pod runs, the other never starts."""
+    good, bad = private_nodes.add(2, gpus=8)
+    cluster.kubectl("annotate", "node", bad, "kwok.x-k8s.io/node-")  # kwok stops "running" pods there
+    job = training_job("stuck", replicas=2, gpus=8, run_for="3s", placement=private_nodes.placement(),
+                       scheduling={"gang": {"timeoutSeconds": 10}},
+                       runPolicy={"terminationGracePeriodSeconds": 1})  # fmt: skip
+    cluster.apply(job, namespace)
+    half = wait_for(
+        lambda: (p := pods_in(cluster, namespace, "stuck"))
+        and sorted(x["status"].get("phase") for x in p) == ["Pending", "Running"]
+        and all(x["spec"].get("nodeName") for x in p) and p,
+        timeout=30, what="one pod running, its peer bound but not starting",
+    )  # fmt: skip
+    assert {p["spec"]["nodeName"] for p in half} == {good, bad}
+    assert job_status(cluster, namespace, "stuck")["phase"] == "Admitted"
+
+    status = wait_for(
+        lambda: (s := job_status(cluster, namespace, "stuck")).get("gangTimeouts") == 1 and s,
+        timeout=30, what="gang timeout",
+    )  # fmt: skip
+    assert status["attempt"] == 1 and status["requeueAfter"]
+    assert status["restarts"] == {"failures": 0, "preemptions": 0}
+    assert "gang torn down" in status["message"] and status["requeueAfter"] in status["message"]
+    # No partial gang keeps GPUs: the running pod is stopped (the stuck one waits for its kubelet).
+    wait_for(lambda: not any(p["status"].get("phase") == "Running" for p in pods_in(cluster, namespace, "stuck")),
+             timeout=15, what="running half of the gang stopped")  # fmt: skip
+    events = cluster.get_json("events", "-n", namespace, "--field-selector", "involvedObject.name=stuck")["items"]
+    assert "GangTimeout" in {e["reason"] for e in events}
+
+    cluster.kubectl("annotate", "node", bad, "kwok.x-k8s.io/node=fake")  # the kubelet is back
+    done = wait_phase(cluster, namespace, "stuck", "Succeeded", timeout=45)
+    assert done["attempt"] == 1 and done["gangTimeouts"] == 1
+    assert done["restarts"] == {"failures": 0, "preemptions": 0}
+
+
+# -- priority preemption ----------------------------------------------------------------------
+def test_higher_priority_gang_preempts_a_lower_one_which_resumes_as_the_next_attempt(
+    cluster: Cluster, namespace: str, operator: OperatorProcess, private_nodes: Any,
+    priority_classes: tuple[str, str],
+) -> None:  # fmt: skip
+    low_class, high_class = priority_classes
+    private_nodes.add(2, gpus=8)
+    placement = private_nodes.placement()
+    low = training_job("low", replicas=2, gpus=8, run_for="20s", placement=placement,
+                       scheduling={"priorityClassName": low_class},
+                       runPolicy={"terminationGracePeriodSeconds": 5})  # fmt: skip
+    cluster.apply(low, namespace)
+    wait_phase(cluster, namespace, "low", "Running", timeout=30)
+
+    high = training_job("high", replicas=2, gpus=8, run_for="4s", placement=placement,
+                        scheduling={"priorityClassName": high_class})  # fmt: skip
+    cluster.apply(high, namespace)
+    victim = wait_for(
+        lambda: (s := job_status(cluster, namespace, "low")).get("restarts", {}).get("preemptions") == 1 and s,
+        timeout=30, what="low preempted",
+    )  # fmt: skip
+    assert victim["attempt"] == 1 and victim["restarts"]["failures"] == 0
+    assert victim["phase"] in ("Restarting", "Pending"), victim["phase"]
+    wait_phase(cluster, namespace, "high", "Running", timeout=30)
+    low_pods = pods_in(cluster, namespace, "low")
+    assert all(p["metadata"]["labels"]["phalanx.dev/attempt"] == "1" and not holds_node(p) for p in low_pods)
+    events = cluster.get_json("events", "-n", namespace, "--field-selector", "involvedObject.name=low")["items"]
+    assert "PreemptedByPriority" in {e["reason"] for e in events}
+
+    wait_phase(cluster, namespace, "high", "Succeeded", timeout=30)
+    resumed = wait_phase(cluster, namespace, "low", "Running", timeout=30)
+    assert resumed["attempt"] == 1
+    assert resumed["restarts"] == {"failures": 0, "preemptions": 1}
+    assert job_status(cluster, namespace, "high")["restarts"] == {"failures": 0, "preemptions": 0}
+
+
+# -- node loss --------------------------------------------------------------------------------
+def test_node_deleted_under_a_running_gang_restarts_it_on_other_nodes(
+    cluster: Cluster, namespace: str, operator: OperatorProcess, private_nodes: Any
+) -> None:
+    """Kubernetes' pod GC fails and deletes the pods of a vanished node after its 40 s quarantine;
+    the gang then restarts as a preemption on the nodes left."""
+    nodes = private_nodes.add(3, gpus=8)
+    job = training_job("survivor", replicas=2, gpus=8, placement=private_nodes.placement(),
+                       runPolicy={"terminationGracePeriodSeconds": 1})  # fmt: skip
+    cluster.apply(job, namespace)
+    wait_phase(cluster, namespace, "survivor", "Running", timeout=30)
+    used = {p["spec"]["nodeName"] for p in pods_in(cluster, namespace, "survivor")}
+    lost = sorted(used)[0]
+    cluster.kubectl("delete", "node", lost, "--wait=false")
+
+    status = wait_for(
+        lambda: (s := job_status(cluster, namespace, "survivor")).get("attempt") == 1
+        and s.get("phase") == "Running" and s,
+        timeout=100, what="recovery attempt running",
+    )  # fmt: skip
+    assert status["restarts"] == {"failures": 0, "preemptions": 1}
+    pods = pods_in(cluster, namespace, "survivor")
+    assert sorted(p["metadata"]["labels"]["phalanx.dev/attempt"] for p in pods) == ["1", "1"]
+    placed = {p["spec"]["nodeName"] for p in pods}
+    assert lost not in placed and placed <= set(nodes)
+
+
+# -- operator restart during admission ------------------------------------------------------------
+def test_operator_killed_in_the_middle_of_admitting_a_gang_finishes_it_after_restart(
+    cluster: Cluster, namespace: str, operator: OperatorProcess, private_nodes: Any
+) -> None:
+    private_nodes.add(2, gpus=8)
+    operator.stop()
+    operator.start(extra_env={"PHALANX_FAILPOINT_EXIT_AFTER_ADMITS": "2"})
+    cluster.apply(training_job("half", replicas=4, gpus=4, placement=private_nodes.placement()), namespace)
+    assert operator.proc is not None
+    operator.proc.wait(timeout=60)  # the failpoint killed it after lifting two of the four gates
+    assert operator.proc.returncode == 3
+    pods = pods_in(cluster, namespace, "half")
+    assert len(pods) == 4 and sum(is_gated(p) for p in pods) == 2
+
+    operator.start()
+    status = wait_phase(cluster, namespace, "half", "Running", timeout=40)
+    pods = pods_in(cluster, namespace, "half")
+    assert sorted(p["metadata"]["name"] for p in pods) == [f"half-worker-{i}" for i in range(4)]
+    assert not any(is_gated(p) for p in pods) and all(p["spec"].get("nodeName") for p in pods)
+    assert status["attempt"] == 0 and status["restarts"] == {"failures": 0, "preemptions": 0}
+    per_node: dict[str, int] = {}
+    for pod in pods:
+        per_node[pod["spec"]["nodeName"]] = per_node.get(pod["spec"]["nodeName"], 0) + gpus_of(pod)
+    assert sorted(per_node.values()) == [8, 8]
