@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from functools import cache
@@ -458,7 +459,9 @@ def test_dashboard_config_map_holds_the_committed_fresh_dashboard() -> None:
     assert dashboard["uid"] == "phalanx-overview"
     assert len([panel for panel in dashboard["panels"] if panel["type"] != "row"]) >= 10
     check = subprocess.run(
-        ["python3", str(CHART / "hack" / "build_dashboard.py"), "--check"], capture_output=True, text=True
+        [sys.executable, str(CHART / "hack" / "build_dashboard.py"), "--check"],
+        capture_output=True,
+        text=True,
     )
     assert check.returncode == 0, check.stderr
 
