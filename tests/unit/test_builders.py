@@ -1,0 +1,128 @@
+"""Worker pod, Service and PodGroup manifests (pure)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from phalanx.api.schema import parse
+from phalanx.api.v1alpha1 import TrainingJobSpec
+from phalanx.builders.podgroups import build_podgroup
+from phalanx.builders.pods import JobRef, build_headless_service, build_worker_pod
+
+pytestmark = pytest.mark.unit
+
+JOB = JobRef("gpt", "team-a", "uid-1")
+
+
+def spec(**overrides: Any) -> TrainingJobSpec:
+    raw: dict[str, Any] = {
+        "replicas": 2,
+        "resources": {"gpus": 4},
+        "template": {
+            "spec": {"containers": [{"name": "trainer", "image": "t"}, {"name": "sidecar", "image": "s"}]}
+        },
+    }
+    raw.update(overrides)
+    return parse(TrainingJobSpec, raw)
+
+
+def trainer_of(pod: dict[str, Any]) -> dict[str, Any]:
+    return next(c for c in pod["spec"]["containers"] if c["name"] == "trainer")
+
+
+def env_of(pod: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e.get("value", "") for e in trainer_of(pod)["env"]}
+
+
+def test_world_size_counts_processes_and_defaults_procs_to_gpus() -> None:
+    s = spec()
+    assert s.effective_procs_per_replica == 4 and s.world_size == 8
+    pod = build_worker_pod(JOB, s, 1, 0, {"spec": {"containers": [{"name": "trainer"}]}})
+    env = env_of(pod)
+    assert env["WORLD_SIZE"] == "8" and env["NPROC_PER_NODE"] == "4" and env["NODE_RANK"] == "1"
+    assert env["MASTER_ADDR"] == "gpt-worker-0.gpt.team-a.svc.cluster.local"
+
+
+def test_only_the_trainer_container_gets_env_and_accelerators() -> None:
+    s = spec()
+    pod = build_worker_pod(JOB, s, 0, 3, {"spec": {"containers": [{"name": "trainer"}, {"name": "sidecar"}]}})
+    sidecar = next(c for c in pod["spec"]["containers"] if c["name"] == "sidecar")
+    assert "env" not in sidecar and "resources" not in sidecar
+    assert trainer_of(pod)["resources"]["limits"] == {"nvidia.com/gpu": "4"}
+    assert env_of(pod)["PHALANX_ATTEMPT"] == "3"
+    assert pod["metadata"]["labels"]["phalanx.dev/attempt"] == "3"
+
+
+def test_builtin_provider_gates_pods_and_others_do_not() -> None:
+    gated = build_worker_pod(JOB, spec(), 0, 0, {"spec": {"containers": [{"name": "trainer"}]}})
+    assert gated["spec"]["schedulingGates"] == [{"name": "phalanx.dev/gang"}]
+    plain = build_worker_pod(
+        JOB, spec(scheduling={"provider": "none"}), 0, 0, {"spec": {"containers": [{"name": "trainer"}]}}
+    )
+    assert "schedulingGates" not in plain["spec"]
+    volcano = build_worker_pod(
+        JOB, spec(scheduling={"provider": "volcano"}), 0, 0, {"spec": {"containers": [{"name": "trainer"}]}}
+    )
+    assert volcano["spec"]["schedulerName"] == "volcano"
+    assert volcano["metadata"]["annotations"]["scheduling.k8s.io/group-name"] == "gpt"
+
+
+def test_user_template_is_not_mutated_and_user_labels_survive() -> None:
+    template = {
+        "metadata": {"labels": {"team": "a"}},
+        "spec": {"containers": [{"name": "trainer", "env": []}]},
+    }
+    pod = build_worker_pod(JOB, spec(), 0, 0, template)
+    assert template["spec"]["containers"][0]["env"] == []
+    assert pod["metadata"]["labels"]["team"] == "a"
+    assert pod["metadata"]["labels"]["phalanx.dev/job-name"] == "gpt"
+
+
+def test_user_env_overrides_nccl_defaults_without_duplicates() -> None:
+    template = {
+        "spec": {
+            "containers": [
+                {"name": "trainer", "env": [{"name": "TORCH_NCCL_ASYNC_ERROR_HANDLING", "value": "3"}]}
+            ]
+        }
+    }
+    names = [e["name"] for e in trainer_of(build_worker_pod(JOB, spec(), 0, 0, template))["env"]]
+    assert names.count("TORCH_NCCL_ASYNC_ERROR_HANDLING") == 1
+    assert env_of(build_worker_pod(JOB, spec(), 0, 0, template))["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"
+
+
+def test_mig_request_and_gpu_toleration() -> None:
+    pod = build_worker_pod(JOB, spec(resources={"mig": {"profile": "1g.10gb", "count": 2}}), 0, 0,
+                           {"spec": {"containers": [{"name": "trainer"}]}})  # fmt: skip
+    assert trainer_of(pod)["resources"]["requests"] == {"nvidia.com/mig-1g.10gb": "2"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["spec"][
+        "tolerations"
+    ]
+
+
+def test_cpu_only_job_has_no_accelerator_limits_or_gpu_toleration() -> None:
+    pod = build_worker_pod(JOB, spec(resources={}), 0, 0, {"spec": {"containers": [{"name": "trainer"}]}})
+    assert "resources" not in trainer_of(pod)
+    assert "tolerations" not in pod["spec"]
+
+
+def test_headless_service_publishes_not_ready_addresses() -> None:
+    svc = build_headless_service(JOB, spec(rendezvous={"port": 29600}))
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
+    assert svc["spec"]["ports"][0]["port"] == 29600
+    assert svc["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+
+
+def test_podgroups_for_volcano_and_coscheduling() -> None:
+    volcano = build_podgroup(
+        JOB, spec(scheduling={"provider": "volcano", "queue": "q", "gang": {"minAvailable": 1}})
+    )
+    assert volcano is not None and volcano["apiVersion"] == "scheduling.volcano.sh/v1beta1"
+    assert volcano["spec"]["minMember"] == 1 and volcano["spec"]["queue"] == "q"
+    assert volcano["spec"]["minResources"] == {"nvidia.com/gpu": "4"}
+    cosched = build_podgroup(JOB, spec(scheduling={"provider": "coscheduling"}))
+    assert cosched is not None and cosched["apiVersion"] == "scheduling.x-k8s.io/v1alpha1"
+    assert cosched["spec"]["minMember"] == 2
+    assert build_podgroup(JOB, spec()) is None

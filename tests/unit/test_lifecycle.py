@@ -1,0 +1,182 @@
+"""The TrainingJob state machine, decision by decision (pure: no cluster)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from phalanx.reconcile.lifecycle import decide, iso
+
+pytestmark = pytest.mark.unit
+
+NOW = 1_800_000_000.0
+NODES = {"n0": {"metadata": {"name": "n0"}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}}
+
+
+def job(status: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "j", "namespace": "ns", "uid": "u", "generation": 1},
+        "spec": {"replicas": 2, "template": {"spec": {"containers": [{"name": "trainer"}]}}, **spec},
+        "status": status or {},
+    }
+
+
+def pod(
+    index: int, attempt: int = 0, phase: str = "Running", exit_code: int | None = None, **extra: Any
+) -> dict[str, Any]:
+    status: dict[str, Any] = {
+        "phase": phase,
+        "conditions": [{"type": "Ready", "status": "True"}] if phase == "Running" else [],
+    }
+    if exit_code is not None:
+        status["containerStatuses"] = [{"name": "trainer", "state": {"terminated": {"exitCode": exit_code}}}]
+    status.update(extra.pop("status", {}))
+    return {
+        "metadata": {"name": f"j-worker-{index}", "uid": f"p{index}-{attempt}",
+                     "labels": {"phalanx.dev/replica-index": str(index), "phalanx.dev/attempt": str(attempt)},
+                     **extra.pop("metadata", {})},
+        "spec": {"nodeName": "n0", **extra.pop("spec", {})},
+        "status": status,
+    }  # fmt: skip
+
+
+RUNNING = {
+    "attempt": 0,
+    "createdAttempt": 0,
+    "phase": "Running",
+    "admittedTime": iso(NOW - 60),
+    "startTime": iso(NOW - 60),
+}
+
+
+def test_a_new_job_creates_every_pod() -> None:
+    plan = decide(job(), [], NODES, NOW)
+    assert plan.create_indices == [0, 1]
+    assert plan.status["phase"] == "Pending"
+
+
+def test_after_a_crash_between_creations_only_missing_pods_are_created() -> None:
+    plan = decide(job({"attempt": 0}), [pod(0, phase="Pending")], NODES, NOW)
+    assert plan.create_indices == [1]
+
+
+def test_all_pods_created_marks_the_attempt_created() -> None:
+    plan = decide(job({"attempt": 0}), [pod(0, phase="Pending"), pod(1, phase="Pending")], NODES, NOW)
+    assert plan.create_indices == [] and plan.status["createdAttempt"] == 0
+
+
+def test_every_worker_succeeded_makes_the_job_succeed() -> None:
+    plan = decide(
+        job(dict(RUNNING)),
+        [pod(0, phase="Succeeded", exit_code=0), pod(1, phase="Succeeded", exit_code=0)],
+        NODES,
+        NOW,
+    )
+    assert plan.status["phase"] == "Succeeded" and plan.status["completionTime"] == iso(NOW)
+
+
+def test_preemption_restarts_the_gang_without_spending_the_failure_budget() -> None:
+    evicted = pod(1, phase="Failed", exit_code=75)
+    plan = decide(job(dict(RUNNING)), [pod(0), evicted], NODES, NOW)
+    assert plan.status["phase"] == "Restarting"
+    assert plan.status["restarts"] == {"failures": 0, "preemptions": 1}
+    assert plan.status["attempt"] == 1
+    assert set(plan.delete_pods) == {"j-worker-0", "j-worker-1"}
+    assert plan.create_indices == []
+
+
+def test_a_missing_pod_after_creation_is_a_preemption() -> None:
+    plan = decide(job(dict(RUNNING)), [pod(0)], NODES, NOW)
+    assert plan.status["restarts"]["preemptions"] == 1
+
+
+def test_disruption_condition_on_a_running_pod_restarts_nothing() -> None:
+    flagged = pod(1, status={"conditions": [{"type": "Ready", "status": "True"},
+                                            {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}]})  # fmt: skip
+    plan = decide(job(dict(RUNNING)), [pod(0), flagged], NODES, NOW)
+    assert plan.status["phase"] == "Running" and plan.delete_pods == []
+
+
+def test_retryable_failure_counts_until_the_backoff_limit() -> None:
+    crashed = [pod(0), pod(1, phase="Failed", exit_code=137)]
+    plan = decide(job(dict(RUNNING), runPolicy={"backoffLimit": 1}), crashed, NODES, NOW)
+    assert plan.status["restarts"]["failures"] == 1 and plan.status["phase"] == "Restarting"
+    spent = {**RUNNING, "restarts": {"failures": 1, "preemptions": 0}}
+    plan = decide(job(spent, runPolicy={"backoffLimit": 1}), crashed, NODES, NOW)
+    assert plan.status["phase"] == "Failed"
+    assert any(
+        c["type"] == "Failed" and c["reason"] == "BackoffLimitExceeded" for c in plan.status["conditions"]
+    )
+
+
+def test_permanent_exit_code_fails_at_once_and_stops_the_rest() -> None:
+    plan = decide(job(dict(RUNNING)), [pod(0), pod(1, phase="Failed", exit_code=2)], NODES, NOW)
+    assert plan.status["phase"] == "Failed" and plan.delete_pods == ["j-worker-0"]
+
+
+def test_listed_retryable_exit_code_restarts_instead_of_failing() -> None:
+    plan = decide(
+        job(dict(RUNNING), runPolicy={"retryableExitCodes": [2]}),
+        [pod(0), pod(1, phase="Failed", exit_code=2)],
+        NODES,
+        NOW,
+    )
+    assert plan.status["phase"] == "Restarting" and plan.status["restarts"]["failures"] == 1
+
+
+def test_pods_of_the_previous_attempt_must_be_gone_before_new_ones_are_created() -> None:
+    status = {"attempt": 1, "phase": "Restarting", "restarts": {"failures": 0, "preemptions": 1}}
+    old = pod(0, attempt=0, metadata={"deletionTimestamp": iso(NOW)})
+    plan = decide(job(status), [old], NODES, NOW)
+    assert plan.create_indices == [] and plan.status["phase"] == "Restarting"
+    plan = decide(job(status), [], NODES, NOW)
+    assert plan.create_indices == [0, 1]
+
+
+def test_gang_timeout_tears_down_and_requeues_with_backoff() -> None:
+    admitted = {"attempt": 0, "createdAttempt": 0, "phase": "Admitted", "admittedTime": iso(NOW - 400)}
+    plan = decide(job(admitted), [pod(0), pod(1, phase="Pending", spec={"nodeName": ""})], NODES, NOW)
+    assert plan.status["gangTimeouts"] == 1 and plan.status["attempt"] == 1
+    assert plan.status["requeueAfter"] == iso(NOW + 10)
+    assert set(plan.delete_pods) == {"j-worker-0", "j-worker-1"}
+    assert plan.status["restarts"] == {"failures": 0, "preemptions": 0}
+    plan = decide(job(dict(plan.status)), [], NODES, NOW + 5)
+    assert plan.create_indices == [] and plan.status["phase"] == "Pending"
+
+
+def test_gated_pods_wait_with_the_admission_message() -> None:
+    gated = [
+        pod(i, phase="Pending", spec={"nodeName": "", "schedulingGates": [{"name": "phalanx.dev/gang"}]})
+        for i in (0, 1)
+    ]
+    status = {"attempt": 0, "createdAttempt": 0, "admissionMessage": "needs 2 pods x 8 nvidia.com/gpu"}
+    plan = decide(job(status), gated, NODES, NOW)
+    assert plan.status["phase"] == "Pending"
+    admitted = next(c for c in plan.status["conditions"] if c["type"] == "Admitted")
+    assert admitted["status"] == "False" and "needs 2 pods" in admitted["message"]
+
+
+def test_deadline_fails_the_job() -> None:
+    plan = decide(job(dict(RUNNING), runPolicy={"activeDeadlineSeconds": 30}), [pod(0), pod(1)], NODES, NOW)
+    assert plan.status["phase"] == "Failed"
+    assert any(c["reason"] == "DeadlineExceeded" for c in plan.status["conditions"])
+
+
+def test_ttl_deletes_the_finished_job_when_due() -> None:
+    done = {"phase": "Succeeded", "attempt": 0, "completionTime": iso(NOW - 10)}
+    assert decide(job(done, runPolicy={"ttlSecondsAfterFinished": 5}), [], NODES, NOW).delete_job
+    later = decide(job(done, runPolicy={"ttlSecondsAfterFinished": 60}), [], NODES, NOW)
+    assert not later.delete_job and later.recheck_after == pytest.approx(50)
+
+
+def test_phase_change_emits_one_event_and_repeating_emits_none() -> None:
+    plan = decide(
+        job(dict(RUNNING)),
+        [pod(0, phase="Succeeded", exit_code=0), pod(1, phase="Succeeded", exit_code=0)],
+        NODES,
+        NOW,
+    )
+    assert [e.reason for e in plan.events] == ["Completed"]
+    again = decide(job(dict(plan.status)), [pod(0, phase="Succeeded", exit_code=0)], NODES, NOW)
+    assert again.events == []
