@@ -7,7 +7,7 @@ PYTEST := $(BIN)/pytest
 STAMP := $(VENV)/.installed
 
 .PHONY: help venv cluster-bin lint typecheck test test-unit test-integration test-e2e test-trainer \
-        crd crd-check docs chart-crd demo bench bench-trainer bench-gang bench-recovery dev-up dev-down clean
+        crd crd-check docs chart-lint kind-up demo bench bench-trainer bench-gang bench-recovery dev-up dev-down clean
 
 help:
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -51,6 +51,12 @@ test-e2e: $(STAMP) cluster-bin ## end-to-end: real training through the operator
 
 test: $(STAMP) cluster-bin lint typecheck crd-check ## the whole suite: lint, types, CRD freshness, all tests
 	$(PYTEST) -q
+
+chart-lint: cluster-bin ## helm lint --strict the chart
+	"$$(bash hack/cluster-bin.sh --print-dir)/helm" lint --strict charts/phalanx --kube-version 1.36.3
+
+kind-up: ## with Docker: a kind cluster, both images, the chart and an example job
+	bash hack/kind-up.sh
 
 dev-up: $(STAMP) cluster-bin ## start the local cluster in the background
 	$(BIN)/phalanx dev up

@@ -325,6 +325,8 @@ class Controller:
             job = jobs_by_key[key]
             if (job.get("status") or {}).get("admissionMessage") != reason:
                 namespace, name = key.split("/", 1)
+                waiting_since = parse_iso(job["metadata"].get("creationTimestamp")) or now
+                metrics.observe_admission_wait_started(namespace, name, waiting_since)
                 self.api.patch_job_status(namespace, name, {"admissionMessage": reason})
                 self._enqueue_threadsafe(key)
 
