@@ -49,6 +49,7 @@ from phalanx_trainer.checkpoint.state import (
     apply_sharded,
     collect,
     fill_tensors,
+    overlay_plain_values,
     split_tensors,
     tensor_bytes,
 )
@@ -204,25 +205,18 @@ class CheckpointManager:
                 self.rank,
             )
         small = load_small_state((folder / own_file).read_bytes())
-        skeleton = small.get("sharded", {})
         live, _ = collect(app_state)
-        _, live_tensors = split_tensors(live)
-        _, saved_keys = split_tensors(fill_tensors(skeleton, lambda key: torch.empty(0)))
-        missing = sorted(set(saved_keys) - set(live_tensors))
-        extra = sorted(set(live_tensors) - set(saved_keys))
-        if missing or extra:
-            raise CheckpointError(
-                f"{folder.name} does not match the model: "
-                f"only in checkpoint {missing[:3]}, only in model {extra[:3]}"
-            )
-        targets = {key: live_tensors[key] for key in saved_keys}
+        live_skeleton, live_tensors = split_tensors(live)
+        # Every tensor this rank holds must be in the checkpoint (DCP raises otherwise); what this rank
+        # does not hold (another pipeline stage's layers) is not read.
         dcp_load(
-            targets,
+            live_tensors,
             storage_reader=SafeFileSystemReader(folder),
             planner=SafeLoadPlanner(),
             process_group=self._group,
         )
-        apply_sharded(app_state, fill_tensors(skeleton, targets.__getitem__))
+        skeleton = overlay_plain_values(live_skeleton, small.get("sharded", {}))
+        apply_sharded(app_state, fill_tensors(skeleton, live_tensors.__getitem__))
         not_in_checkpoint = apply_per_rank(app_state, small.get("per_rank", {}))
         if not_in_checkpoint:
             log.warning("checkpoint %s has no state for %s; they start fresh", folder.name, not_in_checkpoint)

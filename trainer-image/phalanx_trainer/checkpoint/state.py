@@ -77,6 +77,30 @@ def fill_tensors(skeleton: Any, lookup: Callable[[str], torch.Tensor]) -> Any:
     return skeleton
 
 
+def overlay_plain_values(live: Any, saved: Any) -> Any:
+    """The live structure (its tensors, now loaded by DCP) with the saved non-tensor values put in.
+
+    Walks the live skeleton so that a rank takes only what it holds (a pipeline stage, after a layout
+    change); optimizer "params" lists name the live parameters and stay as they are.
+    """
+    if isinstance(live, dict):
+        if set(live) == {TENSOR_MARK}:
+            return live
+        if not isinstance(saved, dict):
+            return live
+        return {
+            key: overlay_plain_values(value, saved[key]) if key in saved and key != "params" else value
+            for key, value in live.items()
+        }
+    if isinstance(live, list):
+        if not isinstance(saved, list) or len(saved) != len(live):
+            return live
+        return [overlay_plain_values(value, other) for value, other in zip(live, saved, strict=True)]
+    if isinstance(saved, dict | list):
+        return live
+    return saved
+
+
 def apply_sharded(app_state: Mapping[str, Any], sharded: dict[str, Any]) -> None:
     module, optim = _module_and_optimizer(app_state)
     if module is not None and optim is not None:
