@@ -1,7 +1,8 @@
-"""Exact resume, SIGTERM and resharding of real multi-process runs (gloo on CPU).
+"""Resharding: an FSDP checkpoint saved by 4 ranks resumes on 2 and the loss trajectory continues.
 
-The runs use a small training loop of this file (run as a script: `python <this file> worker ...`) so
-that the checkpoint manager is tested on its own; the same manager calls as the trainer's loop.
+The runs use a small training loop of this file (run as a script: `python <this file> worker ...`)
+whose global batch does not depend on the world size (the trainer's does), with the same manager calls
+as the trainer's loop. Exact resume through the real trainer is in test_checkpoint_cli.py.
 """
 
 from __future__ import annotations
@@ -9,8 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
-import signal
+import shutil
 import socket
 import subprocess
 import sys
@@ -57,7 +57,12 @@ def _worker(argv: list[str]) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(1234)  # same initial weights on every rank
     model: nn.Module = nn.Sequential(
-        nn.Linear(FEATURES, 32), nn.ReLU(), nn.Dropout(args.dropout), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 1)
+        nn.Linear(FEATURES, 32),
+        nn.ReLU(),
+        nn.Dropout(args.dropout),
+        nn.Linear(32, 32),
+        nn.Tanh(),
+        nn.Linear(32, 1),
     )
     split_batch = True
     if args.layout == "ddp":
@@ -180,7 +185,7 @@ def _launch(world: int, *args: str) -> list[subprocess.Popen[bytes]]:
     return procs
 
 
-def _finish(procs: list[subprocess.Popen[bytes]], timeout: float = 90.0) -> list[int]:
+def _finish(procs: list[subprocess.Popen[bytes]], timeout: float = 150.0) -> list[int]:
     codes = []
     for proc in procs:
         try:
@@ -217,82 +222,10 @@ def _losses(out: Path) -> dict[int, float]:
     return result
 
 
-def _wait_for_step(out: Path, step: int, procs: list[subprocess.Popen[bytes]], timeout: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout
-    while max(_losses(out), default=0) < step:
-        assert all(p.poll() is None for p in procs), "a rank ended early:\n" + _output(procs)
-        assert time.monotonic() < deadline, "timed out waiting for training progress"
-        time.sleep(0.02)
-
-
-def _committed_steps(ckpt: Path) -> list[int]:
-    return sorted(int(p.name.split("-")[1]) for p in ckpt.glob("step-*"))
-
-
-def _assert_same_weights(a: Path, b: Path) -> None:
-    import torch
-
-    left = torch.load(a, weights_only=True)
-    right = torch.load(b, weights_only=True)
-    assert left.keys() == right.keys()
-    different = [key for key in left if not torch.equal(left[key], right[key])]
-    assert not different, f"final weights differ bitwise in {different}"
-
-
 # --------------------------------------------------------------------------------------------------
 # The tests.
 
 TOTAL_STEPS = 10
-
-
-@pytest.mark.trainer
-@pytest.mark.parametrize(("layout", "world"), [("ddp", 2), ("fsdp", 2), ("tp", 2)])
-def test_resume_after_sigkill_of_every_rank_is_bitwise_exact(tmp_path: Path, layout: str, world: int) -> None:
-    reference = tmp_path / "reference"
-    _run(world, "--layout", layout, "--steps", str(TOTAL_STEPS), "--out", str(reference))
-    expected = _losses(reference)
-    assert sorted(expected) == list(range(1, TOTAL_STEPS + 1))
-
-    ckpt, interrupted = tmp_path / "ckpt", tmp_path / "interrupted"
-    common = ["--layout", layout, "--steps", str(TOTAL_STEPS), "--ckpt", str(ckpt), "--interval", "2"]
-    procs = _launch(world, *common, "--out", str(interrupted), "--step-sleep", "0.15")
-    _wait_for_step(interrupted, 6, procs)
-    for proc in procs:
-        proc.send_signal(signal.SIGKILL)
-    assert _finish(procs) == [-signal.SIGKILL] * world
-    killed_at = max(_losses(interrupted))
-    assert killed_at < TOTAL_STEPS, "the run finished before the kill"
-    committed = _committed_steps(ckpt)
-    assert committed, "no checkpoint was committed before the kill"
-
-    resumed = tmp_path / "resumed"
-    _run(world, *common, "--out", str(resumed))
-    replayed = _losses(resumed)
-    resumed_from = min(replayed) - 1
-    assert resumed_from == max(committed), f"resumed after {resumed_from}, newest committed {committed}"
-    assert sorted(replayed) == list(range(resumed_from + 1, TOTAL_STEPS + 1))
-    mismatched = {s: (replayed[s], expected[s]) for s in replayed if replayed[s] != expected[s]}
-    assert not mismatched, f"loss differs after resume (resumed, uninterrupted): {mismatched}"
-    _assert_same_weights(Path(f"{reference}.weights.pt"), Path(f"{resumed}.weights.pt"))
-
-
-@pytest.mark.trainer
-def test_sigterm_at_a_random_step_loses_no_step(tmp_path: Path) -> None:
-    stop_after = random.Random().randint(2, 7)
-    ckpt, first = tmp_path / "ckpt", tmp_path / "first"
-    common = ["--layout", "ddp", "--steps", str(TOTAL_STEPS), "--ckpt", str(ckpt), "--interval", "3"]
-    procs = _launch(2, *common, "--out", str(first), "--step-sleep", "0.15")
-    _wait_for_step(first, stop_after, procs)
-    for proc in procs:
-        proc.send_signal(signal.SIGTERM)
-    codes = _finish(procs)
-    assert codes == [EXIT_CHECKPOINTED_ON_PREEMPTION] * 2, _output(procs)
-    last_trained = max(_losses(first))
-    assert max(_committed_steps(ckpt)) == last_trained, "the emergency checkpoint is not the last step trained"
-
-    second = tmp_path / "second"
-    _run(2, *common, "--out", str(second))
-    assert min(_losses(second)) == last_trained + 1, "steps were repeated or lost"
 
 
 @pytest.mark.trainer
@@ -301,9 +234,10 @@ def test_fsdp_checkpoint_saved_on_four_ranks_resumes_on_two(tmp_path: Path) -> N
     ckpt, wide = tmp_path / "ckpt", tmp_path / "wide"
     common = ["--layout", "fsdp", "--steps", str(TOTAL_STEPS), "--ckpt", str(ckpt), "--dropout", "0"]
     _run(4, *common, "--interval", str(saved_at), "--keep", "10", "--out", str(wide))
-    for step in _committed_steps(ckpt):
-        if step > saved_at:
-            subprocess.run(["rm", "-rf", str(ckpt / f"step-{step:08d}")], check=True)
+    newer = [path for path in ckpt.glob("step-*") if int(path.name.removeprefix("step-")) > saved_at]
+    assert newer, "the 4-rank run should have committed checkpoints after the one resumed from"
+    for path in newer:
+        shutil.rmtree(path)
     narrow = tmp_path / "narrow"
     _run(2, *common, "--out", str(narrow))
     expected, continued = _losses(wide), _losses(narrow)
@@ -311,6 +245,7 @@ def test_fsdp_checkpoint_saved_on_four_ranks_resumes_on_two(tmp_path: Path) -> N
     worst = max(abs(continued[s] - expected[s]) / abs(expected[s]) for s in continued)
     # Only the order of floating-point sums differs (4 shards vs 2): documented tolerance 1e-5 relative.
     assert worst <= 1e-5, f"relative loss difference {worst:.3g} after resharding 4 -> 2"
+    print(f"reshard 4 -> 2: largest relative loss difference {worst:.3g}")
 
 
 if __name__ == "__main__":
