@@ -21,6 +21,7 @@ from kubernetes import client, watch
 from kubernetes.client import ApiException
 
 from phalanx.devnode import node as node_objects
+from phalanx.devnode.bindshim import build_bind_shim
 from phalanx.devnode.containers import (
     ContainerConfigError,
     LocalCommand,
@@ -102,6 +103,9 @@ class Agent:
         self._hosts_text = ""
         self._host_lines = _read_host_lines()
         self.log = log or (lambda msg: print(f"devnode: {msg}", file=sys.stderr, flush=True))
+        self.bind_shim = build_bind_shim(config.state_dir / "lib")
+        if self.bind_shim is None:
+            self.log("no C compiler: only Python listeners get pod-local ports (see docs/dev-node.md)")
 
     # -- node ------------------------------------------------------------------------------
     def register(self) -> None:
@@ -268,6 +272,7 @@ class Agent:
             return
         self._write_hosts()  # the pod must resolve its own name from its first instruction
         for cname, command in commands.items():
+            self._add_preloads(command.env)
             self._spawn(runtime, cname, command, pod_dir)
         self.log(f"{namespace}/{name}: started at {ip}")
         self._report(runtime)
@@ -394,9 +399,15 @@ class Agent:
             POD_IP_ENV: runtime.address.ip,
             POD_UID_ENV: runtime.uid,
         }
-        prepend_path_list(env, "LD_PRELOAD", self.config.nss_wrapper, ":")
-        prepend_path_list(env, "PYTHONPATH", str(PYHOOK_DIR), ":")
         return env
+
+    def _add_preloads(self, env: dict[str, str]) -> None:
+        """After the container's env, so that a template setting LD_PRELOAD or PYTHONPATH keeps them."""
+        if self.bind_shim is not None:
+            prepend_path_list(env, "LD_PRELOAD", str(self.bind_shim), ":")
+        else:
+            prepend_path_list(env, "PYTHONPATH", str(PYHOOK_DIR), ":")
+        prepend_path_list(env, "LD_PRELOAD", self.config.nss_wrapper, ":")
 
     def _write_hosts(self) -> None:
         addresses = [rt.address for rt in self.pods.values() if not rt.final_reported]
