@@ -214,6 +214,7 @@ class CheckpointManager:
             storage_reader=SafeFileSystemReader(folder),
             planner=SafeLoadPlanner(),
             process_group=self._group,
+            no_dist=self._group is None,
         )
         skeleton = overlay_plain_values(live_skeleton, small.get("sharded", {}))
         apply_sharded(app_state, fill_tensors(skeleton, live_tensors.__getitem__))
@@ -288,7 +289,9 @@ class CheckpointManager:
             handle.flush()
             os.fsync(handle.fileno())
         writer = FileSystemWriter(temporary, single_file_per_rank=True, sync_files=True)
-        dcp_save(pending.staged, storage_writer=writer, process_group=self._group)
+        dcp_save(
+            pending.staged, storage_writer=writer, process_group=self._group, no_dist=self._group is None
+        )
         prefix = f"__{self.rank}_"
         own_names = sorted(n for n in os.listdir(temporary) if n.startswith(prefix) and n.endswith(".distcp"))
         own_entries = [self._describe(temporary, name) for name in [own_small, *own_names]]

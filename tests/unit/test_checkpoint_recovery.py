@@ -1,0 +1,300 @@
+"""The manager in one process: fallback from each kind of damage, malicious files refused, emergency
+budget, a SIGTERM save during an async save, retention, staging that does not alias live weights."""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from prometheus_client import REGISTRY
+from torch import nn
+
+from phalanx_trainer.checkpoint import CheckpointConfig, CheckpointManager
+from phalanx_trainer.checkpoint import manager as manager_module
+from phalanx_trainer.checkpoint.manifest import describe_file, parse_manifest, write_manifest
+from phalanx_trainer.checkpoint.rng import RngState
+from phalanx_trainer.checkpoint.safe_load import UnsafeCheckpointError, dump_small_state, read_dcp_metadata
+from phalanx_trainer.checkpoint.state import StagingArea
+
+pytestmark = pytest.mark.unit
+
+
+class Progress:
+    def __init__(self) -> None:
+        self.step = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step = int(state["step"])
+
+
+def new_state(seed: int = 0) -> dict[str, Any]:
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1.0 + s))
+    return {
+        "model": model,
+        "optimizer": optimizer,
+        "scheduler": scheduler,
+        "rng": RngState(),
+        "progress": Progress(),
+    }
+
+
+def train(state: dict[str, Any], steps: int) -> None:
+    for _ in range(steps):
+        loss = state["model"](torch.randn(4, 8)).pow(2).mean()
+        state["optimizer"].zero_grad()
+        loss.backward()
+        state["optimizer"].step()
+        state["scheduler"].step()
+        state["progress"].step += 1
+
+
+def weights(state: dict[str, Any]) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in state["model"].parameters()]
+
+
+def fallbacks() -> float:
+    return REGISTRY.get_sample_value("phalanx_trainer_checkpoint_fallbacks_total") or 0.0
+
+
+@pytest.fixture(scope="module")
+def two_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, list[torch.Tensor]]]:
+    """Committed checkpoints at steps 2 and 4, and the weights each holds."""
+    root = tmp_path_factory.mktemp("ckpt")
+    state = new_state()
+    manager = CheckpointManager(CheckpointConfig(dir=str(root), async_save=False))
+    saved: dict[int, list[torch.Tensor]] = {}
+    for step in (2, 4):
+        train(state, 2)
+        manager.save(step, state)
+        saved[step] = weights(state)
+    return root, saved
+
+
+@pytest.fixture
+def root(two_checkpoints: tuple[Path, dict[int, list[torch.Tensor]]], tmp_path: Path) -> Path:
+    copy = tmp_path / "ckpt"
+    shutil.copytree(two_checkpoints[0], copy)
+    return copy
+
+
+def restore(root: Path) -> tuple[int | None, dict[str, Any]]:
+    state = new_state(seed=99)
+    return CheckpointManager(CheckpointConfig(dir=str(root))).restore(state), state
+
+
+def rewrite_manifest(folder: Path) -> None:
+    """What an attacker who can write the folder does: make the manifest match the planted files."""
+    manifest = parse_manifest((folder / "manifest.json").read_text())
+    files = tuple(describe_file(folder, entry.path) for entry in manifest.files)
+    write_manifest(folder, manifest.__class__(**{**manifest.__dict__, "files": files}))
+
+
+def test_newest_valid_checkpoint_restores_exact_state(
+    root: Path, two_checkpoints: tuple[Path, dict[int, list[torch.Tensor]]]
+) -> None:
+    step, state = restore(root)
+    assert step == 4 and state["progress"].step == 4
+    assert all(torch.equal(a, b) for a, b in zip(weights(state), two_checkpoints[1][4], strict=True))
+
+
+def truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def flip(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    path.write_bytes(bytes(data))
+
+
+DAMAGE = {
+    "truncated": (lambda d: truncate(d / "__0_0.distcp"), "__0_0.distcp has"),
+    "flipped-byte": (lambda d: flip(d / "__0_0.distcp"), "sha256 mismatch"),
+    "missing-manifest": (lambda d: (d / "manifest.json").unlink(), "manifest.json is missing"),
+    "missing-metadata": (lambda d: (d / ".metadata").unlink(), ".metadata is missing"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(DAMAGE))
+def test_damaged_newest_falls_back_to_previous_and_reports_it(
+    root: Path,
+    two_checkpoints: tuple[Path, dict[int, list[torch.Tensor]]],
+    kind: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    damage, reason = DAMAGE[kind]
+    damage(root / "step-00000004")
+    before = fallbacks()
+    with caplog.at_level(logging.WARNING, logger="phalanx_trainer.checkpoint"):
+        step, state = restore(root)
+    assert step == 2
+    assert all(torch.equal(a, b) for a, b in zip(weights(state), two_checkpoints[1][2], strict=True))
+    assert fallbacks() == before + 1
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("step-00000004" in w and reason in w for w in warnings), warnings
+
+
+def test_half_written_temporary_is_never_loaded_and_is_cleaned_up(
+    root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    temporary = root / f".tmp-step-00000006-{uuid.uuid4().hex}"
+    shutil.copytree(root / "step-00000004", temporary)  # complete-looking, but never renamed
+    (temporary / "manifest.json").unlink()
+    before = fallbacks()
+    with caplog.at_level(logging.WARNING, logger="phalanx_trainer.checkpoint"):
+        step, _ = restore(root)
+    assert step == 4
+    assert not temporary.exists()
+    assert fallbacks() == before + 1
+    assert any("never committed" in r.getMessage() for r in caplog.records)
+
+
+def test_no_valid_checkpoint_means_fresh_start(root: Path) -> None:
+    for folder in root.glob("step-*"):
+        (folder / "manifest.json").unlink()
+    step, state = restore(root)
+    assert step is None and state["progress"].step == 0
+
+
+class PlantsMarker:
+    """Unpickling this runs a shell command that creates a marker file."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_the_marker_payload_really_runs_code_when_unpickled(tmp_path: Path) -> None:
+    import pickle
+
+    marker = tmp_path / "ran"
+    pickle.loads(pickle.dumps(PlantsMarker(marker)))  # noqa: S301 - proving the payload is live
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("target", [".metadata", "rank-00000.pt"])
+def test_a_checkpoint_file_that_would_run_code_is_refused(
+    root: Path, tmp_path: Path, target: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    marker = tmp_path / "pwned"
+    newest = root / "step-00000004"
+    payload = io.BytesIO()
+    if target == ".metadata":
+        import pickle
+
+        pickle.dump(PlantsMarker(marker), payload)
+    else:
+        torch.save({"sharded": {}, "per_rank": {"progress": PlantsMarker(marker)}}, payload)
+    (newest / target).write_bytes(payload.getvalue())
+    rewrite_manifest(newest)  # the hashes match: only the loader stands between the file and the code
+    with caplog.at_level(logging.WARNING, logger="phalanx_trainer.checkpoint"):
+        step, _ = restore(root)
+    assert not marker.exists(), "loading the checkpoint ran code"
+    assert step == 2
+    warnings = " ".join(r.getMessage() for r in caplog.records)
+    assert "step-00000004" in warnings and ("not allowed" in warnings or "weights_only" in warnings), warnings
+
+
+def test_metadata_reader_refuses_arbitrary_globals(tmp_path: Path) -> None:
+    import pickle
+
+    (tmp_path / ".metadata").write_bytes(pickle.dumps(PlantsMarker(tmp_path / "x")))
+    with pytest.raises(UnsafeCheckpointError, match="posix.system|os.system|nt.system"):
+        read_dcp_metadata(tmp_path / ".metadata")
+    assert not (tmp_path / "x").exists()
+
+
+def test_state_that_would_not_load_safely_is_refused_at_save_time() -> None:
+    with pytest.raises(TypeError, match="weights_only"):
+        dump_small_state({"progress": {"when": PlantsMarker(Path("/nonexistent"))}})
+
+
+def test_emergency_save_over_budget_is_skipped_and_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    state = new_state()
+    manager = CheckpointManager(CheckpointConfig(dir=str(tmp_path), emergency_budget_seconds=0.0))
+    train(state, 1)
+    with caplog.at_level(logging.WARNING, logger="phalanx_trainer.checkpoint"):
+        manager.save(1, state, emergency=True)
+    assert not list(tmp_path.glob("step-*"))
+    assert any("emergency checkpoint at step 1 skipped" in r.getMessage() for r in caplog.records)
+
+
+def test_emergency_save_during_an_async_save_completes_that_save_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_save = manager_module.dcp_save
+    finished: list[float] = []
+
+    def slow_save(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.5)
+        result = real_save(*args, **kwargs)
+        finished.append(time.monotonic())
+        return result
+
+    monkeypatch.setattr(manager_module, "dcp_save", slow_save)
+    state = new_state()
+    manager = CheckpointManager(CheckpointConfig(dir=str(tmp_path), emergency_budget_seconds=60.0))
+    train(state, 1)
+    manager.save(1, state)  # asynchronous: returns while the write sleeps
+    assert not (tmp_path / "step-00000001").exists()
+    train(state, 1)
+    manager.save(2, state, emergency=True)
+    assert (tmp_path / "step-00000001").exists() and (tmp_path / "step-00000002").exists()
+    assert len(finished) == 2 and finished[0] < finished[1]
+    manifest = parse_manifest((tmp_path / "step-00000002" / "manifest.json").read_text())
+    assert manifest.emergency and manifest.step == 2
+    assert manager.last is not None and manager.last.step == 2
+
+
+def test_async_save_returns_before_the_write_and_training_may_change_weights(tmp_path: Path) -> None:
+    state = new_state()
+    manager = CheckpointManager(CheckpointConfig(dir=str(tmp_path)))
+    train(state, 1)
+    expected = weights(state)
+    manager.save(1, state)
+    train(state, 3)  # changes the live weights while the write may still be running
+    manager.wait()
+    step, restored = restore(tmp_path)
+    assert step == 1
+    assert all(torch.equal(a, b) for a, b in zip(weights(restored), expected, strict=True))
+
+
+def test_retention_keeps_the_newest_complete_checkpoints(tmp_path: Path) -> None:
+    state = new_state()
+    manager = CheckpointManager(CheckpointConfig(dir=str(tmp_path), keep=2))
+    for step in range(1, 6):
+        train(state, 1)
+        manager.save(step, state)
+    manager.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000004", "step-00000005"]
+    assert manager.status()["step"] == 5
+    assert REGISTRY.get_sample_value("phalanx_trainer_checkpoint_last_step") == 5
+
+
+def test_staging_copies_and_reuses_buffers() -> None:
+    area = StagingArea()
+    live = {"w": torch.arange(6, dtype=torch.float32)}
+    first = area.stage(live)
+    live["w"].add_(100)
+    assert torch.equal(first["w"], torch.arange(6, dtype=torch.float32)), "staged tensor aliases the live one"
+    second = area.stage(live)
+    assert second["w"].data_ptr() == first["w"].data_ptr(), "buffers are not reused"
+    assert torch.equal(second["w"], live["w"])
