@@ -70,3 +70,32 @@ def test_controller_manager_runs_every_default_controller() -> None:
     ).argv
     assert "--controllers=*" in argv
     assert "--leader-elect=false" in argv
+
+
+def test_missing_binaries_give_one_clear_message(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from phalanx.devcluster.cluster import ClusterError, LocalCluster
+
+    (tmp_path / "etcd").write_text("#!/bin/sh\n")
+    monkeypatch.setenv("PHALANX_CLUSTER_BIN", str(tmp_path))
+    with pytest.raises(ClusterError, match="missing cluster binaries.*kube-apiserver.*make cluster-bin"):
+        LocalCluster(tmp_path / "state").up()
+
+
+def test_a_component_that_dies_at_start_is_reported_with_its_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from phalanx.devcluster.cluster import REQUIRED_BINARIES, ClusterError, LocalCluster
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in REQUIRED_BINARIES:
+        script = bin_dir / name
+        script.write_text(
+            "#!/bin/sh\necho 'listen tcp 127.0.0.1: bind: address already in use' >&2\nexit 1\n"
+        )
+        script.chmod(0o755)
+    monkeypatch.setenv("PHALANX_CLUSTER_BIN", str(bin_dir))
+    cluster = LocalCluster(tmp_path / "state", log=lambda _: None)
+    with pytest.raises(ClusterError, match="etcd exited during start-up(.|\n)*address already in use"):
+        cluster.up(timeout=20)
+    assert cluster.running_components() == {}
