@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from phalanx.devcluster.nodes import NodePool, node_manifest
 from tests.conftest import Cluster, OperatorProcess, wait_for
 from tests.jobs import training_job
 
@@ -146,18 +147,20 @@ def test_random_arrivals_of_mixed_gangs_all_finish_without_overcommit_or_partial
         peak = max(peak, sum(gpus_of(p) for p in held))
         assert peak <= 16, f"seed {seed}: {peak} GPUs bound on 16"
         statuses = all_statuses(cluster, namespace)
-        for name, want in replicas.items():
+        for name in replicas:
             attempt = statuses.get(name, {}).get("attempt", 0)
             mine = [p for p in pods if p["metadata"]["labels"]["phalanx.dev/job-name"] == name
                     and p["metadata"]["labels"]["phalanx.dev/attempt"] == str(attempt)]  # fmt: skip
             ungated = [p for p in mine if not is_gated(p) and p["status"].get("phase") != "Succeeded"]
             bound = [p for p in ungated if p["spec"].get("nodeName")]
-            if bound and len(bound) < len(ungated):
+            # Lifting the gates takes one request per pod, and binding follows: a snapshot may catch a
+            # gang in between, but never for long.
+            partly_admitted = bool(ungated) and any(is_gated(p) for p in mine)
+            if partly_admitted or (bound and len(bound) < len(ungated)):
                 partial_since.setdefault(name, time.monotonic())
-                assert time.monotonic() - partial_since[name] < 10, f"seed {seed}: {name} partly bound"
+                assert time.monotonic() - partial_since[name] < 8, f"seed {seed}: {name} partial gang"
             else:
                 partial_since.pop(name, None)
-            assert not (ungated and any(is_gated(p) for p in mine)), f"seed {seed}: {name} partly admitted"
         if len(statuses) == len(jobs) and all(s.get("phase") == "Succeeded" for s in statuses.values()):
             break
         time.sleep(0.5)
@@ -168,43 +171,73 @@ def test_random_arrivals_of_mixed_gangs_all_finish_without_overcommit_or_partial
 
 
 # -- gang timeout -----------------------------------------------------------------------------
+def add_node_without_kubelet(cluster: Cluster, private_nodes: Any, name: str) -> str:
+    """A node that reports Ready (for now: no heartbeat follows) but that nothing runs pods on: kwok
+    does not manage it. The scheduler binds pods there and they stay Pending, like a node whose
+    kubelet died a moment ago."""
+    manifest = node_manifest(NodePool(name_prefix=name, count=1, gpus=8, labels=private_nodes.label,
+                                      taints=(("phalanx.dev/test-pool", private_nodes.label["phalanx.dev/test-pool"],
+                                               "NoSchedule"),)), 0)  # fmt: skip
+    del manifest["metadata"]["annotations"]["kwok.x-k8s.io/node"]
+    status = manifest.pop("status")
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    status["conditions"] = [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "test",
+                             "lastHeartbeatTime": now, "lastTransitionTime": now}]  # fmt: skip
+    cluster.apply(manifest)
+    node = manifest["metadata"]["name"]
+    cluster.kubectl("patch", "node", node, "--subresource=status", "--type=merge", "-p",
+                    json.dumps({"status": status}))  # fmt: skip
+    return str(node)
+
+
 def test_gang_that_cannot_fully_start_is_torn_down_requeued_and_succeeds_once_capacity_returns(
     cluster: Cluster, namespace: str, operator: OperatorProcess, private_nodes: Any
 ) -> None:
-    """One of the two nodes stops running pods (its simulated kubelet is gone) while it still looks
-    Ready: the gang is admitted, one pod runs, the other never starts."""
-    good, bad = private_nodes.add(2, gpus=8)
-    cluster.kubectl("annotate", "node", bad, "kwok.x-k8s.io/node-")  # kwok stops "running" pods there
-    job = training_job("stuck", replicas=2, gpus=8, run_for="3s", placement=private_nodes.placement(),
-                       scheduling={"gang": {"timeoutSeconds": 10}},
-                       runPolicy={"terminationGracePeriodSeconds": 1})  # fmt: skip
-    cluster.apply(job, namespace)
-    half = wait_for(
-        lambda: (p := pods_in(cluster, namespace, "stuck"))
-        and sorted(x["status"].get("phase") for x in p) == ["Pending", "Running"]
-        and all(x["spec"].get("nodeName") for x in p) and p,
-        timeout=30, what="one pod running, its peer bound but not starting",
-    )  # fmt: skip
-    assert {p["spec"]["nodeName"] for p in half} == {good, bad}
-    assert job_status(cluster, namespace, "stuck")["phase"] == "Admitted"
+    """Admitted onto two nodes, one of which never starts its pod: after gang.timeoutSeconds the
+    running half is stopped too and the gang waits out its backoff; a replacement node brings the
+    capacity back and the next attempt succeeds. Neither counts as a failure or a preemption."""
+    (good,) = private_nodes.add(1, gpus=8)
+    dead = add_node_without_kubelet(cluster, private_nodes, f"dead-{uuid.uuid4().hex[:6]}")
+    try:
+        job = training_job("stuck", replicas=2, gpus=8, run_for="3s", placement=private_nodes.placement(),
+                           scheduling={"gang": {"timeoutSeconds": 10}},
+                           runPolicy={"terminationGracePeriodSeconds": 1})  # fmt: skip
+        cluster.apply(job, namespace)
+        half = wait_for(
+            lambda: (p := pods_in(cluster, namespace, "stuck"))
+            and sorted(x["status"].get("phase") for x in p) == ["Pending", "Running"]
+            and all(x["spec"].get("nodeName") for x in p) and p,
+            timeout=30, what="one pod running, its peer bound but not starting",
+        )  # fmt: skip
+        assert {p["spec"]["nodeName"] for p in half} == {good, dead}
+        assert job_status(cluster, namespace, "stuck")["phase"] == "Admitted"
 
-    status = wait_for(
-        lambda: (s := job_status(cluster, namespace, "stuck")).get("gangTimeouts") == 1 and s,
-        timeout=30, what="gang timeout",
-    )  # fmt: skip
-    assert status["attempt"] == 1 and status["requeueAfter"]
-    assert status["restarts"] == {"failures": 0, "preemptions": 0}
-    assert "gang torn down" in status["message"] and status["requeueAfter"] in status["message"]
-    # No partial gang keeps GPUs: the running pod is stopped (the stuck one waits for its kubelet).
-    wait_for(lambda: not any(p["status"].get("phase") == "Running" for p in pods_in(cluster, namespace, "stuck")),
-             timeout=15, what="running half of the gang stopped")  # fmt: skip
-    events = cluster.get_json("events", "-n", namespace, "--field-selector", "involvedObject.name=stuck")["items"]
-    assert "GangTimeout" in {e["reason"] for e in events}
+        status = wait_for(
+            lambda: (s := job_status(cluster, namespace, "stuck")).get("gangTimeouts") == 1 and s,
+            timeout=30, what="gang timeout",
+        )  # fmt: skip
+        assert status["attempt"] == 1 and status["requeueAfter"] in status["message"]
+        assert status["phase"] == "Pending"
+        assert status["restarts"] == {"failures": 0, "preemptions": 0}
+        # No partial gang keeps GPUs: the half that ran is stopped (the other waits for a kubelet).
+        wait_for(lambda: [p["spec"]["nodeName"] for p in pods_in(cluster, namespace, "stuck")] == [dead],
+                 timeout=15, what="only the never-started pod left")  # fmt: skip
+        events = cluster.get_json("events", "-n", namespace, "--field-selector", "involvedObject.name=stuck")
+        timeout_events = [e for e in events["items"] if e["reason"] == "GangTimeout"]
+        assert (
+            timeout_events and "only 1/2 pod(s) running 10s after admission" in timeout_events[0]["message"]
+        )
 
-    cluster.kubectl("annotate", "node", bad, "kwok.x-k8s.io/node=fake")  # the kubelet is back
-    done = wait_phase(cluster, namespace, "stuck", "Succeeded", timeout=45)
-    assert done["attempt"] == 1 and done["gangTimeouts"] == 1
-    assert done["restarts"] == {"failures": 0, "preemptions": 0}
+        # Capacity returns: a replacement node, and the dead one removed with its pod (what pod GC does).
+        private_nodes.add(1, gpus=8, prefix="spare")
+        cluster.delete_nodes([dead])
+        cluster.kubectl("delete", "pod", "-n", namespace, "-l", "phalanx.dev/job-name=stuck", "--force",
+                        "--grace-period=0")  # fmt: skip
+        done = wait_phase(cluster, namespace, "stuck", "Succeeded", timeout=45)
+        assert done["attempt"] == 1 and done["gangTimeouts"] == 1
+        assert done["restarts"] == {"failures": 0, "preemptions": 0}
+    finally:
+        cluster.delete_nodes([dead])
 
 
 # -- priority preemption ----------------------------------------------------------------------
@@ -233,7 +266,9 @@ def test_higher_priority_gang_preempts_a_lower_one_which_resumes_as_the_next_att
     wait_phase(cluster, namespace, "high", "Running", timeout=30)
     low_pods = pods_in(cluster, namespace, "low")
     assert all(p["metadata"]["labels"]["phalanx.dev/attempt"] == "1" and not holds_node(p) for p in low_pods)
-    events = cluster.get_json("events", "-n", namespace, "--field-selector", "involvedObject.name=low")["items"]
+    events = cluster.get_json("events", "-n", namespace, "--field-selector", "involvedObject.name=low")[
+        "items"
+    ]
     assert "PreemptedByPriority" in {e["reason"] for e in events}
 
     wait_phase(cluster, namespace, "high", "Succeeded", timeout=30)
