@@ -165,7 +165,11 @@ def _coerce(value: Any, annotation: Any, where: str) -> tuple[Any, str | None]:
     if annotation is float:
         if isinstance(value, int | float) and not isinstance(value, bool):
             return float(value), None
-        return value, f"{where}: expected a number, got {value!r}"
+        try:
+            # YAML 1.1 reads 1.0e12 (no exponent sign) as a string; accept what float() accepts.
+            return float(value), None
+        except (TypeError, ValueError):
+            return value, f"{where}: expected a number, got {value!r}"
     if annotation is str:
         if isinstance(value, str):
             return value, None

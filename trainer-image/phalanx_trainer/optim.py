@@ -18,7 +18,7 @@ from phalanx_trainer.config import OptimizerConfig
 
 def full_norm(tensor: torch.Tensor) -> float:
     """L2 norm of the whole logical tensor, gathering across shards for a DTensor."""
-    norm = torch.linalg.vector_norm(tensor.detach(), dtype=torch.float32)
+    norm = torch.linalg.vector_norm(tensor.detach(), dtype=torch.promote_types(tensor.dtype, torch.float32))
     if isinstance(norm, DTensor):
         norm = norm.full_tensor()
     return float(norm)
