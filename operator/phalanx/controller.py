@@ -36,6 +36,8 @@ ADMISSION_INTERVAL_SECONDS = 1.0
 PROGRESS_TIMEOUT_SECONDS = 1.0
 PROGRESS_POLL_SECONDS = 3.0
 PREEMPTION_COOLDOWN_SECONDS = 15.0
+# Order value for a gang whose admission was interrupted: ahead of every PriorityClass (max 1e9).
+FINISH_ADMISSION_PRIORITY = 2**40
 
 
 def status_diff(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
@@ -277,22 +279,35 @@ class Controller:
         priorities = self.api.priority_values()
         requests = []
         gated_pods: dict[str, dict[str, dict[str, Any]]] = {}
+        finishing: set[str] = set()  # gangs whose interrupted admission is being completed
         now = time.time()
         for job in jobs:
             key = f"{job['metadata']['namespace']}/{job['metadata']['name']}"
             spec = parse(TrainingJobSpec, job["spec"])
             attempt = (job.get("status") or {}).get("attempt", 0)
-            pods = [p for p in by_job.get(key, []) if pod_attempt(p) == attempt and is_gated(p)]
-            if len(pods) < spec.replicas:
+            current = [p for p in by_job.get(key, []) if pod_attempt(p) == attempt]
+            pods = [p for p in current if is_gated(p)]
+            if len(current) < spec.replicas or not pods:
                 continue  # still being created (or torn down): never admit half a gang
+            priority = priorities.get(spec.scheduling.priority_class_name or "", 0)
+            min_available = spec.min_available
+            ungated = len(current) - len(pods)
+            if ungated:
+                # Some gates are already lifted: an operator stopped in the middle of admitting this
+                # gang, or pods beyond minAvailable wait for room. Place the rest; a gang below its
+                # minimum goes first, since its admitted pods already hold their nodes.
+                min_available = max(spec.min_available - ungated, 1)
+                if ungated < spec.min_available:
+                    priority = FINISH_ADMISSION_PRIORITY
+                    finishing.add(key)
             gated_pods[key] = {p["metadata"]["name"]: p for p in pods}
             created = parse_iso(job["metadata"].get("creationTimestamp")) or now
             requests.append(GangRequest(
                 key=key,
-                priority=priorities.get(spec.scheduling.priority_class_name or "", 0),
+                priority=priority,
                 created=created,
                 pods=tuple((p["metadata"]["name"], PodDemand.from_pod_spec(p["spec"])) for p in pods),
-                min_available=spec.min_available,
+                min_available=min_available,
             ))  # fmt: skip
         if not requests:
             return
@@ -311,12 +326,13 @@ class Controller:
                     if g.get("name") != c.GANG_SCHEDULING_GATE
                 ]
                 self.api.admit_pod(namespace, pod_name, node, gates, pod["spec"].get("nodeSelector") or {})
+                _failpoint_after_admit()
             created = min(parse_iso(p["metadata"].get("creationTimestamp")) or now
                           for p in gated_pods[admission.key].values())  # fmt: skip
             metrics.observe_gang_admitted(namespace, admission.key.split("/", 1)[1], max(0.0, now - created))
             self._enqueue_threadsafe(admission.key)
         head = next((r for r in admission_order(requests) if r.key in plan.waiting), None)
-        if head is not None:
+        if head is not None and head.key not in finishing:  # its lifted priority must not preempt
             self._preempt_for(head, every_job, by_job, nodes, used, priorities)
         for key, reason in [
             *plan.waiting.items(),
@@ -403,6 +419,20 @@ def _failpoint_after_pod_create() -> None:
     _pods_created_here += 1
     if limit and _pods_created_here >= int(limit):
         log.error("failpoint: exiting after %d pod creations", _pods_created_here)
+        os._exit(3)
+
+
+_pods_admitted_here = 0
+
+
+def _failpoint_after_admit() -> None:
+    """Test hook: PHALANX_FAILPOINT_EXIT_AFTER_ADMITS=N kills the process after it lifted N gates,
+    in the middle of admitting a gang (tests/integration/test_gang.py)."""
+    global _pods_admitted_here
+    limit = os.environ.get("PHALANX_FAILPOINT_EXIT_AFTER_ADMITS")
+    _pods_admitted_here += 1
+    if limit and _pods_admitted_here >= int(limit):
+        log.error("failpoint: exiting after lifting %d gates", _pods_admitted_here)
         os._exit(3)
 
 
