@@ -23,7 +23,10 @@ def spec_of(**scheduling: Any) -> TrainingJobSpec:
 
 
 def pod_of(spec: TrainingJobSpec) -> dict[str, Any]:
-    return build_worker_pod(JOB, spec, 0, 0, {"spec": {"containers": [{"name": "trainer", "image": "t"}]}})
+    pod: dict[str, Any] = build_worker_pod(
+        JOB, spec, 0, 0, {"spec": {"containers": [{"name": "trainer", "image": "t"}]}}
+    )
+    return pod
 
 
 def test_volcano_podgroup_carries_min_member_queue_priority_and_gang_resources() -> None:
