@@ -20,19 +20,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.tensor import DTensor
 
 from phalanx_trainer.checkpoint import metrics
 from phalanx_trainer.checkpoint.async_writer import BackgroundWriter
+from phalanx_trainer.checkpoint.hashing_writer import HashingFileSystemWriter
 from phalanx_trainer.checkpoint.manifest import (
     DCP_METADATA_NAME,
     FileEntry,
     Manifest,
     describe_file,
-    fsync_path,
     write_manifest,
 )
 from phalanx_trainer.checkpoint.records import CheckpointConfig, CheckpointError, CheckpointInfo, Stateful
@@ -112,8 +111,7 @@ class CheckpointManager:
         process_group: Any = None,
         *,
         layout: Mapping[str, Any] | None = None,
-        writer_nice_increment: int = 10,
-        hash_on_save: bool = True,
+        writer_nice_increment: int = 0,
     ) -> None:
         self.config = config
         self.process_group = process_group
@@ -122,7 +120,6 @@ class CheckpointManager:
         self.root = Path(config.dir or os.environ.get(ENV_CHECKPOINT_DIR, ""))
         self._enabled = bool(config.dir or os.environ.get(ENV_CHECKPOINT_DIR))
         self._layout = dict(layout) if layout is not None else None
-        self._hash_on_save = hash_on_save
         self._writer = BackgroundWriter(writer_nice_increment)
         self._staging = StagingArea()
         self._distributed = dist.is_available() and dist.is_initialized()
@@ -288,13 +285,15 @@ class CheckpointManager:
             handle.write(pending.small_state)
             handle.flush()
             os.fsync(handle.fileno())
-        writer = FileSystemWriter(temporary, single_file_per_rank=True, sync_files=True)
+        writer = HashingFileSystemWriter(temporary, single_file_per_rank=True, sync_files=True)
         dcp_save(
             pending.staged, storage_writer=writer, process_group=self._group, no_dist=self._group is None
         )
-        prefix = f"__{self.rank}_"
-        own_names = sorted(n for n in os.listdir(temporary) if n.startswith(prefix) and n.endswith(".distcp"))
-        own_entries = [self._describe(temporary, name) for name in [own_small, *own_names]]
+        hashed = writer.entries
+        own_entries = [describe_file(temporary, own_small)]
+        own_entries += [entry for name, entry in sorted(hashed.items()) if name.endswith(".distcp")]
+        if DCP_METADATA_NAME in hashed:
+            own_entries.append(hashed[DCP_METADATA_NAME])
         everyone = self._all_gather(own_entries)
         outcome: str | None = None
         if self.rank == 0:
@@ -318,15 +317,9 @@ class CheckpointManager:
             self.rank,
         )
 
-    def _describe(self, folder: Path, name: str) -> FileEntry:
-        if self._hash_on_save:
-            return describe_file(folder, name)
-        return FileEntry(name, (folder / name).stat().st_size, "0" * 64)
-
     def _commit(self, pending: _Pending, temporary: Path, entries: list[FileEntry]) -> str:
-        for name in os.listdir(temporary):  # DCP's own metadata temp has been renamed by now
-            fsync_path(temporary / name)
-        entries.append(self._describe(temporary, DCP_METADATA_NAME))
+        if DCP_METADATA_NAME not in {entry.path for entry in entries}:
+            entries.append(describe_file(temporary, DCP_METADATA_NAME))
         manifest = Manifest(
             step=pending.step,
             world_size=self.world_size,
