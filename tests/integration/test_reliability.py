@@ -43,9 +43,10 @@ def current_log(operator: OperatorProcess) -> str:
 
 
 def prove_operator_reconciles(cluster: Cluster, ns: str, probe: str) -> None:
-    """A fresh job reaching Running shows the (re)started operator has listed and reconciled."""
+    """A fresh job given a status shows the (re)started operator has listed and reconciled: jobs
+    that existed before it started were in its initial listing, ahead of this one."""
     cluster.apply(training_job(probe, replicas=1, gpus=NO_GPUS), ns)
-    wait_phase(cluster, ns, probe, "Running", timeout=45)
+    wait_for(lambda: job_status(cluster, ns, probe).get("phase"), timeout=45, what=f"{probe} reconciled")
 
 
 def exists(cluster: Cluster, *args: str) -> bool:
@@ -143,7 +144,7 @@ def test_job_submitted_while_the_api_server_answers_429_and_503_converges_withou
     pods_path = f"/api/v1/namespaces/{namespace}/pods"
     with proxy.fault_window(statuses=(429, 503)):
         opened = time.monotonic()
-        cluster.apply(training_job("storm", replicas=3, gpus=NO_GPUS, run_for="6s"), namespace)
+        cluster.apply(training_job("storm", replicas=3, gpus=NO_GPUS, run_for="2s"), namespace)
         wait_for(
             lambda: any(
                 e.injected and e.method == "POST" and e.path.startswith(pods_path) for e in proxy.exchanges()
@@ -248,7 +249,7 @@ def test_foreign_pod_holding_a_worker_name_is_reported_in_status_or_events(
         texts += [e["message"] for e in events_of(cluster, namespace, "blocked")]
         return any("blocked-worker-0" in t for t in texts)
 
-    wait_for(reported, timeout=15, what="status or an event naming the pod that holds the name")
+    wait_for(reported, timeout=10, what="status or an event naming the pod that holds the name")
 
 
 # -- 5. status written by someone else ---------------------------------------------------------------------
