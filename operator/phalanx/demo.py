@@ -184,10 +184,24 @@ JOB = "demo-gpt"
 EVICTED_POD = f"{JOB}-worker-1"
 
 
+def unused_port() -> int:
+    """A port nothing listens on now. The dev node shares the machine's network: a port another
+    program holds on 0.0.0.0 (29500 is everyone's default) cannot be bound on a pod address either."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
 class Demo:
-    def __init__(self, out_dir: Path, state_dir: Path, print_line: Callable[[str], None]) -> None:
+    def __init__(
+        self, out_dir: Path, state_dir: Path, print_line: Callable[[str], None], namespace: str = NAMESPACE
+    ) -> None:
         from phalanx.devcluster.cluster import LocalCluster
 
+        self.namespace = namespace
         self.out_dir = out_dir
         self.cluster = LocalCluster(state_dir, log=lambda msg: None)
         self.say = print_line
@@ -244,7 +258,7 @@ class Demo:
         return out.stdout
 
     # -- the job -------------------------------------------------------------------------------
-    def submit(self) -> int:
+    def submit(self, steps: int | None = None) -> int:
         """Applies the example with the checkpoint directory moved under the output directory."""
         import yaml
 
@@ -255,13 +269,18 @@ class Demo:
         job["spec"]["checkpoint"]["volume"] = {
             "hostPath": {"path": str(checkpoints), "type": "DirectoryOrCreate"}
         }
+        job["spec"]["rendezvous"]["port"] = unused_port()
         config_map = next(d for d in documents if d["kind"] == "ConfigMap")
         total = int(yaml.safe_load(config_map["data"]["trainer.yaml"])["job"]["steps"])
-        self._run("create", "namespace", NAMESPACE)
-        self._run("apply", "-n", NAMESPACE, "-f", "-", input=json.dumps({"kind": "List", "apiVersion": "v1",
+        if steps is not None:
+            trainer = job["spec"]["template"]["spec"]["containers"][0]
+            trainer["args"] = [*trainer["args"], f"job.steps={steps}"]
+            total = steps
+        self._run("create", "namespace", self.namespace)
+        self._run("apply", "-n", self.namespace, "-f", "-", input=json.dumps({"kind": "List", "apiVersion": "v1",
                                                                           "items": documents}))  # fmt: skip
         self.say(
-            f"submitted TrainingJob {NAMESPACE}/{JOB}: {job['spec']['replicas']} pods x "
+            f"submitted TrainingJob {self.namespace}/{JOB}: {job['spec']['replicas']} pods x "
             f"{job['spec']['procsPerReplica']} processes, {total} steps, checkpoint every "
             f"{job['spec']['checkpoint']['intervalSteps']} steps"
         )
@@ -272,7 +291,7 @@ class Demo:
 
         custom: Any = client.CustomObjectsApi(self.api)
         response = custom.get_namespaced_custom_object(
-            "phalanx.dev", "v1alpha1", NAMESPACE, "trainingjobs", JOB, _preload_content=False
+            "phalanx.dev", "v1alpha1", self.namespace, "trainingjobs", JOB, _preload_content=False
         )
         status: dict[str, Any] = json.loads(response.data).get("status") or {}
         return status
@@ -281,14 +300,14 @@ class Demo:
         from kubernetes import client
 
         core = client.CoreV1Api(self.api)
-        body = client.V1Eviction(metadata=client.V1ObjectMeta(name=pod, namespace=NAMESPACE))
-        core.create_namespaced_pod_eviction(pod, NAMESPACE, body)
+        body = client.V1Eviction(metadata=client.V1ObjectMeta(name=pod, namespace=self.namespace))
+        core.create_namespaced_pod_eviction(pod, self.namespace, body)
 
     def rank0_log(self) -> str:
         from phalanx.devcluster.realnode import agent_state_dir, real_node_names
 
         path = agent_state_dir(self.cluster.state_dir, real_node_names(1)[0]) / "logs"
-        log_file = path / f"{NAMESPACE}_{JOB}-worker-0_trainer.log"
+        log_file = path / f"{self.namespace}_{JOB}-worker-0_trainer.log"
         return log_file.read_text(errors="replace") if log_file.exists() else ""
 
     def follow(

@@ -9,13 +9,22 @@ from phalanx.devnode.network import IpPool, PodAddress, default_ip_prefix, pod_n
 pytestmark = pytest.mark.unit
 
 
-def test_addresses_are_unique_per_pod_and_reused_after_release() -> None:
+def test_addresses_are_unique_per_pod_and_not_reused_at_once() -> None:
     pool = IpPool("127.9.9")
     first, second = pool.allocate("uid-a"), pool.allocate("uid-b")
     assert (first, second) == ("127.9.9.2", "127.9.9.3")
     assert pool.allocate("uid-a") == first  # asking twice for one pod gives the same address
     pool.release("uid-a")
-    assert pool.allocate("uid-c") == first
+    # A freed address waits its turn: its ports may still be in TIME_WAIT.
+    assert pool.allocate("uid-c") == "127.9.9.4"
+
+
+def test_allocation_wraps_around_to_freed_addresses() -> None:
+    pool = IpPool("127.9.9")
+    for index in range(253):
+        pool.allocate(f"uid-{index}")
+    pool.release("uid-5")
+    assert pool.allocate("uid-new") == "127.9.9.7"
 
 
 def test_a_full_pool_says_so() -> None:

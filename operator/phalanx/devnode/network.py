@@ -15,12 +15,21 @@ def default_ip_prefix(seed: str) -> str:
     return f"127.{1 + digest[0] % 254}.{digest[1]}"
 
 
+FIRST_HOST, LAST_HOST = 2, 254
+
+
 @dataclass
 class IpPool:
-    """Hands out <prefix>.2 .. <prefix>.254, lowest free first, one per pod uid."""
+    """Hands out <prefix>.2 .. <prefix>.254, one per pod uid, round robin.
+
+    Round robin rather than lowest-free: a new pod must not inherit the address of one that just
+    ended, whose listening ports may still be held by connections in TIME_WAIT (a new c10d store on
+    the same address and port would fail with EADDRINUSE).
+    """
 
     prefix: str
     owners: dict[str, str] = field(default_factory=dict)  # ip -> pod uid
+    next_host: int = FIRST_HOST
 
     def __post_init__(self) -> None:
         ipaddress.IPv4Address(f"{self.prefix}.1")  # raises on a malformed prefix
@@ -29,10 +38,13 @@ class IpPool:
         for ip, owner in self.owners.items():
             if owner == uid:
                 return ip
-        for host in range(2, 255):
+        span = LAST_HOST - FIRST_HOST + 1
+        for offset in range(span):
+            host = FIRST_HOST + (self.next_host - FIRST_HOST + offset) % span
             ip = f"{self.prefix}.{host}"
             if ip not in self.owners:
                 self.owners[ip] = uid
+                self.next_host = host + 1
                 return ip
         raise RuntimeError(f"no free pod address left in {self.prefix}.0/24")
 
