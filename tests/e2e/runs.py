@@ -1,0 +1,136 @@
+"""Real training jobs on the dev node for the e2e tests: manifests, waiting, evicting, reading logs."""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from phalanx.demo import Attempt, parse_trainer_log, unused_port
+from tests.conftest import Cluster, RealNode, wait_for
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TRAINER_CONFIG = REPO_ROOT / "examples" / "demo-trainer.yaml"
+DEMO_JOB = REPO_ROOT / "examples" / "demo-trainingjob.yaml"
+
+
+def job_manifests(
+    name: str,
+    node: RealNode,
+    checkpoint_dir: Path,
+    *,
+    steps: int = 100,
+    interval: int = 20,
+    replicas: int = 2,
+    procs: int = 2,
+    grace: int = 30,
+    backoff_limit: int = 2,
+    command: list[str] | None = None,
+    run_policy: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """The demo job of examples/, shortened and pinned to this session's dev node."""
+    config_map, job = copy.deepcopy(list(yaml.safe_load_all(DEMO_JOB.read_text())))
+    config_map["metadata"]["name"] = f"{name}-config"
+    config_map["data"] = {"trainer.yaml": TRAINER_CONFIG.read_text()}
+    spec = job["spec"]
+    job["metadata"]["name"] = name
+    spec["replicas"], spec["procsPerReplica"] = replicas, procs
+    spec["checkpoint"]["volume"] = {"hostPath": {"path": str(checkpoint_dir), "type": "DirectoryOrCreate"}}
+    spec["checkpoint"]["intervalSteps"] = interval
+    spec["rendezvous"]["port"] = unused_port()  # 29500 may be taken by any other program on the machine
+    spec["runPolicy"] = {
+        "backoffLimit": backoff_limit,
+        "terminationGracePeriodSeconds": grace,
+        **(run_policy or {}),
+    }
+    pod_spec = spec["template"]["spec"]
+    pod_spec.update(node.placement())
+    pod_spec["volumes"][0]["configMap"]["name"] = config_map["metadata"]["name"]
+    trainer = pod_spec["containers"][0]
+    trainer["args"] = [*trainer["args"], f"job.steps={steps}"]
+    if command is not None:
+        trainer["command"], trainer["args"] = command, []
+    return [config_map, job]
+
+
+def job_status(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
+    status: dict[str, Any] = cluster.get_json("trainingjob", name, "-n", namespace).get("status") or {}
+    return status
+
+
+def wait_job_phase(
+    cluster: Cluster, namespace: str, name: str, phases: tuple[str, ...], timeout: float
+) -> str:
+    phase: str = wait_for(
+        lambda: (p := job_status(cluster, namespace, name).get("phase")) in phases and p,
+        timeout=timeout,
+        interval=1.0,
+        what=f"TrainingJob {name} in {phases}",
+    )
+    return phase
+
+
+def rank0_attempts(node: RealNode, namespace: str, job: str) -> list[Attempt]:
+    return parse_trainer_log(node.log(namespace, f"{job}-worker-0", "trainer"))
+
+
+def wait_for_step(node: RealNode, namespace: str, job: str, attempt: int, step: int, timeout: float) -> float:
+    """Waits until rank 0 of `attempt` logged `step` or later; returns the monotonic time it was seen."""
+
+    def reached() -> bool:
+        attempts = rank0_attempts(node, namespace, job)
+        return (
+            len(attempts) > attempt and attempts[attempt].last_step >= step and bool(attempts[attempt].steps)
+        )
+
+    wait_for(reached, timeout=timeout, interval=0.2, what=f"{job} attempt {attempt} at step {step}")
+    return time.monotonic()
+
+
+def evict(cluster: Cluster, namespace: str, pod: str) -> None:
+    """The Eviction API, as `kubectl drain` and cluster autoscalers use it (PodDisruptionBudgets apply)."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(cluster.api())
+    body = client.V1Eviction(metadata=client.V1ObjectMeta(name=pod, namespace=namespace))
+    core.create_namespaced_pod_eviction(pod, namespace, body)
+
+
+def pod_uids(cluster: Cluster, namespace: str, job: str) -> dict[str, str]:
+    pods = cluster.get_json("pods", "-n", namespace, "-l", f"phalanx.dev/job-name={job}")["items"]
+    return {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
+
+
+def running_processes_of(node: RealNode, namespace: str, job: str) -> list[int]:
+    """Pids whose environment names one of the job's pods (what a leak would leave behind)."""
+    marker = f"PHALANX_JOB_NAME={job}".encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if marker in environ and f"NSS_WRAPPER_HOSTS={node.state_dir / 'hosts'}".encode() in environ:
+            found.append(int(proc.name))
+    return found
+
+
+@dataclass
+class Run:
+    """What a test observed of one job."""
+
+    name: str
+    namespace: str
+    attempts: list[Attempt] = field(default_factory=list)
+    status: dict[str, Any] = field(default_factory=dict)
+    progress_seen: list[int] = field(default_factory=list)  # status.progress.step, sampled while running
+    checkpoints_seen: list[int] = field(default_factory=list)  # status.lastCheckpoint.step, likewise
+
+    def losses(self, attempt: int) -> dict[int, float]:
+        return {step: record.loss for step, record in self.attempts[attempt].steps.items()}

@@ -1,0 +1,186 @@
+"""Real training through the operator on a dev node: finish, evict and resume, crash and resume, fail.
+
+Every job is the demo job of examples/ (small GPT, 2 pods x 2 processes), shortened. The trainer is
+deterministic, so a resumed run's losses must match the uninterrupted run's step for step.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import Cluster, OperatorProcess, RealNode, wait_for
+from tests.e2e.runs import (
+    Run,
+    evict,
+    job_manifests,
+    job_status,
+    pod_uids,
+    rank0_attempts,
+    running_processes_of,
+    wait_for_step,
+    wait_job_phase,
+)
+
+pytestmark = pytest.mark.e2e
+
+STEPS = 150
+INTERVAL = 25
+RUN_TIMEOUT = 240.0  # a start costs 20-60 s of imports on a loaded 2-core machine
+
+
+@pytest.fixture(scope="module")
+def e2e_namespace(cluster: Cluster) -> Iterator[str]:
+    name = f"e2e-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", name)
+    wait_for(
+        lambda: cluster.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode == 0,
+        timeout=30,
+        what=f"default service account in {name}",
+    )
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(
+    cluster: Cluster,
+    e2e_namespace: str,
+    real_node: RealNode,
+    operator_process: OperatorProcess,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Run:
+    """The reference run; the operator is restarted half way, which must not disturb it."""
+    operator_process.ensure_running()
+    run = Run("plain", e2e_namespace)
+    cluster.apply(job_manifests(run.name, real_node, tmp_path_factory.mktemp("ckpt"), steps=STEPS, interval=INTERVAL),
+                  e2e_namespace)  # fmt: skip
+    wait_for_step(real_node, e2e_namespace, run.name, 0, STEPS // 3, timeout=RUN_TIMEOUT)
+    before = pod_uids(cluster, e2e_namespace, run.name)
+    operator_process.stop()
+    operator_process.start()
+    samples = sample_status_until_finished(cluster, e2e_namespace, run.name, RUN_TIMEOUT)
+    run.status = {**samples[-1], "pods_before_operator_restart": before}
+    run.progress_seen = [s["progress"]["step"] for s in samples if "progress" in s]
+    run.checkpoints_seen = [s["lastCheckpoint"]["step"] for s in samples if "lastCheckpoint" in s]
+    run.status["pods_after"] = pod_uids(cluster, e2e_namespace, run.name)
+    run.attempts = rank0_attempts(real_node, e2e_namespace, run.name)
+    return run
+
+
+def sample_status_until_finished(
+    cluster: Cluster, namespace: str, name: str, timeout: float
+) -> list[dict[str, Any]]:
+    """status every second until the job finishes (the last sample is the final status)."""
+    samples: list[dict[str, Any]] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        samples.append(job_status(cluster, namespace, name))
+        if samples[-1].get("phase") in ("Succeeded", "Failed"):
+            return samples
+        time.sleep(1.0)
+    raise AssertionError(f"{name} did not finish in {timeout:.0f}s; last status: {samples[-1]}")
+
+
+def test_an_uninterrupted_job_succeeds_with_its_final_loss(uninterrupted: Run) -> None:
+    status = uninterrupted.status
+    assert status["phase"] == "Succeeded", status
+    assert len(uninterrupted.attempts) == 1 and uninterrupted.attempts[0].finished
+    losses = uninterrupted.losses(0)
+    assert sorted(losses) == list(range(1, STEPS + 1))
+    assert losses[STEPS] < losses[1]  # it learned something
+
+
+def test_progress_and_last_checkpoint_reach_the_status_while_training(uninterrupted: Run) -> None:
+    assert uninterrupted.progress_seen, "status.progress never appeared during the run"
+    assert uninterrupted.status["progress"]["totalSteps"] == STEPS
+    assert all(0 < step <= STEPS for step in uninterrupted.progress_seen)
+    assert uninterrupted.checkpoints_seen and all(
+        step % INTERVAL == 0 for step in uninterrupted.checkpoints_seen
+    )
+
+
+def test_restarting_the_operator_mid_training_disturbs_nothing(uninterrupted: Run) -> None:
+    status = uninterrupted.status
+    assert status["phase"] == "Succeeded"
+    assert status.get("attempt", 0) == 0
+    assert status["restarts"] == {"failures": 0, "preemptions": 0}
+    # The same two pods before and after: none recreated, none duplicated.
+    assert status["pods_after"] == status["pods_before_operator_restart"]
+    assert sorted(status["pods_after"]) == ["plain-worker-0", "plain-worker-1"]
+
+
+def test_an_evicted_job_resumes_from_checkpoint_with_the_same_losses(
+    cluster: Cluster, e2e_namespace: str, real_node: RealNode, operator: OperatorProcess, uninterrupted: Run,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    name = "evicted"
+    cluster.apply(job_manifests(name, real_node, tmp_path, steps=STEPS, interval=INTERVAL), e2e_namespace)
+    wait_for_step(real_node, e2e_namespace, name, 0, STEPS // 3, timeout=RUN_TIMEOUT)
+
+    evict(cluster, e2e_namespace, f"{name}-worker-1")
+
+    assert wait_job_phase(cluster, e2e_namespace, name, ("Succeeded", "Failed"), RUN_TIMEOUT) == "Succeeded"
+    status = job_status(cluster, e2e_namespace, name)
+    assert status["restarts"] == {"failures": 0, "preemptions": 1}
+    first, second = rank0_attempts(real_node, e2e_namespace, name)
+    assert first.preempted_at is not None, "rank 0 did not checkpoint on SIGTERM"
+    assert second.resumed_from is not None and second.finished
+    lost = first.last_step - second.resumed_from
+    assert lost == 0  # the SIGTERM checkpoint fits the 30 s grace period: nothing is redone
+    reference = uninterrupted.losses(0)
+    resumed = {step: record.loss for step, record in second.steps.items()}
+    assert sorted(resumed) == list(range(second.resumed_from + 1, STEPS + 1))
+    assert resumed == {step: reference[step] for step in resumed}
+
+
+def test_a_sigkilled_worker_resumes_from_the_last_periodic_checkpoint(
+    cluster: Cluster, e2e_namespace: str, real_node: RealNode, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    name = "killed"
+    # A short grace period: the surviving pod cannot checkpoint with a dead peer and is killed after it.
+    cluster.apply(
+        job_manifests(name, real_node, tmp_path, steps=STEPS, interval=INTERVAL, grace=5, procs=1),
+        e2e_namespace,
+    )
+    wait_for_step(real_node, e2e_namespace, name, 0, INTERVAL + INTERVAL // 2, timeout=RUN_TIMEOUT)
+
+    uid = pod_uids(cluster, e2e_namespace, name)[f"{name}-worker-1"]
+    pgid = int((real_node.state_dir / "pods" / uid / "trainer.pid").read_text())
+    os.killpg(pgid, signal.SIGKILL)  # the whole pod at once: no process lives to save anything
+
+    assert wait_job_phase(cluster, e2e_namespace, name, ("Succeeded", "Failed"), RUN_TIMEOUT) == "Succeeded"
+    status = job_status(cluster, e2e_namespace, name)
+    assert status["restarts"]["failures"] == 1
+    first, second = rank0_attempts(real_node, e2e_namespace, name)[:2]
+    assert first.preempted_at is None  # no checkpoint on the way out
+    assert second.resumed_from is not None and second.resumed_from % INTERVAL == 0 and second.resumed_from > 0
+    assert 0 <= first.last_step - second.resumed_from <= INTERVAL
+
+
+def test_a_job_whose_command_exits_1_fails_after_its_backoff_limit(
+    cluster: Cluster, e2e_namespace: str, real_node: RealNode, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    name = "broken"
+    command = ["python", "-c", "import sys; print('bad config'); sys.exit(1)"]
+    manifests = job_manifests(name, real_node, tmp_path, command=command, backoff_limit=1, procs=1,
+                              run_policy={"retryableExitCodes": [1]})  # fmt: skip
+    cluster.apply(manifests, e2e_namespace)
+
+    assert wait_job_phase(cluster, e2e_namespace, name, ("Succeeded", "Failed"), timeout=120) == "Failed"
+    status = job_status(cluster, e2e_namespace, name)
+    assert status["restarts"]["failures"] == 1  # backoffLimit restarts, then the verdict
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert failed["status"] == "True" and "exited with code 1" in failed["message"]
+    assert "bad config" in real_node.log(e2e_namespace, f"{name}-worker-0", "trainer")
+    time.sleep(2)  # let the agent reap whatever a leak would leave
+    assert running_processes_of(real_node, e2e_namespace, name) == []
+    phases = cluster.get_json("pods", "-n", e2e_namespace, "-l", f"phalanx.dev/job-name={name}")["items"]
+    assert all(p["status"].get("phase") in ("Succeeded", "Failed") for p in phases)
