@@ -1,0 +1,664 @@
+"""Gang admission at cluster scale: what builtin admission costs, how it packs under contention, and
+what the operator weighs, on a local control plane with kwok nodes (real API server, scheduler,
+controller-manager; pods "run" in kwok).
+
+Three parts, one cluster, one operator process (`phalanx operator`, as the image runs it):
+
+- admission cost: rounds of gangs (4-32 pods x 1 GPU, all fitting at once), each round run twice,
+  as TrainingJobs (gated, admitted by the operator) and as the same pods created directly by this
+  script with the same concurrency as the operator's reconcile workers (the baseline); sides
+  alternate which goes first (ABBA) because this machine's load swings. Latency is TrainingJob (or
+  first pod) created -> all its pods Running, seen through a watch.
+- contention: gangs asking for about twice the GPUs of a dedicated pool; pods finish after a fixed
+  time (kwok stage); makespan, GPU utilization while work waited, GPU-seconds held by gangs not yet
+  fully running.
+- footprint: many 2-pod jobs at once; the operator's peak RSS (VmHWM).
+
+    make bench-gang                     # writes bench/results/gang.json and prints a table
+    python bench/gang_bench.py --nodes 100 --rounds 2 --jobs-per-round 10   # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, config
+
+from phalanx.devcluster.cluster import LocalCluster
+from phalanx.devcluster.nodes import NodePool, node_manifests
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results" / "gang.json"
+GROUP, VERSION, PLURAL = "phalanx.dev", "v1alpha1", "trainingjobs"
+JOB_LABEL = "phalanx.dev/job-name"
+BASELINE_LABEL = "bench.phalanx.dev/group"
+OPERATOR_WORKERS = 4  # Controller(workers=4): the baseline creates pods with the same concurrency
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# -- cluster set-up ---------------------------------------------------------------------------------
+def create_nodes(core: Any, pools: Iterable[NodePool]) -> list[str]:
+    """Nodes through the API with 16 threads (kubectl per node would take minutes for 500)."""
+    manifests = node_manifests(list(pools))
+
+    def one(manifest: dict[str, Any]) -> str:
+        body = {k: v for k, v in manifest.items() if k != "status"}
+        core.create_node(body)
+        core.patch_node_status(manifest["metadata"]["name"], {"status": manifest["status"]})
+        return str(manifest["metadata"]["name"])
+
+    with ThreadPoolExecutor(16) as pool:
+        return list(pool.map(one, manifests))
+
+
+def wait_nodes_ready(core: Any, count: int, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        nodes = json.loads(core.list_node(_preload_content=False).data)["items"]
+        ready = sum(
+            any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in n.get("status", {}).get("conditions", [])
+            )
+            for n in nodes
+        )
+        if ready >= count:
+            return
+        time.sleep(2)
+    raise RuntimeError(f"only {ready}/{count} nodes Ready after {timeout:.0f}s")
+
+
+def create_namespace(core: Any, name: str) -> None:
+    """A namespace whose default ServiceAccount exists (pods are refused until it does)."""
+    core.create_namespace({"metadata": {"name": name}})
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        names = json.loads(core.list_namespaced_service_account(name, _preload_content=False).data)["items"]
+        if any(sa["metadata"]["name"] == "default" for sa in names):
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"no default ServiceAccount in {name}")
+
+
+def pool_placement(pool: str) -> dict[str, Any]:
+    return {
+        "nodeSelector": {"bench.phalanx.dev/pool": pool},
+        "tolerations": [
+            {"key": "bench.phalanx.dev/pool", "operator": "Equal", "value": pool, "effect": "NoSchedule"}
+        ],
+    }
+
+
+def bench_pool(name: str, count: int) -> NodePool:
+    return NodePool(name_prefix=name, count=count, gpus=8, labels={"bench.phalanx.dev/pool": name},
+                    taints=(("bench.phalanx.dev/pool", name, "NoSchedule"),))  # fmt: skip
+
+
+# -- watching pods ----------------------------------------------------------------------------------
+@dataclass
+class PodTimes:
+    group: str
+    gpus: int
+    running: float | None = None
+    finished: float | None = None
+
+
+@dataclass
+class PodWatch:
+    """Records when each pod of a namespace is first seen Running and finished (raw JSON watch)."""
+
+    core: Any
+    namespace: str
+    group_label: str
+    pods: dict[str, PodTimes] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    stopped: bool = False
+
+    def start(self) -> PodWatch:
+        threading.Thread(target=self._run, daemon=True).start()
+        return self
+
+    def _run(self) -> None:
+        version = ""
+        while not self.stopped:
+            try:
+                kwargs: dict[str, Any] = {"watch": True, "timeout_seconds": 60, "_preload_content": False}
+                if version:
+                    kwargs["resource_version"] = version
+                response = self.core.list_namespaced_pod(self.namespace, **kwargs)
+                buffer = b""
+                for chunk in response.stream(65536):
+                    buffer += chunk
+                    *lines, buffer = buffer.split(b"\n")
+                    for line in lines:
+                        if line.strip():
+                            version = self._event(json.loads(line)) or version
+                    if self.stopped:
+                        break
+            except Exception as exc:  # a dropped watch resumes from the last version seen
+                log(f"pod watch of {self.namespace} restarting: {exc}")
+                time.sleep(0.5)
+
+    def _event(self, event: dict[str, Any]) -> str | None:
+        pod = event.get("object") or {}
+        if event.get("type") == "ERROR":
+            return ""
+        meta = pod.get("metadata") or {}
+        group = (meta.get("labels") or {}).get(self.group_label)
+        if not group:
+            return meta.get("resourceVersion")
+        now = time.time()
+        phase = (pod.get("status") or {}).get("phase")
+        with self.lock:
+            times = self.pods.get(meta["name"])
+            if times is None:
+                limits = pod["spec"]["containers"][0].get("resources", {}).get("limits", {})
+                times = self.pods[meta["name"]] = PodTimes(group, int(limits.get("nvidia.com/gpu", 0)))
+            if phase in ("Running", "Succeeded", "Failed") and times.running is None:
+                times.running = now
+            if phase in ("Succeeded", "Failed") and times.finished is None:
+                times.finished = now
+        return str(meta.get("resourceVersion") or "")
+
+    def all_running_at(self, groups: dict[str, int]) -> dict[str, float]:
+        """group -> time its last pod was first seen Running, for groups whose pods all ran."""
+        with self.lock:
+            by_group: dict[str, list[float | None]] = {}
+            for times in self.pods.values():
+                by_group.setdefault(times.group, []).append(times.running)
+        done = {}
+        for group, expected in groups.items():
+            seen = by_group.get(group, [])
+            if len(seen) >= expected and all(t is not None for t in seen):
+                done[group] = max(t for t in seen if t is not None)
+        return done
+
+    def snapshot(self) -> list[PodTimes]:
+        with self.lock:
+            return [PodTimes(t.group, t.gpus, t.running, t.finished) for t in self.pods.values()]
+
+
+def wait_groups(watch: PodWatch, groups: dict[str, int], what: str, timeout: float) -> dict[str, float]:
+    deadline = time.monotonic() + timeout
+    last_report = 0.0
+    while True:
+        done = watch.all_running_at(groups)
+        if len(done) == len(groups):
+            return done
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"{what}: only {len(done)}/{len(groups)} gangs fully running after {timeout:.0f}s"
+            )
+        if time.monotonic() - last_report > 10:
+            log(f"  {what}: {len(done)}/{len(groups)} gangs fully running")
+            last_report = time.monotonic()
+        time.sleep(0.2)
+
+
+# -- manifests ------------------------------------------------------------------------------------
+def training_job(
+    name: str, replicas: int, gpus: int, run_for: str, placement: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "TrainingJob",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "resources": {"gpus": gpus},
+            "runPolicy": {"terminationGracePeriodSeconds": 1},
+            "template": {
+                "metadata": {"annotations": {"phalanx.dev/sim-run-for": run_for}},
+                "spec": {"containers": [{"name": "trainer", "image": "trainer:bench"}], **placement},
+            },
+        },
+    }
+
+
+def plain_pod(group: str, index: int, gpus: int, run_for: str, placement: dict[str, Any]) -> dict[str, Any]:
+    """What a worker pod asks of the scheduler, without the gate: the baseline's pod."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"{group}-worker-{index}",
+            "labels": {BASELINE_LABEL: group},
+            "annotations": {"phalanx.dev/sim-run-for": run_for},
+        },
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "automountServiceAccountToken": False,
+            "containers": [{"name": "trainer", "image": "trainer:bench",
+                            "resources": {"limits": {"nvidia.com/gpu": str(gpus)},
+                                          "requests": {"nvidia.com/gpu": str(gpus)}}}],
+            **placement,
+        },
+    }  # fmt: skip
+
+
+# -- the operator -----------------------------------------------------------------------------------
+class Operator:
+    def __init__(self, kubeconfig: Path, log_path: Path) -> None:
+        self.log_file = log_path.open("wb")
+        env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "phalanx.cli", "operator", "--metrics-port", "0", "--health-port", "0"],
+            stdout=self.log_file, stderr=subprocess.STDOUT, env=env,
+        )  # fmt: skip
+
+    def rss_mib(self) -> tuple[float, float]:
+        """(current, peak) resident set of the operator process."""
+        fields = {}
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            fields[key] = value.strip()
+        return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log_file.close()
+
+
+# -- part 1: admission cost -------------------------------------------------------------------------
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    rank = q * (len(ordered) - 1)
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+@dataclass
+class SideResult:
+    latencies: list[float]
+    pods: int
+    seconds: float  # first creation -> last pod Running
+
+
+def run_phalanx_side(api: client.ApiClient, ns: str, gangs: list[tuple[str, int]], placement: dict[str, Any],
+                     run_for: str, timeout: float) -> SideResult:  # fmt: skip
+    core: Any = client.CoreV1Api(api)
+    custom = client.CustomObjectsApi(api)
+    watch = PodWatch(core, ns, JOB_LABEL).start()
+    time.sleep(0.5)
+    created: dict[str, float] = {}
+
+    def submit(gang: tuple[str, int]) -> None:
+        name, size = gang
+        created[name] = time.time()
+        custom.create_namespaced_custom_object(
+            GROUP, VERSION, ns, PLURAL, training_job(name, size, 1, run_for, placement)
+        )
+
+    start = time.time()
+    with ThreadPoolExecutor(OPERATOR_WORKERS) as pool:
+        list(pool.map(submit, gangs))
+    done = wait_groups(watch, dict(gangs), f"phalanx {ns}", timeout)
+    watch.stopped = True
+    return SideResult(
+        [done[n] - created[n] for n, _ in gangs], sum(s for _, s in gangs), max(done.values()) - start
+    )
+
+
+def run_baseline_side(api: client.ApiClient, ns: str, gangs: list[tuple[str, int]], placement: dict[str, Any],
+                      run_for: str, timeout: float) -> SideResult:  # fmt: skip
+    core: Any = client.CoreV1Api(api)
+    watch = PodWatch(core, ns, BASELINE_LABEL).start()
+    time.sleep(0.5)
+    created: dict[str, float] = {}
+
+    def submit(gang: tuple[str, int]) -> None:
+        name, size = gang
+        created[name] = time.time()
+        for index in range(size):
+            core.create_namespaced_pod(
+                ns, plain_pod(name, index, 1, run_for, placement), _preload_content=False
+            )
+
+    start = time.time()
+    with ThreadPoolExecutor(OPERATOR_WORKERS) as pool:
+        list(pool.map(submit, gangs))
+    done = wait_groups(watch, dict(gangs), f"baseline {ns}", timeout)
+    watch.stopped = True
+    return SideResult(
+        [done[n] - created[n] for n, _ in gangs], sum(s for _, s in gangs), max(done.values()) - start
+    )
+
+
+def admission_cost(api: client.ApiClient, rounds: int, jobs_per_round: int, rng: random.Random,
+                   timeout: float) -> dict[str, Any]:  # fmt: skip
+    core: Any = client.CoreV1Api(api)
+    placement = pool_placement("main")
+    phalanx: list[SideResult] = []
+    baseline: list[SideResult] = []
+    for r in range(rounds):
+        gangs = [(f"g{r}-{i}", rng.randint(4, 32)) for i in range(jobs_per_round)]
+        sides: list[tuple[str, Callable[..., SideResult], list[SideResult]]] = [
+            ("phalanx", run_phalanx_side, phalanx), ("baseline", run_baseline_side, baseline)]  # fmt: skip
+        if r % 2:
+            sides.reverse()
+        for side, run, into in sides:
+            ns = f"adm-{side}-{r}"
+            create_namespace(core, ns)
+            log(
+                f"admission round {r + 1}/{rounds}, {side}: {len(gangs)} gangs, {sum(s for _, s in gangs)} pods"
+            )
+            result = run(api, ns, gangs, placement, "15s", timeout)
+            into.append(result)
+            log(f"  {side}: {result.pods} pods in {result.seconds:.1f}s ({result.pods / result.seconds:.0f} pods/s), "
+                f"p50 {percentile(result.latencies, 0.5):.1f}s")  # fmt: skip
+            # The pods finish after 15 s, so the next round finds the GPUs free; the namespace goes.
+            time.sleep(2)
+        wait_pods_finished(core, [f"adm-phalanx-{r}", f"adm-baseline-{r}"])
+        for side in ("phalanx", "baseline"):
+            core.delete_namespace(f"adm-{side}-{r}")
+
+    def summary(results: list[SideResult]) -> dict[str, Any]:
+        latencies = [x for res in results for x in res.latencies]
+        pods, seconds = sum(r.pods for r in results), sum(r.seconds for r in results)
+        return {
+            "jobs": len(latencies),
+            "pods": pods,
+            "p50_seconds": round(percentile(latencies, 0.5), 2),
+            "p99_seconds": round(percentile(latencies, 0.99), 2),
+            "pods_per_second": round(pods / seconds, 1),
+            "per_round_pods_per_second": [round(r.pods / r.seconds, 1) for r in results],
+        }
+
+    ours, base = summary(phalanx), summary(baseline)
+    ratios = [p.seconds / b.seconds for p, b in zip(phalanx, baseline, strict=True)]
+    return {
+        **ours,
+        "baseline_pods_per_second": base["pods_per_second"],
+        "baseline_p50_seconds": base["p50_seconds"],
+        "baseline_p99_seconds": base["p99_seconds"],
+        "baseline_per_round_pods_per_second": base["per_round_pods_per_second"],
+        "ratio_vs_baseline": round(sum(p.seconds for p in phalanx) / sum(b.seconds for b in baseline), 3),
+        "ratio_per_round": [round(x, 3) for x in ratios],
+        "ratio_goal": 1.2,
+        "rounds": rounds,
+        "order": "ABBA: rounds alternate which side goes first",
+    }
+
+
+def wait_pods_finished(core: Any, namespaces: list[str], timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        active = 0
+        for ns in namespaces:
+            out = core.list_namespaced_pod(ns, field_selector="status.phase!=Succeeded,status.phase!=Failed",
+                                           _preload_content=False)  # fmt: skip
+            active += len(json.loads(out.data)["items"])
+        if not active:
+            return
+        time.sleep(1)
+    log(f"  warning: pods still active in {namespaces} after {timeout:.0f}s")
+
+
+# -- part 2: contention ---------------------------------------------------------------------------
+def contention(api: client.ApiClient, pool_nodes: int, run_seconds: int, rng: random.Random,
+               gang_timeout: float, timeout: float) -> dict[str, Any]:  # fmt: skip
+    core: Any = client.CoreV1Api(api)
+    custom = client.CustomObjectsApi(api)
+    ns = "contention"
+    create_namespace(core, ns)
+    capacity = pool_nodes * 8
+    gangs: list[tuple[str, int, int]] = []  # name, pods, gpus per pod
+    demand = 0
+    while demand < 2 * capacity:
+        size, gpus = rng.choice([(2, 8), (4, 8), (8, 8), (4, 4), (8, 4), (16, 2), (8, 1)])
+        gangs.append((f"c{len(gangs)}", size, gpus))
+        demand += size * gpus
+    log(f"contention: {len(gangs)} gangs asking {demand} GPUs of {capacity} ({pool_nodes} nodes), "
+        f"each pod runs {run_seconds}s")  # fmt: skip
+    watch = PodWatch(core, ns, JOB_LABEL).start()
+    time.sleep(0.5)
+    placement = pool_placement("contention")
+    start = time.time()
+    for name, size, gpus in gangs:
+        custom.create_namespaced_custom_object(
+            GROUP, VERSION, ns, PLURAL, training_job(name, size, gpus, f"{run_seconds}s", placement)
+        )
+    wait_groups(watch, {n: p for n, p, _ in gangs}, "contention", timeout)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pods = watch.snapshot()
+        if len(pods) >= sum(p for _, p, _ in gangs) and all(t.finished for t in pods):
+            break
+        time.sleep(1)
+    pods = watch.snapshot()
+    watch.stopped = True
+    end = max(t.finished or time.time() for t in pods)
+    last_start = max(t.running or end for t in pods)  # after this nothing waits any more
+    used = sum(t.gpus * (min(t.finished or end, last_start) - t.running)
+               for t in pods if t.running is not None and t.running < last_start)  # fmt: skip
+    available = capacity * (last_start - start)
+    # A gang is partial from its first pod Running until its last one is (the start-up side: kwok
+    # finishes pods run_seconds after each one started, so the tail is not the operator's doing).
+    by_gang: dict[str, list[PodTimes]] = {}
+    for t in pods:
+        by_gang.setdefault(t.group, []).append(t)
+    partial = 0.0
+    worst = 0.0
+    for members in by_gang.values():
+        starts = sorted(t.running for t in members if t.running is not None)
+        full = starts[-1]
+        worst = max(worst, full - starts[0])
+        partial += sum(t.gpus * (full - t.running) for t in members if t.running is not None)
+    core.delete_namespace(ns)
+    return {
+        "nodes": pool_nodes,
+        "gpus": capacity,
+        "jobs": len(gangs),
+        "demand_gpus": demand,
+        "pod_run_seconds": run_seconds,
+        "makespan_seconds": round(end - start, 1),
+        "ideal_makespan_seconds": round(demand * run_seconds / capacity, 1),
+        "gpu_utilization": round(used / available, 3),
+        "partial_gang_seconds": round(partial, 1),
+        "worst_partial_gang_seconds": round(worst, 2),
+        "gang_timeout_seconds": gang_timeout,
+    }
+
+
+# -- part 3: footprint ------------------------------------------------------------------------------
+def footprint(api: client.ApiClient, operator: Operator, jobs: int, timeout: float) -> dict[str, Any]:
+    core: Any = client.CoreV1Api(api)
+    custom = client.CustomObjectsApi(api)
+    ns = "footprint"
+    create_namespace(core, ns)
+    watch = PodWatch(core, ns, JOB_LABEL).start()
+    time.sleep(0.5)
+    placement = pool_placement("main")
+    log(f"footprint: {jobs} jobs of 2 pods")
+    start = time.time()
+    samples: list[float] = []
+
+    def submit(i: int) -> None:
+        custom.create_namespaced_custom_object(
+            GROUP, VERSION, ns, PLURAL, training_job(f"f{i}", 2, 1, "600s", placement)
+        )
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(submit, range(jobs)))
+    groups = {f"f{i}": 2 for i in range(jobs)}
+    deadline = time.monotonic() + timeout
+    last_report = 0.0
+    while True:
+        samples.append(operator.rss_mib()[0])
+        done = watch.all_running_at(groups)
+        if len(done) == len(groups):
+            break
+        if time.monotonic() > deadline:
+            log(f"  footprint: only {len(done)}/{jobs} jobs running after {timeout:.0f}s; measuring anyway")
+            break
+        if time.monotonic() - last_report > 10:
+            log(f"  footprint: {len(done)}/{jobs} jobs running, operator RSS {samples[-1]:.0f} MiB")
+            last_report = time.monotonic()
+        time.sleep(0.5)
+    running_jobs = len(watch.all_running_at(groups))
+    all_running = time.time() - start
+    # Keep them running through a few resync periods: steady state is where the memory sits.
+    steady_until = time.monotonic() + 30
+    while time.monotonic() < steady_until:
+        samples.append(operator.rss_mib()[0])
+        time.sleep(1)
+    current, peak = operator.rss_mib()
+    core.delete_namespace(ns)
+    return {
+        "jobs": jobs,
+        "pods": 2 * jobs,
+        "jobs_running": running_jobs,
+        "all_running_seconds": round(all_running, 1) if running_jobs == jobs else None,
+        "operator_peak_rss_mib": round(peak, 1),
+        "operator_rss_after_mib": round(current, 1),
+        "rss_goal_mib": 150,
+    }
+
+
+def save_partial(out: Path, parts: dict[str, Any]) -> None:
+    """What is measured so far, in case a later part does not finish (the final write replaces it)."""
+    partial = out.with_suffix(".partial.json")
+    partial.write_text(json.dumps(parts, indent=2) + "\n")
+    log(f"  partial results in {partial}")
+
+
+# -- main -------------------------------------------------------------------------------------------
+def table(results: dict[str, Any]) -> str:
+    adm, con, foot = results["admission"], results["contention"], results["footprint"]
+    rows = [
+        ("nodes x GPUs", f"{results['nodes']} x 8"),
+        ("admission: jobs / pods", f"{adm['jobs']} / {adm['pods']} ({adm['rounds']} rounds)"),
+        ("  p50 / p99 created -> all Running", f"{adm['p50_seconds']} s / {adm['p99_seconds']} s"),
+        ("  baseline p50 / p99", f"{adm['baseline_p50_seconds']} s / {adm['baseline_p99_seconds']} s"),
+        ("  pods/s phalanx / baseline", f"{adm['pods_per_second']} / {adm['baseline_pods_per_second']}"),
+        (
+            "  ratio_vs_baseline (goal <= 1.2)",
+            f"{adm['ratio_vs_baseline']} (per round {adm['ratio_per_round']})",
+        ),
+        ("contention: jobs, demand / GPUs", f"{con['jobs']}, {con['demand_gpus']} / {con['gpus']}"),
+        ("  makespan (ideal)", f"{con['makespan_seconds']} s ({con['ideal_makespan_seconds']} s)"),
+        ("  gpu_utilization while waiting", f"{con['gpu_utilization']}"),
+        (
+            "  partial_gang_seconds (worst gang)",
+            f"{con['partial_gang_seconds']} ({con['worst_partial_gang_seconds']} s)",
+        ),
+        (
+            "footprint: jobs (running)",
+            f"{foot['jobs']} x 2 pods ({foot['jobs_running']}), in {foot['all_running_seconds']} s",
+        ),
+        ("  operator_peak_rss_mib (goal <= 150)", f"{foot['operator_peak_rss_mib']}"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--nodes", type=int, default=500, help="main pool: nodes x 8 GPUs")
+    parser.add_argument(
+        "--contention-nodes", type=int, default=32, help="dedicated pool for the contention part"
+    )
+    parser.add_argument("--rounds", type=int, default=4, help="admission rounds (each: both sides, ABBA)")
+    parser.add_argument("--jobs-per-round", type=int, default=50)
+    parser.add_argument("--contention-run-seconds", type=int, default=20)
+    parser.add_argument("--footprint-jobs", type=int, default=1000)
+    parser.add_argument(
+        "--footprint-timeout", type=float, default=300, help="seconds for all footprint jobs to run"
+    )
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--timeout", type=float, default=300, help="per wait, seconds")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--keep-cluster", action="store_true", help="leave the cluster running (its state dir is printed)"
+    )
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+
+    started = time.time()
+    state_dir = Path(tempfile.mkdtemp(prefix="phalanx-bench-gang-"))
+    cluster = LocalCluster(state_dir, log=log)
+    operator: Operator | None = None
+    try:
+        kubeconfig = cluster.up([])
+        api = config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
+        api.configuration.connection_pool_maxsize = 32
+        core: Any = client.CoreV1Api(api)
+        log(f"creating {args.nodes} + {args.contention_nodes} nodes")
+        create_nodes(core, [bench_pool("main", args.nodes), bench_pool("contention", args.contention_nodes)])
+        wait_nodes_ready(core, args.nodes + args.contention_nodes)
+        cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
+        cluster.kubectl(
+            "wait", "--for=condition=Established", "crd/trainingjobs.phalanx.dev", "--timeout=60s"
+        )
+        operator = Operator(kubeconfig, state_dir / "operator.log")
+        log(
+            f"cluster ready ({time.time() - started:.0f}s); operator pid {operator.proc.pid}, log {state_dir}/operator.log"
+        )
+
+        admission = admission_cost(api, args.rounds, args.jobs_per_round, rng, args.timeout)
+        save_partial(args.out, {"admission": admission})
+        contended = contention(
+            api, args.contention_nodes, args.contention_run_seconds, rng, 300, args.timeout
+        )
+        save_partial(args.out, {"admission": admission, "contention": contended})
+        foot = footprint(api, operator, args.footprint_jobs, args.footprint_timeout)
+    finally:
+        if operator is not None:
+            operator.stop()
+        if args.keep_cluster:
+            log(f"cluster left running: {state_dir}")
+        else:
+            cluster.down(quiet=True)
+    results = {
+        "nodes": args.nodes,
+        "jobs": admission["jobs"] + contended["jobs"] + foot["jobs"],
+        "admission": admission,
+        "contention": contended,
+        "footprint": foot,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "load_average_1m_at_end": round(os.getloadavg()[0], 2),
+        },  # fmt: skip
+        "seed": args.seed,
+        "wall_seconds": round(time.time() - started, 1),
+        "command": " ".join(["python", "bench/gang_bench.py", *sys.argv[1:]]),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    args.out.with_suffix(".partial.json").unlink(missing_ok=True)
+    print(table(results))
+    log(f"wrote {args.out} in {results['wall_seconds']:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
