@@ -13,6 +13,7 @@ import logging
 import os
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from phalanx import constants as c
@@ -38,6 +39,7 @@ PROGRESS_POLL_SECONDS = 3.0
 PREEMPTION_COOLDOWN_SECONDS = 15.0
 # Order value for a gang whose admission was interrupted: ahead of every PriorityClass (max 1e9).
 FINISH_ADMISSION_PRIORITY = 2**40
+ADMIT_CONCURRENCY = 8  # gate-lifting requests in flight at once
 
 
 def status_diff(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
@@ -316,6 +318,7 @@ class Controller:
         plan = plan_admission(requests, nodes, used, now, reservations=self.reservations)
         self.reservations = dict(plan.reservations)
         jobs_by_key = {f"{j['metadata']['namespace']}/{j['metadata']['name']}": j for j in jobs}
+        patches = []
         for admission in plan.admitted:
             namespace = admission.key.split("/", 1)[0]
             for pod_name, node in admission.placements:
@@ -325,8 +328,10 @@ class Controller:
                     for g in pod["spec"].get("schedulingGates") or []
                     if g.get("name") != c.GANG_SCHEDULING_GATE
                 ]
-                self.api.admit_pod(namespace, pod_name, node, gates, pod["spec"].get("nodeSelector") or {})
-                _failpoint_after_admit()
+                patches.append((namespace, pod_name, node, gates, pod["spec"].get("nodeSelector") or {}))
+        self._admit_pods(patches)
+        for admission in plan.admitted:
+            namespace = admission.key.split("/", 1)[0]
             created = min(parse_iso(p["metadata"].get("creationTimestamp")) or now
                           for p in gated_pods[admission.key].values())  # fmt: skip
             metrics.observe_gang_admitted(namespace, admission.key.split("/", 1)[1], max(0.0, now - created))
@@ -345,6 +350,22 @@ class Controller:
                 metrics.observe_admission_wait_started(namespace, name, waiting_since)
                 self.api.patch_job_status(namespace, name, {"admissionMessage": reason})
                 self._enqueue_threadsafe(key)
+
+    def _admit_pods(self, patches: list[tuple[str, str, str, list[dict[str, Any]], dict[str, str]]]) -> None:
+        """Lifts the gates, several requests at a time: one request per pod, so a big burst of gangs
+        would otherwise wait on round trips one by one. A crash half-way is finished by the next pass."""
+        if not patches:
+            return
+        started = time.monotonic()
+        concurrency = 1 if os.environ.get("PHALANX_FAILPOINT_EXIT_AFTER_ADMITS") else ADMIT_CONCURRENCY
+
+        def admit(patch: tuple[str, str, str, list[dict[str, Any]], dict[str, str]]) -> None:
+            self.api.admit_pod(*patch)
+            _failpoint_after_admit()
+
+        with ThreadPoolExecutor(concurrency) as pool:
+            list(pool.map(admit, patches))
+        log.info("admitted %d pod(s) in %.2fs", len(patches), time.monotonic() - started)
 
     def _preempt_for(
         self,
