@@ -92,7 +92,7 @@ def test_two_gangs_of_sixteen_gpus_on_sixteen_gpus_run_one_after_the_other(
 ) -> None:
     private_nodes.add(2, gpus=8)
     placement = private_nodes.placement()
-    cluster.apply([training_job(n, replicas=2, gpus=8, run_for="6s", placement=placement) for n in ("a", "b")],
+    cluster.apply([training_job(n, replicas=2, gpus=8, run_for="4s", placement=placement) for n in ("a", "b")],
                   namespace)  # fmt: skip
 
     def one_running_one_waiting() -> tuple[str, str] | None:
@@ -131,7 +131,7 @@ def test_random_arrivals_of_mixed_gangs_all_finish_without_overcommit_or_partial
     placement = private_nodes.placement()
     shapes = [(1, 8), (2, 8), (2, 4), (4, 2), (3, 4), (2, 2), (1, 4), (4, 4), (2, 6), (1, 2)]
     rng.shuffle(shapes)
-    jobs = [training_job(f"j{i}", replicas=r, gpus=g, run_for=f"{rng.choice((2, 3, 4))}s", placement=placement)
+    jobs = [training_job(f"j{i}", replicas=r, gpus=g, run_for=f"{rng.choice((1, 2, 3))}s", placement=placement)
             for i, (r, g) in enumerate(shapes)]  # fmt: skip
     replicas = {j["metadata"]["name"]: j["spec"]["replicas"] for j in jobs}
     for job in jobs:
