@@ -4,8 +4,10 @@
 over HTTPS with the cluster's admin client certificate. Responses are relayed as they arrive, so
 watches stream through. While a fault window is open, the proxy answers instead of the API server
 for the first, third, fifth... request of each endpoint (method + path): every kind of call meets
-a refusal, and a retry of that call gets through. `proxy_kubeconfig` writes a kubeconfig that
-points a client at the proxy.
+a refusal, and a retry of that call gets through. With `lost_answers`, a chosen write (POST, PUT,
+PATCH, DELETE) first reaches the API server and only its answer is replaced: the change is made and
+the client is told it failed, as when a load balancer gives up after the API server committed.
+`proxy_kubeconfig` writes a kubeconfig that points a client at the proxy.
 """
 
 from __future__ import annotations
@@ -33,6 +35,13 @@ HOP_BY_HOP = frozenset(
 )
 RELAY_CHUNK_BYTES = 64 * 1024
 UPSTREAM_TIMEOUT_SECONDS = 600.0  # longer than any watch the operator opens (its client timeout: 330 s)
+WRITE_METHODS = frozenset(("POST", "PUT", "PATCH", "DELETE"))
+
+
+@dataclass(frozen=True)
+class Fault:
+    status: int
+    after_upstream: bool  # the request is applied, only the answer is lost
 
 
 @dataclass(frozen=True)
@@ -46,12 +55,13 @@ class Upstream:
 
 @dataclass(frozen=True)
 class Exchange:
-    """One request the proxy saw, and the status it answered with (injected or the API server's)."""
+    """One request the proxy saw: the status the client got, and the API server's when it was asked."""
 
     method: str
     path: str
     status: int
     injected: bool
+    upstream_status: int | None  # None: the API server never saw the request
     at: float
 
     @property
@@ -115,20 +125,22 @@ class FaultPlan:
         self._lock = threading.Lock()
         self._statuses: tuple[int, ...] = ()
         self._include_watches = True
+        self._lost_answers = False
         self._seen: Counter[tuple[str, str]] = Counter()
         self._injected = 0
 
-    def open(self, statuses: Sequence[int], include_watches: bool) -> None:
+    def open(self, statuses: Sequence[int], include_watches: bool, lost_answers: bool) -> None:
         with self._lock:
             self._statuses = tuple(statuses)
             self._include_watches = include_watches
+            self._lost_answers = lost_answers
             self._seen.clear()
 
     def close(self) -> None:
         with self._lock:
             self._statuses = ()
 
-    def injected_status(self, method: str, path: str, is_watch: bool) -> int | None:
+    def fault_for(self, method: str, path: str, is_watch: bool) -> Fault | None:
         with self._lock:
             if not self._statuses or (is_watch and not self._include_watches):
                 return None
@@ -139,7 +151,7 @@ class FaultPlan:
                 return None
             status = self._statuses[self._injected % len(self._statuses)]
             self._injected += 1
-            return status
+            return Fault(status, after_upstream=self._lost_answers and method in WRITE_METHODS)
 
 
 class FaultProxy:
@@ -173,9 +185,9 @@ class FaultProxy:
 
     @contextmanager
     def fault_window(
-        self, statuses: Sequence[int] = (429, 503), include_watches: bool = True
+        self, statuses: Sequence[int] = (429, 503), include_watches: bool = True, lost_answers: bool = False
     ) -> Iterator[None]:
-        self.plan.open(statuses, include_watches)
+        self.plan.open(statuses, include_watches, lost_answers)
         try:
             yield
         finally:
@@ -217,9 +229,9 @@ class _RelayHandler(BaseHTTPRequestHandler):
         body = self.rfile.read(length) if length else None
         query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
         is_watch = query.get("watch", [""])[0] in ("true", "1")
-        injected = self.owner.plan.injected_status(self.command, self.path, is_watch)
-        if injected is not None:
-            self._answer_fault(injected)
+        fault = self.owner.plan.fault_for(self.command, self.path, is_watch)
+        if fault is not None and not fault.after_upstream:
+            self._answer_fault(fault.status, None)
             return
         upstream = self.owner.upstream
         connection = http.client.HTTPSConnection(
@@ -230,7 +242,13 @@ class _RelayHandler(BaseHTTPRequestHandler):
             headers["Host"] = f"{upstream.host}:{upstream.port}"
             connection.request(self.command, self.path, body=body, headers=headers)
             response = connection.getresponse()
-            self.owner.record(Exchange(self.command, self.path, response.status, False, time.time()))
+            if fault is not None:
+                response.read()
+                self._answer_fault(fault.status, response.status)
+                return
+            self.owner.record(
+                Exchange(self.command, self.path, response.status, False, response.status, time.time())
+            )
             self.send_response(response.status, response.reason)
             for key, value in response.getheaders():
                 if key.lower() not in HOP_BY_HOP and key.lower() != "content-length":
@@ -248,11 +266,11 @@ class _RelayHandler(BaseHTTPRequestHandler):
         finally:
             connection.close()
 
-    def _answer_fault(self, status: int) -> None:
+    def _answer_fault(self, status: int, upstream_status: int | None) -> None:
         reason = "TooManyRequests" if status == 429 else "ServiceUnavailable"
         retry_after = 1 if status == 429 else None
         body = status_body(status, reason, f"injected by the fault proxy: {reason}", retry_after)
-        self.owner.record(Exchange(self.command, self.path, status, True, time.time()))
+        self.owner.record(Exchange(self.command, self.path, status, True, upstream_status, time.time()))
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
