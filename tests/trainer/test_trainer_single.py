@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.trainer.trainer_harness import GLOBAL_BATCH, max_relative_difference, run_trainer
@@ -66,3 +68,49 @@ def test_fp16_overflow_skips_steps_and_backs_off_the_scale() -> None:
     )
     assert run["loss_scale"] < 2.0**60
     assert run["skipped"] >= 1
+
+
+def test_activation_checkpointing_recomputes_to_the_same_gradients() -> None:
+    plain = run_trainer(["data.batch_size=4"], world_size=1, rank=0, steps=2)
+    recomputed = run_trainer(
+        ["data.batch_size=4", "model.activation_checkpointing=true"], world_size=1, rank=0, steps=2
+    )
+    assert recomputed["losses"] == plain["losses"]
+    assert max_relative_difference(recomputed["grads"], plain["grads"]) == 0.0
+
+
+def test_user_model_and_dataset_hooks() -> None:
+    run = run_trainer(
+        [
+            "model.kind=custom",
+            "model.custom='phalanx_trainer.models.mlp:MLP'",
+            "data.source=custom",
+            "data.custom='tests.trainer.trainer_harness:constant_stride_source'",
+            "data.batch_size=4",
+            "optimizer.name=lamb",
+            "optimizer.lr=0.05",
+        ],
+        world_size=1,
+        rank=0,
+        steps=8,
+    )
+    assert set(run["grads"]) == {"embed.weight", "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "norm.weight",
+                                 "norm.bias", "head.weight", "head.bias"}  # fmt: skip
+    assert run["losses"][-1] < run["losses"][0] - 0.5  # next token = this token + 1: a bigram model learns it
+
+
+def test_profiler_window_writes_a_chrome_trace(tmp_path: Path) -> None:
+    run_trainer(
+        [
+            "data.batch_size=2",
+            "metrics.profile_start_step=2",
+            "metrics.profile_steps=1",
+            f"metrics.profile_dir='{tmp_path}'",
+        ],
+        world_size=1,
+        rank=0,
+        steps=3,
+        full_loop=True,
+    )
+    [trace] = tmp_path.glob("trace-rank0-step2.json")
+    assert '"traceEvents"' in trace.read_text()[:2000]

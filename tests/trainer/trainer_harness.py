@@ -18,7 +18,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.tensor import DTensor
 
-from phalanx_trainer.config import load_config
+from phalanx_trainer.config import DataConfig, ModelConfig, load_config
+from phalanx_trainer.dataset import SyntheticSource
 from phalanx_trainer.distenv import DistEnv
 from phalanx_trainer.logs import EventLog
 from phalanx_trainer.train import Trainer
@@ -67,10 +68,29 @@ def full_gradients(trainer: Trainer) -> dict[str, torch.Tensor]:
     return merged
 
 
-def run_trainer(overrides: list[str], world_size: int, rank: int, steps: int) -> dict[str, Any]:
+def constant_stride_source(data: DataConfig, model: ModelConfig) -> SyntheticSource:
+    """A `data.custom` hook for the tests: sequences counting up by one."""
+
+    class CountingSource(SyntheticSource):
+        def sample(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+            start = index % self.vocab_size
+            window = (start + torch.arange(self.seq_len + 1)) % self.vocab_size
+            return window[:-1], window[1:]
+
+    return CountingSource(model.vocab_size, model.seq_len, seed=0)
+
+
+def run_trainer(
+    overrides: list[str], world_size: int, rank: int, steps: int, full_loop: bool = False
+) -> dict[str, Any]:
+    """Builds the Trainer and runs `steps` steps (or its whole `train()` loop with full_loop)."""
     config = load_config(None, TINY + overrides + [f"job.steps={steps}"], world_size)
     env = DistEnv(rank, rank, world_size, 1, 0, world_size, "127.0.0.1", 0, 0, 60.0)
     trainer = Trainer(config, env, log=EventLog(rank=1))  # quiet
+    if full_loop:
+        code = trainer.train()
+        trainer.close()
+        return {"exit_code": code}
     losses: list[float] = []
     grads: dict[str, torch.Tensor] = {}
     for step in range(steps):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -102,6 +103,10 @@ def run_worker(config: TrainerConfig, dist_env: DistEnv, env: Mapping[str, str])
             return trainer.train()
         finally:
             trainer.close()
+            # Free DDP / FSDP state while the process groups still exist: left to interpreter
+            # shutdown, its collection can block on a gloo peer that has already exited.
+            del trainer
+            gc.collect()
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -133,4 +138,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown: collecting torch.distributed objects there has been seen to block
+    # on a gloo peer that already exited. Everything worth keeping (checkpoints, logs) is done.
+    os._exit(exit_code)
