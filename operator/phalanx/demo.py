@@ -195,6 +195,12 @@ def unused_port() -> int:
         return port
 
 
+def newest_checkpoint_on_disk(directory: Path) -> int | None:
+    """The trainer's step-NNNNNNNN directories, read while the operator has not reported one yet."""
+    steps = [int(p.name[5:]) for p in directory.glob("step-*") if p.name[5:].isdigit()]
+    return max(steps, default=None)
+
+
 class Demo:
     def __init__(
         self, out_dir: Path, state_dir: Path, print_line: Callable[[str], None], namespace: str = NAMESPACE
@@ -237,7 +243,7 @@ class Demo:
             f"cluster up in {time.monotonic() - began:.0f}s: control plane, dev node {names[0]} "
             f"(pods run as local processes), CRD, operator (log: {self.out_dir / 'operator.log'})"
         )
-        self.say(f"  kubectl --kubeconfig {kubeconfig} get tj,pods -n {NAMESPACE}")
+        self.say(f"  kubectl --kubeconfig {kubeconfig} get tj,pods -n {self.namespace}")
 
     def down(self) -> None:
         from phalanx.devcluster.realnode import stop_real_nodes
@@ -347,7 +353,9 @@ class Demo:
                          f"again {recover_seconds[-1]:.1f}s after the eviction; lost steps: {lost}")  # fmt: skip
                 shown_resume = True
             record = current.steps[current.last_step] if current and current.steps else None
-            checkpoint = (status.get("lastCheckpoint") or {}).get("step")
+            checkpoint = (status.get("lastCheckpoint") or {}).get("step") or newest_checkpoint_on_disk(
+                self.out_dir / "checkpoints"
+            )
             line = progress_line(phase, int(status.get("attempt", 0)), record, total, checkpoint)
             if live:
                 print("\r" + line[:160].ljust(160), end="", flush=True)
