@@ -12,6 +12,7 @@ import json
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -50,9 +51,15 @@ LAYOUTS = {
 EXIT_CHECKPOINTED_ON_PREEMPTION = 75
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def start(layout: str, ckpt: Path, log: Path) -> subprocess.Popen[bytes]:
     env = dict(os.environ)
-    env.update(NPROC_PER_NODE="2", GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    env.update(NPROC_PER_NODE="2", GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", MASTER_PORT=str(free_port()))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO / "trainer-image"), env.get("PYTHONPATH")) if p)
     env.pop("RANK", None)
     command = [sys.executable, "-m", "phalanx_trainer", *TINY, *LAYOUTS[layout], f"checkpoint.dir={ckpt}"]

@@ -19,6 +19,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_state_dict,
 )
+from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
 
 from phalanx_trainer.checkpoint.records import Stateful
@@ -27,13 +28,44 @@ TENSOR_MARK = "__phalanx_dcp_tensor__"
 SHARDED_KEYS = ("model", "optimizer")
 
 
+class ZeroLocalState:
+    """ZeRO-1 keeps each rank's optimizer shard in an inner optimizer; DCP's helpers do not cover it,
+    so the shard is per-rank state (exact resume at the same world size, no resharding)."""
+
+    def __init__(self, optimizer: ZeroRedundancyOptimizer) -> None:
+        self.optimizer = optimizer
+
+    def state_dict(self) -> dict[str, Any]:
+        groups = [{k: v for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups]
+        return {"inner": self.optimizer.optim.state_dict(), "groups": groups}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.optimizer.optim.load_state_dict(state_dict["inner"])
+        for group, saved in zip(self.optimizer.param_groups, state_dict["groups"], strict=True):
+            group.update(saved)
+
+
 def _module_and_optimizer(
     app_state: Mapping[str, Any],
 ) -> tuple[nn.Module | None, torch.optim.Optimizer | None]:
     model, optimizer = app_state.get("model"), app_state.get("optimizer")
     module = model if isinstance(model, nn.Module) else None
     optim = optimizer if isinstance(optimizer, torch.optim.Optimizer) and module is not None else None
+    if isinstance(optim, ZeroRedundancyOptimizer):
+        optim = None
     return module, optim
+
+
+def _per_rank_view(app_state: Mapping[str, Any]) -> dict[str, Any]:
+    """The entries saved per rank, with ZeRO's optimizer seen through ZeroLocalState."""
+    module, optim = _module_and_optimizer(app_state)
+    handled = {key for key, value in (("model", module), ("optimizer", optim)) if value is not None}
+    view: dict[str, Any] = {}
+    for name, obj in app_state.items():
+        if name in handled:
+            continue
+        view[name] = ZeroLocalState(obj) if isinstance(obj, ZeroRedundancyOptimizer) else obj
+    return view
 
 
 def collect(app_state: Mapping[str, Stateful | Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -44,8 +76,7 @@ def collect(app_state: Mapping[str, Stateful | Any]) -> tuple[dict[str, Any], di
         sharded["model"], sharded["optimizer"] = get_state_dict(module, optim)
     elif module is not None:
         sharded["model"] = get_model_state_dict(module)
-    handled = {key for key, value in (("model", module), ("optimizer", optim)) if value is not None}
-    per_rank = {name: obj.state_dict() for name, obj in app_state.items() if name not in handled}
+    per_rank = {name: obj.state_dict() for name, obj in _per_rank_view(app_state).items()}
     return sharded, per_rank
 
 
@@ -113,12 +144,8 @@ def apply_sharded(app_state: Mapping[str, Any], sharded: dict[str, Any]) -> None
 
 def apply_per_rank(app_state: Mapping[str, Any], per_rank: Mapping[str, Any]) -> list[str]:
     """Load every other Stateful; returns the names the checkpoint did not have."""
-    module, optim = _module_and_optimizer(app_state)
-    handled = {key for key, value in (("model", module), ("optimizer", optim)) if value is not None}
     missing: list[str] = []
-    for name, obj in app_state.items():
-        if name in handled:
-            continue
+    for name, obj in _per_rank_view(app_state).items():
         if name not in per_rank:
             missing.append(name)
             continue
