@@ -26,6 +26,7 @@ from phalanx.gang.admission import GangRequest, admission_order, plan_admission
 from phalanx.gang.capacity import NodeInfo, PodDemand, usage_by_node
 from phalanx.gang.preemption import RunningGang, choose_victims
 from phalanx.k8s import KubeApi
+from phalanx.reconcile.conditions import set_condition
 from phalanx.reconcile.lifecycle import FINISHED_PHASES, decide, is_gated, iso, parse_iso, pod_attempt
 
 log = logging.getLogger("phalanx.controller")
@@ -37,6 +38,7 @@ ADMISSION_INTERVAL_SECONDS = 1.0
 PROGRESS_TIMEOUT_SECONDS = 1.0
 PROGRESS_POLL_SECONDS = 3.0
 PREEMPTION_COOLDOWN_SECONDS = 15.0
+NAME_CONFLICT_RETRY_SECONDS = 10.0
 # Order value for a gang whose admission was interrupted: ahead of every PriorityClass (max 1e9).
 FINISH_ADMISSION_PRIORITY = 2**40
 ADMIT_CONCURRENCY = 8  # gate-lifting requests in flight at once
@@ -112,7 +114,7 @@ class Controller:
                 for delay in followups:
                     self.enqueue(key, delay=delay)
             except Exception as exc:  # a failed reconcile is retried, never fatal
-                log.warning("reconcile of %s failed, retrying: %s", key, exc)
+                log.warning("reconcile of %s failed, retrying in 2s: %s", key, _short(exc))
                 self.enqueue(key, delay=2.0)
             finally:
                 self.active.discard(key)
@@ -142,7 +144,10 @@ class Controller:
             self.forget(key)
             return followups
         self.known_jobs.add(key)
-        pods = self.api.list_job_pods(namespace, name)
+        # Pods another controller owns are not ours even when they carry our label.
+        pods = [
+            p for p in self.api.list_job_pods(namespace, name) if _controlled_by(p, job["metadata"]["uid"])
+        ]
         now = time.time()
         old_status = dict(job.get("status") or {})
         if not old_status:
@@ -171,6 +176,7 @@ class Controller:
                 self.api.create_if_absent(podgroup)
             attempt = int(plan.status["attempt"])
             template = job["spec"].get("template") or {}
+            taken: list[str] = []
             for index in plan.create_indices:
                 pod = build_worker_pod(
                     ref, spec, index, attempt, template, cluster_domain=self.cluster_domain
@@ -178,8 +184,14 @@ class Controller:
                 if self.api.create_if_absent(pod):
                     metrics.observe_pods_created()
                     _failpoint_after_pod_create()
+                elif self.api.pod_controller_uid(namespace, pod["metadata"]["name"]) not in (ref.uid, None):
+                    taken.append(pod["metadata"]["name"])
             self.loop.call_soon_threadsafe(self.admission_dirty.set)
-            followups.append(0.5)
+            if taken:
+                self._report_name_conflict(job, plan.status, taken, now)
+                followups.append(NAME_CONFLICT_RETRY_SECONDS)
+            else:
+                followups.append(0.5)
         for event in plan.events:
             self.api.create_event(job, event.type, event.reason, event.message, iso(now))
         if plan.delete_job:
@@ -193,6 +205,26 @@ class Controller:
         if plan.status.get("phase") == "Running":
             followups.append(PROGRESS_POLL_SECONDS)
         return followups
+
+    def _report_name_conflict(
+        self, job: dict[str, Any], status: dict[str, Any], taken: list[str], now: float
+    ) -> None:
+        """A pod not owned by this job holds a worker's name: say so once, then wait for it to go."""
+        message = (
+            f"pod(s) {', '.join(taken)} exist but do not belong to this TrainingJob; delete or rename them "
+            "and the job continues"
+        )
+        if status.get("message") == message:
+            return
+        conditions = set_condition(
+            status.get("conditions") or [], "PodsCreated", "False", "NameConflict", message, iso(now),
+            job["metadata"].get("generation"),
+        )  # fmt: skip
+        meta = job["metadata"]
+        self.api.patch_job_status(
+            meta["namespace"], meta["name"], {"message": message, "conditions": conditions}
+        )
+        self.api.create_event(job, "Warning", "NameConflict", message, iso(now))
 
     def _observe(self, namespace: str, name: str, old: dict[str, Any], new: dict[str, Any]) -> None:
         if old.get("phase") != new.get("phase") and new.get("phase"):
@@ -251,7 +283,7 @@ class Controller:
             try:
                 await asyncio.to_thread(self.admission_pass)
             except Exception as exc:
-                log.warning("admission pass failed, retrying: %s", exc)
+                log.warning("admission pass failed, retrying: %s", _short(exc))
             await asyncio.sleep(ADMISSION_INTERVAL_SECONDS)
 
     def admission_pass(self) -> None:
@@ -432,6 +464,20 @@ class Controller:
 _pods_created_here = 0
 
 
+def _controlled_by(pod: dict[str, Any], uid: str) -> bool:
+    owners = pod.get("metadata", {}).get("ownerReferences") or []
+    controller = next((o for o in owners if o.get("controller")), None)
+    return controller is None or controller.get("uid") == uid
+
+
+def _short(exc: Exception) -> str:
+    """One line: an ApiException's status and reason, not its headers and body."""
+    status, reason = getattr(exc, "status", None), getattr(exc, "reason", None)
+    if status is not None:
+        return f"HTTP {status} {reason or ''}".strip()
+    return f"{type(exc).__name__}: {exc}"
+
+
 def _failpoint_after_pod_create() -> None:
     """Test hook: PHALANX_FAILPOINT_EXIT_AFTER_PODS=N kills the process after its N-th pod creation,
     the way a crash between two API calls would (tests/integration/test_reconcile.py)."""
@@ -464,9 +510,10 @@ def _waits_for_admission(job: dict[str, Any]) -> bool:
         return False
     if (spec.get("runPolicy") or {}).get("suspend"):
         return False
-    return status.get("phase") not in (*FINISHED_PHASES, "Suspended") and status.get(
-        "createdAttempt"
-    ) == status.get("attempt", 0)
+    # Not waiting for status.createdAttempt: the pass itself admits a gang only once every pod of the
+    # current attempt exists, and the reconcile that records createdAttempt can sit behind many
+    # others in the queue during a burst, delaying admission for nothing.
+    return status.get("phase") not in (*FINISHED_PHASES, "Suspended")
 
 
 def progress_status(report: dict[str, Any]) -> dict[str, Any]:

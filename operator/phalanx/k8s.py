@@ -125,6 +125,17 @@ class KubeApi:
             raise
         return True
 
+    def pod_controller_uid(self, namespace: str, name: str) -> str | None:
+        """The uid of the pod's controlling owner; "" when it has none, None when the pod is absent."""
+        try:
+            pod = self._json(self.core.read_namespaced_pod(name, namespace, _preload_content=False))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        owners = pod.get("metadata", {}).get("ownerReferences") or []
+        return next((str(o.get("uid")) for o in owners if o.get("controller")), "")
+
     def delete_pod(self, namespace: str, name: str, uid: str | None, grace_seconds: int | None) -> None:
         body = client.V1DeleteOptions(
             grace_period_seconds=grace_seconds,

@@ -232,11 +232,6 @@ def test_foreign_pod_holding_a_worker_name_blocks_only_until_it_is_deleted(
     assert job_status(cluster, namespace, "taken")["attempt"] == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="operator bug: create_if_absent treats 409 as 'already created', so a foreign pod holding "
-    "a worker's name leaves the job Pending with 'created N pod(s)' and no event (docs/reliability.md)",
-)
 def test_foreign_pod_holding_a_worker_name_is_reported_in_status_or_events(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:

@@ -188,6 +188,8 @@ def decide(
         b.plan.create_indices.extend(missing)
         if not missing:
             status["createdAttempt"] = attempt
+            if any(x["type"] == "PodsCreated" for x in status["conditions"]):
+                b.condition("PodsCreated", "True", "AllPodsCreated", f"all {spec.replicas} pod(s) exist")
         if spec.scheduling.provider != "builtin":
             status.setdefault("admittedTime", b.now_iso)
         if attempt == 0 or status.get("phase") not in ("Restarting",):
