@@ -208,6 +208,7 @@ class Demo:
         from phalanx.devcluster.cluster import LocalCluster
 
         self.namespace = namespace
+        self.log_offset = 0
         self.out_dir = out_dir
         self.cluster = LocalCluster(state_dir, log=lambda msg: None)
         self.say = print_line
@@ -282,6 +283,7 @@ class Demo:
             trainer = job["spec"]["template"]["spec"]["containers"][0]
             trainer["args"] = [*trainer["args"], f"job.steps={steps}"]
             total = steps
+        self.log_offset = len(self.rank0_log(whole=True))  # an earlier run's pods may share the log file
         self._run("create", "namespace", self.namespace)
         self._run("apply", "-n", self.namespace, "-f", "-", input=json.dumps({"kind": "List", "apiVersion": "v1",
                                                                           "items": documents}))  # fmt: skip
@@ -309,12 +311,14 @@ class Demo:
         body = client.V1Eviction(metadata=client.V1ObjectMeta(name=pod, namespace=self.namespace))
         core.create_namespaced_pod_eviction(pod, self.namespace, body)
 
-    def rank0_log(self) -> str:
+    def rank0_log(self, whole: bool = False) -> str:
+        """Rank 0's log since this run's submission (the dev node appends across pods of one name)."""
         from phalanx.devcluster.realnode import agent_state_dir, real_node_names
 
         path = agent_state_dir(self.cluster.state_dir, real_node_names(1)[0]) / "logs"
         log_file = path / f"{self.namespace}_{JOB}-worker-0_trainer.log"
-        return log_file.read_text(errors="replace") if log_file.exists() else ""
+        text = log_file.read_text(errors="replace") if log_file.exists() else ""
+        return text if whole else text[self.log_offset :]
 
     def follow(
         self, total: int, evict_at: float, timeout: float
