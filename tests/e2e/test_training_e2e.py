@@ -31,8 +31,8 @@ from tests.e2e.runs import (
 
 pytestmark = pytest.mark.e2e
 
-STEPS = 150
-INTERVAL = 25
+STEPS = 100
+INTERVAL = 20
 RUN_TIMEOUT = 240.0  # a start costs 20-60 s of imports on a loaded 2-core machine
 
 
