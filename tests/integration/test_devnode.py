@@ -256,3 +256,61 @@ def headless_service(name: str) -> dict[str, Any]:
         "metadata": {"name": name},
         "spec": {"clusterIP": "None", "selector": {"app": "devnode-test"}, "ports": [{"port": 7000}]},
     }
+
+
+def test_an_agent_restart_kills_what_it_left_and_fails_those_pods(
+    cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import uuid
+
+    name = f"restart-{uuid.uuid4().hex[:6]}"
+    state_dir = tmp_path / "agent"
+    argv = [sys.executable, "-m", "phalanx.devnode", "--kubeconfig", cluster.kubeconfig, "--name", name,
+            "--state-dir", str(state_dir), "--ip-prefix", "127.251.7"]  # fmt: skip
+
+    def start() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
+
+    node = RealNode(name, state_dir)
+    env = [{"name": "WORK", "value": str(tmp_path)}]
+    first = start()
+    try:
+        wait_for(
+            lambda: cluster.kubectl("get", "node", name, check=False).returncode == 0, timeout=30, what="node"
+        )
+        cluster.apply(pod("orphan", node, TRAPS_SIGTERM, env=env), namespace)
+        wait_for(lambda: (tmp_path / "ready").exists(), timeout=30, what="the process to start")
+        pid_file = next((state_dir / "pods").glob("*/main.pid"))
+        old_process = int(pid_file.read_text())
+        first.send_signal(signal.SIGKILL)  # a crash: no chance to stop the pod's processes
+        first.wait()
+        assert _alive(old_process)
+
+        second = start()
+        try:
+            wait_phase(cluster, namespace, "orphan", ("Failed",), timeout=30)
+            status = cluster.get_json("pod", "orphan", "-n", namespace)["status"]
+            assert status["reason"] == "NodeAgentRestarted"
+            wait_for(lambda: not _alive(old_process), timeout=10, what="the orphaned process to be killed")
+            assert not (tmp_path / "marker").exists()  # SIGKILL, as for any process of a lost pod
+        finally:
+            second.send_signal(signal.SIGTERM)
+            second.wait(timeout=20)
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+        cluster.kubectl("delete", "node", name, "--wait=false", "--ignore-not-found", check=False)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split()[2] != "Z"
+    except OSError:
+        return False
