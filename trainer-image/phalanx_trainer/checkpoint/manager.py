@@ -295,10 +295,18 @@ class CheckpointManager:
         if DCP_METADATA_NAME in hashed:
             own_entries.append(hashed[DCP_METADATA_NAME])
         everyone = self._all_gather(own_entries)
-        outcome: str | None = None
+        outcome: tuple[bool, str] | None = None
         if self.rank == 0:
-            outcome = self._commit(pending, temporary, [entry for entries in everyone for entry in entries])
-        final = self._broadcast(outcome)
+            try:
+                outcome = (
+                    True,
+                    self._commit(pending, temporary, [e for entries in everyone for e in entries]),
+                )
+            except Exception as error:  # tell the other ranks instead of leaving them in the broadcast
+                outcome = (False, f"commit failed on rank 0: {type(error).__name__}: {error}")
+        committed, final = self._broadcast(outcome)
+        if not committed:
+            raise CheckpointError(final)
         total = time.monotonic() - pending.started
         written = sum(entry.size for entry in own_entries)
         self.last_save = SaveRecord(pending.step, pending.blocking_seconds, total, written)
