@@ -464,12 +464,16 @@ def contention(api: client.ApiClient, pool_nodes: int, run_seconds: int, rng: ra
     for t in pods:
         by_gang.setdefault(t.group, []).append(t)
     partial = 0.0
+    beyond_timeout = 0.0
     worst = 0.0
     for members in by_gang.values():
         starts = sorted(t.running for t in members if t.running is not None)
         full = starts[-1]
         worst = max(worst, full - starts[0])
         partial += sum(t.gpus * (full - t.running) for t in members if t.running is not None)
+        beyond_timeout += sum(
+            t.gpus * max(0.0, full - t.running - gang_timeout) for t in members if t.running is not None
+        )
     core.delete_namespace(ns)
     return {
         "nodes": pool_nodes,
@@ -482,6 +486,7 @@ def contention(api: client.ApiClient, pool_nodes: int, run_seconds: int, rng: ra
         "gpu_utilization": round(used / available, 3),
         "partial_gang_seconds": round(partial, 1),
         "worst_partial_gang_seconds": round(worst, 2),
+        "partial_gang_seconds_beyond_timeout": round(beyond_timeout, 1),
         "gang_timeout_seconds": gang_timeout,
     }
 
@@ -565,8 +570,9 @@ def table(results: dict[str, Any]) -> str:
         ("  makespan (ideal)", f"{con['makespan_seconds']} s ({con['ideal_makespan_seconds']} s)"),
         ("  gpu_utilization while waiting", f"{con['gpu_utilization']}"),
         (
-            "  partial_gang_seconds (worst gang)",
-            f"{con['partial_gang_seconds']} ({con['worst_partial_gang_seconds']} s)",
+            "  partial_gang_seconds (worst gang; beyond timeout)",
+            f"{con['partial_gang_seconds']} ({con['worst_partial_gang_seconds']} s; "
+            f"{con.get('partial_gang_seconds_beyond_timeout', 'n/a')})",
         ),
         (
             "footprint: jobs (running)",
