@@ -307,8 +307,8 @@ def validate(config: TrainerConfig, world_size: int | None = None) -> list[str]:
             f"data.batch_size = {config.data.batch_size} must be divisible by "
             f"parallelism.pp_microbatches = {par.pp_microbatches}"
         )
-    if par.pp > 1 and par.dp_mode == "zero1":
-        problems.append("parallelism.pp > 1 works with dp_mode ddp, zero2 or fsdp, not zero1")
+    if par.pp > 1 and par.dp_mode in ("ddp", "zero1") and par.dp not in (1, -1):
+        problems.append("parallelism.pp > 1 with dp > 1 needs dp_mode = fsdp or zero2")
     if par.tp > 1 and par.dp_mode in ("ddp", "zero1") and par.dp not in (1, -1):
         problems.append("parallelism.tp > 1 with dp > 1 needs dp_mode = fsdp or zero2")
     if config.data.num_workers == 0 and config.data.persistent_workers:

@@ -53,14 +53,14 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: boo
 
 
 def apply_ddp(
-    model: nn.Module, dp_mesh: DeviceMesh, bucket_mb: float, device: torch.device
+    model: nn.Module, dp_mesh: DeviceMesh, bucket_mb: float, device: torch.device, static_graph: bool
 ) -> DistributedDataParallel:
     return DistributedDataParallel(
         model,
         device_ids=[device.index] if device.type == "cuda" else None,
         process_group=dp_mesh.get_group(),
         bucket_cap_mb=bucket_mb,
-        # Buckets are rebuilt from the first backward's order; static graph lets DDP skip the
-        # unused-parameter search every step.
-        static_graph=True,
+        # Static graph: buckets follow the first backward's order and DDP skips the unused-parameter
+        # search each step. Not under pipelining, whose schedule runs several backwards per step.
+        static_graph=static_graph,
     )

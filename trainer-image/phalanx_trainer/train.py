@@ -73,13 +73,18 @@ def cross_entropy_fp32(logits: torch.Tensor, targets: torch.Tensor) -> torch.Ten
 
 def global_grad_norm(params: list[nn.Parameter], pp_group: Any) -> float:
     """L2 norm of all gradients of the whole model: across FSDP/TP shards and pipeline stages."""
-    plain = [p.grad for p in params if p.grad is not None and not isinstance(p.grad, DTensor)]
-    sharded = [p.grad for p in params if isinstance(p.grad, DTensor)]
+    groups: dict[Any, list[torch.Tensor]] = {}
+    for param in params:
+        if param.grad is None:
+            continue
+        grad = param.grad
+        # One norm per layout: under FSDP x TP, TP-split weights live on the 2-D mesh and the rest on
+        # the data-parallel mesh, and DTensor cannot stack norms from different meshes.
+        key = (grad.device_mesh, grad.placements) if isinstance(grad, DTensor) else None
+        groups.setdefault(key, []).append(grad)
     squared = torch.zeros((), dtype=torch.float32)
-    if plain:
-        squared += torch.nn.utils.get_total_norm(plain).float().cpu() ** 2
-    if sharded:
-        norm = torch.nn.utils.get_total_norm(sharded)
+    for grads in groups.values():
+        norm = torch.nn.utils.get_total_norm(grads)
         if isinstance(norm, DTensor):
             norm = norm.full_tensor()
         squared += norm.float().cpu() ** 2
@@ -130,7 +135,9 @@ class Trainer:
             if par.dp_mode in ("fsdp", "zero2"):
                 apply_fsdp(model, dp_mesh, reshard_after_forward=par.dp_mode == "fsdp")
             else:
-                self.train_module = apply_ddp(model, dp_mesh, par.ddp_bucket_mb, self.device)
+                self.train_module = apply_ddp(
+                    model, dp_mesh, par.ddp_bucket_mb, self.device, static_graph=self.dims.pp == 1
+                )
         self.pp_group: Any = (
             self.mesh["pp"].get_group() if self.mesh is not None and self.dims.pp > 1 else None
         )
