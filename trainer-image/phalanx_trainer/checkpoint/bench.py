@@ -87,7 +87,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     work = Path(tempfile.mkdtemp(prefix="phalanx-ckpt-bench-", dir=args.dir))
     sync_manager = CheckpointManager(CheckpointConfig(dir=str(work / "sync"), async_save=False, keep=2))
-    async_manager = CheckpointManager(CheckpointConfig(dir=str(work / "async"), async_save=True, keep=2))
+    async_manager = CheckpointManager(
+        CheckpointConfig(dir=str(work / "async"), async_save=True, keep=2),
+        writer_nice_increment=args.writer_nice,
+    )
     # Warm-up: first-touch of staging buffers and of the page cache paths is not what we measure.
     measure_memcpy(tensors, buffers)
     sync_manager.save(0, app_state)
@@ -175,6 +178,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="normal steps timed before each async save")
     parser.add_argument("--repetitions", type=int, default=5)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--writer-nice", type=int, default=10, help="niceness added to the writer thread")
     parser.add_argument("--dir", default=None, help="where checkpoints are written (default: the temp dir)")
     parser.add_argument("--out", default="bench/results/checkpoint.json")
     args = parser.parse_args()

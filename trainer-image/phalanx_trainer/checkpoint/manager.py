@@ -111,7 +111,7 @@ class CheckpointManager:
         process_group: Any = None,
         *,
         layout: Mapping[str, Any] | None = None,
-        writer_nice_increment: int = 0,
+        writer_nice_increment: int = 10,
     ) -> None:
         self.config = config
         self.process_group = process_group
