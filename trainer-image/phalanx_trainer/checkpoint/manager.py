@@ -255,12 +255,15 @@ class CheckpointManager:
             self._write(pending)
 
     def _emergency_fits(self, step: int, app_state: dict[str, Stateful], called: float) -> bool:
+        sharded, _ = collect(app_state)
+        _, tensors = split_tensors(sharded)
+        assumed = tensor_bytes(tensors) * self.world_size / ASSUMED_WRITE_BYTES_PER_SECOND
         if self.last_save is not None:
-            estimate = self.last_save.blocking_seconds + self.last_save.total_seconds
+            # An asynchronous save ran niced and shared the cores with training; the emergency save runs
+            # alone at normal priority, so the measured time is an upper bound.
+            estimate = self.last_save.blocking_seconds + min(self.last_save.total_seconds, assumed)
         else:
-            sharded, _ = collect(app_state)
-            _, tensors = split_tensors(sharded)
-            estimate = tensor_bytes(tensors) * self.world_size / ASSUMED_WRITE_BYTES_PER_SECOND
+            estimate = assumed
         remaining = self.config.emergency_budget_seconds - (time.monotonic() - called)
         worst_estimate, neg_remaining = self._max([estimate, -remaining])
         if worst_estimate <= -neg_remaining:
