@@ -22,7 +22,7 @@ def _dev(args: argparse.Namespace) -> int:
             if args.nodes:
                 pools = tuple(pools_from_config(yaml.safe_load(Path(args.nodes).read_text()) or []))
             started = time.monotonic()
-            kubeconfig = cluster.up(pools)
+            kubeconfig = cluster.up(pools, real_nodes=args.real_nodes)
             print(f"Local cluster up in {time.monotonic() - started:.1f}s.", file=sys.stderr)
             print(f"  kubectl --kubeconfig {kubeconfig} get nodes", file=sys.stderr)
             print(kubeconfig)
@@ -64,6 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_argument("--name", default="default", help="cluster name (state in ~/.local/state/phalanx/NAME)")
     dev.add_argument("--state-dir", help="state directory (overrides --name)")
     dev.add_argument("--nodes", help="YAML list of simulated node pools (see docs/dev-cluster.md)")
+    dev.add_argument(
+        "--real-nodes", type=int, default=0,
+        help="also start N development nodes that run pods as local processes (docs/dev-node.md)",
+    )  # fmt: skip
     dev.set_defaults(func=_dev)
     return parser
 

@@ -33,9 +33,11 @@ log = logging.getLogger("phalanx.controller")
 
 NODE_CACHE_SECONDS = 2.0
 RESYNC_SECONDS = 20.0
-PROGRESS_RETRY_AFTER_FAILURE_SECONDS = 30.0
+PROGRESS_MAX_BACKOFF_SECONDS = 30.0
+PROGRESS_CONCURRENCY = 8
+PROGRESS_PATIENT_ATTEMPTS = 20
 ADMISSION_INTERVAL_SECONDS = 1.0
-PROGRESS_TIMEOUT_SECONDS = 1.0
+PROGRESS_TIMEOUT_SECONDS = 0.5
 PROGRESS_POLL_SECONDS = 3.0
 PREEMPTION_COOLDOWN_SECONDS = 15.0
 NAME_CONFLICT_RETRY_SECONDS = 10.0
@@ -69,7 +71,10 @@ class Controller:
         self.reservations: dict[str, tuple[str, ...]] = {}
         self.admission_dirty = asyncio.Event()
         self.known_jobs: set[str] = set()
-        self.progress_failed_at: dict[str, float] = {}
+        self.progress_targets: dict[str, str] = {}
+        self.progress_next_poll: dict[str, float] = {}
+        self.progress_failures: dict[str, int] = {}
+        self.last_progress: dict[str, dict[str, Any]] = {}
         self.preempting: dict[str, float] = {}
         self.tasks: list[asyncio.Task[None]] = []
 
@@ -87,7 +92,13 @@ class Controller:
 
     def forget(self, key: str) -> None:
         self.known_jobs.discard(key)
-        self.progress_failed_at.pop(key, None)
+        for table in (
+            self.progress_targets,
+            self.progress_next_poll,
+            self.progress_failures,
+            self.last_progress,
+        ):
+            table.pop(key, None)
         self.reservations.pop(key, None)
         namespace, name = key.split("/", 1)
         metrics.forget_job(namespace, name)
@@ -97,6 +108,7 @@ class Controller:
             self.tasks.append(asyncio.create_task(self._worker(), name=f"reconcile-{i}"))
         self.tasks.append(asyncio.create_task(self._admission_loop(), name="admission"))
         self.tasks.append(asyncio.create_task(self._resync_loop(), name="resync"))
+        self.tasks.append(asyncio.create_task(self._progress_loop(), name="progress"))
 
     async def stop(self) -> None:
         for task in self.tasks:
@@ -156,8 +168,10 @@ class Controller:
         spec = parse(TrainingJobSpec, job["spec"])
         ref = JobRef.of(job)
 
-        if plan.status.get("phase") == "Running":
-            self._read_progress(key, job, pods, plan.status)
+        self._track_progress_target(key, pods, plan.status)
+        if plan.status.get("phase") == "Succeeded" and plan.status.get("progress", {}).get("totalSteps"):
+            done = dict(plan.status["progress"])
+            plan.status["progress"] = {**done, "step": done["totalSteps"], "percent": 100, "etaSeconds": 0}
         if plan.status.get("phase") in FINISHED_PHASES:
             self.known_jobs.discard(key)  # nothing left to resync; TTL rides on recheck_after
         patch = status_diff(old_status, plan.status)
@@ -202,8 +216,6 @@ class Controller:
             followups.append(plan.recheck_after)
         if plan.delete_pods:
             followups.append(1.0)
-        if plan.status.get("phase") == "Running":
-            followups.append(PROGRESS_POLL_SECONDS)
         return followups
 
     def _report_name_conflict(
@@ -236,12 +248,10 @@ class Controller:
         if (new.get("gangTimeouts") or 0) > (old.get("gangTimeouts") or 0):
             metrics.observe_gang_timeout(namespace, name)
 
-    def _read_progress(
-        self, key: str, job: dict[str, Any], pods: list[dict[str, Any]], status: dict[str, Any]
-    ) -> None:
-        """Copies the trainer's /progress (served by global rank 0) into status.progress."""
-        failed_at = self.progress_failed_at.get(key)
-        if failed_at is not None and time.monotonic() - failed_at < PROGRESS_RETRY_AFTER_FAILURE_SECONDS:
+    def _track_progress_target(self, key: str, pods: list[dict[str, Any]], status: dict[str, Any]) -> None:
+        """Remembers where global rank 0 serves /progress while the job runs (the progress loop polls it)."""
+        if status.get("phase") != "Running":
+            self.progress_targets.pop(key, None)
             return
         attempt = status.get("attempt")
         rank0 = next(
@@ -249,28 +259,59 @@ class Controller:
              and p["metadata"]["labels"].get(c.LABEL_REPLICA_INDEX) == "0"), None,
         )  # fmt: skip
         ip = (rank0 or {}).get("status", {}).get("podIP")
-        if not ip:
+        if ip and self.progress_targets.get(key) != ip:
+            self.progress_targets[key] = ip
+            self.progress_next_poll.pop(key, None)
+            self.progress_failures.pop(key, None)
+
+    async def _progress_loop(self) -> None:
+        while True:
+            await asyncio.sleep(PROGRESS_POLL_SECONDS)
+            now = time.monotonic()
+            due = [k for k in list(self.progress_targets) if self.progress_next_poll.get(k, 0.0) <= now]
+            for start in range(0, len(due), PROGRESS_CONCURRENCY):
+                batch = due[start : start + PROGRESS_CONCURRENCY]
+                results = await asyncio.gather(
+                    *(asyncio.to_thread(self._poll_progress, k) for k in batch), return_exceptions=True
+                )
+                for key, result in zip(batch, results, strict=True):
+                    if isinstance(result, Exception):
+                        log.warning("progress of %s not recorded: %s", key, _short(result))
+
+    def _poll_progress(self, key: str) -> None:
+        """Copies the trainer's /progress into status.progress and status.lastCheckpoint when they change."""
+        ip = self.progress_targets.get(key)
+        if ip is None:
             return
         try:
             url = f"http://{ip}:{c.DEFAULT_METRICS_PORT}{c.PROGRESS_PATH}"
             with urllib.request.urlopen(url, timeout=PROGRESS_TIMEOUT_SECONDS) as response:
                 report = json.loads(response.read())
         except (OSError, ValueError):
-            # Simulated pods serve nothing and a trainer may still be starting: not an error, but
-            # do not spend a worker on it at every pass.
-            self.progress_failed_at[key] = time.monotonic()
+            # Simulated pods serve nothing and a trainer may still be starting: back off, quietly.
+            failures = self.progress_failures.get(key, 0) + 1
+            self.progress_failures[key] = failures
+            # A trainer takes a while to import torch and rendezvous: keep the normal pace for the
+            # first attempts, then back off (kwok's simulated pods never answer).
+            slow = max(0, failures - PROGRESS_PATIENT_ATTEMPTS)
+            delay = min(PROGRESS_MAX_BACKOFF_SECONDS, PROGRESS_POLL_SECONDS * 2**slow)
+            self.progress_next_poll[key] = time.monotonic() + delay
             return
-        self.progress_failed_at.pop(key, None)
-        status["progress"] = progress_status(report)
+        self.progress_failures.pop(key, None)
+        namespace, name = key.split("/", 1)
+        patch: dict[str, Any] = {"progress": progress_status(report)}
         checkpoint = report.get("last_checkpoint") or None
         if checkpoint and checkpoint.get("step") is not None:
-            status["lastCheckpoint"] = {"step": int(checkpoint["step"]), "time": checkpoint.get("time")}
+            patch["lastCheckpoint"] = {"step": int(checkpoint["step"]), "time": checkpoint.get("time")}
             saved = parse_iso(checkpoint.get("time"))
             if saved is not None:
-                metrics.observe_checkpoint(job["metadata"]["namespace"], job["metadata"]["name"], saved)
+                metrics.observe_checkpoint(namespace, name, saved)
         total, step = report.get("total_steps"), report.get("step")
         if isinstance(total, int) and isinstance(step, int) and total > 0:
-            metrics.observe_progress(job["metadata"]["namespace"], job["metadata"]["name"], step, total)
+            metrics.observe_progress(namespace, name, step, total)
+        if self.last_progress.get(key) != patch:
+            self.api.patch_job_status(namespace, name, patch)
+            self.last_progress[key] = patch
 
     # -- gang admission (provider: builtin) ------------------------------------------------------
     async def _admission_loop(self) -> None:

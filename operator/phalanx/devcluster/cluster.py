@@ -134,7 +134,10 @@ class LocalCluster:
         return ClusterState.from_json(self._state_file.read_text())
 
     # -- lifecycle -----------------------------------------------------------------------------
-    def up(self, pools: Sequence[NodePool] = DEFAULT_POOLS, timeout: float = 120.0) -> Path:
+    def up(
+        self, pools: Sequence[NodePool] = DEFAULT_POOLS, timeout: float = 120.0, real_nodes: int = 0
+    ) -> Path:
+        """Starts the control plane and kwok's nodes; `real_nodes` dev-node agents run pods as processes."""
         started = time.monotonic()
         if self.running_components():
             raise ClusterError(
@@ -163,6 +166,14 @@ class LocalCluster:
             self.add_nodes(pools)
             self._wait_nodes_ready(timeout)
             self._wait_default_service_account(timeout)
+            if real_nodes:
+                from phalanx.devcluster.realnode import start_real_nodes, wait_real_nodes_ready
+
+                names = start_real_nodes(self.state_dir, self.kubeconfig, real_nodes, workdir=REPO_ROOT)
+                wait_real_nodes_ready(
+                    [str(bin_dir / "kubectl"), f"--kubeconfig={self.kubeconfig}"], names, timeout
+                )
+                self.log(f"development node(s) running pods as local processes: {', '.join(names)}")
         except Exception:
             self.down(quiet=True)
             raise
@@ -170,7 +181,9 @@ class LocalCluster:
         return self.kubeconfig
 
     def down(self, quiet: bool = False) -> list[str]:
-        stopped = []
+        from phalanx.devcluster.realnode import stop_real_nodes
+
+        stopped = stop_real_nodes(self.state_dir)
         # Reverse start order: node simulator and controllers first, etcd last.
         for name in ("kwok", "kube-controller-manager", "kube-scheduler", "kube-apiserver", "etcd"):
             pid = self._read_pid(name)
