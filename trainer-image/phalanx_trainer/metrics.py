@@ -1,6 +1,7 @@
 """Prometheus metrics and the /progress JSON, served by one small HTTP server per process.
 
-METRIC_NAMES lists every exposed name so the chart and dashboards can be checked against it.
+METRIC_NAMES lists every name this module registers so the chart and dashboards can be checked
+against it; /metrics also serves prometheus_client's default registry (checkpoint metrics).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from phalanx_trainer.contract import PROGRESS_PATH
@@ -209,7 +210,10 @@ class MetricsServer:
             def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
                 path = self.path.split("?", 1)[0]
                 if path == "/metrics":
-                    self._reply(200, CONTENT_TYPE_LATEST, generate_latest(outer.metrics.registry))
+                    # The trainer's own registry plus the default one, where the checkpoint manager
+                    # (phalanx_trainer.checkpoint.metrics) and the process collectors register.
+                    body = generate_latest(outer.metrics.registry) + generate_latest(REGISTRY)
+                    self._reply(200, CONTENT_TYPE_LATEST, body)
                 elif path == PROGRESS_PATH and outer.serve_progress:
                     self._reply(200, "application/json", json.dumps(outer.metrics.progress).encode())
                 else:
