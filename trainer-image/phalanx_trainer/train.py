@@ -9,6 +9,7 @@ import contextlib
 import math
 import resource
 import time
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -250,7 +251,11 @@ class Trainer:
             self.optimizer.step()
         self.scaler.update(overflow)
         self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
+        with warnings.catch_warnings():
+            # The schedule counts steps, skipped fp16 ones included; torch warns when the optimizer
+            # did not step before the scheduler, which is intended here.
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler")
+            self.scheduler.step()
         return grad_norm, overflow
 
     def reduce_loss(self, local_loss: torch.Tensor) -> float:
