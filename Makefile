@@ -7,7 +7,7 @@ PYTEST := $(BIN)/pytest
 STAMP := $(VENV)/.installed
 
 .PHONY: help venv cluster-bin lint typecheck test test-unit test-integration test-e2e test-trainer \
-        crd crd-check docs chart-lint kind-up demo bench bench-trainer bench-gang bench-recovery dev-up dev-down clean
+        crd crd-check docs chart-lint kind-up demo bench bench-trainer bench-checkpoint bench-gang bench-recovery dev-up dev-down clean
 
 help:
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -67,7 +67,10 @@ dev-down: $(STAMP) ## stop the local cluster
 demo: $(STAMP) cluster-bin ## the main job on a local cluster: train, preempt, recover
 	$(BIN)/python -m phalanx.demo
 
-bench: bench-trainer bench-gang bench-recovery ## all benchmarks (results in bench/results/)
+bench: bench-trainer bench-checkpoint bench-gang bench-recovery ## all benchmarks (results in bench/results/)
+
+bench-checkpoint: $(STAMP)
+	$(BIN)/python -m phalanx_trainer.checkpoint.bench
 
 bench-trainer: $(STAMP)
 	$(BIN)/python bench/trainer_bench.py
