@@ -226,6 +226,7 @@ def main() -> int:
         parser.error("--pairs must be >= 5 (the median of at least 5 interleaved pairs)")
 
     params = sum(p.numel() for p in GPT(bench_config(1, args.steps).model).parameters())
+    load_before = os.getloadavg()[0]
     phalanx: list[float] = []
     baseline: list[float] = []
     ratios: list[float] = []
@@ -271,6 +272,7 @@ def main() -> int:
             "warmup_steps_excluded": args.warmup,
             "pairs": args.pairs,
             "cpu_count": os.cpu_count(),
+            "load_average_1m_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
             "torch": torch.__version__,
             "python": platform.python_version(),
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
