@@ -320,12 +320,6 @@ def test_trainer_endpoint_serves_every_trainer_metric(trainer_server: int) -> No
     assert progress["step"] == 10 and progress["total_steps"] == 100
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="checkpoint metrics are registered in prometheus_client's default registry, but the "
-    "trainer's MetricsServer serves only TrainerMetrics.registry: the dashboard's checkpoint panels "
-    "stay empty until one endpoint serves both (remove this mark then)",
-)
 def test_trainer_endpoint_serves_the_checkpoint_metrics_the_dashboard_uses(trainer_server: int) -> None:
     from phalanx_trainer.checkpoint import metrics as checkpoint_metrics
 
