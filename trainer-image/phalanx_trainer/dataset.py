@@ -137,6 +137,9 @@ class DataStream:
             pin_memory=self.config.pin_memory and self.device.type == "cuda",
             prefetch_factor=self.config.prefetch_factor if workers else None,
             persistent_workers=self.config.persistent_workers if workers else False,
+            # Its own generator: seeding the workers must not draw from the global RNG, or a resumed
+            # run's RNG stream would be one draw ahead of the uninterrupted one.
+            generator=torch.Generator().manual_seed(1_000_003 * (self.dp_rank + 1) + self.consumed),
         )
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
