@@ -181,8 +181,11 @@ class Controller:
 
         uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
         grace = spec.run_policy.termination_grace_period_seconds
+        for pod_name in plan.force_delete_pods:
+            self.api.delete_pod(namespace, pod_name, uids.get(pod_name), 0)
         for pod_name in plan.delete_pods:
-            self.api.delete_pod(namespace, pod_name, uids.get(pod_name), grace)
+            if pod_name not in plan.force_delete_pods:
+                self.api.delete_pod(namespace, pod_name, uids.get(pod_name), grace)
         if plan.create_indices:
             self.api.create_if_absent(build_headless_service(ref, spec))
             podgroup = build_podgroup(ref, spec)
@@ -214,7 +217,7 @@ class Controller:
             return followups
         if plan.recheck_after is not None:
             followups.append(plan.recheck_after)
-        if plan.delete_pods:
+        if plan.delete_pods or plan.force_delete_pods:
             followups.append(1.0)
         return followups
 

@@ -180,3 +180,15 @@ def test_phase_change_emits_one_event_and_repeating_emits_none() -> None:
     assert [e.reason for e in plan.events] == ["Completed"]
     again = decide(job(dict(plan.status)), [pod(0, phase="Succeeded", exit_code=0)], NODES, NOW)
     assert again.events == []
+
+
+def test_pods_on_a_deleted_node_are_lost_at_once_and_removed_without_grace() -> None:
+    on_gone_node = pod(1, spec={"nodeName": "gone"})
+    plan = decide(job(dict(RUNNING)), [pod(0), on_gone_node], NODES, NOW)
+    assert plan.status["restarts"]["preemptions"] == 1 and plan.status["phase"] == "Restarting"
+    assert plan.force_delete_pods == ["j-worker-1"]
+
+
+def test_an_empty_node_cache_never_counts_as_node_loss() -> None:
+    plan = decide(job(dict(RUNNING)), [pod(0), pod(1, spec={"nodeName": "gone"})], {}, NOW)
+    assert plan.status["phase"] == "Running" and plan.force_delete_pods == []
