@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
+
+from tests.conftest import Cluster, wait_for
 
 
 def training_job(
@@ -38,3 +41,27 @@ def training_job(
     if gpus is not None:
         body["spec"].setdefault("resources", {})["gpus"] = gpus
     return body
+
+
+def job_status(cluster: Cluster, ns: str, name: str) -> dict[str, Any]:
+    result = cluster.kubectl("get", "tj", name, "-n", ns, "-o", "json", check=False)
+    if result.returncode != 0:
+        return {}
+    status: dict[str, Any] = json.loads(result.stdout).get("status") or {}
+    return status
+
+
+def job_pods(cluster: Cluster, ns: str, name: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = cluster.get_json("pods", "-n", ns, "-l", f"phalanx.dev/job-name={name}")[
+        "items"
+    ]
+    return items
+
+
+def wait_phase(cluster: Cluster, ns: str, name: str, phase: str, timeout: float = 60) -> dict[str, Any]:
+    status: dict[str, Any] = wait_for(
+        lambda: (s := job_status(cluster, ns, name)).get("phase") == phase and s,
+        timeout=timeout,
+        what=f"TrainingJob {name} phase {phase}",
+    )
+    return status

@@ -19,7 +19,7 @@ import pytest
 
 from phalanx.devcluster.nodes import NodePool, node_manifest
 from tests.conftest import Cluster, OperatorProcess, wait_for
-from tests.jobs import training_job
+from tests.jobs import job_status, training_job, wait_phase
 
 pytestmark = pytest.mark.integration
 
@@ -27,14 +27,6 @@ GATE = "phalanx.dev/gang"
 
 
 # -- helpers --------------------------------------------------------------------------------------
-def job_status(cluster: Cluster, ns: str, name: str) -> dict[str, Any]:
-    result = cluster.kubectl("get", "tj", name, "-n", ns, "-o", "json", check=False)
-    if result.returncode != 0:
-        return {}
-    status: dict[str, Any] = json.loads(result.stdout).get("status") or {}
-    return status
-
-
 def all_statuses(cluster: Cluster, ns: str) -> dict[str, dict[str, Any]]:
     items = cluster.get_json("tj", "-n", ns)["items"]
     return {j["metadata"]["name"]: j.get("status") or {} for j in items}
@@ -44,15 +36,6 @@ def pods_in(cluster: Cluster, ns: str, job: str | None = None) -> list[dict[str,
     selector = f"phalanx.dev/job-name={job}" if job else "phalanx.dev/job-name"
     items: list[dict[str, Any]] = cluster.get_json("pods", "-n", ns, "-l", selector)["items"]
     return items
-
-
-def wait_phase(cluster: Cluster, ns: str, name: str, phase: str, timeout: float = 60) -> dict[str, Any]:
-    status: dict[str, Any] = wait_for(
-        lambda: (s := job_status(cluster, ns, name)).get("phase") == phase and s,
-        timeout=timeout,
-        what=f"TrainingJob {name} phase {phase}",
-    )
-    return status
 
 
 def condition(status: dict[str, Any], type_: str) -> dict[str, Any]:

@@ -2,39 +2,12 @@
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 import pytest
 
 from tests.conftest import Cluster, OperatorProcess, wait_for
-from tests.jobs import training_job
+from tests.jobs import job_pods, job_status, training_job, wait_phase
 
 pytestmark = pytest.mark.integration
-
-
-def job_status(cluster: Cluster, ns: str, name: str) -> dict[str, Any]:
-    result = cluster.kubectl("get", "tj", name, "-n", ns, "-o", "json", check=False)
-    if result.returncode != 0:
-        return {}
-    status: dict[str, Any] = json.loads(result.stdout).get("status") or {}
-    return status
-
-
-def job_pods(cluster: Cluster, ns: str, name: str) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = cluster.get_json("pods", "-n", ns, "-l", f"phalanx.dev/job-name={name}")[
-        "items"
-    ]
-    return items
-
-
-def wait_phase(cluster: Cluster, ns: str, name: str, phase: str, timeout: float = 60) -> dict[str, Any]:
-    status: dict[str, Any] = wait_for(
-        lambda: (s := job_status(cluster, ns, name)).get("phase") == phase and s,
-        timeout=timeout,
-        what=f"TrainingJob {name} phase {phase}",
-    )
-    return status
 
 
 def test_four_replicas_of_two_gpus_get_pods_service_env_resources_and_volumes(

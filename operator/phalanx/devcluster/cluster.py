@@ -25,6 +25,7 @@ from typing import Any
 from phalanx.devcluster import components
 from phalanx.devcluster.nodes import DEFAULT_POOLS, NodePool, node_manifests
 from phalanx.devcluster.pki import Pki, ensure_pki
+from phalanx.devcluster.processes import process_alive
 
 REQUIRED_BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "kwok", "kubectl")
 STAGES_FILE = Path(__file__).with_name("kwok-stages.yaml")
@@ -189,7 +190,7 @@ class LocalCluster:
             pid = self._read_pid(name)
             if pid is None:
                 continue
-            if _alive(pid):
+            if process_alive(pid):
                 _terminate(pid)
                 stopped.append(name)
             self._pid_file(name).unlink(missing_ok=True)
@@ -201,7 +202,7 @@ class LocalCluster:
         running = {}
         for name in ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "kwok"):
             pid = self._read_pid(name)
-            if pid is not None and _alive(pid):
+            if pid is not None and process_alive(pid):
                 running[name] = pid
         return running
 
@@ -285,7 +286,7 @@ class LocalCluster:
         last_error = ""
         while time.monotonic() < deadline:
             pid = self._read_pid(name)
-            if pid is not None and not _alive(pid):
+            if pid is not None and not process_alive(pid):
                 tail = _tail(self.log_file(name))
                 raise ClusterError(f"{name} exited during start-up; last log lines:\n{tail}")
             try:
@@ -325,21 +326,6 @@ class LocalCluster:
         raise ClusterError("the default service account never appeared; see kube-controller-manager's log")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child of this process counts as gone.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except OSError:
-        return False
-
-
 def _terminate(pid: int, grace: float = 10.0) -> None:
     try:
         os.killpg(pid, signal.SIGTERM)
@@ -347,7 +333,7 @@ def _terminate(pid: int, grace: float = 10.0) -> None:
         return
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
-        if not _alive(pid):
+        if not process_alive(pid):
             return
         time.sleep(0.1)
     try:

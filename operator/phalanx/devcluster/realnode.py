@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from phalanx.devcluster.processes import process_alive
 from phalanx.devnode.network import default_ip_prefix
 
 REAL_NODE_PREFIX = "real-node"
@@ -28,19 +29,6 @@ def agent_state_dir(cluster_state_dir: Path, node_name: str) -> Path:
 
 def _pid_file(cluster_state_dir: Path, node_name: str) -> Path:
     return cluster_state_dir / "run" / f"devnode-{node_name}.pid"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
 
 
 def start_real_nodes(
@@ -107,12 +95,12 @@ def stop_real_nodes(cluster_state_dir: Path, grace: float = 15.0) -> list[str]:
         except ValueError:
             pid_file.unlink(missing_ok=True)
             continue
-        if _alive(pid):
+        if process_alive(pid):
             os.kill(pid, signal.SIGTERM)
             deadline = time.monotonic() + grace
-            while _alive(pid) and time.monotonic() < deadline:
+            while process_alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.1)
-            if _alive(pid):
+            if process_alive(pid):
                 os.killpg(pid, signal.SIGKILL)
             stopped.append(name)
         pid_file.unlink(missing_ok=True)
