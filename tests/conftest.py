@@ -97,15 +97,20 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
     short = request.node.name.lower().replace("_", "-")
     short = "".join(ch for ch in short if ch.isalnum() or ch == "-")[:40].strip("-")
-    name = f"{short}-{uuid.uuid4().hex[:5]}"
+    name = create_namespace(cluster, f"{short}-{uuid.uuid4().hex[:5]}")
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def create_namespace(cluster: Cluster, name: str) -> str:
+    """Creates `name` and waits for its default service account (pods are refused until it exists)."""
     cluster.kubectl("create", "namespace", name)
     wait_for(
         lambda: cluster.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode == 0,
         timeout=30,
         what=f"default service account in {name}",
     )
-    yield name
-    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    return name
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Cluster, OperatorProcess, RealNode, wait_for
+from tests.conftest import Cluster, OperatorProcess, RealNode, create_namespace
 from tests.e2e.runs import (
     Run,
     evict,
@@ -38,13 +38,7 @@ RUN_TIMEOUT = 240.0  # a start costs 20-60 s of imports on a loaded 2-core machi
 
 @pytest.fixture(scope="module")
 def e2e_namespace(cluster: Cluster) -> Iterator[str]:
-    name = f"e2e-{uuid.uuid4().hex[:6]}"
-    cluster.kubectl("create", "namespace", name)
-    wait_for(
-        lambda: cluster.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode == 0,
-        timeout=30,
-        what=f"default service account in {name}",
-    )
+    name = create_namespace(cluster, f"e2e-{uuid.uuid4().hex[:6]}")
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 

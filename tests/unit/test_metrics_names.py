@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from phalanx import metrics as operator_metrics
+from tests.unit.test_chart import helm_binary
 
 pytestmark = pytest.mark.unit
 
@@ -69,15 +70,7 @@ def dashboard_exprs() -> Iterator[tuple[str, str]]:
 
 
 def alert_exprs() -> Iterator[tuple[str, str]]:
-    bin_dir = subprocess.run(
-        ["bash", str(REPO_ROOT / "hack" / "cluster-bin.sh"), "--print-dir"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    helm = Path(bin_dir) / "helm"
-    if not helm.is_file():
-        pytest.fail(f"helm not found at {helm}: run `bash hack/cluster-bin.sh`")
+    helm = helm_binary()
     rendered = subprocess.run(
         [
             str(helm),
