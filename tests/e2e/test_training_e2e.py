@@ -31,7 +31,7 @@ from tests.e2e.runs import (
 
 pytestmark = pytest.mark.e2e
 
-STEPS = 100
+STEPS = 160  # long enough for a few progress polls (1 s apart) even on an idle machine
 INTERVAL = 20
 RUN_TIMEOUT = 240.0  # a start costs 20-60 s of imports on a loaded 2-core machine
 
@@ -149,6 +149,7 @@ def test_a_sigkilled_worker_resumes_from_the_last_periodic_checkpoint(
     uid = pod_uids(cluster, e2e_namespace, name)[f"{name}-worker-1"]
     pgid = int((real_node.state_dir / "pods" / uid / "trainer.pid").read_text())
     os.killpg(pgid, signal.SIGKILL)  # the whole pod at once: no process lives to save anything
+    committed_at_kill = max((int(d.name.removeprefix("step-")) for d in tmp_path.glob("step-*")), default=0)
 
     assert wait_job_phase(cluster, e2e_namespace, name, ("Succeeded", "Failed"), RUN_TIMEOUT) == "Succeeded"
     status = job_status(cluster, e2e_namespace, name)
@@ -156,7 +157,11 @@ def test_a_sigkilled_worker_resumes_from_the_last_periodic_checkpoint(
     first, second = rank0_attempts(real_node, e2e_namespace, name)[:2]
     assert first.preempted_at is None  # no checkpoint on the way out
     assert second.resumed_from is not None and second.resumed_from % INTERVAL == 0 and second.resumed_from > 0
-    assert 0 <= first.last_step - second.resumed_from <= INTERVAL
+    # Resume comes from the newest checkpoint complete when the pod died (or one committed just after,
+    # if its save had finished on every rank). Saves are asynchronous with at most one in flight, so
+    # that checkpoint is at most two intervals behind the last step trained.
+    assert second.resumed_from >= committed_at_kill
+    assert 0 <= first.last_step - second.resumed_from < 2 * INTERVAL
 
 
 def test_a_job_whose_command_exits_1_fails_after_its_backoff_limit(
