@@ -132,7 +132,15 @@ def test_an_evicted_job_resumes_from_checkpoint_with_the_same_losses(
     reference = uninterrupted.losses(0)
     resumed = {step: record.loss for step, record in second.steps.items()}
     assert sorted(resumed) == list(range(second.resumed_from + 1, STEPS + 1))
-    assert resumed == {step: reference[step] for step in resumed}
+    # Rank 0 logs the all-reduced loss rounded to 5 decimals. Weights resume bitwise (the checkpoint
+    # CLI tests compare every tensor), but the 4-rank gloo reduction of the loss can differ in its
+    # last ulp between runs, which now and then flips the last logged digit: allow one unit of it.
+    mismatched = {
+        step: (loss, reference[step])
+        for step, loss in resumed.items()
+        if abs(loss - reference[step]) > 1.5e-5
+    }
+    assert mismatched == {}
 
 
 def test_a_sigkilled_worker_resumes_from_the_last_periodic_checkpoint(
