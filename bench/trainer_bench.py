@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import platform
-import socket
 import statistics
 import sys
 import tempfile
@@ -31,6 +30,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+
+from phalanx.ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "trainer-image"))
@@ -58,12 +59,6 @@ MODEL = [
     "metrics.port=0",
     "metrics.log_every=1000000",
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def bench_config(world_size: int, steps: int) -> TrainerConfig:

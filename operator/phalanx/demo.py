@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from phalanx.ports import free_port
+
 ATTEMPT_HEADER = "--- pod uid "  # the dev node writes one before each container start
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEMO_JOB = REPO_ROOT / "examples" / "demo-trainingjob.yaml"
@@ -184,17 +186,6 @@ JOB = "demo-gpt"
 EVICTED_POD = f"{JOB}-worker-1"
 
 
-def unused_port() -> int:
-    """A port nothing listens on now. The dev node shares the machine's network: a port another
-    program holds on 0.0.0.0 (29500 is everyone's default) cannot be bound on a pod address either."""
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 def newest_checkpoint_on_disk(directory: Path) -> int | None:
     """The trainer's step-NNNNNNNN directories, read while the operator has not reported one yet."""
     steps = [int(p.name[5:]) for p in directory.glob("step-*") if p.name[5:].isdigit()]
@@ -276,7 +267,7 @@ class Demo:
         job["spec"]["checkpoint"]["volume"] = {
             "hostPath": {"path": str(checkpoints), "type": "DirectoryOrCreate"}
         }
-        job["spec"]["rendezvous"]["port"] = unused_port()
+        job["spec"]["rendezvous"]["port"] = free_port()
         config_map = next(d for d in documents if d["kind"] == "ConfigMap")
         total = int(yaml.safe_load(config_map["data"]["trainer.yaml"])["job"]["steps"])
         if steps is not None:

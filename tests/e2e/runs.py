@@ -10,7 +10,8 @@ from typing import Any
 
 import yaml
 
-from phalanx.demo import Attempt, parse_trainer_log, unused_port
+from phalanx.demo import Attempt, parse_trainer_log
+from phalanx.ports import free_port
 from tests.conftest import Cluster, RealNode, wait_for
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -41,7 +42,7 @@ def job_manifests(
     spec["replicas"], spec["procsPerReplica"] = replicas, procs
     spec["checkpoint"]["volume"] = {"hostPath": {"path": str(checkpoint_dir), "type": "DirectoryOrCreate"}}
     spec["checkpoint"]["intervalSteps"] = interval
-    spec["rendezvous"]["port"] = unused_port()  # 29500 may be taken by any other program on the machine
+    spec["rendezvous"]["port"] = free_port()  # 29500 may be taken by any other program on the machine
     spec["runPolicy"] = {
         "backoffLimit": backoff_limit,
         "terminationGracePeriodSeconds": grace,

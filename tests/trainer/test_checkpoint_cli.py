@@ -12,7 +12,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ import torch
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
+from phalanx.ports import free_port
 from phalanx_trainer.checkpoint.safe_load import (
     SafeFileSystemReader,
     SafeLoadPlanner,
@@ -59,12 +59,6 @@ LAYOUTS = {
 # default run for time: PHALANX_CHECKPOINT_CLI_LAYOUTS=ddp,fsdp,tp,zero1 runs it.
 TESTED_LAYOUTS = os.environ.get("PHALANX_CHECKPOINT_CLI_LAYOUTS", "ddp,fsdp,tp").split(",")
 EXIT_CHECKPOINTED_ON_PREEMPTION = 75
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def start(layout: str, ckpt: Path, log: Path) -> subprocess.Popen[bytes]:

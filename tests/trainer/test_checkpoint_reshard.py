@@ -11,7 +11,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
+from phalanx.ports import free_port
 from phalanx_trainer.checkpoint import CheckpointConfig, CheckpointManager
 from phalanx_trainer.checkpoint.rng import RngState
 
@@ -108,12 +108,6 @@ def _worker(argv: list[str]) -> int:
 # The harness.
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _rank_main(rank: int, world: int, port: int, log: str, args: tuple[str, ...]) -> None:
     os.environ.update(
         RANK=str(rank),
@@ -133,7 +127,7 @@ def _run(world: int, *args: str) -> None:
     import multiprocessing
 
     context = multiprocessing.get_context("fork")
-    port = _free_port()
+    port = free_port()
     logs = [f"{args[args.index('--out') + 1]}.rank{rank}.log" for rank in range(world)]
     procs = [
         context.Process(target=_rank_main, args=(rank, world, port, logs[rank], args))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -14,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.trainer.trainer_harness import free_port
+from phalanx.ports import free_port
 
 pytestmark = pytest.mark.trainer
 
@@ -44,7 +45,7 @@ def get_json(url: str) -> Any:
 
 
 def test_launcher_serves_progress_and_stops_with_75_on_sigterm() -> None:
-    metrics_port = free_port()
+    metrics_port = free_port(consecutive=2)  # local ranks 0 and 1
     process = subprocess.Popen(
         [sys.executable, "-m", "phalanx_trainer", *SMALL, "job.steps=100000", "metrics.port=-1"],
         env=trainer_env(
@@ -117,3 +118,21 @@ def test_unreachable_rendezvous_exits_1_with_one_clear_line() -> None:
     assert done.returncode == 1
     assert "Traceback" not in done.stderr
     assert "phalanx-trainer: error: rendezvous timed out after 1 s waiting for 127.0.0.1:" in done.stderr
+
+
+def test_metrics_port_taken_by_another_program_warns_and_trains_on(tmp_path: Path) -> None:
+    with socket.socket() as holder:
+        holder.bind(("0.0.0.0", free_port()))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        env = {k: v for k, v in trainer_env().items() if not k.startswith(("NPROC", "NNODES", "MASTER_"))}
+        done = subprocess.run(
+            [sys.executable, "-m", "phalanx_trainer", *SMALL, "job.steps=2", "metrics.port=-1"],
+            env={**env, "PHALANX_METRICS_PORT": str(taken)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"cannot serve metrics on port {taken}" in done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1])["event"] == "finished"

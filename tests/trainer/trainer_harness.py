@@ -7,7 +7,6 @@ and importing torch costs more than the tiny runs themselves on a 2-core machine
 from __future__ import annotations
 
 import os
-import socket
 import tempfile
 import traceback
 from pathlib import Path
@@ -18,6 +17,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.tensor import DTensor
 
+from phalanx.ports import free_port
 from phalanx_trainer.config import DataConfig, ModelConfig, load_config
 from phalanx_trainer.dataset import SyntheticSource
 from phalanx_trainer.distenv import DistEnv
@@ -38,12 +38,6 @@ TINY = [
     "checkpoint.dir=''",
 ]
 GLOBAL_BATCH = 8
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _clean(name: str) -> str:

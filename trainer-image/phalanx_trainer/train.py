@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import math
 import resource
+import sys
 import time
 import warnings
 from collections.abc import Iterator
@@ -310,8 +311,18 @@ class Trainer:
         }
 
     def start_metrics_server(self, port: int) -> None:
-        if port > 0:
+        """Serves /metrics (and /progress on rank 0); a port already taken costs the metrics, not the run."""
+        if port <= 0:
+            return
+        try:
             self.server = MetricsServer(self.metrics, port, serve_progress=self.env.rank == 0)
+        except OSError as err:
+            print(
+                f"phalanx-trainer: warning: rank {self.env.rank}: cannot serve metrics on port {port} ({err});"
+                " training goes on without them",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def _memory(self) -> tuple[int, int]:
         if self.device.type == "cuda":

@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from phalanx.devcluster import components
 from phalanx.devcluster.nodes import DEFAULT_POOLS, NodePool, node_manifests
 from phalanx.devcluster.pki import Pki, ensure_pki
 from phalanx.devcluster.processes import process_alive
+from phalanx.ports import free_port
 
 REQUIRED_BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "kwok", "kubectl")
 STAGES_FILE = Path(__file__).with_name("kwok-stages.yaml")
@@ -61,13 +61,6 @@ def resolve_bin_dir() -> Path:
             "Run `make cluster-bin` (builds them from Go modules) or point PHALANX_CLUSTER_BIN at them."
         )
     return bin_dir
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def kubeconfig_text(server: str, pki: Pki, context: str = "phalanx-dev") -> str:
