@@ -556,8 +556,19 @@ def save_partial(out: Path, parts: dict[str, Any]) -> None:
 # -- main -------------------------------------------------------------------------------------------
 def table(results: dict[str, Any]) -> str:
     adm, con, foot = results["admission"], results["contention"], results["footprint"]
-    rows = [
-        ("nodes x GPUs", f"{results['nodes']} x 8"),
+    rows = [("nodes x GPUs", f"{results['nodes']} x 8")]
+    if adm:
+        rows += _admission_rows(adm)
+    if con:
+        rows += _contention_rows(con)
+    if foot:
+        rows += _footprint_rows(foot)
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _admission_rows(adm: dict[str, Any]) -> list[tuple[str, str]]:
+    return [
         ("admission: jobs / pods", f"{adm['jobs']} / {adm['pods']} ({adm['rounds']} rounds)"),
         ("  p50 / p99 created -> all Running", f"{adm['p50_seconds']} s / {adm['p99_seconds']} s"),
         ("  baseline p50 / p99", f"{adm['baseline_p50_seconds']} s / {adm['baseline_p99_seconds']} s"),
@@ -566,6 +577,11 @@ def table(results: dict[str, Any]) -> str:
             "  ratio_vs_baseline (goal <= 1.2)",
             f"{adm['ratio_vs_baseline']} (per round {adm['ratio_per_round']})",
         ),
+    ]
+
+
+def _contention_rows(con: dict[str, Any]) -> list[tuple[str, str]]:
+    return [
         ("contention: jobs, demand / GPUs", f"{con['jobs']}, {con['demand_gpus']} / {con['gpus']}"),
         ("  makespan (ideal)", f"{con['makespan_seconds']} s ({con['ideal_makespan_seconds']} s)"),
         ("  gpu_utilization while waiting", f"{con['gpu_utilization']}"),
@@ -574,14 +590,17 @@ def table(results: dict[str, Any]) -> str:
             f"{con['partial_gang_seconds']} ({con['worst_partial_gang_seconds']} s; "
             f"{con.get('partial_gang_seconds_beyond_timeout', 'n/a')})",
         ),
+    ]
+
+
+def _footprint_rows(foot: dict[str, Any]) -> list[tuple[str, str]]:
+    return [
         (
             "footprint: jobs (running)",
             f"{foot['jobs']} x 2 pods ({foot['jobs_running']}), in {foot['all_running_seconds']} s",
         ),
         ("  operator_peak_rss_mib (goal <= 150)", f"{foot['operator_peak_rss_mib']}"),
     ]
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
 def main() -> int:
@@ -599,6 +618,10 @@ def main() -> int:
     parser.add_argument(
         "--footprint-timeout", type=float, default=300, help="seconds for all footprint jobs to run"
     )
+    parser.add_argument(
+        "--parts", default="admission,contention,footprint",
+        help="comma-separated subset to run (quicker checks); the results file then lacks the others",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--timeout", type=float, default=300, help="per wait, seconds")
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -629,13 +652,18 @@ def main() -> int:
             f"cluster ready ({time.time() - started:.0f}s); operator pid {operator.proc.pid}, log {state_dir}/operator.log"
         )
 
-        admission = admission_cost(api, args.rounds, args.jobs_per_round, rng, args.timeout)
-        save_partial(args.out, {"admission": admission})
-        contended = contention(
-            api, args.contention_nodes, args.contention_run_seconds, rng, 300, args.timeout
-        )
-        save_partial(args.out, {"admission": admission, "contention": contended})
-        foot = footprint(api, operator, args.footprint_jobs, args.footprint_timeout)
+        parts = set(args.parts.split(","))
+        admission = contended = foot = None
+        if "admission" in parts:
+            admission = admission_cost(api, args.rounds, args.jobs_per_round, rng, args.timeout)
+            save_partial(args.out, {"admission": admission})
+        if "contention" in parts:
+            contended = contention(
+                api, args.contention_nodes, args.contention_run_seconds, rng, 300, args.timeout
+            )
+            save_partial(args.out, {"admission": admission, "contention": contended})
+        if "footprint" in parts:
+            foot = footprint(api, operator, args.footprint_jobs, args.footprint_timeout)
     finally:
         if operator is not None:
             operator.stop()
@@ -645,7 +673,7 @@ def main() -> int:
             cluster.down(quiet=True)
     results = {
         "nodes": args.nodes,
-        "jobs": admission["jobs"] + contended["jobs"] + foot["jobs"],
+        "jobs": sum(part["jobs"] for part in (admission, contended, foot) if part),
         "admission": admission,
         "contention": contended,
         "footprint": foot,

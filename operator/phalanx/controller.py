@@ -1,8 +1,9 @@
 """The work loop: a de-duplicating queue of TrainingJob keys, reconcile workers, and the gang
 admission pass. kopf's handlers (handlers.py) only enqueue keys here.
 
-Level-triggered: every reconcile reads the job, its pods and the nodes afresh and asks the pure
+Level-triggered: every reconcile reads the job and its pods afresh from the API and asks the pure
 state machine (reconcile/lifecycle.py) what to do, so a lost or repeated event changes nothing.
+Admission reads the whole cluster (every job, pod and node) from watch-fed stores (cache.py).
 """
 
 from __future__ import annotations
@@ -22,16 +23,26 @@ from phalanx.api.schema import parse
 from phalanx.api.v1alpha1 import TrainingJobSpec
 from phalanx.builders.podgroups import build_podgroup
 from phalanx.builders.pods import JobRef, build_headless_service, build_worker_pod
+from phalanx.cache import (
+    Slim,
+    Store,
+    frees_or_changes_capacity,
+    job_of_pod,
+    node_changed_for_admission,
+    slim_job,
+    slim_node,
+    slim_pod,
+)
 from phalanx.gang.admission import GangRequest, admission_order, plan_admission
 from phalanx.gang.capacity import NodeInfo, PodDemand, usage_by_node
 from phalanx.gang.preemption import RunningGang, choose_victims
-from phalanx.k8s import KubeApi
+from phalanx.k8s import KubeApi, short_error
 from phalanx.reconcile.conditions import set_condition
 from phalanx.reconcile.lifecycle import FINISHED_PHASES, decide, is_gated, iso, parse_iso, pod_attempt
+from phalanx.reflector import Reflector
 
 log = logging.getLogger("phalanx.controller")
 
-NODE_CACHE_SECONDS = 2.0
 RESYNC_SECONDS = 20.0
 PROGRESS_MAX_BACKOFF_SECONDS = 30.0
 PROGRESS_CONCURRENCY = 8
@@ -43,7 +54,10 @@ PREEMPTION_COOLDOWN_SECONDS = 15.0
 NAME_CONFLICT_RETRY_SECONDS = 10.0
 # Order value for a gang whose admission was interrupted: ahead of every PriorityClass (max 1e9).
 FINISH_ADMISSION_PRIORITY = 2**40
-ADMIT_CONCURRENCY = 8  # gate-lifting requests in flight at once
+WRITE_CONCURRENCY = 8  # pod creations and gate lifts in flight at once
+# Pod events of one job come in bursts (a gang is created, admitted, bound and started together):
+# one reconcile per burst, not one per event.
+POD_EVENT_BATCH_SECONDS = 0.3
 
 
 def status_diff(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
@@ -66,8 +80,13 @@ class Controller:
         self.queued: set[str] = set()
         self.active: set[str] = set()
         self.again: set[str] = set()
-        self.nodes: dict[str, dict[str, Any]] = {}
-        self.nodes_at = 0.0
+        self.batching: set[str] = set()
+        self.write_pool = ThreadPoolExecutor(WRITE_CONCURRENCY, thread_name_prefix="writes")
+        # Watch-fed copies of the cluster (cache.py); reconciles read the API, admission reads these.
+        self.pods = Store(slim_pod)
+        self.nodes = Store(slim_node)
+        self.jobs = Store(slim_job)
+        self.reflectors: list[Reflector] = []
         self.reservations: dict[str, tuple[str, ...]] = {}
         self.admission_dirty = asyncio.Event()
         self.known_jobs: set[str] = set()
@@ -90,6 +109,18 @@ class Controller:
             self.queued.add(key)
             self.queue.put_nowait(key)
 
+    def enqueue_batched(self, key: str) -> None:
+        """Reconcile once POD_EVENT_BATCH_SECONDS from the first of a burst of events."""
+        if key in self.batching or key in self.queued:
+            return
+        self.batching.add(key)
+
+        def due() -> None:
+            self.batching.discard(key)
+            self.enqueue(key)
+
+        asyncio.get_running_loop().call_later(POD_EVENT_BATCH_SECONDS, due)
+
     def forget(self, key: str) -> None:
         self.known_jobs.discard(key)
         for table in (
@@ -104,6 +135,16 @@ class Controller:
         metrics.forget_job(namespace, name)
 
     async def start(self) -> None:
+        self.reflectors = [
+            Reflector("pods", self.api.pods_request, self.pods, self._on_pod_change).start(),
+            Reflector("nodes", self.api.nodes_request, self.nodes, self._on_node_change).start(),
+            *(
+                Reflector(
+                    f"trainingjobs/{ns or '*'}", _bind_namespace(self.api.jobs_request, ns), self.jobs
+                ).start()
+                for ns in ([*self.namespaces] if self.namespaces else [None])
+            ),
+        ]
         for i in range(self.workers):
             self.tasks.append(asyncio.create_task(self._worker(), name=f"reconcile-{i}"))
         self.tasks.append(asyncio.create_task(self._admission_loop(), name="admission"))
@@ -111,6 +152,9 @@ class Controller:
         self.tasks.append(asyncio.create_task(self._progress_loop(), name="progress"))
 
     async def stop(self) -> None:
+        for reflector in self.reflectors:
+            reflector.stop()
+        self.write_pool.shutdown(wait=False, cancel_futures=True)
         for task in self.tasks:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
@@ -126,7 +170,7 @@ class Controller:
                 for delay in followups:
                     self.enqueue(key, delay=delay)
             except Exception as exc:  # a failed reconcile is retried, never fatal
-                log.warning("reconcile of %s failed, retrying in 2s: %s", key, _short(exc))
+                log.warning("reconcile of %s failed, retrying in 2s: %s", key, short_error(exc))
                 self.enqueue(key, delay=2.0)
             finally:
                 self.active.discard(key)
@@ -140,12 +184,25 @@ class Controller:
             for key in list(self.known_jobs):
                 self.enqueue(key)
 
+    # -- watch events (reflector threads) ---------------------------------------------------------
+    def _on_pod_change(self, key: str, old: Slim | None, new: Slim | None) -> None:
+        job = job_of_pod(new or old or {})
+        if job is not None:
+            self.loop.call_soon_threadsafe(self.enqueue_batched, job)
+        if frees_or_changes_capacity(old, new):
+            self._admission_dirty_threadsafe()
+
+    def _on_node_change(self, key: str, old: Slim | None, new: Slim | None) -> None:
+        if node_changed_for_admission(old, new):
+            self._admission_dirty_threadsafe()
+
+    def _admission_dirty_threadsafe(self) -> None:
+        self.loop.call_soon_threadsafe(self.admission_dirty.set)
+
     # -- reconcile --------------------------------------------------------------------------------
     def current_nodes(self) -> dict[str, dict[str, Any]]:
-        if time.monotonic() - self.nodes_at > NODE_CACHE_SECONDS:
-            self.nodes = {n["metadata"]["name"]: n for n in self.api.list_nodes()}
-            self.nodes_at = time.monotonic()
-        return self.nodes
+        """Nodes by name; empty until the first list, which decide() reads as "not known yet"."""
+        return self.nodes.as_dict() if self.nodes.synced.is_set() else {}
 
     def reconcile(self, key: str) -> list[float]:
         """One level-triggered pass; returns the delays after which to look at this job again."""
@@ -155,6 +212,7 @@ class Controller:
         if job is None or job["metadata"].get("deletionTimestamp"):
             self.forget(key)
             return followups
+        self.jobs.upsert(job)
         self.known_jobs.add(key)
         # Pods another controller owns are not ours even when they carry our label.
         pods = [
@@ -176,7 +234,7 @@ class Controller:
             self.known_jobs.discard(key)  # nothing left to resync; TTL rides on recheck_after
         patch = status_diff(old_status, plan.status)
         if patch:
-            self.api.patch_job_status(namespace, name, patch)
+            self._patch_job_status(namespace, name, patch)
         self._observe(namespace, name, old_status, plan.status)
 
         uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
@@ -193,17 +251,12 @@ class Controller:
                 self.api.create_if_absent(podgroup)
             attempt = int(plan.status["attempt"])
             template = job["spec"].get("template") or {}
-            taken: list[str] = []
-            for index in plan.create_indices:
-                pod = build_worker_pod(
-                    ref, spec, index, attempt, template, cluster_domain=self.cluster_domain
-                )
-                if self.api.create_if_absent(pod):
-                    metrics.observe_pods_created()
-                    _failpoint_after_pod_create()
-                elif self.api.pod_controller_uid(namespace, pod["metadata"]["name"]) not in (ref.uid, None):
-                    taken.append(pod["metadata"]["name"])
-            self.loop.call_soon_threadsafe(self.admission_dirty.set)
+            pods_to_create = [
+                build_worker_pod(ref, spec, index, attempt, template, cluster_domain=self.cluster_domain)
+                for index in plan.create_indices
+            ]
+            taken = [name for name in self._create_pods(pods_to_create, ref.uid) if name is not None]
+            self._admission_dirty_threadsafe()
             if taken:
                 self._report_name_conflict(job, plan.status, taken, now)
                 followups.append(NAME_CONFLICT_RETRY_SECONDS)
@@ -221,6 +274,28 @@ class Controller:
             followups.append(1.0)
         return followups
 
+    def _create_pods(self, pods: list[dict[str, Any]], owner_uid: str) -> list[str | None]:
+        """Creates the pods a few at a time (a 32-pod gang one by one waits on 32 round trips);
+        returns, per pod, its name when another owner's pod already holds it, else None."""
+
+        def create(pod: dict[str, Any]) -> str | None:
+            created = self.api.create_if_absent(pod)
+            if created is not None:
+                self.pods.upsert(created)
+                metrics.observe_pods_created()
+                _failpoint_after_pod_create()
+                return None
+            meta = pod["metadata"]
+            return (
+                meta["name"]
+                if self.api.pod_controller_uid(meta["namespace"], meta["name"]) not in (owner_uid, None)
+                else None
+            )
+
+        if os.environ.get("PHALANX_FAILPOINT_EXIT_AFTER_PODS") or len(pods) < 2:
+            return [create(pod) for pod in pods]  # one by one: the failpoint counts them in order
+        return list(self.write_pool.map(create, pods))
+
     def _report_name_conflict(
         self, job: dict[str, Any], status: dict[str, Any], taken: list[str], now: float
     ) -> None:
@@ -236,7 +311,7 @@ class Controller:
             job["metadata"].get("generation"),
         )  # fmt: skip
         meta = job["metadata"]
-        self.api.patch_job_status(
+        self._patch_job_status(
             meta["namespace"], meta["name"], {"message": message, "conditions": conditions}
         )
         self.api.create_event(job, "Warning", "NameConflict", message, iso(now))
@@ -279,7 +354,7 @@ class Controller:
                 )
                 for key, result in zip(batch, results, strict=True):
                     if isinstance(result, Exception):
-                        log.warning("progress of %s not recorded: %s", key, _short(result))
+                        log.warning("progress of %s not recorded: %s", key, short_error(result))
 
     def _poll_progress(self, key: str) -> None:
         """Copies the trainer's /progress into status.progress and status.lastCheckpoint when they change."""
@@ -313,7 +388,7 @@ class Controller:
         if isinstance(total, int) and isinstance(step, int) and total > 0:
             metrics.observe_progress(namespace, name, step, total)
         if self.last_progress.get(key) != patch:
-            self.api.patch_job_status(namespace, name, patch)
+            self._patch_job_status(namespace, name, patch)
             self.last_progress[key] = patch
 
     # -- gang admission (provider: builtin) ------------------------------------------------------
@@ -327,16 +402,23 @@ class Controller:
             try:
                 await asyncio.to_thread(self.admission_pass)
             except Exception as exc:
-                log.warning("admission pass failed, retrying: %s", _short(exc))
+                log.warning("admission pass failed, retrying: %s", short_error(exc))
             await asyncio.sleep(ADMISSION_INTERVAL_SECONDS)
 
+    def _patch_job_status(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        stored = self.api.patch_job_status(namespace, name, patch)
+        if stored is not None:
+            self.jobs.upsert(stored)  # the next admission pass must not read an older status
+
     def admission_pass(self) -> None:
-        every_job = self.api.list_jobs(self.namespaces)
+        if not all(store.synced.is_set() for store in (self.jobs, self.pods, self.nodes)):
+            return  # a pass over half a cluster would hand out room that is taken
+        every_job = self.jobs.items()
         jobs = [j for j in every_job if _waits_for_admission(j)]
         if not jobs:
             self.reservations.clear()
             return
-        all_pods = self.api.list_all_pods()
+        all_pods = self.pods.items()
         by_job: dict[str, list[dict[str, Any]]] = {}
         planned: dict[str, str] = {}
         for pod in all_pods:
@@ -424,7 +506,7 @@ class Controller:
                 namespace, name = key.split("/", 1)
                 waiting_since = parse_iso(job["metadata"].get("creationTimestamp")) or now
                 metrics.observe_admission_wait_started(namespace, name, waiting_since)
-                self.api.patch_job_status(namespace, name, {"admissionMessage": reason})
+                self._patch_job_status(namespace, name, {"admissionMessage": reason})
                 self._enqueue_threadsafe(key)
 
     def _admit_pods(self, patches: list[tuple[str, str, str, list[dict[str, Any]], dict[str, str]]]) -> None:
@@ -433,14 +515,18 @@ class Controller:
         if not patches:
             return
         started = time.monotonic()
-        concurrency = 1 if os.environ.get("PHALANX_FAILPOINT_EXIT_AFTER_ADMITS") else ADMIT_CONCURRENCY
 
         def admit(patch: tuple[str, str, str, list[dict[str, Any]], dict[str, str]]) -> None:
-            self.api.admit_pod(*patch)
+            admitted = self.api.admit_pod(*patch)
+            if admitted is not None:
+                self.pods.upsert(admitted)  # counted on its node by the very next pass
             _failpoint_after_admit()
 
-        with ThreadPoolExecutor(concurrency) as pool:
-            list(pool.map(admit, patches))
+        if os.environ.get("PHALANX_FAILPOINT_EXIT_AFTER_ADMITS"):
+            for patch in patches:  # one by one: the failpoint counts them in order
+                admit(patch)
+        else:
+            list(self.write_pool.map(admit, patches))
         log.info("admitted %d pod(s) in %.2fs", len(patches), time.monotonic() - started)
 
     def _preempt_for(
@@ -514,12 +600,8 @@ def _controlled_by(pod: dict[str, Any], uid: str) -> bool:
     return controller is None or controller.get("uid") == uid
 
 
-def _short(exc: Exception) -> str:
-    """One line: an ApiException's status and reason, not its headers and body."""
-    status, reason = getattr(exc, "status", None), getattr(exc, "reason", None)
-    if status is not None:
-        return f"HTTP {status} {reason or ''}".strip()
-    return f"{type(exc).__name__}: {exc}"
+def _bind_namespace(request: Any, namespace: str | None) -> Any:
+    return lambda **params: request(namespace, **params)
 
 
 def _failpoint_after_pod_create() -> None:

@@ -1,12 +1,12 @@
 """kopf handlers: the only module that imports kopf. Each handler only tells the controller which
-TrainingJob to look at; the controller decides (controller.py, reconcile/lifecycle.py)."""
+TrainingJob to look at; the controller decides (controller.py, reconcile/lifecycle.py). Pods and
+nodes are watched by the controller's own reflectors (reflector.py), which also feed its caches."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import os
-from collections.abc import Mapping
 from typing import Any
 
 import kopf
@@ -53,21 +53,3 @@ def trainingjob_event(event: kopf.RawEvent, namespace: str | None, name: str, me
         controller.admission_dirty.set()
         return
     controller.enqueue(key)
-
-
-@kopf.on.event("", "v1", "pods", labels={c.LABEL_JOB_NAME: kopf.PRESENT})
-def pod_event(
-    event: kopf.RawEvent, namespace: str | None, labels: Mapping[str, str], memo: Any, **_: Any
-) -> None:
-    controller: Controller = memo.controller
-    controller.enqueue(f"{namespace}/{labels[c.LABEL_JOB_NAME]}")
-    if event.get("type") == "DELETED":
-        controller.admission_dirty.set()  # capacity came back
-
-
-@kopf.on.event("", "v1", "nodes")
-def node_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
-    controller: Controller = memo.controller
-    if event.get("type") in ("ADDED", "DELETED"):
-        controller.nodes_at = 0.0
-        controller.admission_dirty.set()

@@ -22,6 +22,21 @@ def load_api_client() -> client.ApiClient:
     return client.ApiClient(configuration)
 
 
+ACTIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
+
+
+def _without_none(params: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in params.items() if v is not None}
+
+
+def short_error(exc: BaseException) -> str:
+    """One line: an ApiException's status and reason, not its headers and body."""
+    status, reason = getattr(exc, "status", None), getattr(exc, "reason", None)
+    if status is not None:
+        return f"HTTP {status} {reason or ''}".strip()
+    return f"{type(exc).__name__}: {exc}"
+
+
 class KubeApi:
     def __init__(self, api_client: client.ApiClient) -> None:
         self.api_client = api_client
@@ -32,6 +47,26 @@ class KubeApi:
     @staticmethod
     def _json(response: Any) -> Any:
         return json.loads(response.data)
+
+    # -- raw list/watch requests for the reflectors (reflector.py) -----------------------------
+    def pods_request(self, **params: Any) -> Any:
+        """Pods that hold or may hold node resources, in every namespace."""
+        return self.core.list_pod_for_all_namespaces(
+            field_selector=ACTIVE_PODS, _preload_content=False, **_without_none(params)
+        )
+
+    def nodes_request(self, **params: Any) -> Any:
+        return self.core.list_node(_preload_content=False, **_without_none(params))
+
+    def jobs_request(self, namespace: str | None, **params: Any) -> Any:
+        params = _without_none(params)
+        if namespace is None:
+            return self.custom.list_cluster_custom_object(
+                c.GROUP, c.VERSION, c.PLURAL, _preload_content=False, **params
+            )
+        return self.custom.list_namespaced_custom_object(
+            c.GROUP, c.VERSION, namespace, c.PLURAL, _preload_content=False, **params
+        )
 
     # -- TrainingJobs ---------------------------------------------------------------------------
     def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -47,39 +82,33 @@ class KubeApi:
                 return None
             raise
 
-    def list_jobs(self, namespaces: list[str]) -> list[dict[str, Any]]:
-        if not namespaces:
-            out = self.custom.list_cluster_custom_object(c.GROUP, c.VERSION, c.PLURAL, _preload_content=False)
-            items: list[dict[str, Any]] = self._json(out)["items"]
-            return items
-        items = []
-        for ns in namespaces:
-            out = self.custom.list_namespaced_custom_object(
-                c.GROUP, c.VERSION, ns, c.PLURAL, _preload_content=False
-            )
-            items.extend(self._json(out)["items"])
-        return items
-
-    def patch_job_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+    def patch_job_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any] | None:
+        """Merge-patches status; returns the job as stored, None when it is gone."""
         try:
-            self.custom.patch_namespaced_custom_object_status(
-                c.GROUP,
-                c.VERSION,
-                namespace,
-                c.PLURAL,
-                name,
-                {"status": status},
-                _content_type="application/merge-patch+json",
+            job: dict[str, Any] = self._json(
+                self.custom.patch_namespaced_custom_object_status(
+                    c.GROUP,
+                    c.VERSION,
+                    namespace,
+                    c.PLURAL,
+                    name,
+                    {"status": status},
+                    _content_type="application/merge-patch+json",
+                    _preload_content=False,
+                )
             )
+            return job
         except ApiException as exc:
             if exc.status != 404:
                 raise
+            return None
 
     def delete_job(self, namespace: str, name: str) -> None:
         try:
             self.custom.delete_namespaced_custom_object(
-                c.GROUP, c.VERSION, namespace, c.PLURAL, name, propagation_policy="Background"
-            )
+                c.GROUP, c.VERSION, namespace, c.PLURAL, name, propagation_policy="Background",
+                _preload_content=False,
+            )  # fmt: skip
         except ApiException as exc:
             if exc.status != 404:
                 raise
@@ -92,38 +121,36 @@ class KubeApi:
         items: list[dict[str, Any]] = self._json(out)["items"]
         return items
 
-    def list_all_pods(self) -> list[dict[str, Any]]:
-        out = self.core.list_pod_for_all_namespaces(
-            field_selector="status.phase!=Succeeded,status.phase!=Failed", _preload_content=False
-        )
-        items: list[dict[str, Any]] = self._json(out)["items"]
-        return items
-
-    def list_nodes(self) -> list[dict[str, Any]]:
-        items: list[dict[str, Any]] = self._json(self.core.list_node(_preload_content=False))["items"]
-        return items
-
     def priority_values(self) -> dict[str, int]:
         out = self._json(self.scheduling.list_priority_class(_preload_content=False))
         return {pc["metadata"]["name"]: int(pc.get("value", 0)) for pc in out["items"]}
 
-    def create_if_absent(self, manifest: dict[str, Any]) -> bool:
-        """Creates a namespaced core object; False when it already exists (idempotent retries)."""
+    def create_if_absent(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
+        """Creates a namespaced object and returns it as stored; None when it already exists
+        (idempotent retries)."""
         namespace = manifest["metadata"]["namespace"]
+        response: Any
         try:
             if manifest["kind"] == "Pod":
-                self.core.create_namespaced_pod(namespace, cast(Any, manifest))
+                response = self.core.create_namespaced_pod(
+                    namespace, cast(Any, manifest), _preload_content=False
+                )
             elif manifest["kind"] == "Service":
-                self.core.create_namespaced_service(namespace, cast(Any, manifest))
+                response = self.core.create_namespaced_service(
+                    namespace, cast(Any, manifest), _preload_content=False
+                )
             else:
                 group, version = manifest["apiVersion"].split("/")
                 plural = manifest["kind"].lower() + "s"
-                self.custom.create_namespaced_custom_object(group, version, namespace, plural, manifest)
+                response = self.custom.create_namespaced_custom_object(
+                    group, version, namespace, plural, manifest, _preload_content=False
+                )
         except ApiException as exc:
             if exc.status == 409:
-                return False
+                return None
             raise
-        return True
+        created: dict[str, Any] = self._json(response)
+        return created
 
     def pod_controller_uid(self, namespace: str, name: str) -> str | None:
         """The uid of the pod's controlling owner; "" when it has none, None when the pod is absent."""
@@ -142,14 +169,15 @@ class KubeApi:
             preconditions=client.V1Preconditions(uid=uid) if uid else None,
         )
         try:
-            self.core.delete_namespaced_pod(name, namespace, body=body)
+            self.core.delete_namespaced_pod(name, namespace, body=body, _preload_content=False)
         except ApiException as exc:
             if exc.status not in (404, 409):
                 raise
 
     def admit_pod(self, namespace: str, name: str, node: str, remaining_gates: list[dict[str, Any]],
-                  node_selector: dict[str, str]) -> None:  # fmt: skip
-        """Pins a gated pod to its planned node and lifts the gang gate (JSON patch, one request)."""
+                  node_selector: dict[str, str]) -> dict[str, Any] | None:  # fmt: skip
+        """Pins a gated pod to its planned node and lifts the gang gate (JSON patch, one request);
+        returns the pod as stored, None when it is gone."""
         patch: list[dict[str, Any]] = [
             {
                 "op": "add",
@@ -159,12 +187,20 @@ class KubeApi:
             {"op": "replace", "path": "/spec/schedulingGates", "value": remaining_gates},
         ]
         try:
-            self.core.patch_namespaced_pod(
-                name, namespace, patch, _content_type="application/json-patch+json"
+            pod: dict[str, Any] = self._json(
+                self.core.patch_namespaced_pod(
+                    name,
+                    namespace,
+                    patch,
+                    _content_type="application/json-patch+json",
+                    _preload_content=False,
+                )
             )
+            return pod
         except ApiException as exc:
             if exc.status != 404:
                 raise
+            return None
 
     def create_event(self, job: dict[str, Any], type_: str, reason: str, message: str, now_iso: str) -> None:
         meta = job["metadata"]
@@ -180,7 +216,7 @@ class KubeApi:
             "reportingComponent": "phalanx.dev/operator", "reportingInstance": "phalanx-operator",
         }  # fmt: skip
         try:
-            self.core.create_namespaced_event(meta["namespace"], cast(Any, body))
+            self.core.create_namespaced_event(meta["namespace"], cast(Any, body), _preload_content=False)
         except ApiException as exc:
             if exc.status not in (404, 409, 403):
                 raise

@@ -1,0 +1,175 @@
+"""In-memory copies of the objects gang admission reads, kept slim and fed by watches (reflector.py).
+
+An admission pass used to list every pod, node and TrainingJob of the cluster; on 500 nodes that is
+megabytes of JSON per pass. These stores hold only the fields the operator reads, so the pass reads
+memory instead. Our own writes are applied at once from the API's reply ("assumed"), so a pass never
+sees an older state than the operator itself wrote; a newer resourceVersion always wins.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from phalanx import constants as c
+
+Slim = dict[str, Any]
+
+
+def _pick(source: Mapping[str, Any] | None, keys: Iterable[str]) -> dict[str, Any]:
+    return {k: source[k] for k in keys if source and source.get(k) is not None}
+
+
+def _metadata(obj: Mapping[str, Any], *extra: str) -> dict[str, Any]:
+    keys = ("name", "namespace", "uid", "resourceVersion", "creationTimestamp", "deletionTimestamp", *extra)
+    return _pick(obj.get("metadata"), keys)
+
+
+def _resources_only(container: Mapping[str, Any]) -> dict[str, Any]:
+    return _pick(container, ("name", "resources", "restartPolicy"))
+
+
+def slim_pod(pod: Mapping[str, Any]) -> Slim:
+    """What capacity and admission read: requests, placement, gates, binding and phase."""
+    spec = pod.get("spec") or {}
+    metadata = _metadata(pod, "labels", "ownerReferences")
+    slim_spec = _pick(
+        spec, ("nodeName", "nodeSelector", "schedulingGates", "tolerations", "overhead", "priority")
+    )
+    affinity = (spec.get("affinity") or {}).get("nodeAffinity")
+    if affinity:
+        slim_spec["affinity"] = {"nodeAffinity": affinity}
+    slim_spec["containers"] = [_resources_only(x) for x in spec.get("containers") or ()]
+    if spec.get("initContainers"):
+        slim_spec["initContainers"] = [_resources_only(x) for x in spec["initContainers"]]
+    return {"metadata": metadata, "spec": slim_spec, "status": _pick(pod.get("status"), ("phase",))}
+
+
+def slim_node(node: Mapping[str, Any]) -> Slim:
+    """Capacity, labels, taints and the Ready condition: what NodeInfo and the pod outcome read."""
+    status = node.get("status") or {}
+    # Type, status and reason only: heartbeat times change every few seconds and mean nothing here.
+    ready = [
+        _pick(x, ("type", "status", "reason"))
+        for x in status.get("conditions") or ()
+        if x.get("type") == "Ready"
+    ]
+    return {
+        "metadata": _metadata(node, "labels"),
+        "spec": _pick(node.get("spec"), ("taints", "unschedulable")),
+        "status": {**_pick(status, ("allocatable", "capacity")), "conditions": ready},
+    }
+
+
+def slim_job(job: Mapping[str, Any]) -> Slim:
+    """A TrainingJob without managedFields and annotations (kopf's bookkeeping)."""
+    return {
+        "metadata": _metadata(job, "generation"),
+        "spec": job.get("spec") or {},
+        "status": job.get("status") or {},
+    }
+
+
+def object_key(obj: Mapping[str, Any]) -> str:
+    metadata = obj.get("metadata") or {}
+    namespace = metadata.get("namespace")
+    return f"{namespace}/{metadata.get('name')}" if namespace else str(metadata.get("name"))
+
+
+def resource_version(obj: Mapping[str, Any]) -> int:
+    """etcd's revision; the API calls it opaque, but every server built on etcd gives an integer,
+    and client-go's assume cache orders by it the same way."""
+    try:
+        return int((obj.get("metadata") or {}).get("resourceVersion") or 0)
+    except ValueError:
+        return 0
+
+
+class Store:
+    """key -> slim object, newest resourceVersion wins; thread-safe."""
+
+    def __init__(self, slim: Callable[[Mapping[str, Any]], Slim]) -> None:
+        self._slim = slim
+        self._lock = threading.Lock()
+        self._objects: dict[str, Slim] = {}
+        # Deleted keys and the revision of the delete: a late reply to our own write must not bring
+        # a deleted object back.
+        self._deleted: dict[str, int] = {}
+        self.synced = threading.Event()
+
+    def replace(self, items: Iterable[Mapping[str, Any]], list_version: int) -> None:
+        """A full list at list_version: the truth for every object not written after it."""
+        fresh = {object_key(o): self._slim(o) for o in items}
+        with self._lock:
+            for key, obj in self._objects.items():
+                if key not in fresh and resource_version(obj) > list_version:
+                    fresh[key] = obj  # created (and assumed) after the list was taken
+            self._objects = fresh
+            self._deleted = {k: v for k, v in self._deleted.items() if v > list_version}
+        self.synced.set()
+
+    def upsert(self, obj: Mapping[str, Any]) -> tuple[Slim | None, Slim] | None:
+        """Stores obj unless a newer copy is held; returns (old, new) when it changed the store."""
+        key, version = object_key(obj), resource_version(obj)
+        with self._lock:
+            if self._deleted.get(key, -1) >= version:
+                return None
+            old = self._objects.get(key)
+            if old is not None and resource_version(old) >= version:
+                return None
+            new = self._slim(obj)
+            self._objects[key] = new
+            self._deleted.pop(key, None)
+            return old, new
+
+    def delete(self, obj: Mapping[str, Any]) -> Slim | None:
+        key, version = object_key(obj), resource_version(obj)
+        with self._lock:
+            old = self._objects.get(key)
+            if old is not None and resource_version(old) > version:
+                return None  # recreated since
+            self._deleted[key] = version
+            return self._objects.pop(key, None)
+
+    def get(self, key: str) -> Slim | None:
+        with self._lock:
+            return self._objects.get(key)
+
+    def items(self) -> list[Slim]:
+        with self._lock:
+            return list(self._objects.values())
+
+    def as_dict(self) -> dict[str, Slim]:
+        with self._lock:
+            return dict(self._objects)
+
+    def __len__(self) -> int:
+        return len(self._objects)
+
+
+def job_of_pod(pod: Mapping[str, Any]) -> str | None:
+    """namespace/name of the TrainingJob a pod belongs to, by its label."""
+    metadata = pod.get("metadata") or {}
+    job = (metadata.get("labels") or {}).get(c.LABEL_JOB_NAME)
+    return f"{metadata.get('namespace')}/{job}" if job else None
+
+
+def frees_or_changes_capacity(old: Slim | None, new: Slim | None) -> bool:
+    """Whether a pod change can let a waiting gang in: it finished, went away, or lost its node."""
+    if new is None:
+        return True
+    phase = (new.get("status") or {}).get("phase")
+    old_phase = ((old or {}).get("status") or {}).get("phase")
+    return phase in ("Succeeded", "Failed") and phase != old_phase
+
+
+def node_changed_for_admission(old: Slim | None, new: Slim | None) -> bool:
+    """Added, removed, or its capacity, taints, cordon, labels or readiness changed."""
+    if old is None or new is None:
+        return True
+    return _without_version(old) != _without_version(new)
+
+
+def _without_version(obj: Slim) -> Slim:
+    return {**obj, "metadata": {**obj["metadata"], "resourceVersion": None}}

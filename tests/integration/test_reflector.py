@@ -1,0 +1,72 @@
+"""The operator's list-then-watch stores against the real API server."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from phalanx import reflector
+from phalanx.cache import Slim, Store, slim_node, slim_pod
+from phalanx.k8s import KubeApi
+from phalanx.reflector import Reflector
+from tests.conftest import Cluster, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def plain_pod(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {"containers": [{"name": "c", "image": "busybox",
+                                 "resources": {"requests": {"cpu": "100m"}}}],
+                 "nodeSelector": {"no-such-node": "true"}},
+    }  # fmt: skip
+
+
+def test_pods_are_listed_in_pages_then_watched_through_create_and_delete(
+    cluster: Cluster, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(reflector, "LIST_PAGE_SIZE", 2)  # three pods: two pages at least
+    cluster.apply([plain_pod(f"before-{i}") for i in range(3)], namespace)
+    changes: list[tuple[str, bool, bool]] = []
+    lock = threading.Lock()
+
+    def record(key: str, old: Slim | None, new: Slim | None) -> None:
+        with lock:
+            changes.append((key, old is not None, new is not None))
+
+    store = Store(slim_pod)
+    watcher = Reflector("pods", KubeApi(cluster.api()).pods_request, store, record).start()
+    try:
+        wait_for(store.synced.is_set, timeout=30, what="first list")
+        listed = {k for k in store.as_dict() if k.startswith(f"{namespace}/")}
+        assert listed == {f"{namespace}/before-{i}" for i in range(3)}
+
+        cluster.apply(plain_pod("after"), namespace)
+        wait_for(lambda: store.get(f"{namespace}/after") is not None, timeout=30, what="watched create")
+        held = store.get(f"{namespace}/after")
+        assert held is not None and held["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "100m"
+
+        cluster.kubectl("delete", "pod", "before-0", "-n", namespace, "--grace-period=0", "--force")
+        wait_for(lambda: store.get(f"{namespace}/before-0") is None, timeout=30, what="watched delete")
+        with lock:
+            assert (f"{namespace}/before-0", True, False) in changes
+            assert (f"{namespace}/after", False, True) in changes
+    finally:
+        watcher.stop()
+
+
+def test_nodes_store_matches_the_cluster(cluster: Cluster) -> None:
+    store = Store(slim_node)
+    watcher = Reflector("nodes", KubeApi(cluster.api()).nodes_request, store).start()
+    try:
+        wait_for(store.synced.is_set, timeout=30, what="first list")
+        names = {n["metadata"]["name"] for n in cluster.get_json("nodes")["items"]}
+        wait_for(lambda: names <= set(store.as_dict()), timeout=30, what="every node in the store")
+        for name in names:
+            held = store.get(name)
+            assert held is not None and held["status"]["allocatable"], name
+    finally:
+        watcher.stop()

@@ -1,0 +1,121 @@
+"""The watch-fed stores admission reads: newest revision wins, deletes stick, slim objects suffice."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from phalanx.cache import (
+    Store,
+    frees_or_changes_capacity,
+    job_of_pod,
+    node_changed_for_admission,
+    slim_node,
+    slim_pod,
+)
+from phalanx.gang.capacity import NodeInfo, PodDemand, usage_by_node
+from phalanx.policy.pod_outcome import node_is_ready
+from phalanx.reconcile.lifecycle import is_gated, pod_attempt
+
+pytestmark = pytest.mark.unit
+
+
+def pod(name: str, version: int, phase: str = "Pending", node: str = "", **spec: Any) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name, "namespace": "ns", "uid": f"uid-{name}", "resourceVersion": str(version),
+            "labels": {"phalanx.dev/job-name": "llm", "phalanx.dev/attempt": "2"},
+            "managedFields": [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}],
+            "annotations": {"big": "x" * 1000},
+        },
+        "spec": {
+            "nodeName": node,
+            "containers": [{"name": "trainer", "image": "trainer:1", "env": [{"name": "A", "value": "1"}],
+                            "resources": {"limits": {"nvidia.com/gpu": "2"}, "requests": {"cpu": "4"}}}],
+            "volumes": [{"name": "data", "emptyDir": {}}],
+            **spec,
+        },
+        "status": {"phase": phase, "containerStatuses": [{"name": "trainer", "ready": False}]},
+    }  # fmt: skip
+
+
+def test_a_slim_pod_keeps_what_capacity_and_admission_read_and_drops_the_rest() -> None:
+    full = pod(
+        "w-0", 5, node="", schedulingGates=[{"name": "phalanx.dev/gang"}],
+        nodeSelector={"pool": "a"}, tolerations=[{"key": "gpu", "operator": "Exists"}],
+        affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["z1"]}]}]}},
+            "podAntiAffinity": {"x": 1}},
+    )  # fmt: skip
+    slim = slim_pod(full)
+    assert PodDemand.from_pod_spec(slim["spec"]) == PodDemand.from_pod_spec(full["spec"])
+    assert is_gated(slim) and pod_attempt(slim) == 2 and job_of_pod(slim) == "ns/llm"
+    assert "managedFields" not in slim["metadata"] and "annotations" not in slim["metadata"]
+    assert "env" not in slim["spec"]["containers"][0] and "volumes" not in slim["spec"]
+    assert "podAntiAffinity" not in slim["spec"]["affinity"]
+    bound = pod("w-1", 6, phase="Running", node="n1")
+    assert usage_by_node([slim_pod(bound)]) == usage_by_node([bound])
+
+
+def test_a_slim_node_keeps_capacity_taints_labels_and_readiness_without_heartbeats() -> None:
+    node = {
+        "metadata": {"name": "n1", "resourceVersion": "9", "labels": {"zone": "z1"}, "annotations": {"a": "b"}},
+        "spec": {"taints": [{"key": "gpu", "effect": "NoSchedule"}], "podCIDR": "10.0.0.0/24"},
+        "status": {
+            "allocatable": {"nvidia.com/gpu": "8", "cpu": "64"},
+            "conditions": [
+                {"type": "MemoryPressure", "status": "False"},
+                {"type": "Ready", "status": "True", "lastHeartbeatTime": "2026-01-01T00:00:00Z"},
+            ],
+            "images": [{"names": ["a"] * 50}],
+        },
+    }
+    slim = slim_node(node)
+    assert NodeInfo.from_k8s(slim) == NodeInfo.from_k8s(node)
+    assert node_is_ready(slim)
+    assert "images" not in slim["status"] and slim["status"]["conditions"] == [{"type": "Ready", "status": "True"}]
+    beat = {**node, "metadata": {**node["metadata"], "resourceVersion": "10"},
+            "status": {**node["status"], "conditions": [{"type": "Ready", "status": "True",
+                                                          "lastHeartbeatTime": "2026-01-01T00:00:40Z"}]}}  # fmt: skip
+    assert not node_changed_for_admission(slim, slim_node(beat))
+    cordoned = {**node, "spec": {**node["spec"], "unschedulable": True}}
+    assert node_changed_for_admission(slim, slim_node(cordoned))
+    assert node_changed_for_admission(None, slim) and node_changed_for_admission(slim, None)
+
+
+def test_the_newest_resource_version_wins_whatever_the_order_of_arrival() -> None:
+    store = Store(slim_pod)
+    assert store.upsert(pod("w-0", 7, phase="Running")) is not None
+    assert store.upsert(pod("w-0", 5, phase="Pending")) is None  # a late watch event of an older state
+    held = store.get("ns/w-0")
+    assert held is not None and held["status"]["phase"] == "Running"
+    changed = store.upsert(pod("w-0", 8, phase="Succeeded"))
+    assert changed is not None and changed[0] is held and changed[1]["status"]["phase"] == "Succeeded"
+
+
+def test_a_late_reply_does_not_bring_back_a_deleted_object() -> None:
+    store = Store(slim_pod)
+    store.upsert(pod("w-0", 5))
+    assert store.delete(pod("w-0", 9)) is not None
+    assert store.upsert(pod("w-0", 7)) is None and store.get("ns/w-0") is None
+    assert store.upsert(pod("w-0", 12)) is not None  # recreated under the same name
+
+
+def test_a_list_replaces_everything_except_objects_written_after_it() -> None:
+    store = Store(slim_pod)
+    store.upsert(pod("gone", 3))
+    store.upsert(pod("assumed", 20))  # our own create, newer than the list below
+    assert not store.synced.is_set()
+    store.replace([pod("listed", 10)], list_version=15)
+    assert store.synced.is_set()
+    assert sorted(store.as_dict()) == ["ns/assumed", "ns/listed"]
+
+
+def test_capacity_changes_that_wake_admission() -> None:
+    pending, running = slim_pod(pod("w", 1)), slim_pod(pod("w", 2, phase="Running", node="n1"))
+    done = slim_pod(pod("w", 3, phase="Succeeded", node="n1"))
+    assert not frees_or_changes_capacity(None, pending)
+    assert not frees_or_changes_capacity(pending, running)
+    assert frees_or_changes_capacity(running, done)
+    assert frees_or_changes_capacity(running, None)
