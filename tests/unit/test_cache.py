@@ -60,7 +60,12 @@ def test_a_slim_pod_keeps_what_capacity_and_admission_read_and_drops_the_rest() 
 
 def test_a_slim_node_keeps_capacity_taints_labels_and_readiness_without_heartbeats() -> None:
     node = {
-        "metadata": {"name": "n1", "resourceVersion": "9", "labels": {"zone": "z1"}, "annotations": {"a": "b"}},
+        "metadata": {
+            "name": "n1",
+            "resourceVersion": "9",
+            "labels": {"zone": "z1"},
+            "annotations": {"a": "b"},
+        },
         "spec": {"taints": [{"key": "gpu", "effect": "NoSchedule"}], "podCIDR": "10.0.0.0/24"},
         "status": {
             "allocatable": {"nvidia.com/gpu": "8", "cpu": "64"},
@@ -74,7 +79,9 @@ def test_a_slim_node_keeps_capacity_taints_labels_and_readiness_without_heartbea
     slim = slim_node(node)
     assert NodeInfo.from_k8s(slim) == NodeInfo.from_k8s(node)
     assert node_is_ready(slim)
-    assert "images" not in slim["status"] and slim["status"]["conditions"] == [{"type": "Ready", "status": "True"}]
+    assert "images" not in slim["status"] and slim["status"]["conditions"] == [
+        {"type": "Ready", "status": "True"}
+    ]
     beat = {**node, "metadata": {**node["metadata"], "resourceVersion": "10"},
             "status": {**node["status"], "conditions": [{"type": "Ready", "status": "True",
                                                           "lastHeartbeatTime": "2026-01-01T00:00:40Z"}]}}  # fmt: skip
