@@ -30,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -37,9 +38,11 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client, config
+from prometheus_client.parser import text_string_to_metric_families
 
 from phalanx.devcluster.cluster import LocalCluster
 from phalanx.devcluster.nodes import NodePool, node_manifests
+from phalanx.ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results" / "gang.json"
@@ -95,6 +98,20 @@ def create_namespace(core: Any, name: str) -> None:
             return
         time.sleep(0.2)
     raise RuntimeError(f"no default ServiceAccount in {name}")
+
+
+def delete_namespace(core: Any, name: str, timeout: float = 180) -> None:
+    core.delete_namespace(name)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            core.read_namespace(name, _preload_content=False)
+        except client.ApiException as exc:
+            if exc.status == 404:
+                return
+            raise
+        time.sleep(1)
+    log(f"  warning: namespace {name} still there after {timeout:.0f}s")
 
 
 def pool_placement(pool: str) -> dict[str, Any]:
@@ -259,10 +276,26 @@ class Operator:
     def __init__(self, kubeconfig: Path, log_path: Path) -> None:
         self.log_file = log_path.open("wb")
         env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+        self.metrics_port = free_port()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "phalanx.cli", "operator", "--metrics-port", "0", "--health-port", "0"],
+            [sys.executable, "-m", "phalanx.cli", "operator", "--metrics-port", str(self.metrics_port),
+             "--health-port", "0"],
             stdout=self.log_file, stderr=subprocess.STDOUT, env=env,
         )  # fmt: skip
+
+    def api_requests(self) -> dict[str, float]:
+        """phalanx_api_requests_total summed over status codes, by "METHOD endpoint"."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as response:
+            text = response.read().decode()
+        totals: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            if family.name != "phalanx_api_requests":
+                continue
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    key = f"{sample.labels['method']} {sample.labels['endpoint']}"
+                    totals[key] = totals.get(key, 0.0) + sample.value
+        return totals
 
     def rss_mib(self) -> tuple[float, float]:
         """(current, peak) resident set of the operator process."""
@@ -350,9 +383,10 @@ def run_baseline_side(api: client.ApiClient, ns: str, gangs: list[tuple[str, int
     )
 
 
-def admission_cost(api: client.ApiClient, rounds: int, jobs_per_round: int, rng: random.Random,
-                   timeout: float) -> dict[str, Any]:  # fmt: skip
+def admission_cost(api: client.ApiClient, operator: Operator, rounds: int, jobs_per_round: int,
+                   rng: random.Random, timeout: float) -> dict[str, Any]:  # fmt: skip
     core: Any = client.CoreV1Api(api)
+    operator_requests: dict[str, float] = {}  # "METHOD endpoint" -> requests during the Phalanx sides
     placement = pool_placement("main")
     phalanx: list[SideResult] = []
     baseline: list[SideResult] = []
@@ -368,15 +402,21 @@ def admission_cost(api: client.ApiClient, rounds: int, jobs_per_round: int, rng:
             log(
                 f"admission round {r + 1}/{rounds}, {side}: {len(gangs)} gangs, {sum(s for _, s in gangs)} pods"
             )
+            requests_before = operator.api_requests() if side == "phalanx" else {}
             result = run(api, ns, gangs, placement, "15s", timeout)
             into.append(result)
+            if side == "phalanx":
+                after = operator.api_requests()
+                for endpoint, count in after.items():
+                    operator_requests[endpoint] = (
+                        operator_requests.get(endpoint, 0) + count - requests_before.get(endpoint, 0)
+                    )
             log(f"  {side}: {result.pods} pods in {result.seconds:.1f}s ({result.pods / result.seconds:.0f} pods/s), "
                 f"p50 {percentile(result.latencies, 0.5):.1f}s")  # fmt: skip
-            # The pods finish after 15 s, so the next round finds the GPUs free; the namespace goes.
-            time.sleep(2)
-        wait_pods_finished(core, [f"adm-phalanx-{r}", f"adm-baseline-{r}"])
-        for side in ("phalanx", "baseline"):
-            core.delete_namespace(f"adm-{side}-{r}")
+            # Each side runs on a quiet cluster: the other side's pods have finished (15 s) and their
+            # namespace is gone (deleting hundreds of pods is a burst of API writes).
+            wait_pods_finished(core, [ns])
+            delete_namespace(core, ns)
 
     def summary(results: list[SideResult]) -> dict[str, Any]:
         latencies = [x for res in results for x in res.latencies]
@@ -391,6 +431,8 @@ def admission_cost(api: client.ApiClient, rounds: int, jobs_per_round: int, rng:
         }
 
     ours, base = summary(phalanx), summary(baseline)
+    pods = ours["pods"]
+    top = sorted(operator_requests.items(), key=lambda kv: -kv[1])
     ratios = [p.seconds / b.seconds for p, b in zip(phalanx, baseline, strict=True)]
     return {
         **ours,
@@ -402,7 +444,9 @@ def admission_cost(api: client.ApiClient, rounds: int, jobs_per_round: int, rng:
         "ratio_per_round": [round(x, 3) for x in ratios],
         "ratio_goal": 1.2,
         "rounds": rounds,
-        "order": "ABBA: rounds alternate which side goes first",
+        "order": "ABBA: rounds alternate which side goes first; each side starts on a quiet cluster",
+        "operator_api_requests_per_pod": round(sum(operator_requests.values()) / max(pods, 1), 2),
+        "operator_api_requests": {endpoint: count for endpoint, count in top if count},
     }
 
 
@@ -655,7 +699,7 @@ def main() -> int:
         parts = set(args.parts.split(","))
         admission = contended = foot = None
         if "admission" in parts:
-            admission = admission_cost(api, args.rounds, args.jobs_per_round, rng, args.timeout)
+            admission = admission_cost(api, operator, args.rounds, args.jobs_per_round, rng, args.timeout)
             save_partial(args.out, {"admission": admission})
         if "contention" in parts:
             contended = contention(

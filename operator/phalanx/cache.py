@@ -31,9 +31,14 @@ def _resources_only(container: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def slim_pod(pod: Mapping[str, Any]) -> Slim:
-    """What capacity and admission read: requests, placement, gates, binding and phase."""
+    """What capacity and admission read (requests, placement, gates, binding, phase) and, for the
+    operator's own pods, what a reconcile reads too: all metadata but managedFields, the whole status."""
     spec = pod.get("spec") or {}
-    metadata = _metadata(pod, "labels", "ownerReferences")
+    ours = c.LABEL_JOB_NAME in ((pod.get("metadata") or {}).get("labels") or {})
+    if ours:
+        metadata = {k: v for k, v in (pod.get("metadata") or {}).items() if k != "managedFields"}
+    else:
+        metadata = _metadata(pod, "labels", "ownerReferences")
     slim_spec = _pick(
         spec, ("nodeName", "nodeSelector", "schedulingGates", "tolerations", "overhead", "priority")
     )
@@ -43,7 +48,8 @@ def slim_pod(pod: Mapping[str, Any]) -> Slim:
     slim_spec["containers"] = [_resources_only(x) for x in spec.get("containers") or ()]
     if spec.get("initContainers"):
         slim_spec["initContainers"] = [_resources_only(x) for x in spec["initContainers"]]
-    return {"metadata": metadata, "spec": slim_spec, "status": _pick(pod.get("status"), ("phase",))}
+    status = dict(pod.get("status") or {}) if ours else _pick(pod.get("status"), ("phase",))
+    return {"metadata": metadata, "spec": slim_spec, "status": status}
 
 
 def slim_node(node: Mapping[str, Any]) -> Slim:
@@ -89,10 +95,15 @@ def resource_version(obj: Mapping[str, Any]) -> int:
 class Store:
     """key -> slim object, newest resourceVersion wins; thread-safe."""
 
-    def __init__(self, slim: Callable[[Mapping[str, Any]], Slim]) -> None:
+    def __init__(
+        self, slim: Callable[[Mapping[str, Any]], Slim], index: Callable[[Slim], str | None] | None = None
+    ) -> None:
         self._slim = slim
         self._lock = threading.Lock()
         self._objects: dict[str, Slim] = {}
+        # One secondary index (for pods: their TrainingJob), value -> keys.
+        self._index_of = index
+        self._index: dict[str, set[str]] = {}
         # Deleted keys and the revision of the delete: a late reply to our own write must not bring
         # a deleted object back.
         self._deleted: dict[str, int] = {}
@@ -107,6 +118,9 @@ class Store:
                     fresh[key] = obj  # created (and assumed) after the list was taken
             self._objects = fresh
             self._deleted = {k: v for k, v in self._deleted.items() if v > list_version}
+            self._index = {}
+            for key, obj in fresh.items():
+                self._index_add(key, obj)
         self.synced.set()
 
     def upsert(self, obj: Mapping[str, Any]) -> tuple[Slim | None, Slim] | None:
@@ -119,7 +133,10 @@ class Store:
             if old is not None and resource_version(old) >= version:
                 return None
             new = self._slim(obj)
+            if old is not None:
+                self._index_remove(key, old)
             self._objects[key] = new
+            self._index_add(key, new)
             self._deleted.pop(key, None)
             return old, new
 
@@ -130,7 +147,29 @@ class Store:
             if old is not None and resource_version(old) > version:
                 return None  # recreated since
             self._deleted[key] = version
-            return self._objects.pop(key, None)
+            old = self._objects.pop(key, None)
+            if old is not None:
+                self._index_remove(key, old)
+            return old
+
+    def _index_add(self, key: str, obj: Slim) -> None:
+        value = self._index_of(obj) if self._index_of else None
+        if value is not None:
+            self._index.setdefault(value, set()).add(key)
+
+    def _index_remove(self, key: str, obj: Slim) -> None:
+        value = self._index_of(obj) if self._index_of else None
+        if value is not None:
+            keys = self._index.get(value)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self._index[value]
+
+    def indexed(self, value: str) -> list[Slim]:
+        """The objects whose index value is `value` (for pods: the pods of one TrainingJob)."""
+        with self._lock:
+            return [self._objects[k] for k in self._index.get(value, ())]
 
     def get(self, key: str) -> Slim | None:
         with self._lock:

@@ -83,7 +83,7 @@ class Controller:
         self.batching: set[str] = set()
         self.write_pool = ThreadPoolExecutor(WRITE_CONCURRENCY, thread_name_prefix="writes")
         # Watch-fed copies of the cluster (cache.py); reconciles read the API, admission reads these.
-        self.pods = Store(slim_pod)
+        self.pods = Store(slim_pod, index=job_of_pod)
         self.nodes = Store(slim_node)
         self.jobs = Store(slim_job)
         self.reflectors: list[Reflector] = []
@@ -214,10 +214,12 @@ class Controller:
             return followups
         self.jobs.upsert(job)
         self.known_jobs.add(key)
-        # Pods another controller owns are not ours even when they carry our label.
-        pods = [
-            p for p in self.api.list_job_pods(namespace, name) if _controlled_by(p, job["metadata"]["uid"])
-        ]
+        # From the watch-fed store once it is listed (a reconcile per pod event would otherwise list
+        # the job's pods each time); pods another controller owns are not ours despite our label.
+        listed = (
+            self.pods.indexed(key) if self.pods.synced.is_set() else self.api.list_job_pods(namespace, name)
+        )
+        pods = [p for p in listed if _controlled_by(p, job["metadata"]["uid"])]
         now = time.time()
         old_status = dict(job.get("status") or {})
         if not old_status:

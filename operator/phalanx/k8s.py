@@ -9,6 +9,7 @@ from kubernetes import client, config
 from kubernetes.client import ApiException
 
 from phalanx import constants as c
+from phalanx import metrics
 
 
 def load_api_client() -> client.ApiClient:
@@ -20,9 +21,6 @@ def load_api_client() -> client.ApiClient:
     configuration = client.Configuration.get_default_copy()
     configuration.connection_pool_maxsize = 32
     return client.ApiClient(configuration)
-
-
-ACTIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 
 
 def _without_none(params: dict[str, Any]) -> dict[str, Any]:
@@ -37,9 +35,39 @@ def short_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def count_requests(api_client: client.ApiClient) -> None:
+    """Counts every request of this client in phalanx_api_requests_total (endpoint: the path template,
+    so the series stay few)."""
+    send = api_client.call_api
+
+    def counted(resource_path: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            response = send(resource_path, method, *args, **kwargs)
+        except ApiException as exc:
+            metrics.observe_api_request(method, resource_path, exc.status)
+            raise
+        except Exception:
+            metrics.observe_api_request(method, resource_path, None)
+            raise
+        metrics.observe_api_request(method, resource_path, _status_of(response))
+        return response
+
+    api_client.call_api = counted  # type: ignore[method-assign,assignment]
+
+
+def _status_of(response: Any) -> int:
+    # call_api returns the raw HTTP response (_preload_content=False), (data, status, headers) with
+    # _return_http_data_only=False, or a model object, which only a 2xx answer produces.
+    if isinstance(response, tuple) and len(response) >= 2 and isinstance(response[1], int):
+        return response[1]
+    status = getattr(response, "status", None)
+    return status if isinstance(status, int) else 200
+
+
 class KubeApi:
     def __init__(self, api_client: client.ApiClient) -> None:
         self.api_client = api_client
+        count_requests(api_client)
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
         self.scheduling = client.SchedulingV1Api(api_client)
@@ -50,10 +78,9 @@ class KubeApi:
 
     # -- raw list/watch requests for the reflectors (reflector.py) -----------------------------
     def pods_request(self, **params: Any) -> Any:
-        """Pods that hold or may hold node resources, in every namespace."""
-        return self.core.list_pod_for_all_namespaces(
-            field_selector=ACTIVE_PODS, _preload_content=False, **_without_none(params)
-        )
+        """Every pod in every namespace: finished ones too, since a reconcile reads its job's outcome
+        from them (capacity skips them)."""
+        return self.core.list_pod_for_all_namespaces(_preload_content=False, **_without_none(params))
 
     def nodes_request(self, **params: Any) -> Any:
         return self.core.list_node(_preload_content=False, **_without_none(params))

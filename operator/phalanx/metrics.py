@@ -92,6 +92,13 @@ RECONCILE_ERRORS: Final = Counter(
     registry=REGISTRY,
 )
 PODS_CREATED: Final = Counter("phalanx_pods_created", "Worker pods created.", registry=REGISTRY)
+API_REQUESTS: Final = Counter(
+    "phalanx_api_requests",
+    "Requests the operator sent to the Kubernetes API, by method, endpoint (the API path template) "
+    'and HTTP status code ("error" when no answer came).',
+    ["method", "endpoint", "code"],
+    registry=REGISTRY,
+)
 JOB_PROGRESS: Final = Gauge(
     "phalanx_job_progress_ratio",
     "Fraction of a TrainingJob's total steps completed (0 to 1), as reported by its trainer.",
@@ -189,6 +196,7 @@ METRIC_NAMES: Final = (
     "phalanx_reconcile_duration_seconds",
     "phalanx_reconcile_errors_total",
     "phalanx_pods_created_total",
+    "phalanx_api_requests_total",
     "phalanx_job_checkpoint_age_seconds",
     "phalanx_job_progress_ratio",
 )
@@ -257,6 +265,10 @@ def observe_restart(namespace: str, name: str, reason: RestartReason) -> None:
 
 def observe_pods_created(count: int = 1) -> None:
     PODS_CREATED.inc(count)
+
+
+def observe_api_request(method: str, endpoint: str, code: int | None) -> None:
+    API_REQUESTS.labels(method, endpoint, str(code) if code is not None else "error").inc()
 
 
 def observe_checkpoint(namespace: str, name: str, saved_at: float) -> None:

@@ -85,7 +85,13 @@ def test_two_gangs_of_sixteen_gpus_on_sixteen_gpus_run_one_after_the_other(
         return (running[0], waiting[0]) if len(running) == 1 and len(waiting) == 1 else None
 
     first, second = wait_for(one_running_one_waiting, timeout=30, what="one gang running, one waiting")
-    waiting = job_status(cluster, namespace, second)
+
+    def explained() -> dict[str, Any] | None:
+        # The first reconcile says "waiting"; the next admission pass writes why.
+        status = job_status(cluster, namespace, second)
+        return status if "needs" in condition(status, "Admitted").get("message", "") else None
+
+    waiting = wait_for(explained, timeout=15, what="the waiting gang's condition explains why")
     admitted = condition(waiting, "Admitted")
     assert admitted["reason"] == "WaitingForCapacity"
     assert "needs 2 pods x 8 nvidia.com/gpu" in admitted["message"], admitted

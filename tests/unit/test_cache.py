@@ -51,11 +51,41 @@ def test_a_slim_pod_keeps_what_capacity_and_admission_read_and_drops_the_rest() 
     slim = slim_pod(full)
     assert PodDemand.from_pod_spec(slim["spec"]) == PodDemand.from_pod_spec(full["spec"])
     assert is_gated(slim) and pod_attempt(slim) == 2 and job_of_pod(slim) == "ns/llm"
-    assert "managedFields" not in slim["metadata"] and "annotations" not in slim["metadata"]
+    # The operator's own pods keep what a reconcile reads: metadata and the whole status.
+    assert (
+        "managedFields" not in slim["metadata"]
+        and slim["metadata"]["annotations"] == full["metadata"]["annotations"]
+    )
+    assert slim["status"] == full["status"]
     assert "env" not in slim["spec"]["containers"][0] and "volumes" not in slim["spec"]
     assert "podAntiAffinity" not in slim["spec"]["affinity"]
     bound = pod("w-1", 6, phase="Running", node="n1")
     assert usage_by_node([slim_pod(bound)]) == usage_by_node([bound])
+
+
+def test_other_workloads_pods_keep_only_what_capacity_reads() -> None:
+    foreign = pod("web-0", 3, phase="Running", node="n1")
+    del foreign["metadata"]["labels"]["phalanx.dev/job-name"]
+    slim = slim_pod(foreign)
+    assert "annotations" not in slim["metadata"] and slim["status"] == {"phase": "Running"}
+    assert job_of_pod(slim) is None
+    assert usage_by_node([slim]) == usage_by_node([foreign])
+
+
+def test_the_job_index_follows_upserts_deletes_and_lists() -> None:
+    store = Store(slim_pod, index=job_of_pod)
+    store.upsert(pod("llm-worker-0", 1))
+    store.upsert(pod("llm-worker-1", 2))
+    assert sorted(p["metadata"]["name"] for p in store.indexed("ns/llm")) == ["llm-worker-0", "llm-worker-1"]
+    store.delete(pod("llm-worker-0", 3))
+    assert [p["metadata"]["name"] for p in store.indexed("ns/llm")] == ["llm-worker-1"]
+    relabelled = pod("llm-worker-1", 4)
+    relabelled["metadata"]["labels"]["phalanx.dev/job-name"] = "other"
+    store.upsert(relabelled)
+    assert store.indexed("ns/llm") == [] and len(store.indexed("ns/other")) == 1
+    store.replace([pod("llm-worker-2", 10)], list_version=10)
+    assert [p["metadata"]["name"] for p in store.indexed("ns/llm")] == ["llm-worker-2"]
+    assert store.indexed("ns/other") == []
 
 
 def test_a_slim_node_keeps_capacity_taints_labels_and_readiness_without_heartbeats() -> None:
