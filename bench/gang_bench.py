@@ -285,8 +285,18 @@ class Operator:
 
     def api_requests(self) -> dict[str, float]:
         """phalanx_api_requests_total summed over status codes, by "METHOD endpoint"."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as response:
-            text = response.read().decode()
+        deadline = time.monotonic() + 60
+        while True:  # the operator may still be importing its modules
+            try:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10
+                ) as answer:
+                    text = answer.read().decode()
+                break
+            except OSError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise
+                time.sleep(0.5)
         totals: dict[str, float] = {}
         for family in text_string_to_metric_families(text):
             if family.name != "phalanx_api_requests":
@@ -296,6 +306,11 @@ class Operator:
                     key = f"{sample.labels['method']} {sample.labels['endpoint']}"
                     totals[key] = totals.get(key, 0.0) + sample.value
         return totals
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time of the operator process so far."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def rss_mib(self) -> tuple[float, float]:
         """(current, peak) resident set of the operator process."""
@@ -387,6 +402,7 @@ def admission_cost(api: client.ApiClient, operator: Operator, rounds: int, jobs_
                    rng: random.Random, timeout: float) -> dict[str, Any]:  # fmt: skip
     core: Any = client.CoreV1Api(api)
     operator_requests: dict[str, float] = {}  # "METHOD endpoint" -> requests during the Phalanx sides
+    operator_cpu: list[float] = []  # operator CPU seconds per second of each Phalanx side
     placement = pool_placement("main")
     phalanx: list[SideResult] = []
     baseline: list[SideResult] = []
@@ -403,9 +419,11 @@ def admission_cost(api: client.ApiClient, operator: Operator, rounds: int, jobs_
                 f"admission round {r + 1}/{rounds}, {side}: {len(gangs)} gangs, {sum(s for _, s in gangs)} pods"
             )
             requests_before = operator.api_requests() if side == "phalanx" else {}
+            cpu_before = operator.cpu_seconds()
             result = run(api, ns, gangs, placement, "15s", timeout)
             into.append(result)
             if side == "phalanx":
+                operator_cpu.append((operator.cpu_seconds() - cpu_before) / result.seconds)
                 after = operator.api_requests()
                 for endpoint, count in after.items():
                     operator_requests[endpoint] = (
@@ -445,6 +463,7 @@ def admission_cost(api: client.ApiClient, operator: Operator, rounds: int, jobs_
         "ratio_goal": 1.2,
         "rounds": rounds,
         "order": "ABBA: rounds alternate which side goes first; each side starts on a quiet cluster",
+        "operator_cpu_cores_per_round": [round(x, 2) for x in operator_cpu],
         "operator_api_requests_per_pod": round(sum(operator_requests.values()) / max(pods, 1), 2),
         "operator_api_requests": {endpoint: count for endpoint, count in top if count},
     }

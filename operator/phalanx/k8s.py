@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from urllib.parse import urlsplit
 from typing import Any, cast
 
 from kubernetes import client, config
@@ -41,18 +42,40 @@ def count_requests(api_client: client.ApiClient) -> None:
     send = api_client.call_api
 
     def counted(resource_path: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        endpoint = endpoint_template(resource_path)
         try:
             response = send(resource_path, method, *args, **kwargs)
         except ApiException as exc:
-            metrics.observe_api_request(method, resource_path, exc.status)
+            metrics.observe_api_request(method, endpoint, exc.status)
             raise
         except Exception:
-            metrics.observe_api_request(method, resource_path, None)
+            metrics.observe_api_request(method, endpoint, None)
             raise
-        metrics.observe_api_request(method, resource_path, _status_of(response))
+        metrics.observe_api_request(method, endpoint, _status_of(response))
         return response
 
     api_client.call_api = counted  # type: ignore[method-assign,assignment]
+
+
+def endpoint_template(url: str) -> str:
+    """The API path with namespace and object names replaced, so metric series stay few:
+    https://host/api/v1/namespaces/ns1/pods/p-0?x=1 -> /api/v1/namespaces/{namespace}/pods/{name}."""
+    path = urlsplit(url).path if "://" in url else url.split("?", 1)[0]
+    parts = [p for p in path.split("/") if p]
+    if parts[:1] == ["api"]:
+        prefix, rest = parts[:2], parts[2:]
+    elif parts[:1] == ["apis"]:
+        prefix, rest = parts[:3], parts[3:]
+    else:
+        return path
+    if len(rest) >= 2 and rest[0] == "namespaces":
+        rest = ["namespaces", "{namespace}", *rest[2:]]
+        resource_at = 2
+    else:
+        resource_at = 0
+    if len(rest) > resource_at + 1:
+        rest[resource_at + 1] = "{name}"
+    return "/" + "/".join(prefix + rest)
 
 
 def _status_of(response: Any) -> int:

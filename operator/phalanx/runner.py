@@ -3,11 +3,29 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
 import os
 
 
+GLIBC_M_ARENA_MAX = -8  # mallopt's parameter number (malloc.h)
+MALLOC_ARENAS = 2
+
+
+def limit_malloc_arenas(count: int = MALLOC_ARENAS) -> bool:
+    """glibc gives threads that allocate at once separate arenas (up to 8 per core) and keeps what
+    is freed in each. The operator's threads mostly wait on sockets, so two arenas cost nothing in
+    speed and keep the resident set from growing with every burst. Must run before threads start;
+    a no-op off glibc (MALLOC_ARENA_MAX in the environment does the same there)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(GLIBC_M_ARENA_MAX, count))
+    except (OSError, AttributeError):
+        return False
+
+
 def run_operator(namespaces: list[str], metrics_port: int, health_port: int, verbose: bool) -> None:
+    limit_malloc_arenas()
     import kopf
 
     import phalanx.handlers  # noqa: F401  (registers the handlers)
