@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import os
+import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -22,7 +23,7 @@ from phalanx import metrics
 from phalanx.api.schema import parse
 from phalanx.api.v1alpha1 import TrainingJobSpec
 from phalanx.builders.podgroups import build_podgroup
-from phalanx.builders.pods import JobRef, build_headless_service, build_worker_pod
+from phalanx.builders.pods import JobRef, admitted_pod, build_headless_service, build_worker_pod
 from phalanx.cache import (
     Slim,
     Store,
@@ -34,7 +35,8 @@ from phalanx.cache import (
     slim_pod,
 )
 from phalanx.gang.admission import GangRequest, admission_order, plan_admission
-from phalanx.gang.capacity import NodeInfo, PodDemand, usage_by_node
+from phalanx.gang.capacity import NodeInfo, PodDemand, Resources
+from phalanx.gang.on_creation import plan_on_creation, usage_with_assumed
 from phalanx.gang.preemption import RunningGang, choose_victims
 from phalanx.k8s import KubeApi, short_error
 from phalanx.reconcile.conditions import set_condition
@@ -81,6 +83,11 @@ class Controller:
         self.active: set[str] = set()
         self.again: set[str] = set()
         self.batching: set[str] = set()
+        self.admission_lock = threading.Lock()
+        # PHALANX_ADMIT_ON_CREATION=false: every pod is created gated, even when nothing waits.
+        self.admit_on_creation = os.environ.get("PHALANX_ADMIT_ON_CREATION", "true").lower() != "false"
+        self.assumed: dict[str, tuple[str, Resources]] = {}  # admitted at creation, create in flight
+        self.priorities: dict[str, int] = {}
         self.write_pool = ThreadPoolExecutor(WRITE_CONCURRENCY, thread_name_prefix="writes")
         # Watch-fed copies of the cluster (cache.py); reconciles read the API, admission reads these.
         self.pods = Store(slim_pod, index=job_of_pod)
@@ -257,7 +264,14 @@ class Controller:
                 build_worker_pod(ref, spec, index, attempt, template, cluster_domain=self.cluster_domain)
                 for index in plan.create_indices
             ]
-            taken = [name for name in self._create_pods(pods_to_create, ref.uid) if name is not None]
+            if len(pods_to_create) == spec.replicas:
+                pods_to_create = self._admit_on_creation(key, spec, pods_to_create, now)
+            try:
+                taken = [name for name in self._create_pods(pods_to_create, ref.uid) if name is not None]
+            finally:
+                with self.admission_lock:
+                    for pod in pods_to_create:
+                        self.assumed.pop(f"{namespace}/{pod['metadata']['name']}", None)
             self._admission_dirty_threadsafe()
             if taken:
                 self._report_name_conflict(job, plan.status, taken, now)
@@ -275,6 +289,43 @@ class Controller:
         if plan.delete_pods or plan.force_delete_pods:
             followups.append(1.0)
         return followups
+
+    def _admit_on_creation(
+        self, key: str, spec: TrainingJobSpec, pods: list[dict[str, Any]], now: float
+    ) -> list[dict[str, Any]]:
+        """Admits a new gang as its pods are created when nothing waits and the whole gang fits now.
+
+        The pods are then created pinned and without the gate, saving one write per pod; the plan is
+        the one the admission pass would make a moment later. With any gang waiting (a gated pod
+        exists), every pod is created gated and the pass decides in order, so no one jumps the queue.
+        """
+        if spec.scheduling.provider != "builtin" or not self.admit_on_creation:
+            return pods
+        with self.admission_lock:
+            if not all(store.synced.is_set() for store in (self.jobs, self.pods, self.nodes)):
+                return pods
+            request = GangRequest(
+                key=key,
+                priority=self.priorities.get(spec.scheduling.priority_class_name or "", 0),
+                created=now,
+                pods=tuple((p["metadata"]["name"], PodDemand.from_pod_spec(p["spec"])) for p in pods),
+                min_available=spec.min_available,
+            )
+            nodes = [NodeInfo.from_k8s(n) for n in self.nodes.items()]
+            placements = plan_on_creation(
+                request, nodes, self.pods.items(), self.assumed, self.reservations, now
+            )
+            if placements is None:
+                return pods
+            namespace = key.split("/", 1)[0]
+            demands = dict(request.pods)
+            for name, node in placements.items():
+                self.assumed[f"{namespace}/{name}"] = (node, demands[name].requests)
+        metrics.observe_gang_admitted(namespace, key.split("/", 1)[1], 0.0)
+        return [
+            admitted_pod(p, placements[p["metadata"]["name"]]) if p["metadata"]["name"] in placements else p
+            for p in pods
+        ]
 
     def _create_pods(self, pods: list[dict[str, Any]], owner_uid: str) -> list[str | None]:
         """Creates the pods a few at a time (a 32-pod gang one by one waits on 32 round trips);
@@ -420,63 +471,56 @@ class Controller:
         if not jobs:
             self.reservations.clear()
             return
-        all_pods = self.pods.items()
-        by_job: dict[str, list[dict[str, Any]]] = {}
-        planned: dict[str, str] = {}
-        for pod in all_pods:
-            labels = pod["metadata"].get("labels") or {}
-            if c.LABEL_JOB_NAME in labels:
-                by_job.setdefault(f"{pod['metadata']['namespace']}/{labels[c.LABEL_JOB_NAME]}", []).append(
-                    pod
-                )
-            selector = pod.get("spec", {}).get("nodeSelector") or {}
-            if (
-                not pod.get("spec", {}).get("nodeName")
-                and not is_gated(pod)
-                and "kubernetes.io/hostname" in selector
-            ):
-                planned[f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"] = selector[
-                    "kubernetes.io/hostname"
-                ]
-        priorities = self.api.priority_values()
-        requests = []
-        gated_pods: dict[str, dict[str, dict[str, Any]]] = {}
-        finishing: set[str] = set()  # gangs whose interrupted admission is being completed
-        now = time.time()
-        for job in jobs:
-            key = f"{job['metadata']['namespace']}/{job['metadata']['name']}"
-            spec = parse(TrainingJobSpec, job["spec"])
-            attempt = (job.get("status") or {}).get("attempt", 0)
-            current = [p for p in by_job.get(key, []) if pod_attempt(p) == attempt]
-            pods = [p for p in current if is_gated(p)]
-            if len(current) < spec.replicas or not pods:
-                continue  # still being created (or torn down): never admit half a gang
-            priority = priorities.get(spec.scheduling.priority_class_name or "", 0)
-            min_available = spec.min_available
-            ungated = len(current) - len(pods)
-            if ungated:
-                # Some gates are already lifted: an operator stopped in the middle of admitting this
-                # gang, or pods beyond minAvailable wait for room. Place the rest; a gang below its
-                # minimum goes first, since its admitted pods already hold their nodes.
-                min_available = max(spec.min_available - ungated, 1)
-                if ungated < spec.min_available:
-                    priority = FINISH_ADMISSION_PRIORITY
-                    finishing.add(key)
-            gated_pods[key] = {p["metadata"]["name"]: p for p in pods}
-            created = parse_iso(job["metadata"].get("creationTimestamp")) or now
-            requests.append(GangRequest(
-                key=key,
-                priority=priority,
-                created=created,
-                pods=tuple((p["metadata"]["name"], PodDemand.from_pod_spec(p["spec"])) for p in pods),
-                min_available=min_available,
-            ))  # fmt: skip
-        if not requests:
-            return
-        nodes = [NodeInfo.from_k8s(n) for n in self.current_nodes().values()]
-        used = usage_by_node(all_pods, planned)
-        plan = plan_admission(requests, nodes, used, now, reservations=self.reservations)
-        self.reservations = dict(plan.reservations)
+        # Under the lock that admission at creation (_admit_on_creation) takes: one plan at a time.
+        with self.admission_lock:
+            all_pods = self.pods.items()
+            by_job: dict[str, list[dict[str, Any]]] = {}
+            for pod in all_pods:
+                labels = pod["metadata"].get("labels") or {}
+                if c.LABEL_JOB_NAME in labels:
+                    by_job.setdefault(
+                        f"{pod['metadata']['namespace']}/{labels[c.LABEL_JOB_NAME]}", []
+                    ).append(pod)
+            # Admitted but not bound yet; and admitted at creation, the create's reply still on its way.
+            used = usage_with_assumed(all_pods, self.assumed)
+            priorities = self.priorities = self.api.priority_values()
+            requests = []
+            gated_pods: dict[str, dict[str, dict[str, Any]]] = {}
+            finishing: set[str] = set()  # gangs whose interrupted admission is being completed
+            now = time.time()
+            for job in jobs:
+                key = f"{job['metadata']['namespace']}/{job['metadata']['name']}"
+                spec = parse(TrainingJobSpec, job["spec"])
+                attempt = (job.get("status") or {}).get("attempt", 0)
+                current = [p for p in by_job.get(key, []) if pod_attempt(p) == attempt]
+                pods = [p for p in current if is_gated(p)]
+                if len(current) < spec.replicas or not pods:
+                    continue  # still being created (or torn down): never admit half a gang
+                priority = priorities.get(spec.scheduling.priority_class_name or "", 0)
+                min_available = spec.min_available
+                ungated = len(current) - len(pods)
+                if ungated:
+                    # Some gates are already lifted: an operator stopped in the middle of admitting this
+                    # gang, or pods beyond minAvailable wait for room. Place the rest; a gang below its
+                    # minimum goes first, since its admitted pods already hold their nodes.
+                    min_available = max(spec.min_available - ungated, 1)
+                    if ungated < spec.min_available:
+                        priority = FINISH_ADMISSION_PRIORITY
+                        finishing.add(key)
+                gated_pods[key] = {p["metadata"]["name"]: p for p in pods}
+                created = parse_iso(job["metadata"].get("creationTimestamp")) or now
+                requests.append(GangRequest(
+                    key=key,
+                    priority=priority,
+                    created=created,
+                    pods=tuple((p["metadata"]["name"], PodDemand.from_pod_spec(p["spec"])) for p in pods),
+                    min_available=min_available,
+                ))  # fmt: skip
+            if not requests:
+                return
+            nodes = [NodeInfo.from_k8s(n) for n in self.current_nodes().values()]
+            plan = plan_admission(requests, nodes, used, now, reservations=self.reservations)
+            self.reservations = dict(plan.reservations)
         jobs_by_key = {f"{j['metadata']['namespace']}/{j['metadata']['name']}": j for j in jobs}
         patches = []
         for admission in plan.admitted:

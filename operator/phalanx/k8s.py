@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-from urllib.parse import urlsplit
 from typing import Any, cast
+from urllib.parse import urlsplit
 
 from kubernetes import client, config
 from kubernetes.client import ApiException

@@ -7,7 +7,6 @@ import ctypes
 import logging
 import os
 
-
 GLIBC_M_ARENA_MAX = -8  # mallopt's parameter number (malloc.h)
 MALLOC_ARENAS = 2
 

@@ -70,6 +70,22 @@ def priority_classes(cluster: Cluster) -> Iterator[tuple[str, str]]:
 
 
 # -- admission ------------------------------------------------------------------------------------
+def test_a_gang_that_fits_while_nothing_waits_is_created_admitted(
+    cluster: Cluster, namespace: str, operator: OperatorProcess, private_nodes: Any
+) -> None:
+    private_nodes.add(2, gpus=8)
+    cluster.apply(training_job("direct", replicas=2, gpus=8, placement=private_nodes.placement()), namespace)
+    status = wait_phase(cluster, namespace, "direct", "Running", timeout=40)
+    assert condition(status, "Admitted")["status"] == "True"
+    pods = pods_in(cluster, namespace, "direct")
+    assert len(pods) == 2
+    for pod in pods:
+        assert not is_gated(pod)
+        assert pod["spec"]["nodeSelector"]["kubernetes.io/hostname"] == pod["spec"]["nodeName"]
+        # Created this way, not gated and patched later: the API server counts spec changes.
+        assert pod["metadata"]["generation"] == 1, pod["metadata"]
+
+
 def test_two_gangs_of_sixteen_gpus_on_sixteen_gpus_run_one_after_the_other(
     cluster: Cluster, namespace: str, operator: OperatorProcess, private_nodes: Any
 ) -> None:
@@ -303,7 +319,11 @@ def test_operator_killed_in_the_middle_of_admitting_a_gang_finishes_it_after_res
 ) -> None:
     private_nodes.add(2, gpus=8)
     operator.stop()
-    operator.start(extra_env={"PHALANX_FAILPOINT_EXIT_AFTER_ADMITS": "2"})
+    # Nothing else waits, so the gang would be admitted as its pods are created; this test is about
+    # lifting gates, so every pod is created gated.
+    operator.start(
+        extra_env={"PHALANX_FAILPOINT_EXIT_AFTER_ADMITS": "2", "PHALANX_ADMIT_ON_CREATION": "false"}
+    )
     cluster.apply(training_job("half", replicas=4, gpus=4, placement=private_nodes.placement()), namespace)
     assert operator.proc is not None
     operator.proc.wait(timeout=60)  # the failpoint killed it after lifting two of the four gates
@@ -311,7 +331,7 @@ def test_operator_killed_in_the_middle_of_admitting_a_gang_finishes_it_after_res
     pods = pods_in(cluster, namespace, "half")
     assert len(pods) == 4 and sum(is_gated(p) for p in pods) == 2
 
-    operator.start()
+    operator.start(extra_env={"PHALANX_ADMIT_ON_CREATION": "false"})
     status = wait_phase(cluster, namespace, "half", "Running", timeout=40)
     pods = pods_in(cluster, namespace, "half")
     assert sorted(p["metadata"]["name"] for p in pods) == [f"half-worker-{i}" for i in range(4)]

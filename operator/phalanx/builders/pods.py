@@ -228,3 +228,19 @@ def build_headless_service(job: JobRef, spec: TrainingJobSpec) -> dict[str, Any]
             ],
         },
     }
+
+
+def admitted_pod(pod: dict[str, Any], node: str) -> dict[str, Any]:
+    """The worker pod as gang admission leaves it: pinned to its planned node, gang gate gone.
+
+    Used when a gang is admitted at creation (nothing waits and it fits): creating the pod this way
+    saves the gate-lifting write per pod, and the pod is the same as one admitted a moment later.
+    """
+    spec = dict(pod["spec"])
+    spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), "kubernetes.io/hostname": node}
+    gates = [g for g in spec.get("schedulingGates") or [] if g.get("name") != c.GANG_SCHEDULING_GATE]
+    if gates:
+        spec["schedulingGates"] = gates
+    else:
+        spec.pop("schedulingGates", None)
+    return {**pod, "spec": spec}

@@ -1,0 +1,71 @@
+"""Admission at creation: when nothing waits and a new gang fits, admit it as its pods are created.
+
+Creating the pods gated and lifting the gates a moment later costs one more API write per pod and
+an admission pass of latency, for the same result. The rule keeps the queue fair: as soon as any
+gang waits (a gated pod exists, or the head holds a reservation), every new gang is created gated
+and the admission pass decides in order.
+"""
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from phalanx.gang.admission import GangRequest, plan_admission
+from phalanx.gang.capacity import NodeInfo, Resources, add_into, usage_by_node
+from phalanx.reconcile.lifecycle import is_gated
+
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+
+Assumed = Mapping[str, tuple[str, Resources]]
+"""Pods admitted at creation whose create is still in flight: "namespace/name" -> (node, requests)."""
+
+
+def planned_nodes(pods: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """ "namespace/name" -> node of pods admitted (pinned, gang gate lifted) and not bound yet."""
+    planned = {}
+    for pod in pods:
+        spec = pod.get("spec") or {}
+        selector = spec.get("nodeSelector") or {}
+        if not spec.get("nodeName") and not is_gated(dict(pod)) and HOSTNAME_LABEL in selector:
+            metadata = pod.get("metadata") or {}
+            planned[f"{metadata.get('namespace')}/{metadata.get('name')}"] = str(selector[HOSTNAME_LABEL])
+    return planned
+
+
+def usage_with_assumed(pods: Sequence[Mapping[str, Any]], assumed: Assumed) -> dict[str, dict[str, int]]:
+    """Requests held per node by bound and admitted pods, plus creates in flight (not seen yet)."""
+    used = usage_by_node(pods, planned_nodes(pods))
+    present = {
+        f"{(p.get('metadata') or {}).get('namespace')}/{(p.get('metadata') or {}).get('name')}" for p in pods
+    }
+    for key, (node, requests) in assumed.items():
+        if key not in present:
+            add_into(used.setdefault(node, {}), requests)
+    return used
+
+
+def someone_waits(pods: Sequence[Mapping[str, Any]], reservations: Mapping[str, Sequence[str]]) -> bool:
+    finished = ("Succeeded", "Failed")
+    return bool(reservations) or any(
+        is_gated(dict(p)) and (p.get("status") or {}).get("phase") not in finished for p in pods
+    )
+
+
+def plan_on_creation(
+    request: GangRequest,
+    nodes: Sequence[NodeInfo],
+    pods: Sequence[Mapping[str, Any]],
+    assumed: Assumed,
+    reservations: Mapping[str, Sequence[str]],
+    now: float,
+) -> dict[str, str] | None:
+    """Pod name -> node when the new gang may skip the gate; None when it must queue.
+
+    pods: every pod in the cluster; assumed: pods admitted at creation whose create is in flight.
+    """
+    if someone_waits(pods, reservations):
+        return None
+    used = usage_with_assumed(pods, assumed)
+    plan = plan_admission([request], nodes, used, now)
+    if not plan.admitted:
+        return None
+    return dict(plan.admitted[0].placements)

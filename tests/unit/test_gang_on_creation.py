@@ -1,0 +1,80 @@
+"""Admission at creation: a new gang skips the gate only when nothing waits and it fits whole."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from phalanx.builders.pods import admitted_pod
+from phalanx.gang.admission import GangRequest
+from phalanx.gang.capacity import NodeInfo, PodDemand, as_resources
+from phalanx.gang.on_creation import plan_on_creation, planned_nodes, someone_waits
+
+pytestmark = pytest.mark.unit
+
+GPU = "nvidia.com/gpu"
+GATE = [{"name": "phalanx.dev/gang"}]
+
+
+def node(name: str, gpus: int = 8) -> NodeInfo:
+    return NodeInfo(name, as_resources({GPU: gpus * 1000, "pods": 110_000, "cpu": 64_000}))
+
+
+def pod(name: str, gpus: int, node_name: str = "", phase: str = "Pending", **spec: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": "ns"},
+        "spec": {"nodeName": node_name, "containers": [{"resources": {"limits": {GPU: str(gpus)}}}], **spec},
+        "status": {"phase": phase},
+    }
+
+
+def request(pods: int, gpus: int) -> GangRequest:
+    demand = PodDemand.from_pod_spec(pod("x", gpus)["spec"])
+    return GangRequest("ns/new", 0, 0.0, tuple((f"new-worker-{i}", demand) for i in range(pods)))
+
+
+def test_a_gang_that_fits_with_nothing_waiting_is_placed_at_creation() -> None:
+    placements = plan_on_creation(request(2, 8), [node("a"), node("b")], [], {}, {}, now=1.0)
+    assert placements is not None and sorted(placements.values()) == ["a", "b"]
+
+
+def test_a_gated_pod_anywhere_sends_every_new_gang_through_the_queue() -> None:
+    waiting = pod("other-worker-0", 8, schedulingGates=GATE)
+    assert someone_waits([waiting], {})
+    assert plan_on_creation(request(1, 1), [node("a"), node("b")], [waiting], {}, {}, now=1.0) is None
+    # ...unless that gated pod belongs to a finished attempt.
+    done = pod("old-worker-0", 8, phase="Failed", schedulingGates=GATE)
+    assert plan_on_creation(request(1, 1), [node("a")], [done], {}, {}, now=1.0) is not None
+
+
+def test_a_head_reservation_sends_new_gangs_through_the_queue() -> None:
+    assert plan_on_creation(request(1, 1), [node("a")], [], {}, {"ns/head": ("a",)}, now=1.0) is None
+
+
+def test_a_gang_that_does_not_fit_whole_is_created_gated() -> None:
+    running = pod("busy-worker-0", 8, node_name="a", phase="Running")
+    assert plan_on_creation(request(2, 8), [node("a"), node("b")], [running], {}, {}, now=1.0) is None
+
+
+def test_pinned_and_in_flight_pods_hold_their_nodes() -> None:
+    pinned = pod("pinned-worker-0", 8, nodeSelector={"kubernetes.io/hostname": "a"})
+    assert planned_nodes([pinned]) == {"ns/pinned-worker-0": "a"}
+    # "a" is taken by a pinned pod, "b" by a create still in flight: no room for one more 8-GPU pod.
+    in_flight = {"ns/flying-worker-0": ("b", as_resources({GPU: 8000, "pods": 1000}))}
+    landed = pod("flying-worker-0", 8, nodeSelector={"kubernetes.io/hostname": "b"})  # the reply came
+    assert plan_on_creation(request(1, 8), [node("a"), node("b")], [pinned], in_flight, {}, 1.0) is None
+    placements = plan_on_creation(request(1, 8), [node("a"), node("b"), node("c")], [pinned, landed],
+                                  in_flight, {}, 1.0)  # fmt: skip
+    assert placements == {"new-worker-0": "c"}
+
+
+def test_an_admitted_pod_is_pinned_and_keeps_other_gates() -> None:
+    gated = pod(
+        "w-0", 8, nodeSelector={"pool": "gpu"}, schedulingGates=[*GATE, {"name": "example.com/quota"}]
+    )
+    out = admitted_pod(gated, "node-7")
+    assert out["spec"]["nodeSelector"] == {"pool": "gpu", "kubernetes.io/hostname": "node-7"}
+    assert out["spec"]["schedulingGates"] == [{"name": "example.com/quota"}]
+    assert gated["spec"]["schedulingGates"] == [*GATE, {"name": "example.com/quota"}]  # input untouched
+    assert "schedulingGates" not in admitted_pod(pod("w-1", 8, schedulingGates=GATE), "n")["spec"]
