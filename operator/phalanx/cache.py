@@ -69,12 +69,17 @@ def slim_node(node: Mapping[str, Any]) -> Slim:
 
 
 def slim_job(job: Mapping[str, Any]) -> Slim:
-    """A TrainingJob without managedFields and annotations (kopf's bookkeeping)."""
-    return {
-        "metadata": _metadata(job, "generation"),
-        "spec": job.get("spec") or {},
-        "status": job.get("status") or {},
+    """A TrainingJob as a reconcile reads it, without managedFields and kopf's bookkeeping
+    annotation (a copy of the whole spec)."""
+    metadata = {k: v for k, v in (job.get("metadata") or {}).items() if k != "managedFields"}
+    annotations = {
+        k: v for k, v in (metadata.get("annotations") or {}).items() if not k.startswith(c.GROUP + "/")
     }
+    if annotations:
+        metadata["annotations"] = annotations
+    else:
+        metadata.pop("annotations", None)
+    return {"metadata": metadata, "spec": job.get("spec") or {}, "status": job.get("status") or {}}
 
 
 def object_key(obj: Mapping[str, Any]) -> str:

@@ -59,7 +59,7 @@ FINISH_ADMISSION_PRIORITY = 2**40
 WRITE_CONCURRENCY = 8  # pod creations and gate lifts in flight at once
 # Pod events of one job come in bursts (a gang is created, admitted, bound and started together):
 # one reconcile per burst, not one per event.
-POD_EVENT_BATCH_SECONDS = 0.3
+POD_EVENT_BATCH_SECONDS = 1.0
 
 
 def status_diff(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
@@ -73,7 +73,7 @@ def status_diff(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
 
 class Controller:
     def __init__(self, api: KubeApi, namespaces: list[str], cluster_domain: str = "cluster.local",
-                 workers: int = 4) -> None:  # fmt: skip
+                 workers: int = 8) -> None:  # fmt: skip
         self.api = api
         self.namespaces = namespaces
         self.cluster_domain = cluster_domain
@@ -147,7 +147,10 @@ class Controller:
             Reflector("nodes", self.api.nodes_request, self.nodes, self._on_node_change).start(),
             *(
                 Reflector(
-                    f"trainingjobs/{ns or '*'}", _bind_namespace(self.api.jobs_request, ns), self.jobs
+                    f"trainingjobs/{ns or '*'}",
+                    _bind_namespace(self.api.jobs_request, ns),
+                    self.jobs,
+                    self._on_job_change,
                 ).start()
                 for ns in ([*self.namespaces] if self.namespaces else [None])
             ),
@@ -199,6 +202,19 @@ class Controller:
         if frees_or_changes_capacity(old, new):
             self._admission_dirty_threadsafe()
 
+    def _on_job_change(self, key: str, old: Slim | None, new: Slim | None) -> None:
+        """Spec edits and deletions reach the reconcile from here too (kopf's handler enqueues as
+        well; the queue keeps one), so a job the store did not have yet is looked at again."""
+        if new is None:
+            return
+        deleting = new["metadata"].get("deletionTimestamp")
+        if (
+            old is None
+            or old.get("spec") != new.get("spec")
+            or old["metadata"].get("deletionTimestamp") != deleting
+        ):
+            self._enqueue_threadsafe(key)
+
     def _on_node_change(self, key: str, old: Slim | None, new: Slim | None) -> None:
         if node_changed_for_admission(old, new):
             self._admission_dirty_threadsafe()
@@ -215,11 +231,16 @@ class Controller:
         """One level-triggered pass; returns the delays after which to look at this job again."""
         namespace, name = key.split("/", 1)
         followups: list[float] = []
-        job = self.api.get_job(namespace, name)
+        # The watch-fed copy once listed: our own writes reach it from the API's replies, so it is
+        # never older than what this operator wrote (one GET per reconcile saved).
+        job = self.jobs.get(key) if self.jobs.synced.is_set() else None
+        if job is None:  # not listed yet, or kopf's event came before our watch's: ask the API
+            job = self.api.get_job(namespace, name)
+            if job is not None:
+                self.jobs.upsert(job)
         if job is None or job["metadata"].get("deletionTimestamp"):
             self.forget(key)
             return followups
-        self.jobs.upsert(job)
         self.known_jobs.add(key)
         # From the watch-fed store once it is listed (a reconcile per pod event would otherwise list
         # the job's pods each time); pods another controller owns are not ours despite our label.

@@ -41,16 +41,17 @@ def count_requests(api_client: client.ApiClient) -> None:
     so the series stay few)."""
     send = api_client.call_api
 
-    def counted(resource_path: str, method: str, *args: Any, **kwargs: Any) -> Any:
-        endpoint = endpoint_template(resource_path)
+    def counted(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        endpoint = endpoint_template(url)
         try:
-            response = send(resource_path, method, *args, **kwargs)
+            response = send(method, url, *args, **kwargs)
         except ApiException as exc:
             metrics.observe_api_request(method, endpoint, exc.status)
             raise
         except Exception:
             metrics.observe_api_request(method, endpoint, None)
             raise
+        # The client raises for an error status only later, when it reads the answer.
         metrics.observe_api_request(method, endpoint, _status_of(response))
         return response
 
@@ -78,13 +79,9 @@ def endpoint_template(url: str) -> str:
     return "/" + "/".join(prefix + rest)
 
 
-def _status_of(response: Any) -> int:
-    # call_api returns the raw HTTP response (_preload_content=False), (data, status, headers) with
-    # _return_http_data_only=False, or a model object, which only a 2xx answer produces.
-    if isinstance(response, tuple) and len(response) >= 2 and isinstance(response[1], int):
-        return response[1]
+def _status_of(response: Any) -> int | None:
     status = getattr(response, "status", None)
-    return status if isinstance(status, int) else 200
+    return status if isinstance(status, int) else None
 
 
 class KubeApi:
