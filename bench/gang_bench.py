@@ -40,6 +40,7 @@ from typing import Any
 from kubernetes import client, config
 from prometheus_client.parser import text_string_to_metric_families
 
+from phalanx.controller import WRITE_CONCURRENCY
 from phalanx.devcluster.cluster import LocalCluster
 from phalanx.devcluster.nodes import NodePool, node_manifests
 from phalanx.ports import free_port
@@ -49,7 +50,8 @@ RESULTS = REPO / "bench" / "results" / "gang.json"
 GROUP, VERSION, PLURAL = "phalanx.dev", "v1alpha1", "trainingjobs"
 JOB_LABEL = "phalanx.dev/job-name"
 BASELINE_LABEL = "bench.phalanx.dev/group"
-OPERATOR_WORKERS = 4  # Controller(workers=4): the baseline creates pods with the same concurrency
+# The baseline creates pods with as many requests in flight as the operator's writer pool allows.
+OPERATOR_WORKERS = WRITE_CONCURRENCY
 
 
 def log(message: str) -> None:

@@ -300,7 +300,7 @@ class Controller:
             else:
                 followups.append(0.5)
         for event in plan.events:
-            self.api.create_event(job, event.type, event.reason, event.message, iso(now))
+            self._record_event(job, event.type, event.reason, event.message, iso(now))
         if plan.delete_job:
             self.api.delete_job(namespace, name)
             self.forget(key)
@@ -370,6 +370,19 @@ class Controller:
             return [create(pod) for pod in pods]  # one by one: the failpoint counts them in order
         return list(self.write_pool.map(create, pods))
 
+    def _record_event(self, job: dict[str, Any], type_: str, reason: str, message: str, now_iso: str) -> None:
+        """Events are for people reading `kubectl describe`; a reconcile does not wait for them."""
+
+        def record() -> None:
+            try:
+                self.api.create_event(job, type_, reason, message, now_iso)
+            except Exception as exc:  # noqa: BLE001 - a lost event must not fail anything
+                log.warning(
+                    "event %s for %s not recorded: %s", reason, job["metadata"]["name"], short_error(exc)
+                )
+
+        self.write_pool.submit(record)
+
     def _report_name_conflict(
         self, job: dict[str, Any], status: dict[str, Any], taken: list[str], now: float
     ) -> None:
@@ -388,7 +401,7 @@ class Controller:
         self._patch_job_status(
             meta["namespace"], meta["name"], {"message": message, "conditions": conditions}
         )
-        self.api.create_event(job, "Warning", "NameConflict", message, iso(now))
+        self._record_event(job, "Warning", "NameConflict", message, iso(now))
 
     def _observe(self, namespace: str, name: str, old: dict[str, Any], new: dict[str, Any]) -> None:
         if old.get("phase") != new.get("phase") and new.get("phase"):
@@ -642,7 +655,7 @@ class Controller:
             grace = parse(TrainingJobSpec, job["spec"]).run_policy.termination_grace_period_seconds
             for pod in pods_by_job.get(victim, []):
                 self.api.delete_pod(namespace, pod["metadata"]["name"], pod["metadata"]["uid"], grace)
-            self.api.create_event(
+            self._record_event(
                 job,
                 "Warning",
                 "PreemptedByPriority",
