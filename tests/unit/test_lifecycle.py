@@ -157,6 +157,20 @@ def test_gated_pods_wait_with_the_admission_message() -> None:
     assert admitted["status"] == "False" and "needs 2 pods" in admitted["message"]
 
 
+def test_min_available_admits_the_gang_while_spare_pods_keep_their_gate() -> None:
+    gate = {"nodeName": "", "schedulingGates": [{"name": "phalanx.dev/gang"}]}
+    pods = [pod(0), pod(1), pod(2, phase="Pending", spec=gate)]
+    status = {"attempt": 0, "createdAttempt": 0, "admissionMessage": "needs 1 pod x 8 nvidia.com/gpu"}
+    plan = decide(job(status, replicas=3, scheduling={"gang": {"minAvailable": 2}}), pods, NODES, NOW)
+    admitted = next(c for c in plan.status["conditions"] if c["type"] == "Admitted")
+    assert admitted["status"] == "True" and "2/3 pod(s) admitted (minAvailable 2)" in admitted["message"]
+    assert plan.status["phase"] == "Admitted" and plan.status["admittedTime"]
+    # Below the minimum it still waits.
+    short = [pod(0), pod(1, phase="Pending", spec=gate), pod(2, phase="Pending", spec=gate)]
+    plan = decide(job(status, replicas=3, scheduling={"gang": {"minAvailable": 2}}), short, NODES, NOW)
+    assert plan.status["phase"] == "Pending"
+
+
 def test_deadline_fails_the_job() -> None:
     plan = decide(job(dict(RUNNING), runPolicy={"activeDeadlineSeconds": 30}), [pod(0), pod(1)], NODES, NOW)
     assert plan.status["phase"] == "Failed"

@@ -227,15 +227,24 @@ def decide(
 
     running = sum(o.kind in (OutcomeKind.RUNNING, OutcomeKind.SUCCEEDED) for o in outcomes)
     gated = sum(is_gated(p) for p in current.values())
-    if gated:
+    # minAvailable < replicas: the gang is admitted once that many pods are; the others keep their
+    # gate until there is room. The trainer needs every rank, so Running still means all of them.
+    if gated and len(current) - gated < spec.min_available:
         message = status.get("admissionMessage") or "waiting for the whole gang to fit"
         b.condition("Admitted", "False", "WaitingForCapacity", message)
         b.phase("Pending", "WaitingForCapacity", message)
         return b.plan
     if not status.get("admittedTime"):
         status["admittedTime"] = b.now_iso
-    status.pop("admissionMessage", None)
-    b.condition("Admitted", "True", "GangAdmitted", f"all {spec.replicas} pod(s) admitted together")
+    if gated:
+        admitted_message = (
+            f"{len(current) - gated}/{spec.replicas} pod(s) admitted (minAvailable {spec.min_available}); "
+            f"{gated} wait for room: {status.get('admissionMessage') or 'the next admission pass places them'}"
+        )
+    else:
+        status.pop("admissionMessage", None)
+        admitted_message = f"all {spec.replicas} pod(s) admitted together"
+    b.condition("Admitted", "True", "GangAdmitted", admitted_message)
     if running >= spec.replicas:
         status.setdefault("startTime", b.now_iso)
         b.phase("Running", "AllWorkersRunning", f"{spec.replicas} worker(s) running, attempt {attempt}")
