@@ -39,6 +39,7 @@ from phalanx.gang.capacity import NodeInfo, PodDemand, Resources
 from phalanx.gang.on_creation import plan_on_creation, usage_with_assumed
 from phalanx.gang.preemption import RunningGang, choose_victims
 from phalanx.k8s import KubeApi, short_error
+from phalanx.policy.pod_outcome import node_is_ready
 from phalanx.reconcile.conditions import set_condition
 from phalanx.reconcile.lifecycle import FINISHED_PHASES, decide, is_gated, iso, parse_iso, pod_attempt
 from phalanx.reflector import Reflector
@@ -54,6 +55,8 @@ PROGRESS_TIMEOUT_SECONDS = 2.0  # a trainer busy on every core answers slowly
 PROGRESS_POLL_SECONDS = 1.0
 PREEMPTION_COOLDOWN_SECONDS = 15.0
 NAME_CONFLICT_RETRY_SECONDS = 10.0
+RETRY_BASE_SECONDS = 2.0
+RETRY_MAX_SECONDS = 60.0
 # Order value for a gang whose admission was interrupted: ahead of every PriorityClass (max 1e9).
 FINISH_ADMISSION_PRIORITY = 2**40
 WRITE_CONCURRENCY = 8  # pod creations and gate lifts in flight at once
@@ -88,6 +91,12 @@ class Controller:
         self.admit_on_creation = os.environ.get("PHALANX_ADMIT_ON_CREATION", "true").lower() != "false"
         self.assumed: dict[str, tuple[str, Resources]] = {}  # admitted at creation, create in flight
         self.priorities: dict[str, int] = {}
+        # Own threads per kind of work: asyncio's default pool (cores + 4) would let slow progress
+        # polls of unreachable pods hold up reconciles and the admission pass.
+        self.reconcile_pool = ThreadPoolExecutor(workers, thread_name_prefix="reconcile")
+        self.progress_pool = ThreadPoolExecutor(PROGRESS_CONCURRENCY, thread_name_prefix="progress")
+        self.admission_pool = ThreadPoolExecutor(1, thread_name_prefix="admission")
+        self.failures: dict[str, int] = {}
         self.write_pool = ThreadPoolExecutor(WRITE_CONCURRENCY, thread_name_prefix="writes")
         # Watch-fed copies of the cluster (cache.py); reconciles read the API, admission reads these.
         self.pods = Store(slim_pod, index=job_of_pod)
@@ -138,6 +147,7 @@ class Controller:
         ):
             table.pop(key, None)
         self.reservations.pop(key, None)
+        self.failures.pop(key, None)
         namespace, name = key.split("/", 1)
         metrics.forget_job(namespace, name)
 
@@ -164,24 +174,31 @@ class Controller:
     async def stop(self) -> None:
         for reflector in self.reflectors:
             reflector.stop()
-        self.write_pool.shutdown(wait=False, cancel_futures=True)
+        for pool in (self.write_pool, self.reconcile_pool, self.progress_pool, self.admission_pool):
+            pool.shutdown(wait=False, cancel_futures=True)
         for task in self.tasks:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
 
     async def _worker(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             key = await self.queue.get()
             self.queued.discard(key)
             self.active.add(key)
             try:
                 with metrics.reconcile_timer("trainingjob"):
-                    followups = await asyncio.to_thread(self.reconcile, key)
+                    followups = await loop.run_in_executor(self.reconcile_pool, self.reconcile, key)
+                self.failures.pop(key, None)
                 for delay in followups:
                     self.enqueue(key, delay=delay)
             except Exception as exc:  # a failed reconcile is retried, never fatal
-                log.warning("reconcile of %s failed, retrying in 2s: %s", key, short_error(exc))
-                self.enqueue(key, delay=2.0)
+                # Backing off: a job in a namespace being deleted is refused (403) until it is gone.
+                failures = self.failures[key] = self.failures.get(key, 0) + 1
+                delay = min(RETRY_MAX_SECONDS, RETRY_BASE_SECONDS * 2 ** (failures - 1))
+                log.warning("reconcile of %s failed (%d in a row), retrying in %.0fs: %s",
+                            key, failures, delay, short_error(exc))  # fmt: skip
+                self.enqueue(key, delay=delay)
             finally:
                 self.active.discard(key)
                 if key in self.again:
@@ -218,6 +235,12 @@ class Controller:
     def _on_node_change(self, key: str, old: Slim | None, new: Slim | None) -> None:
         if node_changed_for_admission(old, new):
             self._admission_dirty_threadsafe()
+        if new is None or (old is not None and node_is_ready(old) and not node_is_ready(new)):
+            # Gone or no longer Ready: the jobs with pods there decide now, not at the next resync.
+            for pod in self.pods.items():
+                job = job_of_pod(pod)
+                if job is not None and (pod.get("spec") or {}).get("nodeName") == key:
+                    self._enqueue_threadsafe(job)
 
     def _admission_dirty_threadsafe(self) -> None:
         self.loop.call_soon_threadsafe(self.admission_dirty.set)
@@ -430,6 +453,7 @@ class Controller:
             self.progress_failures.pop(key, None)
 
     async def _progress_loop(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(PROGRESS_POLL_SECONDS)
             now = time.monotonic()
@@ -437,7 +461,8 @@ class Controller:
             for start in range(0, len(due), PROGRESS_CONCURRENCY):
                 batch = due[start : start + PROGRESS_CONCURRENCY]
                 results = await asyncio.gather(
-                    *(asyncio.to_thread(self._poll_progress, k) for k in batch), return_exceptions=True
+                    *(loop.run_in_executor(self.progress_pool, self._poll_progress, k) for k in batch),
+                    return_exceptions=True,
                 )
                 for key, result in zip(batch, results, strict=True):
                     if isinstance(result, Exception):
@@ -480,6 +505,7 @@ class Controller:
 
     # -- gang admission (provider: builtin) ------------------------------------------------------
     async def _admission_loop(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             try:
                 await asyncio.wait_for(self.admission_dirty.wait(), timeout=ADMISSION_INTERVAL_SECONDS * 3)
@@ -487,7 +513,7 @@ class Controller:
                 pass
             self.admission_dirty.clear()
             try:
-                await asyncio.to_thread(self.admission_pass)
+                await loop.run_in_executor(self.admission_pool, self.admission_pass)
             except Exception as exc:
                 log.warning("admission pass failed, retrying: %s", short_error(exc))
             await asyncio.sleep(ADMISSION_INTERVAL_SECONDS)

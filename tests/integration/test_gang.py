@@ -115,9 +115,13 @@ def test_two_gangs_of_sixteen_gpus_on_sixteen_gpus_run_one_after_the_other(
     second_pods = pods_in(cluster, namespace, second)
     assert len(second_pods) == 2 and all(is_gated(p) and not p["spec"].get("nodeName") for p in second_pods)
 
-    # While the first runs, the second never holds a GPU; then it runs once the first is done.
+    # While the first's pods hold the GPUs, the second's never do; it runs once the first is done.
+    # (The pods are read in one list, so both sides are seen at the same moment; the first job's
+    # phase trails its pods by a reconcile.)
     while (s := job_status(cluster, namespace, first)).get("phase") == "Running":
-        assert not any(holds_node(p) for p in pods_in(cluster, namespace, second))
+        pods = json.loads(cluster.kubectl("get", "pods", "-n", namespace, "-o", "json").stdout)["items"]
+        holders = {p["metadata"]["labels"]["phalanx.dev/job-name"] for p in pods if holds_node(p)}
+        assert holders != {first, second}, f"both gangs hold GPUs at once: {holders}"
         time.sleep(0.5)
     assert s["phase"] == "Succeeded"
     wait_phase(cluster, namespace, second, "Succeeded", timeout=40)
