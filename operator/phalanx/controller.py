@@ -1,14 +1,16 @@
 """The work loop: a de-duplicating queue of TrainingJob keys, reconcile workers, and the gang
 admission pass. kopf's handlers (handlers.py) only enqueue keys here.
 
-Level-triggered: every reconcile reads the job and its pods afresh from the API and asks the pure
-state machine (reconcile/lifecycle.py) what to do, so a lost or repeated event changes nothing.
-Admission reads the whole cluster (every job, pod and node) from watch-fed stores (cache.py).
+Level-triggered: every reconcile reads the job and its pods as they are now and asks the pure state
+machine (reconcile/lifecycle.py) what to do, so a lost or repeated event changes nothing. Reconciles
+and admission read watch-fed stores (cache.py, reflector.py) that the operator's own writes update
+from the API's replies; a reconcile asks the API for a job the store does not have yet.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -30,9 +32,11 @@ from phalanx.cache import (
     frees_or_changes_capacity,
     job_of_pod,
     node_changed_for_admission,
+    object_key,
     slim_job,
     slim_node,
     slim_pod,
+    slim_priority_class,
 )
 from phalanx.gang.admission import GangRequest, admission_order, plan_admission
 from phalanx.gang.capacity import NodeInfo, PodDemand, Resources
@@ -90,7 +94,6 @@ class Controller:
         # PHALANX_ADMIT_ON_CREATION=false: every pod is created gated, even when nothing waits.
         self.admit_on_creation = os.environ.get("PHALANX_ADMIT_ON_CREATION", "true").lower() != "false"
         self.assumed: dict[str, tuple[str, Resources]] = {}  # admitted at creation, create in flight
-        self.priorities: dict[str, int] = {}
         # Own threads per kind of work: asyncio's default pool (cores + 4) would let slow progress
         # polls of unreachable pods hold up reconciles and the admission pass.
         self.reconcile_pool = ThreadPoolExecutor(workers, thread_name_prefix="reconcile")
@@ -98,10 +101,11 @@ class Controller:
         self.admission_pool = ThreadPoolExecutor(1, thread_name_prefix="admission")
         self.failures: dict[str, int] = {}
         self.write_pool = ThreadPoolExecutor(WRITE_CONCURRENCY, thread_name_prefix="writes")
-        # Watch-fed copies of the cluster (cache.py); reconciles read the API, admission reads these.
+        # Watch-fed copies of the cluster (cache.py).
         self.pods = Store(slim_pod, index=job_of_pod)
         self.nodes = Store(slim_node)
         self.jobs = Store(slim_job)
+        self.priority_classes = Store(slim_priority_class)
         self.reflectors: list[Reflector] = []
         self.reservations: dict[str, tuple[str, ...]] = {}
         self.admission_dirty = asyncio.Event()
@@ -155,10 +159,11 @@ class Controller:
         self.reflectors = [
             Reflector("pods", self.api.pods_request, self.pods, self._on_pod_change).start(),
             Reflector("nodes", self.api.nodes_request, self.nodes, self._on_node_change).start(),
+            Reflector("priorityclasses", self.api.priority_classes_request, self.priority_classes).start(),
             *(
                 Reflector(
                     f"trainingjobs/{ns or '*'}",
-                    _bind_namespace(self.api.jobs_request, ns),
+                    functools.partial(self.api.jobs_request, ns),
                     self.jobs,
                     self._on_job_change,
                 ).start()
@@ -346,11 +351,11 @@ class Controller:
         if spec.scheduling.provider != "builtin" or not self.admit_on_creation:
             return pods
         with self.admission_lock:
-            if not all(store.synced.is_set() for store in (self.jobs, self.pods, self.nodes)):
+            if not self._stores_synced():
                 return pods
             request = GangRequest(
                 key=key,
-                priority=self.priorities.get(spec.scheduling.priority_class_name or "", 0),
+                priority=self.priority_of(spec),
                 created=now,
                 pods=tuple((p["metadata"]["name"], PodDemand.from_pod_spec(p["spec"])) for p in pods),
                 min_available=spec.min_available,
@@ -518,13 +523,21 @@ class Controller:
                 log.warning("admission pass failed, retrying: %s", short_error(exc))
             await asyncio.sleep(ADMISSION_INTERVAL_SECONDS)
 
+    def priority_of(self, spec: TrainingJobSpec) -> int:
+        held = self.priority_classes.get(spec.scheduling.priority_class_name or "")
+        return int(held["value"]) if held is not None else 0
+
+    def _stores_synced(self) -> bool:
+        stores = (self.jobs, self.pods, self.nodes, self.priority_classes)
+        return all(store.synced.is_set() for store in stores)
+
     def _patch_job_status(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         stored = self.api.patch_job_status(namespace, name, patch)
         if stored is not None:
             self.jobs.upsert(stored)  # the next admission pass must not read an older status
 
     def admission_pass(self) -> None:
-        if not all(store.synced.is_set() for store in (self.jobs, self.pods, self.nodes)):
+        if not self._stores_synced():
             return  # a pass over half a cluster would hand out room that is taken
         every_job = self.jobs.items()
         jobs = [j for j in every_job if _waits_for_admission(j)]
@@ -533,30 +546,21 @@ class Controller:
             return
         # Under the lock that admission at creation (_admit_on_creation) takes: one plan at a time.
         with self.admission_lock:
-            all_pods = self.pods.items()
-            by_job: dict[str, list[dict[str, Any]]] = {}
-            for pod in all_pods:
-                labels = pod["metadata"].get("labels") or {}
-                if c.LABEL_JOB_NAME in labels:
-                    by_job.setdefault(
-                        f"{pod['metadata']['namespace']}/{labels[c.LABEL_JOB_NAME]}", []
-                    ).append(pod)
             # Admitted but not bound yet; and admitted at creation, the create's reply still on its way.
-            used = usage_with_assumed(all_pods, self.assumed)
-            priorities = self.priorities = self.api.priority_values()
+            used = usage_with_assumed(self.pods.items(), self.assumed)
             requests = []
             gated_pods: dict[str, dict[str, dict[str, Any]]] = {}
             finishing: set[str] = set()  # gangs whose interrupted admission is being completed
             now = time.time()
             for job in jobs:
-                key = f"{job['metadata']['namespace']}/{job['metadata']['name']}"
+                key = object_key(job)
                 spec = parse(TrainingJobSpec, job["spec"])
                 attempt = (job.get("status") or {}).get("attempt", 0)
-                current = [p for p in by_job.get(key, []) if pod_attempt(p) == attempt]
+                current = [p for p in self.pods.indexed(key) if pod_attempt(p) == attempt]
                 pods = [p for p in current if is_gated(p)]
                 if len(current) < spec.replicas or not pods:
                     continue  # still being created (or torn down): never admit half a gang
-                priority = priorities.get(spec.scheduling.priority_class_name or "", 0)
+                priority = self.priority_of(spec)
                 min_available = spec.min_available
                 ungated = len(current) - len(pods)
                 if ungated:
@@ -581,18 +585,13 @@ class Controller:
             nodes = [NodeInfo.from_k8s(n) for n in self.current_nodes().values()]
             plan = plan_admission(requests, nodes, used, now, reservations=self.reservations)
             self.reservations = dict(plan.reservations)
-        jobs_by_key = {f"{j['metadata']['namespace']}/{j['metadata']['name']}": j for j in jobs}
+        jobs_by_key = {object_key(j): j for j in jobs}
         patches = []
         for admission in plan.admitted:
             namespace = admission.key.split("/", 1)[0]
             for pod_name, node in admission.placements:
-                pod = gated_pods[admission.key][pod_name]
-                gates = [
-                    g
-                    for g in pod["spec"].get("schedulingGates") or []
-                    if g.get("name") != c.GANG_SCHEDULING_GATE
-                ]
-                patches.append((namespace, pod_name, node, gates, pod["spec"].get("nodeSelector") or {}))
+                admitted = admitted_pod(gated_pods[admission.key][pod_name], node)
+                patches.append((namespace, pod_name, admitted["spec"]))
         self._admit_pods(patches)
         for admission in plan.admitted:
             namespace = admission.key.split("/", 1)[0]
@@ -602,7 +601,7 @@ class Controller:
             self._enqueue_threadsafe(admission.key)
         head = next((r for r in admission_order(requests) if r.key in plan.waiting), None)
         if head is not None and head.key not in finishing:  # its lifted priority must not preempt
-            self._preempt_for(head, every_job, by_job, nodes, used, priorities)
+            self._preempt_for(head, every_job, nodes, used)
         for key, reason in [
             *plan.waiting.items(),
             *((k, f"can never fit: {r}") for k, r in plan.never_fits.items()),
@@ -615,14 +614,14 @@ class Controller:
                 self._patch_job_status(namespace, name, {"admissionMessage": reason})
                 self._enqueue_threadsafe(key)
 
-    def _admit_pods(self, patches: list[tuple[str, str, str, list[dict[str, Any]], dict[str, str]]]) -> None:
+    def _admit_pods(self, patches: list[tuple[str, str, dict[str, Any]]]) -> None:
         """Lifts the gates, several requests at a time: one request per pod, so a big burst of gangs
         would otherwise wait on round trips one by one. A crash half-way is finished by the next pass."""
         if not patches:
             return
         started = time.monotonic()
 
-        def admit(patch: tuple[str, str, str, list[dict[str, Any]], dict[str, str]]) -> None:
+        def admit(patch: tuple[str, str, dict[str, Any]]) -> None:
             admitted = self.api.admit_pod(*patch)
             if admitted is not None:
                 self.pods.upsert(admitted)  # counted on its node by the very next pass
@@ -639,10 +638,8 @@ class Controller:
         self,
         head: GangRequest,
         jobs: list[dict[str, Any]],
-        pods_by_job: dict[str, list[dict[str, Any]]],
         nodes: list[NodeInfo],
         used: dict[str, dict[str, int]],
-        priorities: dict[str, int],
     ) -> None:
         """Priority preemption through admission: stop the fewest lower-priority gangs the head needs.
 
@@ -654,19 +651,19 @@ class Controller:
             return  # let the last victims finish terminating before choosing again
         running = []
         for job in jobs:
-            key = f"{job['metadata']['namespace']}/{job['metadata']['name']}"
+            key = object_key(job)
             status = job.get("status") or {}
             if key == head.key or status.get("phase") not in ("Running", "Admitted"):
                 continue
             spec = parse(TrainingJobSpec, job["spec"])
             bound = [
                 (p["metadata"]["name"], p["spec"]["nodeName"], PodDemand.from_pod_spec(p["spec"]))
-                for p in pods_by_job.get(key, [])
+                for p in self.pods.indexed(key)
                 if pod_attempt(p) == status.get("attempt", 0) and p.get("spec", {}).get("nodeName")
             ]
             if bound:
                 started = parse_iso(status.get("admittedTime")) or 0.0
-                priority = priorities.get(spec.scheduling.priority_class_name or "", 0)
+                priority = self.priority_of(spec)
                 running.append(RunningGang(key, priority, started, tuple(bound)))
         choice = choose_victims(head, running, nodes, used)
         if choice is None:
@@ -679,7 +676,7 @@ class Controller:
                 j for j in jobs if j["metadata"]["namespace"] == namespace and j["metadata"]["name"] == name
             )
             grace = parse(TrainingJobSpec, job["spec"]).run_policy.termination_grace_period_seconds
-            for pod in pods_by_job.get(victim, []):
+            for pod in self.pods.indexed(victim):
                 self.api.delete_pod(namespace, pod["metadata"]["name"], pod["metadata"]["uid"], grace)
             self._record_event(
                 job,
@@ -704,10 +701,6 @@ def _controlled_by(pod: dict[str, Any], uid: str) -> bool:
     owners = pod.get("metadata", {}).get("ownerReferences") or []
     controller = next((o for o in owners if o.get("controller")), None)
     return controller is None or controller.get("uid") == uid
-
-
-def _bind_namespace(request: Any, namespace: str | None) -> Any:
-    return lambda **params: request(namespace, **params)
 
 
 def _failpoint_after_pod_create() -> None:

@@ -168,9 +168,8 @@ class KubeApi:
         items: list[dict[str, Any]] = self._json(out)["items"]
         return items
 
-    def priority_values(self) -> dict[str, int]:
-        out = self._json(self.scheduling.list_priority_class(_preload_content=False))
-        return {pc["metadata"]["name"]: int(pc.get("value", 0)) for pc in out["items"]}
+    def priority_classes_request(self, **params: Any) -> Any:
+        return self.scheduling.list_priority_class(_preload_content=False, **_without_none(params))
 
     def create_if_absent(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
         """Creates a namespaced object and returns it as stored; None when it already exists
@@ -221,17 +220,16 @@ class KubeApi:
             if exc.status not in (404, 409):
                 raise
 
-    def admit_pod(self, namespace: str, name: str, node: str, remaining_gates: list[dict[str, Any]],
-                  node_selector: dict[str, str]) -> dict[str, Any] | None:  # fmt: skip
-        """Pins a gated pod to its planned node and lifts the gang gate (JSON patch, one request);
-        returns the pod as stored, None when it is gone."""
+    def admit_pod(self, namespace: str, name: str, admitted_spec: dict[str, Any]) -> dict[str, Any] | None:
+        """Writes the nodeSelector and gates of `admitted_spec` (builders.pods.admitted_pod) onto the
+        gated pod in one JSON patch; returns the pod as stored, None when it is gone."""
         patch: list[dict[str, Any]] = [
+            {"op": "add", "path": "/spec/nodeSelector", "value": admitted_spec["nodeSelector"]},
             {
-                "op": "add",
-                "path": "/spec/nodeSelector",
-                "value": {**node_selector, "kubernetes.io/hostname": node},
+                "op": "replace",
+                "path": "/spec/schedulingGates",
+                "value": admitted_spec.get("schedulingGates", []),
             },
-            {"op": "replace", "path": "/spec/schedulingGates", "value": remaining_gates},
         ]
         try:
             pod: dict[str, Any] = self._json(

@@ -9,6 +9,7 @@ and the admission pass decides in order.
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from phalanx.cache import object_key
 from phalanx.gang.admission import GangRequest, plan_admission
 from phalanx.gang.capacity import NodeInfo, Resources, add_into, usage_by_node
 from phalanx.reconcile.lifecycle import is_gated
@@ -26,17 +27,14 @@ def planned_nodes(pods: Sequence[Mapping[str, Any]]) -> dict[str, str]:
         spec = pod.get("spec") or {}
         selector = spec.get("nodeSelector") or {}
         if not spec.get("nodeName") and not is_gated(dict(pod)) and HOSTNAME_LABEL in selector:
-            metadata = pod.get("metadata") or {}
-            planned[f"{metadata.get('namespace')}/{metadata.get('name')}"] = str(selector[HOSTNAME_LABEL])
+            planned[object_key(pod)] = str(selector[HOSTNAME_LABEL])
     return planned
 
 
 def usage_with_assumed(pods: Sequence[Mapping[str, Any]], assumed: Assumed) -> dict[str, dict[str, int]]:
     """Requests held per node by bound and admitted pods, plus creates in flight (not seen yet)."""
     used = usage_by_node(pods, planned_nodes(pods))
-    present = {
-        f"{(p.get('metadata') or {}).get('namespace')}/{(p.get('metadata') or {}).get('name')}" for p in pods
-    }
+    present = {object_key(p) for p in pods}
     for key, (node, requests) in assumed.items():
         if key not in present:
             add_into(used.setdefault(node, {}), requests)
