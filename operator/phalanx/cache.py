@@ -82,10 +82,6 @@ def slim_job(job: Mapping[str, Any]) -> Slim:
     return {"metadata": metadata, "spec": job.get("spec") or {}, "status": job.get("status") or {}}
 
 
-def slim_priority_class(priority_class: Mapping[str, Any]) -> Slim:
-    return {"metadata": _metadata(priority_class), "value": int(priority_class.get("value") or 0)}
-
-
 def object_key(obj: Mapping[str, Any]) -> str:
     metadata = obj.get("metadata") or {}
     namespace = metadata.get("namespace")

@@ -36,7 +36,6 @@ from phalanx.cache import (
     slim_job,
     slim_node,
     slim_pod,
-    slim_priority_class,
 )
 from phalanx.gang.admission import GangRequest, admission_order, plan_admission
 from phalanx.gang.capacity import NodeInfo, PodDemand, Resources
@@ -93,6 +92,7 @@ class Controller:
         self.admission_lock = threading.Lock()
         # PHALANX_ADMIT_ON_CREATION=false: every pod is created gated, even when nothing waits.
         self.admit_on_creation = os.environ.get("PHALANX_ADMIT_ON_CREATION", "true").lower() != "false"
+        self.priorities: dict[str, int] = {}  # PriorityClass name -> value, read by each admission pass
         self.assumed: dict[str, tuple[str, Resources]] = {}  # admitted at creation, create in flight
         # Own threads per kind of work: asyncio's default pool (cores + 4) would let slow progress
         # polls of unreachable pods hold up reconciles and the admission pass.
@@ -105,7 +105,6 @@ class Controller:
         self.pods = Store(slim_pod, index=job_of_pod)
         self.nodes = Store(slim_node)
         self.jobs = Store(slim_job)
-        self.priority_classes = Store(slim_priority_class)
         self.reflectors: list[Reflector] = []
         self.reservations: dict[str, tuple[str, ...]] = {}
         self.admission_dirty = asyncio.Event()
@@ -159,7 +158,6 @@ class Controller:
         self.reflectors = [
             Reflector("pods", self.api.pods_request, self.pods, self._on_pod_change).start(),
             Reflector("nodes", self.api.nodes_request, self.nodes, self._on_node_change).start(),
-            Reflector("priorityclasses", self.api.priority_classes_request, self.priority_classes).start(),
             *(
                 Reflector(
                     f"trainingjobs/{ns or '*'}",
@@ -524,12 +522,11 @@ class Controller:
             await asyncio.sleep(ADMISSION_INTERVAL_SECONDS)
 
     def priority_of(self, spec: TrainingJobSpec) -> int:
-        held = self.priority_classes.get(spec.scheduling.priority_class_name or "")
-        return int(held["value"]) if held is not None else 0
+        """The value of the job's PriorityClass as the last admission pass read it."""
+        return self.priorities.get(spec.scheduling.priority_class_name or "", 0)
 
     def _stores_synced(self) -> bool:
-        stores = (self.jobs, self.pods, self.nodes, self.priority_classes)
-        return all(store.synced.is_set() for store in stores)
+        return all(store.synced.is_set() for store in (self.jobs, self.pods, self.nodes))
 
     def _patch_job_status(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         stored = self.api.patch_job_status(namespace, name, patch)
@@ -548,6 +545,7 @@ class Controller:
         with self.admission_lock:
             # Admitted but not bound yet; and admitted at creation, the create's reply still on its way.
             used = usage_with_assumed(self.pods.items(), self.assumed)
+            self.priorities = self.api.priority_values()
             requests = []
             gated_pods: dict[str, dict[str, dict[str, Any]]] = {}
             finishing: set[str] = set()  # gangs whose interrupted admission is being completed

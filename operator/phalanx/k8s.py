@@ -168,8 +168,9 @@ class KubeApi:
         items: list[dict[str, Any]] = self._json(out)["items"]
         return items
 
-    def priority_classes_request(self, **params: Any) -> Any:
-        return self.scheduling.list_priority_class(_preload_content=False, **_without_none(params))
+    def priority_values(self) -> dict[str, int]:
+        out = self._json(self.scheduling.list_priority_class(_preload_content=False))
+        return {pc["metadata"]["name"]: int(pc.get("value", 0)) for pc in out["items"]}
 
     def create_if_absent(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
         """Creates a namespaced object and returns it as stored; None when it already exists
