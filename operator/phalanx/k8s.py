@@ -94,7 +94,14 @@ class KubeApi:
 
     @staticmethod
     def _json(response: Any) -> Any:
-        return json.loads(response.data)
+        return json.loads(response.data)  # reading the whole body returns the connection to the pool
+
+    @staticmethod
+    def _done(response: Any) -> None:
+        """Reads the unwanted body of a raw response so its connection goes back to the pool: one
+        left unread is dropped, and the next request pays a new TCP and TLS handshake, on both sides."""
+        response.drain_conn()
+        response.release_conn()
 
     # -- raw list/watch requests for the reflectors (reflector.py) -----------------------------
     def pods_request(self, **params: Any) -> Any:
@@ -152,10 +159,10 @@ class KubeApi:
 
     def delete_job(self, namespace: str, name: str) -> None:
         try:
-            self.custom.delete_namespaced_custom_object(
+            self._done(self.custom.delete_namespaced_custom_object(
                 c.GROUP, c.VERSION, namespace, c.PLURAL, name, propagation_policy="Background",
                 _preload_content=False,
-            )  # fmt: skip
+            ))  # fmt: skip
         except ApiException as exc:
             if exc.status != 404:
                 raise
@@ -216,7 +223,7 @@ class KubeApi:
             preconditions=client.V1Preconditions(uid=uid) if uid else None,
         )
         try:
-            self.core.delete_namespaced_pod(name, namespace, body=body, _preload_content=False)
+            self._done(self.core.delete_namespaced_pod(name, namespace, body=body, _preload_content=False))
         except ApiException as exc:
             if exc.status not in (404, 409):
                 raise
@@ -262,7 +269,9 @@ class KubeApi:
             "reportingComponent": "phalanx.dev/operator", "reportingInstance": "phalanx-operator",
         }  # fmt: skip
         try:
-            self.core.create_namespaced_event(meta["namespace"], cast(Any, body), _preload_content=False)
+            self._done(
+                self.core.create_namespaced_event(meta["namespace"], cast(Any, body), _preload_content=False)
+            )
         except ApiException as exc:
             if exc.status not in (404, 409, 403):
                 raise
