@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from phalanx import constants as c
 
@@ -97,13 +97,26 @@ def resource_version(obj: Mapping[str, Any]) -> int:
         return 0
 
 
+class StoreObserver(Protocol):
+    """Keeps something derived from a store's objects up to date (gang.usage.UsageIndex)."""
+
+    def changed(self, key: str, new: Slim | None) -> None: ...
+
+    def reset(self, objects: Mapping[str, Slim]) -> None: ...
+
+
 class Store:
     """key -> slim object, newest resourceVersion wins; thread-safe."""
 
     def __init__(
-        self, slim: Callable[[Mapping[str, Any]], Slim], index: Callable[[Slim], str | None] | None = None
+        self,
+        slim: Callable[[Mapping[str, Any]], Slim],
+        index: Callable[[Slim], str | None] | None = None,
+        observer: StoreObserver | None = None,
     ) -> None:
         self._slim = slim
+        # Told of every change under the store's lock, so it sees them in the store's order.
+        self._observer = observer
         self._lock = threading.Lock()
         self._objects: dict[str, Slim] = {}
         # One secondary index (for pods: their TrainingJob), value -> keys.
@@ -126,6 +139,8 @@ class Store:
             self._index = {}
             for key, obj in fresh.items():
                 self._index_add(key, obj)
+            if self._observer is not None:
+                self._observer.reset(fresh)
         self.synced.set()
 
     def upsert(self, obj: Mapping[str, Any]) -> tuple[Slim | None, Slim] | None:
@@ -143,6 +158,8 @@ class Store:
             self._objects[key] = new
             self._index_add(key, new)
             self._deleted.pop(key, None)
+            if self._observer is not None:
+                self._observer.changed(key, new)
             return old, new
 
     def delete(self, obj: Mapping[str, Any]) -> Slim | None:
@@ -155,6 +172,8 @@ class Store:
             old = self._objects.pop(key, None)
             if old is not None:
                 self._index_remove(key, old)
+                if self._observer is not None:
+                    self._observer.changed(key, None)
             return old
 
     def _index_add(self, key: str, obj: Slim) -> None:

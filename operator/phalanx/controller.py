@@ -38,9 +38,10 @@ from phalanx.cache import (
     slim_pod,
 )
 from phalanx.gang.admission import GangRequest, admission_order, plan_admission
-from phalanx.gang.capacity import NodeInfo, PodDemand, Resources
-from phalanx.gang.on_creation import plan_on_creation, usage_with_assumed
+from phalanx.gang.capacity import NodeInfo, NodeInfoCache, PodDemand, Resources
+from phalanx.gang.on_creation import add_in_flight, placements_if_it_fits
 from phalanx.gang.preemption import RunningGang, choose_victims
+from phalanx.gang.usage import UsageIndex
 from phalanx.k8s import KubeApi, short_error
 from phalanx.policy.pod_outcome import node_is_ready
 from phalanx.reconcile.conditions import set_condition
@@ -89,11 +90,17 @@ class Controller:
         self.active: set[str] = set()
         self.again: set[str] = set()
         self.batching: set[str] = set()
+        # Pod events arrive on the reflector's thread many per second; they are handed to the loop in
+        # bunches (one wake-up per bunch instead of one per event).
+        self.from_watch_lock = threading.Lock()
+        self.from_watch_jobs: set[str] = set()
+        self.from_watch_admission = False
         self.admission_lock = threading.Lock()
         # PHALANX_ADMIT_ON_CREATION=false: every pod is created gated, even when nothing waits.
         self.admit_on_creation = os.environ.get("PHALANX_ADMIT_ON_CREATION", "true").lower() != "false"
         self.priorities: dict[str, int] = {}  # PriorityClass name -> value, read by each admission pass
         self.assumed: dict[str, tuple[str, Resources]] = {}  # admitted at creation, create in flight
+        self.node_infos = NodeInfoCache()  # read under admission_lock only
         # Own threads per kind of work: asyncio's default pool (cores + 4) would let slow progress
         # polls of unreachable pods hold up reconciles and the admission pass.
         self.reconcile_pool = ThreadPoolExecutor(workers, thread_name_prefix="reconcile")
@@ -102,7 +109,8 @@ class Controller:
         self.failures: dict[str, int] = {}
         self.write_pool = ThreadPoolExecutor(WRITE_CONCURRENCY, thread_name_prefix="writes")
         # Watch-fed copies of the cluster (cache.py).
-        self.pods = Store(slim_pod, index=job_of_pod)
+        self.usage = UsageIndex()  # room held per node, fed by the pod store
+        self.pods = Store(slim_pod, index=job_of_pod, observer=self.usage)
         self.nodes = Store(slim_node)
         self.jobs = Store(slim_job)
         self.reflectors: list[Reflector] = []
@@ -217,10 +225,25 @@ class Controller:
     # -- watch events (reflector threads) ---------------------------------------------------------
     def _on_pod_change(self, key: str, old: Slim | None, new: Slim | None) -> None:
         job = job_of_pod(new or old or {})
-        if job is not None:
-            self.loop.call_soon_threadsafe(self.enqueue_batched, job)
-        if frees_or_changes_capacity(old, new):
-            self._admission_dirty_threadsafe()
+        dirty = frees_or_changes_capacity(old, new)
+        if job is None and not dirty:
+            return
+        with self.from_watch_lock:
+            wake = not self.from_watch_jobs and not self.from_watch_admission
+            if job is not None:
+                self.from_watch_jobs.add(job)
+            self.from_watch_admission |= dirty
+        if wake:
+            self.loop.call_soon_threadsafe(self._take_watch_events)
+
+    def _take_watch_events(self) -> None:
+        with self.from_watch_lock:
+            jobs, self.from_watch_jobs = self.from_watch_jobs, set()
+            dirty, self.from_watch_admission = self.from_watch_admission, False
+        for job in jobs:
+            self.enqueue_batched(job)
+        if dirty:
+            self.admission_dirty.set()
 
     def _on_job_change(self, key: str, old: Slim | None, new: Slim | None) -> None:
         """Spec edits and deletions reach the reconcile from here too (kopf's handler enqueues as
@@ -349,8 +372,8 @@ class Controller:
         if spec.scheduling.provider != "builtin" or not self.admit_on_creation:
             return pods
         with self.admission_lock:
-            if not self._stores_synced():
-                return pods
+            if not self._stores_synced() or self.reservations or self.usage.anyone_waits():
+                return pods  # not listed yet, or a gang is queued: this one queues behind it
             request = GangRequest(
                 key=key,
                 priority=self.priority_of(spec),
@@ -358,10 +381,8 @@ class Controller:
                 pods=tuple((p["metadata"]["name"], PodDemand.from_pod_spec(p["spec"])) for p in pods),
                 min_available=spec.min_available,
             )
-            nodes = [NodeInfo.from_k8s(n) for n in self.nodes.items()]
-            placements = plan_on_creation(
-                request, nodes, self.pods.items(), self.assumed, self.reservations, now
-            )
+            nodes = self.node_infos.infos(self.nodes.items())
+            placements = placements_if_it_fits(request, nodes, self._used_with_assumed(), now)
             if placements is None:
                 return pods
             namespace = key.split("/", 1)[0]
@@ -373,6 +394,11 @@ class Controller:
             admitted_pod(p, placements[p["metadata"]["name"]]) if p["metadata"]["name"] in placements else p
             for p in pods
         ]
+
+    def _used_with_assumed(self) -> dict[str, dict[str, int]]:
+        """Room held per node by bound and admitted pods, and by creates whose reply is on its way
+        (the caller holds admission_lock, which guards self.assumed)."""
+        return add_in_flight(self.usage.used(), self.assumed, lambda key: self.pods.get(key) is not None)
 
     def _create_pods(self, pods: list[dict[str, Any]], owner_uid: str) -> list[str | None]:
         """Creates the pods a few at a time (a 32-pod gang one by one waits on 32 round trips);
@@ -544,7 +570,7 @@ class Controller:
         # Under the lock that admission at creation (_admit_on_creation) takes: one plan at a time.
         with self.admission_lock:
             # Admitted but not bound yet; and admitted at creation, the create's reply still on its way.
-            used = usage_with_assumed(self.pods.items(), self.assumed)
+            used = self._used_with_assumed()
             self.priorities = self.api.priority_values()
             requests = []
             gated_pods: dict[str, dict[str, dict[str, Any]]] = {}
@@ -580,7 +606,7 @@ class Controller:
                 ))  # fmt: skip
             if not requests:
                 return
-            nodes = [NodeInfo.from_k8s(n) for n in self.current_nodes().values()]
+            nodes = self.node_infos.infos(self.current_nodes().values())
             plan = plan_admission(requests, nodes, used, now, reservations=self.reservations)
             self.reservations = dict(plan.reservations)
         jobs_by_key = {object_key(j): j for j in jobs}

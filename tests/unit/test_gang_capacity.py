@@ -8,6 +8,7 @@ import pytest
 
 from phalanx.gang.capacity import (
     NodeInfo,
+    NodeInfoCache,
     NodeSelectorTerm,
     PodDemand,
     Requirement,
@@ -299,3 +300,27 @@ def test_preferred_affinity_does_not_restrict() -> None:
     node = NodeInfo.from_k8s(node_json())
     preferred = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1}]}}
     assert node_can_host(node, demand(affinity=preferred), {})[0]
+
+
+def test_node_info_cache_parses_a_node_again_only_when_what_it_reads_changed() -> None:
+    def node(version: str, gpus: str, taints: list[dict[str, str]] | None = None) -> dict[str, Any]:
+        return {
+            "metadata": {"name": "n1", "resourceVersion": version, "labels": {"pool": "a"}},
+            "spec": {"taints": taints} if taints else {},
+            "status": {
+                "allocatable": {"nvidia.com/gpu": gpus},
+                "conditions": [{"type": "Ready", "status": "True"}],
+            },
+        }
+
+    cache = NodeInfoCache()
+    [first] = cache.infos([node("1", "8")])
+    [after_heartbeat] = cache.infos([node("2", "8")])  # a new copy, same facts
+    assert after_heartbeat is first
+    [resized] = cache.infos([node("3", "4")])
+    assert resized is not first and resized.allocatable_of("nvidia.com/gpu") == 4000
+    [tainted] = cache.infos([node("4", "4", [{"key": "k", "effect": "NoSchedule"}])])
+    assert tainted is not resized and len(tainted.taints) == 1
+    assert cache.infos([]) == []  # a deleted node leaves the cache
+    [again] = cache.infos([node("5", "4", [{"key": "k", "effect": "NoSchedule"}])])
+    assert again is not tainted

@@ -52,6 +52,17 @@ def test_malformed_quantity_is_rejected(text: str) -> None:
         parse_quantity(text)
 
 
+def test_memoized_to_milli_still_rejects_a_boolean_after_the_equal_integer() -> None:
+    # True == 1 and hash(True) == hash(1): an untyped cache would answer True with 1's entry.
+    assert to_milli(1) == 1000
+    with pytest.raises(QuantityError):
+        to_milli(True)
+    with pytest.raises(QuantityError):
+        to_milli("1Gb")
+    with pytest.raises(QuantityError):  # a failure is not cached as an answer either
+        to_milli("1Gb")
+
+
 @pytest.mark.parametrize(
     ("resource", "milli", "text"),
     [

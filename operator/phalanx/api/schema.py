@@ -8,6 +8,7 @@ rules; Python types map onto OpenAPI types. Nothing here knows about TrainingJob
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from collections.abc import Mapping
@@ -205,13 +206,19 @@ def parse(cls: type[T], raw: Mapping[str, Any] | None, path: str = "") -> T:
     raw = raw or {}
     if not isinstance(raw, Mapping):
         raise ParseError(f"{path or cls.__name__}: expected an object")
-    hints = get_type_hints(cls)
     kwargs: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        name = json_name(f)
+    for attribute, name, hint in _fields_of(typing.cast(type, cls)):
         if name in raw and raw[name] is not None:
-            kwargs[f.name] = _parse_value(hints[f.name], raw[name], f"{path}.{name}" if path else name)
+            kwargs[attribute] = _parse_value(hint, raw[name], f"{path}.{name}" if path else name)
     return cls(**kwargs)
+
+
+@functools.cache
+def _fields_of(cls: type) -> tuple[tuple[str, str, Any], ...]:
+    """(attribute, JSON name, type) per field; resolving type hints is slow and a reconcile parses
+    a spec several times."""
+    hints = get_type_hints(cls)
+    return tuple((f.name, json_name(f), hints[f.name]) for f in dataclasses.fields(cls))
 
 
 def _parse_value(tp: Any, value: Any, path: str) -> Any:

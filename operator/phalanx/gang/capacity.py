@@ -181,6 +181,34 @@ class NodeInfo:
         return dict(self.allocatable).get(resource, 0)
 
 
+def _node_facts(node: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What NodeInfo.from_k8s reads, for comparing two copies of a node (resourceVersion aside)."""
+    return ((node.get("metadata") or {}).get("labels"), node.get("spec"), node.get("status"))
+
+
+class NodeInfoCache:
+    """NodeInfo per node, parsed again only when what it reads changed.
+
+    Every node heartbeat stores a new copy whose capacity, labels and taints are the same; parsing
+    hundreds of nodes for each admission decision was the operator's largest CPU cost.
+    """
+
+    def __init__(self) -> None:
+        self._by_name: dict[str, tuple[tuple[Any, ...], NodeInfo]] = {}
+
+    def infos(self, nodes: Iterable[Mapping[str, Any]]) -> list[NodeInfo]:
+        fresh: dict[str, tuple[tuple[Any, ...], NodeInfo]] = {}
+        for node in nodes:
+            name = str((node.get("metadata") or {}).get("name", ""))
+            facts = _node_facts(node)
+            cached = self._by_name.get(name)
+            fresh[name] = (
+                cached if cached is not None and cached[0] == facts else (facts, NodeInfo.from_k8s(node))
+            )
+        self._by_name = fresh
+        return [info for _, info in fresh.values()]
+
+
 @dataclass(frozen=True)
 class PodDemand:
     """What one pod needs from a node: effective requests plus its placement constraints."""
@@ -276,18 +304,22 @@ def usage_by_node(
     planned = admitted_unbound or {}
     usage: dict[str, dict[str, int]] = {}
     for pod in pods:
-        spec = pod.get("spec") or {}
         metadata = pod.get("metadata") or {}
-        node = spec.get("nodeName")
-        if not node:
-            phase = (pod.get("status") or {}).get("phase")
-            node = planned.get(f"{metadata.get('namespace', '')}/{metadata.get('name', '')}")
-            if not node or phase in _TERMINAL_PHASES:
-                continue
-        elif not is_bound_and_active(pod):
-            continue
-        add_into(usage.setdefault(str(node), {}), effective_requests(spec).items())
+        node = node_held(pod, planned.get(f"{metadata.get('namespace', '')}/{metadata.get('name', '')}"))
+        if node is not None:
+            add_into(usage.setdefault(node, {}), effective_requests(pod.get("spec") or {}).items())
     return usage
+
+
+def node_held(pod: Mapping[str, Any], planned_node: str | None) -> str | None:
+    """The node whose room the pod holds: where it is bound until it finishes, or, admitted and not
+    bound yet, the node the admission plan chose for it (planned_node)."""
+    node = (pod.get("spec") or {}).get("nodeName")
+    if node:
+        return str(node) if is_bound_and_active(pod) else None
+    if planned_node and (pod.get("status") or {}).get("phase") not in _TERMINAL_PHASES:
+        return planned_node
+    return None
 
 
 class RefusalKind(Enum):

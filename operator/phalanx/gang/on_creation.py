@@ -6,7 +6,7 @@ gang waits (a gated pod exists, or the head holds a reservation), every new gang
 and the admission pass decides in order.
 """
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from phalanx.cache import object_key
@@ -20,32 +20,43 @@ Assumed = Mapping[str, tuple[str, Resources]]
 """Pods admitted at creation whose create is still in flight: "namespace/name" -> (node, requests)."""
 
 
+def planned_node(pod: Mapping[str, Any]) -> str | None:
+    """The node of a pod admitted (pinned, gang gate lifted) and not bound yet; else None."""
+    spec = pod.get("spec") or {}
+    selector = spec.get("nodeSelector") or {}
+    if not spec.get("nodeName") and not is_gated(pod) and HOSTNAME_LABEL in selector:
+        return str(selector[HOSTNAME_LABEL])
+    return None
+
+
 def planned_nodes(pods: Sequence[Mapping[str, Any]]) -> dict[str, str]:
     """ "namespace/name" -> node of pods admitted (pinned, gang gate lifted) and not bound yet."""
-    planned = {}
-    for pod in pods:
-        spec = pod.get("spec") or {}
-        selector = spec.get("nodeSelector") or {}
-        if not spec.get("nodeName") and not is_gated(dict(pod)) and HOSTNAME_LABEL in selector:
-            planned[object_key(pod)] = str(selector[HOSTNAME_LABEL])
-    return planned
+    return {object_key(pod): node for pod in pods if (node := planned_node(pod)) is not None}
 
 
-def usage_with_assumed(pods: Sequence[Mapping[str, Any]], assumed: Assumed) -> dict[str, dict[str, int]]:
-    """Requests held per node by bound and admitted pods, plus creates in flight (not seen yet)."""
-    used = usage_by_node(pods, planned_nodes(pods))
-    present = {object_key(p) for p in pods}
+def add_in_flight(
+    used: dict[str, dict[str, int]], assumed: Assumed, seen: Callable[[str], bool]
+) -> dict[str, dict[str, int]]:
+    """Adds the creates still in flight to `used`, except the pods already counted (seen)."""
     for key, (node, requests) in assumed.items():
-        if key not in present:
+        if not seen(key):
             add_into(used.setdefault(node, {}), requests)
     return used
 
 
+def usage_with_assumed(pods: Sequence[Mapping[str, Any]], assumed: Assumed) -> dict[str, dict[str, int]]:
+    """Requests held per node by bound and admitted pods, plus creates in flight (not seen yet)."""
+    present = {object_key(p) for p in pods}
+    return add_in_flight(usage_by_node(pods, planned_nodes(pods)), assumed, present.__contains__)
+
+
+def waits_for_admission(pod: Mapping[str, Any]) -> bool:
+    """A gated pod that has not finished: some gang is queued."""
+    return is_gated(pod) and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+
+
 def someone_waits(pods: Sequence[Mapping[str, Any]], reservations: Mapping[str, Sequence[str]]) -> bool:
-    finished = ("Succeeded", "Failed")
-    return bool(reservations) or any(
-        is_gated(dict(p)) and (p.get("status") or {}).get("phase") not in finished for p in pods
-    )
+    return bool(reservations) or any(waits_for_admission(p) for p in pods)
 
 
 def plan_on_creation(
@@ -62,7 +73,13 @@ def plan_on_creation(
     """
     if someone_waits(pods, reservations):
         return None
-    used = usage_with_assumed(pods, assumed)
+    return placements_if_it_fits(request, nodes, usage_with_assumed(pods, assumed), now)
+
+
+def placements_if_it_fits(
+    request: GangRequest, nodes: Sequence[NodeInfo], used: dict[str, dict[str, int]], now: float
+) -> dict[str, str] | None:
+    """Pod name -> node when the whole gang fits beside `used` now; else None."""
     plan = plan_admission([request], nodes, used, now)
     if not plan.admitted:
         return None

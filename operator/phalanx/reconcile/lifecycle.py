@@ -11,6 +11,7 @@ Running -> Succeeded | Failed; Restarting between attempts; Suspended while spec
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,7 +80,7 @@ def pod_index(pod: dict[str, Any]) -> int:
         return -1
 
 
-def is_gated(pod: dict[str, Any]) -> bool:
+def is_gated(pod: Mapping[str, Any]) -> bool:
     gates = pod.get("spec", {}).get("schedulingGates") or []
     return any(g.get("name") == c.GANG_SCHEDULING_GATE for g in gates)
 
