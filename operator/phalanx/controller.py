@@ -45,7 +45,16 @@ from phalanx.gang.usage import UsageIndex
 from phalanx.k8s import KubeApi, short_error
 from phalanx.policy.pod_outcome import node_is_ready
 from phalanx.reconcile.conditions import set_condition
-from phalanx.reconcile.lifecycle import FINISHED_PHASES, decide, is_gated, iso, parse_iso, pod_attempt
+from phalanx.reconcile.lifecycle import (
+    FINISHED_PHASES,
+    Plan,
+    decide,
+    is_gated,
+    iso,
+    merged_events,
+    parse_iso,
+    pod_attempt,
+)
 from phalanx.reflector import Reflector
 
 log = logging.getLogger("phalanx.controller")
@@ -301,9 +310,34 @@ class Controller:
         old_status = dict(job.get("status") or {})
         if not old_status:
             metrics.observe_job_created(namespace, name)
-        plan = decide(job, pods, self.current_nodes(), now)
+        nodes = self.current_nodes()
+        plan = decide(job, pods, nodes, now)
         spec = parse(TrainingJobSpec, job["spec"])
         ref = JobRef.of(job)
+
+        uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
+        grace = spec.run_policy.termination_grace_period_seconds
+        for pod_name in plan.force_delete_pods:
+            self.api.delete_pod(namespace, pod_name, uids.get(pod_name), 0)
+        for pod_name in plan.delete_pods:
+            if pod_name not in plan.force_delete_pods:
+                self.api.delete_pod(namespace, pod_name, uids.get(pod_name), grace)
+        if plan.create_indices:
+            taken = self._create_gang(key, job, ref, spec, plan, now)
+            if taken:
+                self._report_name_conflict(job, plan.status, taken, now)
+                followups.append(NAME_CONFLICT_RETRY_SECONDS)
+            elif self.pods.synced.is_set():
+                # The pods exist now (the store holds the API's replies): decide once more on them,
+                # so one status write says what this reconcile and the next would have written
+                # (all pods created; admitted, when admitted at creation).
+                pods = [p for p in self.pods.indexed(key) if _controlled_by(p, job["metadata"]["uid"])]
+                then = decide({**job, "status": plan.status}, pods, nodes, now)
+                if not (then.create_indices or then.delete_pods or then.force_delete_pods or then.delete_job):
+                    then.events = merged_events([*plan.events, *then.events])
+                    plan = then
+            if not taken:
+                followups.append(0.5)
 
         self._track_progress_target(key, pods, plan.status)
         if plan.status.get("phase") == "Succeeded" and plan.status.get("progress", {}).get("totalSteps"):
@@ -315,39 +349,6 @@ class Controller:
         if patch:
             self._patch_job_status(namespace, name, patch)
         self._observe(namespace, name, old_status, plan.status)
-
-        uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
-        grace = spec.run_policy.termination_grace_period_seconds
-        for pod_name in plan.force_delete_pods:
-            self.api.delete_pod(namespace, pod_name, uids.get(pod_name), 0)
-        for pod_name in plan.delete_pods:
-            if pod_name not in plan.force_delete_pods:
-                self.api.delete_pod(namespace, pod_name, uids.get(pod_name), grace)
-        if plan.create_indices:
-            self.api.create_if_absent(build_headless_service(ref, spec))
-            podgroup = build_podgroup(ref, spec)
-            if podgroup is not None:
-                self.api.create_if_absent(podgroup)
-            attempt = int(plan.status["attempt"])
-            template = job["spec"].get("template") or {}
-            pods_to_create = [
-                build_worker_pod(ref, spec, index, attempt, template, cluster_domain=self.cluster_domain)
-                for index in plan.create_indices
-            ]
-            if len(pods_to_create) == spec.replicas:
-                pods_to_create = self._admit_on_creation(key, spec, pods_to_create, now)
-            try:
-                taken = [name for name in self._create_pods(pods_to_create, ref.uid) if name is not None]
-            finally:
-                with self.admission_lock:
-                    for pod in pods_to_create:
-                        self.assumed.pop(f"{namespace}/{pod['metadata']['name']}", None)
-            self._admission_dirty_threadsafe()
-            if taken:
-                self._report_name_conflict(job, plan.status, taken, now)
-                followups.append(NAME_CONFLICT_RETRY_SECONDS)
-            else:
-                followups.append(0.5)
         for event in plan.events:
             self._record_event(job, event.type, event.reason, event.message, iso(now))
         if plan.delete_job:
@@ -359,6 +360,32 @@ class Controller:
         if plan.delete_pods or plan.force_delete_pods:
             followups.append(1.0)
         return followups
+
+    def _create_gang(
+        self, key: str, job: dict[str, Any], ref: JobRef, spec: TrainingJobSpec, plan: Plan, now: float
+    ) -> list[str]:
+        """Creates the Service, the PodGroup (external schedulers) and the missing pods of the
+        attempt; returns the names held by pods another owner has."""
+        self.api.create_if_absent(build_headless_service(ref, spec))
+        podgroup = build_podgroup(ref, spec)
+        if podgroup is not None:
+            self.api.create_if_absent(podgroup)
+        attempt = int(plan.status["attempt"])
+        template = job["spec"].get("template") or {}
+        pods_to_create = [
+            build_worker_pod(ref, spec, index, attempt, template, cluster_domain=self.cluster_domain)
+            for index in plan.create_indices
+        ]
+        if len(pods_to_create) == spec.replicas:
+            pods_to_create = self._admit_on_creation(key, spec, pods_to_create, now)
+        try:
+            taken = [name for name in self._create_pods(pods_to_create, ref.uid) if name is not None]
+        finally:
+            with self.admission_lock:
+                for pod in pods_to_create:
+                    self.assumed.pop(f"{ref.namespace}/{pod['metadata']['name']}", None)
+        self._admission_dirty_threadsafe()
+        return taken
 
     def _admit_on_creation(
         self, key: str, spec: TrainingJobSpec, pods: list[dict[str, Any]], now: float
@@ -438,22 +465,20 @@ class Controller:
     def _report_name_conflict(
         self, job: dict[str, Any], status: dict[str, Any], taken: list[str], now: float
     ) -> None:
-        """A pod not owned by this job holds a worker's name: say so once, then wait for it to go."""
+        """A pod not owned by this job holds a worker's name: say so in the status about to be written
+        and, the first time, in an Event; then wait for it to go."""
         message = (
             f"pod(s) {', '.join(taken)} exist but do not belong to this TrainingJob; delete or rename them "
             "and the job continues"
         )
-        if status.get("message") == message:
-            return
-        conditions = set_condition(
+        first_time = (job.get("status") or {}).get("message") != message
+        status["message"] = message
+        status["conditions"] = set_condition(
             status.get("conditions") or [], "PodsCreated", "False", "NameConflict", message, iso(now),
             job["metadata"].get("generation"),
         )  # fmt: skip
-        meta = job["metadata"]
-        self._patch_job_status(
-            meta["namespace"], meta["name"], {"message": message, "conditions": conditions}
-        )
-        self._record_event(job, "Warning", "NameConflict", message, iso(now))
+        if first_time:
+            self._record_event(job, "Warning", "NameConflict", message, iso(now))
 
     def _observe(self, namespace: str, name: str, old: dict[str, Any], new: dict[str, Any]) -> None:
         if old.get("phase") != new.get("phase") and new.get("phase"):

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from phalanx.reconcile.lifecycle import decide, iso
+from phalanx.reconcile.lifecycle import Event, decide, iso, merged_events
 
 pytestmark = pytest.mark.unit
 
@@ -206,3 +206,15 @@ def test_pods_on_a_deleted_node_are_lost_at_once_and_removed_without_grace() -> 
 def test_an_empty_node_cache_never_counts_as_node_loss() -> None:
     plan = decide(job(dict(RUNNING)), [pod(0), pod(1, spec={"nodeName": "gone"})], {}, NOW)
     assert plan.status["phase"] == "Running" and plan.force_delete_pods == []
+
+
+def test_normal_events_of_one_reconcile_become_one_and_warnings_stay_apart() -> None:
+    created = Event("Normal", "Created", "created 4 pod(s) for attempt 0")
+    admitted = Event("Normal", "GangAdmitted", "0/4 worker(s) running")
+    conflict = Event("Warning", "NameConflict", "pod w-1 exists")
+    assert merged_events([created]) == [created]
+    assert merged_events([created, conflict]) == [created, conflict]
+    assert merged_events([created, conflict, admitted]) == [
+        Event("Normal", "GangAdmitted", "created 4 pod(s) for attempt 0; 0/4 worker(s) running"),
+        conflict,
+    ]

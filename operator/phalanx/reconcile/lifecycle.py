@@ -41,6 +41,16 @@ class Event:
     message: str
 
 
+def merged_events(events: list[Event]) -> list[Event]:
+    """Normal events of one reconcile as one Event (for example created, then admitted at once):
+    one line for a person to read and one write less per job; warnings stay on their own."""
+    normal = [e for e in events if e.type == "Normal"]
+    if len(normal) < 2:
+        return events
+    joined = Event("Normal", normal[-1].reason, "; ".join(e.message for e in normal))
+    return [joined, *(e for e in events if e.type != "Normal")]
+
+
 @dataclass
 class Plan:
     """What the I/O layer should do, in this order: status, deletions, creations, events."""
@@ -191,17 +201,18 @@ def decide(
         return b.plan
 
     if status.get("createdAttempt") != attempt:
-        missing = [i for i in range(spec.replicas) if i not in current]
-        b.plan.create_indices.extend(missing)
-        if not missing:
-            status["createdAttempt"] = attempt
-            if any(x["type"] == "PodsCreated" for x in status["conditions"]):
-                b.condition("PodsCreated", "True", "AllPodsCreated", f"all {spec.replicas} pod(s) exist")
         if spec.scheduling.provider != "builtin":
             status.setdefault("admittedTime", b.now_iso)
-        if attempt == 0 or status.get("phase") not in ("Restarting",):
-            b.phase("Pending", "Created", f"created {spec.replicas} pod(s) for attempt {attempt}")
-        return b.plan
+        missing = [i for i in range(spec.replicas) if i not in current]
+        if missing:
+            b.plan.create_indices.extend(missing)
+            if attempt == 0 or status.get("phase") not in ("Restarting",):
+                b.phase("Pending", "Created", f"created {spec.replicas} pod(s) for attempt {attempt}")
+            return b.plan
+        # Every pod of the attempt exists: recorded, and decided on below in the same pass.
+        status["createdAttempt"] = attempt
+        if any(x["type"] == "PodsCreated" for x in status["conditions"]):
+            b.condition("PodsCreated", "True", "AllPodsCreated", f"all {spec.replicas} pod(s) exist")
 
     outcomes = _outcomes(spec, current, nodes)
     verdict = gang_verdict(outcomes)
