@@ -32,7 +32,8 @@ def _resources_only(container: Mapping[str, Any]) -> dict[str, Any]:
 
 def slim_pod(pod: Mapping[str, Any]) -> Slim:
     """What capacity and admission read (requests, placement, gates, binding, phase) and, for the
-    operator's own pods, what a reconcile reads too: all metadata but managedFields, the whole status."""
+    operator's own pods, what a reconcile reads too: all metadata but managedFields, and the status
+    fields the pod outcome reads."""
     spec = pod.get("spec") or {}
     ours = c.LABEL_JOB_NAME in ((pod.get("metadata") or {}).get("labels") or {})
     if ours:
@@ -48,8 +49,29 @@ def slim_pod(pod: Mapping[str, Any]) -> Slim:
     slim_spec["containers"] = [_resources_only(x) for x in spec.get("containers") or ()]
     if spec.get("initContainers"):
         slim_spec["initContainers"] = [_resources_only(x) for x in spec["initContainers"]]
-    status = dict(pod.get("status") or {}) if ours else _pick(pod.get("status"), ("phase",))
+    status = _own_pod_status(pod.get("status") or {}) if ours else _pick(pod.get("status"), ("phase",))
     return {"metadata": metadata, "spec": slim_spec, "status": status}
+
+
+def _own_pod_status(status: Mapping[str, Any]) -> dict[str, Any]:
+    """What the pod outcome, the gang's counters and the progress poll read: phase, reason, the pod's
+    IP, its conditions without probe times, and each container's termination, if any."""
+    slim = _pick(status, ("phase", "reason", "message", "podIP"))
+    conditions = [
+        _pick(x, ("type", "status", "reason", "message", "lastTransitionTime"))
+        for x in status.get("conditions") or ()
+    ]
+    if conditions:
+        slim["conditions"] = conditions
+    for key in ("containerStatuses", "initContainerStatuses"):
+        containers = [
+            {"name": x.get("name"), "state": {"terminated": (x.get("state") or {})["terminated"]}}
+            for x in status.get(key) or ()
+            if (x.get("state") or {}).get("terminated")
+        ]
+        if containers:
+            slim[key] = containers
+    return slim
 
 
 def slim_node(node: Mapping[str, Any]) -> Slim:

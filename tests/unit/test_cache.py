@@ -15,7 +15,7 @@ from phalanx.cache import (
     slim_pod,
 )
 from phalanx.gang.capacity import NodeInfo, PodDemand, usage_by_node
-from phalanx.policy.pod_outcome import node_is_ready
+from phalanx.policy.pod_outcome import classify_pod, node_is_ready
 from phalanx.reconcile.lifecycle import is_gated, pod_attempt
 
 pytestmark = pytest.mark.unit
@@ -51,12 +51,11 @@ def test_a_slim_pod_keeps_what_capacity_and_admission_read_and_drops_the_rest() 
     slim = slim_pod(full)
     assert PodDemand.from_pod_spec(slim["spec"]) == PodDemand.from_pod_spec(full["spec"])
     assert is_gated(slim) and pod_attempt(slim) == 2 and job_of_pod(slim) == "ns/llm"
-    # The operator's own pods keep what a reconcile reads: metadata and the whole status.
+    # The operator's own pods keep what a reconcile reads: metadata (the status: see below).
     assert (
         "managedFields" not in slim["metadata"]
         and slim["metadata"]["annotations"] == full["metadata"]["annotations"]
     )
-    assert slim["status"] == full["status"]
     assert "env" not in slim["spec"]["containers"][0] and "volumes" not in slim["spec"]
     assert "podAntiAffinity" not in slim["spec"]["affinity"]
     bound = pod("w-1", 6, phase="Running", node="n1")
@@ -156,3 +155,57 @@ def test_capacity_changes_that_wake_admission() -> None:
     assert not frees_or_changes_capacity(pending, running)
     assert frees_or_changes_capacity(running, done)
     assert frees_or_changes_capacity(running, None)
+
+
+KUBELET_STATUSES = {
+    "running": {
+        "phase": "Running", "podIP": "10.0.0.7", "podIPs": [{"ip": "10.0.0.7"}], "hostIP": "10.255.0.1",
+        "qosClass": "BestEffort", "startTime": "2026-01-01T00:00:00Z",
+        "conditions": [
+            {"type": "Ready", "status": "True", "lastProbeTime": None, "lastTransitionTime": "2026-01-01T00:00:05Z"},
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"},
+        ],
+        "containerStatuses": [{"name": "trainer", "ready": True, "restartCount": 0, "image": "trainer:1",
+                               "imageID": "sha256:ab", "containerID": "kwok://1",
+                               "state": {"running": {"startedAt": "2026-01-01T00:00:04Z"}}}],
+    },
+    "checkpointed on SIGTERM": {
+        "phase": "Failed", "podIP": "10.0.0.7",
+        "conditions": [{"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI",
+                        "message": "Eviction API: evicting", "lastTransitionTime": "2026-01-01T00:01:00Z"}],
+        "containerStatuses": [{"name": "trainer", "ready": False, "image": "trainer:1", "state": {"terminated": {
+            "exitCode": 75, "reason": "Error", "message": "checkpointed", "startedAt": "2026-01-01T00:00:04Z",
+            "finishedAt": "2026-01-01T00:01:20Z", "containerID": "kwok://1"}}}],
+    },
+    "init container failed": {
+        "phase": "Failed",
+        "initContainerStatuses": [{"name": "fetch", "state": {"terminated": {"exitCode": 2, "reason": "Error",
+                                                                             "finishedAt": "2026-01-01T00:00:09Z"}}}],
+        "containerStatuses": [{"name": "trainer", "state": {"waiting": {"reason": "PodInitializing"}}}],
+    },
+    "evicted": {"phase": "Failed", "reason": "Evicted", "message": "The node was low on resource: memory."},
+    "unschedulable": {
+        "phase": "Pending",
+        "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                        "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
+                        "lastProbeTime": None, "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+    },
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(KUBELET_STATUSES))
+def test_an_own_pods_slim_status_keeps_what_the_outcome_and_counters_read(case: str) -> None:
+    full = pod("w-0", 4, phase="", node="n1")
+    full["status"] = KUBELET_STATUSES[case]
+    slim = slim_pod(full)
+    node = {"metadata": {"name": "n1"}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    for deleted_by_operator in (False, True):
+        assert classify_pod(slim, node=node, deleted_by_operator=deleted_by_operator) == classify_pod(
+            full, node=node, deleted_by_operator=deleted_by_operator
+        )
+    kept = slim["status"]
+    assert kept.get("podIP") == full["status"].get("podIP")
+    assert kept.get("conditions", []) == [
+        {k: v for k, v in x.items() if k != "lastProbeTime"} for x in full["status"].get("conditions", [])
+    ]
+    assert "podIPs" not in kept and "qosClass" not in kept and "image" not in str(kept)
