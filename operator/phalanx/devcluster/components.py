@@ -135,6 +135,7 @@ def kwok(bin_dir: Path, kubeconfig: Path, stages: Path, ports: Ports) -> Compone
             "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
             "--cidr=10.0.0.1/16",
             "--node-ip=10.255.0.1",
+            "--node-lease-duration-seconds=40",
             "--server-address=127.0.0.1:" + str(ports.kwok),
         ),
     )
