@@ -40,6 +40,10 @@ from typing import Any
 from kubernetes import client, config
 from prometheus_client.parser import text_string_to_metric_families
 
+from phalanx.api.schema import parse
+from phalanx.api.v1alpha1 import TrainingJobSpec
+from phalanx.builders.pods import JobRef, build_headless_service, build_worker_pod
+from phalanx.constants import GANG_SCHEDULING_GATE
 from phalanx.controller import WRITE_CONCURRENCY
 from phalanx.devcluster.cluster import LocalCluster
 from phalanx.devcluster.nodes import NodePool, node_manifests
@@ -107,7 +111,7 @@ def delete_namespace(core: Any, name: str, timeout: float = 180) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            core.read_namespace(name, _preload_content=False)
+            release(core.read_namespace(name, _preload_content=False))
         except client.ApiException as exc:
             if exc.status == 404:
                 return
@@ -135,6 +139,8 @@ def bench_pool(name: str, count: int) -> NodePool:
 class PodTimes:
     group: str
     gpus: int
+    seen: float = 0.0  # first watch event: the pod exists
+    bound: float | None = None  # first seen with a node (the scheduler's part is done)
     running: float | None = None
     finished: float | None = None
 
@@ -189,7 +195,9 @@ class PodWatch:
             times = self.pods.get(meta["name"])
             if times is None:
                 limits = pod["spec"]["containers"][0].get("resources", {}).get("limits", {})
-                times = self.pods[meta["name"]] = PodTimes(group, int(limits.get("nvidia.com/gpu", 0)))
+                times = self.pods[meta["name"]] = PodTimes(group, int(limits.get("nvidia.com/gpu", 0)), now)
+            if pod["spec"].get("nodeName") and times.bound is None:
+                times.bound = now
             if phase in ("Running", "Succeeded", "Failed") and times.running is None:
                 times.running = now
             if phase in ("Succeeded", "Failed") and times.finished is None:
@@ -211,7 +219,9 @@ class PodWatch:
 
     def snapshot(self) -> list[PodTimes]:
         with self.lock:
-            return [PodTimes(t.group, t.gpus, t.running, t.finished) for t in self.pods.values()]
+            return [
+                PodTimes(t.group, t.gpus, t.seen, t.bound, t.running, t.finished) for t in self.pods.values()
+            ]
 
 
 def wait_groups(watch: PodWatch, groups: dict[str, int], what: str, timeout: float) -> dict[str, float]:
@@ -251,26 +261,53 @@ def training_job(
     }
 
 
-def plain_pod(group: str, index: int, gpus: int, run_for: str, placement: dict[str, Any]) -> dict[str, Any]:
-    """What a worker pod asks of the scheduler, without the gate: the baseline's pod."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": f"{group}-worker-{index}",
-            "labels": {BASELINE_LABEL: group},
-            "annotations": {"phalanx.dev/sim-run-for": run_for},
-        },
-        "spec": {
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 1,
-            "automountServiceAccountToken": False,
-            "containers": [{"name": "trainer", "image": "trainer:bench",
-                            "resources": {"limits": {"nvidia.com/gpu": str(gpus)},
-                                          "requests": {"nvidia.com/gpu": str(gpus)}}}],
-            **placement,
-        },
-    }  # fmt: skip
+def direct_pod(
+    namespace: str, group: str, index: int, replicas: int, gpus: int, run_for: str, placement: dict[str, Any]
+) -> dict[str, Any]:
+    """The baseline's pod: the very pod the operator builds for worker `index` of the same job (same
+    env, labels, annotations, placement and requests), created directly: no gate, no owner, and the
+    baseline's label instead of the job's, so the operator does not take it for one of its own."""
+    job = training_job(group, replicas, gpus, run_for, placement)
+    spec = parse(TrainingJobSpec, job["spec"])
+    pod = build_worker_pod(JobRef(group, namespace, "none"), spec, index, 0, job["spec"]["template"])
+    metadata = pod["metadata"]
+    metadata.pop("ownerReferences", None)
+    metadata["labels"] = {
+        **{k: v for k, v in metadata["labels"].items() if not k.startswith(f"{GROUP}/")},
+        BASELINE_LABEL: group,
+    }
+    pod["spec"]["schedulingGates"] = [
+        g for g in pod["spec"].get("schedulingGates") or () if g["name"] != GANG_SCHEDULING_GATE
+    ]
+    return pod
+
+
+def direct_service(namespace: str, group: str, replicas: int, gpus: int, run_for: str,
+                   placement: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    """The headless Service the operator creates per job, selecting the baseline's pods: without it
+    the pods' rendezvous address (<job>-worker-0.<job>.<ns>.svc) would not resolve."""
+    job = training_job(group, replicas, gpus, run_for, placement)
+    service = build_headless_service(JobRef(group, namespace, "none"), parse(TrainingJobSpec, job["spec"]))
+    service["metadata"].pop("ownerReferences", None)
+    service["metadata"]["labels"] = {BASELINE_LABEL: group}
+    service["spec"]["selector"] = {BASELINE_LABEL: group}
+    return service
+
+
+def release(response: Any) -> None:
+    """Hands a raw response's connection back to the pool (unread, it would be dropped and the next
+    request would pay a new TLS handshake)."""
+    response.drain_conn()
+    response.release_conn()
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # -- the operator -----------------------------------------------------------------------------------
@@ -311,8 +348,7 @@ class Operator:
 
     def cpu_seconds(self) -> float:
         """User + system CPU time of the operator process so far."""
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return process_cpu_seconds(self.proc.pid)
 
     def rss_mib(self) -> tuple[float, float]:
         """(current, peak) resident set of the operator process."""
@@ -348,6 +384,9 @@ class SideResult:
     latencies: list[float]
     pods: int
     seconds: float  # first creation -> last pod Running
+    created_seconds: float  # first creation -> last pod exists (the rest is scheduling and starting)
+    pod_start_p50: float  # per pod: exists -> Running (scheduler, binding, kwok)
+    pod_bind_p50: float  # per pod: exists -> bound to a node (the scheduler's share of the above)
 
 
 def run_phalanx_side(api: client.ApiClient, ns: str, gangs: list[tuple[str, int]], placement: dict[str, Any],
@@ -371,7 +410,12 @@ def run_phalanx_side(api: client.ApiClient, ns: str, gangs: list[tuple[str, int]
     done = wait_groups(watch, dict(gangs), f"phalanx {ns}", timeout)
     watch.stopped = True
     return SideResult(
-        [done[n] - created[n] for n, _ in gangs], sum(s for _, s in gangs), max(done.values()) - start
+        [done[n] - created[n] for n, _ in gangs],
+        sum(s for _, s in gangs),
+        max(done.values()) - start,
+        max(t.seen for t in watch.snapshot()) - start,
+        percentile([t.running - t.seen for t in watch.snapshot() if t.running is not None], 0.5),
+        percentile([t.bound - t.seen for t in watch.snapshot() if t.bound is not None], 0.5),
     )
 
 
@@ -385,9 +429,16 @@ def run_baseline_side(api: client.ApiClient, ns: str, gangs: list[tuple[str, int
     def submit(gang: tuple[str, int]) -> None:
         name, size = gang
         created[name] = time.time()
+        release(
+            core.create_namespaced_service(
+                ns, direct_service(ns, name, size, 1, run_for, placement), _preload_content=False
+            )
+        )
         for index in range(size):
-            core.create_namespaced_pod(
-                ns, plain_pod(name, index, 1, run_for, placement), _preload_content=False
+            release(
+                core.create_namespaced_pod(
+                    ns, direct_pod(ns, name, index, size, 1, run_for, placement), _preload_content=False
+                )
             )
 
     start = time.time()
@@ -396,18 +447,27 @@ def run_baseline_side(api: client.ApiClient, ns: str, gangs: list[tuple[str, int
     done = wait_groups(watch, dict(gangs), f"baseline {ns}", timeout)
     watch.stopped = True
     return SideResult(
-        [done[n] - created[n] for n, _ in gangs], sum(s for _, s in gangs), max(done.values()) - start
+        [done[n] - created[n] for n, _ in gangs],
+        sum(s for _, s in gangs),
+        max(done.values()) - start,
+        max(t.seen for t in watch.snapshot()) - start,
+        percentile([t.running - t.seen for t in watch.snapshot() if t.running is not None], 0.5),
+        percentile([t.bound - t.seen for t in watch.snapshot() if t.bound is not None], 0.5),
     )
 
 
-def admission_cost(api: client.ApiClient, operator: Operator, rounds: int, jobs_per_round: int,
-                   rng: random.Random, timeout: float) -> dict[str, Any]:  # fmt: skip
+def admission_cost(api: client.ApiClient, operator: Operator, components: dict[str, int], rounds: int,
+                   jobs_per_round: int, rng: random.Random, timeout: float) -> dict[str, Any]:  # fmt: skip
+    """components: control-plane process name -> pid, whose CPU time each side is charged with."""
     core: Any = client.CoreV1Api(api)
     operator_requests: dict[str, float] = {}  # "METHOD endpoint" -> requests during the Phalanx sides
     operator_cpu: list[float] = []  # operator CPU seconds per second of each Phalanx side
     placement = pool_placement("main")
     phalanx: list[SideResult] = []
     baseline: list[SideResult] = []
+    # CPU seconds each process spent while each side ran, summed over rounds: where the extra work is.
+    processes = {**components, "operator": operator.proc.pid}
+    side_cpu: dict[str, dict[str, float]] = {"phalanx": {}, "baseline": {}}
     for r in range(rounds):
         gangs = [(f"g{r}-{i}", rng.randint(4, 32)) for i in range(jobs_per_round)]
         sides: list[tuple[str, Callable[..., SideResult], list[SideResult]]] = [
@@ -422,7 +482,11 @@ def admission_cost(api: client.ApiClient, operator: Operator, rounds: int, jobs_
             )
             requests_before = operator.api_requests() if side == "phalanx" else {}
             cpu_before = operator.cpu_seconds()
+            processes_before = {name: process_cpu_seconds(pid) for name, pid in processes.items()}
             result = run(api, ns, gangs, placement, "15s", timeout)
+            for name, pid in processes.items():
+                spent = process_cpu_seconds(pid) - processes_before[name]
+                side_cpu[side][name] = side_cpu[side].get(name, 0.0) + spent
             into.append(result)
             if side == "phalanx":
                 operator_cpu.append((operator.cpu_seconds() - cpu_before) / result.seconds)
@@ -432,7 +496,8 @@ def admission_cost(api: client.ApiClient, operator: Operator, rounds: int, jobs_
                         operator_requests.get(endpoint, 0) + count - requests_before.get(endpoint, 0)
                     )
             log(f"  {side}: {result.pods} pods in {result.seconds:.1f}s ({result.pods / result.seconds:.0f} pods/s), "
-                f"p50 {percentile(result.latencies, 0.5):.1f}s")  # fmt: skip
+                f"all created after {result.created_seconds:.1f}s, p50 {percentile(result.latencies, 0.5):.1f}s, "
+                f"pod start p50 {result.pod_start_p50:.2f}s (bound after {result.pod_bind_p50:.2f}s)")  # fmt: skip
             # Each side runs on a quiet cluster: the other side's pods have finished (15 s) and their
             # namespace is gone (deleting hundreds of pods is a burst of API writes).
             wait_pods_finished(core, [ns])
@@ -448,6 +513,9 @@ def admission_cost(api: client.ApiClient, operator: Operator, rounds: int, jobs_
             "p99_seconds": round(percentile(latencies, 0.99), 2),
             "pods_per_second": round(pods / seconds, 1),
             "per_round_pods_per_second": [round(r.pods / r.seconds, 1) for r in results],
+            "per_round_created_seconds": [round(r.created_seconds, 1) for r in results],
+            "per_round_pod_start_p50_seconds": [round(r.pod_start_p50, 2) for r in results],
+            "per_round_pod_bind_p50_seconds": [round(r.pod_bind_p50, 2) for r in results],
         }
 
     ours, base = summary(phalanx), summary(baseline)
@@ -460,6 +528,9 @@ def admission_cost(api: client.ApiClient, operator: Operator, rounds: int, jobs_
         "baseline_p50_seconds": base["p50_seconds"],
         "baseline_p99_seconds": base["p99_seconds"],
         "baseline_per_round_pods_per_second": base["per_round_pods_per_second"],
+        "baseline_per_round_created_seconds": base["per_round_created_seconds"],
+        "baseline_per_round_pod_start_p50_seconds": base["per_round_pod_start_p50_seconds"],
+        "baseline_per_round_pod_bind_p50_seconds": base["per_round_pod_bind_p50_seconds"],
         "ratio_vs_baseline": round(sum(p.seconds for p in phalanx) / sum(b.seconds for b in baseline), 3),
         "ratio_per_round": [round(x, 3) for x in ratios],
         "ratio_goal": 1.2,
@@ -467,6 +538,10 @@ def admission_cost(api: client.ApiClient, operator: Operator, rounds: int, jobs_
         "order": "ABBA: rounds alternate which side goes first; each side starts on a quiet cluster",
         "operator_cpu_cores_per_round": [round(x, 2) for x in operator_cpu],
         "operator_api_requests_per_pod": round(sum(operator_requests.values()) / max(pods, 1), 2),
+        "cpu_seconds_per_side": {
+            side: {name: round(seconds, 1) for name, seconds in sorted(spent.items())}
+            for side, spent in side_cpu.items()
+        },
         "operator_api_requests": {endpoint: count for endpoint, count in top if count},
     }
 
@@ -720,7 +795,15 @@ def main() -> int:
         parts = set(args.parts.split(","))
         admission = contended = foot = None
         if "admission" in parts:
-            admission = admission_cost(api, operator, args.rounds, args.jobs_per_round, rng, args.timeout)
+            admission = admission_cost(
+                api,
+                operator,
+                cluster.running_components(),
+                args.rounds,
+                args.jobs_per_round,
+                rng,
+                args.timeout,
+            )
             save_partial(args.out, {"admission": admission})
         if "contention" in parts:
             contended = contention(
