@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
 from phalanx.cache import (
     Store,
+    compact,
     frees_or_changes_capacity,
     job_of_pod,
     node_changed_for_admission,
@@ -209,3 +211,17 @@ def test_an_own_pods_slim_status_keeps_what_the_outcome_and_counters_read(case: 
         {k: v for k, v in x.items() if k != "lastProbeTime"} for x in full["status"].get("conditions", [])
     ]
     assert "podIPs" not in kept and "qosClass" not in kept and "image" not in str(kept)
+
+
+def test_stored_copies_share_their_keys_and_short_strings_and_stay_equal() -> None:
+    store = Store(slim_pod)
+    first, second = pod("w-0", 1, phase="Running", node="n1"), pod("w-1", 2, phase="Running", node="n1")
+    store.upsert(json.loads(json.dumps(first)))
+    store.upsert(json.loads(json.dumps(second)))  # decoded apart: no string shared yet
+    a, b = store.get("ns/w-0"), store.get("ns/w-1")
+    assert a == slim_pod(first) and b == slim_pod(second)
+    key_a = next(k for k in a["status"] if k == "phase")
+    key_b = next(k for k in b["status"] if k == "phase")
+    assert key_a is key_b and a["status"]["phase"] is b["status"]["phase"]
+    long_value = "x" * 1000
+    assert compact({"big": long_value})["big"] is long_value  # long strings are kept as they are
