@@ -39,7 +39,7 @@ from phalanx.cache import (
 )
 from phalanx.gang.admission import GangRequest, admission_order, plan_admission
 from phalanx.gang.capacity import NodeInfo, NodeInfoCache, PodDemand, Resources
-from phalanx.gang.on_creation import add_in_flight, placements_if_it_fits
+from phalanx.gang.on_creation import placements_if_it_fits
 from phalanx.gang.preemption import RunningGang, choose_victims
 from phalanx.gang.usage import UsageIndex
 from phalanx.k8s import KubeApi, short_error
@@ -425,7 +425,7 @@ class Controller:
     def _used_with_assumed(self) -> dict[str, dict[str, int]]:
         """Room held per node by bound and admitted pods, and by creates whose reply is on its way
         (the caller holds admission_lock, which guards self.assumed)."""
-        return add_in_flight(self.usage.used(), self.assumed, lambda key: self.pods.get(key) is not None)
+        return self.usage.used(self.assumed)
 
     def _create_pods(self, pods: list[dict[str, Any]], owner_uid: str) -> list[str | None]:
         """Creates the pods a few at a time (a 32-pod gang one by one waits on 32 round trips);

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import random
+import sys
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -10,7 +13,7 @@ import pytest
 from phalanx import constants as c
 from phalanx.cache import Store, slim_pod
 from phalanx.gang.capacity import usage_by_node
-from phalanx.gang.on_creation import planned_nodes, someone_waits
+from phalanx.gang.on_creation import add_in_flight, planned_nodes, someone_waits, usage_with_assumed
 from phalanx.gang.usage import UsageIndex
 
 pytestmark = pytest.mark.unit
@@ -73,6 +76,9 @@ def test_index_matches_the_sum_over_every_pod_through_creates_updates_deletes_an
         pods = store.items()
         assert index.used() == without_zeros(usage_by_node(pods, planned_nodes(pods))), f"step {step}"
         assert index.anyone_waits() == someone_waits(pods, {}), f"step {step}"
+        # Creates in flight: counted unless the store already holds the pod (then the index does).
+        in_flight = {f"ns/p{i}": (rng.choice(NODES), (("nvidia.com/gpu", 1000),)) for i in range(0, 31, 7)}
+        assert index.used(in_flight) == without_zeros(usage_with_assumed(pods, in_flight)), f"step {step}"
 
 
 def test_used_returns_a_copy_the_caller_may_change() -> None:
@@ -84,3 +90,85 @@ def test_used_returns_a_copy_the_caller_may_change() -> None:
     used = index.used()
     used["a"]["cpu"] = -1
     assert index.used()["a"]["cpu"] > 0
+
+
+def test_a_create_in_flight_is_counted_once_before_and_after_its_reply_is_stored() -> None:
+    # The room of a gang admitted at creation must never be free: not while the create is in flight
+    # (only `assumed` knows the pod), not once the reply is stored (the index knows it), and not in
+    # between, which one read under one lock guarantees.
+    index = UsageIndex()
+    store = Store(slim_pod, observer=index)
+    store.replace([], 0)
+    gpu = (("nvidia.com/gpu", 1000), ("pods", 1000))
+    in_flight = {"ns/p1": ("a", gpu)}
+    before = index.used(in_flight)
+    admitted = random_pod(random.Random(3), "p1", 1)
+    admitted["spec"] = {
+        "nodeSelector": {"kubernetes.io/hostname": "a"},
+        "containers": [{"name": "trainer", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+    }
+    admitted["status"] = {"phase": "Pending"}
+    store.upsert(admitted)
+    after = index.used(in_flight)
+    assert before == after == {"a": {"nvidia.com/gpu": 1000, "pods": 1000}}
+
+
+def counted_gpus(used: dict[str, dict[str, int]]) -> int:
+    return used.get("a", {}).get("nvidia.com/gpu", 0)
+
+
+def race_reply_against_reads(read: Any, seconds: float = 0.5, until_seen: int | None = None) -> set[int]:
+    """Stores and deletes the reply of an in-flight create over and over on another thread while
+    `read` takes the room used; returns every GPU count (milli) `read` saw on node a."""
+    index = UsageIndex()
+    store = Store(slim_pod, observer=index)
+    store.replace([], 0)
+    reply = {
+        "metadata": {"name": "p1", "namespace": "ns", "resourceVersion": "1"},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": "a"},
+            "containers": [{"name": "trainer", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+        },
+        "status": {"phase": "Pending"},
+    }
+    in_flight = {"ns/p1": ("a", (("nvidia.com/gpu", 1000),))}
+    stop = threading.Event()
+
+    def flap() -> None:
+        version = 1
+        while not stop.is_set():
+            version += 1
+            store.upsert({**reply, "metadata": {**reply["metadata"], "resourceVersion": str(version)}})
+            version += 1
+            store.delete({"metadata": {"name": "p1", "namespace": "ns", "resourceVersion": str(version)}})
+
+    seen: set[int] = set()
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads often, so the race has a chance within the time
+    flapper = threading.Thread(target=flap)
+    flapper.start()
+    try:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and until_seen not in seen:
+            seen.add(counted_gpus(read(index, store, in_flight)))
+    finally:
+        stop.set()
+        flapper.join()
+        sys.setswitchinterval(switch)
+    return seen
+
+
+def test_reads_under_one_lock_never_miss_a_create_whose_reply_is_being_stored() -> None:
+    seen = race_reply_against_reads(lambda index, store, in_flight: index.used(in_flight))
+    assert seen == {1000}, "the in-flight pod was counted once, always"
+
+
+def test_the_race_the_single_lock_prevents_is_real() -> None:
+    # Two reads, as before the fix: the totals, then whether the store holds the pod. A reply stored
+    # in between is counted by neither; this test shows the harness can catch that.
+    def two_reads(index: UsageIndex, store: Store, in_flight: Any) -> dict[str, dict[str, int]]:
+        totals = index.used()
+        return add_in_flight(totals, in_flight, lambda key: store.get(key) is not None)
+
+    seen = race_reply_against_reads(two_reads, seconds=20.0, until_seen=0)
+    assert 0 in seen, "the two-read version missed the pod at least once"

@@ -17,7 +17,7 @@ from typing import Any
 
 from phalanx.cache import Slim
 from phalanx.gang.capacity import Resources, add_into, as_resources, effective_requests, node_held
-from phalanx.gang.on_creation import planned_node, waits_for_admission
+from phalanx.gang.on_creation import Assumed, add_in_flight, planned_node, waits_for_admission
 
 
 def _held(pod: Mapping[str, Any]) -> tuple[str, Resources] | None:
@@ -31,6 +31,7 @@ class UsageIndex:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._held: dict[str, tuple[str, Resources]] = {}  # pod key -> (node, requests)
+        self._present: set[str] = set()  # every pod key the store holds
         self._used: dict[str, dict[str, int]] = {}
         self._waiting: set[str] = set()
 
@@ -40,6 +41,10 @@ class UsageIndex:
         held = _held(new) if new is not None else None
         with self._lock:
             self._move(key, held)
+            if new is None:
+                self._present.discard(key)
+            else:
+                self._present.add(key)
             if new is not None and waits_for_admission(new):
                 self._waiting.add(key)
             else:
@@ -49,6 +54,7 @@ class UsageIndex:
         """The store was replaced by a fresh list."""
         with self._lock:
             self._held, self._used, self._waiting = {}, {}, set()
+            self._present = set(pods)
             for key, pod in pods.items():
                 held = _held(pod)
                 if held is not None:
@@ -71,10 +77,14 @@ class UsageIndex:
             add_into(self._used.setdefault(held[0], {}), held[1])
 
     # -- reads --------------------------------------------------------------------------------
-    def used(self) -> dict[str, dict[str, int]]:
-        """Requests held per node (a copy the caller may change)."""
+    def used(self, in_flight: Assumed | None = None) -> dict[str, dict[str, int]]:
+        """Requests held per node (a copy the caller may change), plus the creates in flight the
+        store does not hold yet. One lock for both: a reply stored between reading the totals and
+        checking which pods are present would otherwise be counted by neither, and its room given
+        away twice."""
         with self._lock:
-            return {node: dict(totals) for node, totals in self._used.items()}
+            used = {node: dict(totals) for node, totals in self._used.items()}
+            return add_in_flight(used, in_flight or {}, self._present.__contains__)
 
     def anyone_waits(self) -> bool:
         with self._lock:
