@@ -47,6 +47,7 @@ from phalanx.constants import GANG_SCHEDULING_GATE
 from phalanx.controller import WRITE_CONCURRENCY
 from phalanx.devcluster.cluster import LocalCluster
 from phalanx.devcluster.nodes import NodePool, node_manifests
+from phalanx.k8s import release
 from phalanx.ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -295,13 +296,6 @@ def direct_service(namespace: str, group: str, replicas: int, gpus: int, run_for
     return service
 
 
-def release(response: Any) -> None:
-    """Hands a raw response's connection back to the pool (unread, it would be dropped and the next
-    request would pay a new TLS handshake)."""
-    response.drain_conn()
-    response.release_conn()
-
-
 def process_cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process so far (0 once it is gone)."""
     try:
@@ -390,46 +384,52 @@ class SideResult:
     pod_bind_p50: float  # per pod: exists -> bound to a node (the scheduler's share of the above)
 
 
-def run_phalanx_side(api: client.ApiClient, ns: str, gangs: list[tuple[str, int]], placement: dict[str, Any],
-                     run_for: str, timeout: float) -> SideResult:  # fmt: skip
+def run_side(api: client.ApiClient, ns: str, gangs: list[tuple[str, int]], label: str,
+             submit: Callable[[str, int], None], timeout: float) -> SideResult:  # fmt: skip
+    """Submits every gang (submit(name, size)), OPERATOR_WORKERS at a time, and times its pods
+    (found by `label`) until every gang runs."""
     core: Any = client.CoreV1Api(api)
-    custom = client.CustomObjectsApi(api)
-    watch = PodWatch(core, ns, JOB_LABEL).start()
+    watch = PodWatch(core, ns, label).start()
     time.sleep(0.5)
     created: dict[str, float] = {}
 
-    def submit(gang: tuple[str, int]) -> None:
-        name, size = gang
-        created[name] = time.time()
-        custom.create_namespaced_custom_object(
-            GROUP, VERSION, ns, PLURAL, training_job(name, size, 1, run_for, placement)
-        )
+    def timed(gang: tuple[str, int]) -> None:
+        created[gang[0]] = time.time()
+        submit(*gang)
 
     start = time.time()
     with ThreadPoolExecutor(OPERATOR_WORKERS) as pool:
-        list(pool.map(submit, gangs))
-    done = wait_groups(watch, dict(gangs), f"phalanx {ns}", timeout)
+        list(pool.map(timed, gangs))
+    done = wait_groups(watch, dict(gangs), ns, timeout)
     watch.stopped = True
+    pods = watch.snapshot()
     return SideResult(
         [done[n] - created[n] for n, _ in gangs],
         sum(s for _, s in gangs),
         max(done.values()) - start,
-        max(t.seen for t in watch.snapshot()) - start,
-        percentile([t.running - t.seen for t in watch.snapshot() if t.running is not None], 0.5),
-        percentile([t.bound - t.seen for t in watch.snapshot() if t.bound is not None], 0.5),
+        max(t.seen for t in pods) - start,
+        percentile([t.running - t.seen for t in pods if t.running is not None], 0.5),
+        percentile([t.bound - t.seen for t in pods if t.bound is not None], 0.5),
     )
+
+
+def run_phalanx_side(api: client.ApiClient, ns: str, gangs: list[tuple[str, int]], placement: dict[str, Any],
+                     run_for: str, timeout: float) -> SideResult:  # fmt: skip
+    custom = client.CustomObjectsApi(api)
+
+    def submit(name: str, size: int) -> None:
+        custom.create_namespaced_custom_object(
+            GROUP, VERSION, ns, PLURAL, training_job(name, size, 1, run_for, placement)
+        )
+
+    return run_side(api, ns, gangs, JOB_LABEL, submit, timeout)
 
 
 def run_baseline_side(api: client.ApiClient, ns: str, gangs: list[tuple[str, int]], placement: dict[str, Any],
                       run_for: str, timeout: float) -> SideResult:  # fmt: skip
     core: Any = client.CoreV1Api(api)
-    watch = PodWatch(core, ns, BASELINE_LABEL).start()
-    time.sleep(0.5)
-    created: dict[str, float] = {}
 
-    def submit(gang: tuple[str, int]) -> None:
-        name, size = gang
-        created[name] = time.time()
+    def submit(name: str, size: int) -> None:
         release(
             core.create_namespaced_service(
                 ns, direct_service(ns, name, size, 1, run_for, placement), _preload_content=False
@@ -442,19 +442,7 @@ def run_baseline_side(api: client.ApiClient, ns: str, gangs: list[tuple[str, int
                 )
             )
 
-    start = time.time()
-    with ThreadPoolExecutor(OPERATOR_WORKERS) as pool:
-        list(pool.map(submit, gangs))
-    done = wait_groups(watch, dict(gangs), f"baseline {ns}", timeout)
-    watch.stopped = True
-    return SideResult(
-        [done[n] - created[n] for n, _ in gangs],
-        sum(s for _, s in gangs),
-        max(done.values()) - start,
-        max(t.seen for t in watch.snapshot()) - start,
-        percentile([t.running - t.seen for t in watch.snapshot() if t.running is not None], 0.5),
-        percentile([t.bound - t.seen for t in watch.snapshot() if t.bound is not None], 0.5),
-    )
+    return run_side(api, ns, gangs, BASELINE_LABEL, submit, timeout)
 
 
 def admission_cost(api: client.ApiClient, operator: Operator, components: dict[str, int], rounds: int,

@@ -39,7 +39,7 @@ from phalanx.cache import (
 )
 from phalanx.gang.admission import GangRequest, admission_order, plan_admission
 from phalanx.gang.capacity import NodeInfo, NodeInfoCache, PodDemand, Resources
-from phalanx.gang.on_creation import placements_if_it_fits
+from phalanx.gang.on_creation import plan_on_creation
 from phalanx.gang.preemption import RunningGang, choose_victims
 from phalanx.gang.usage import UsageIndex
 from phalanx.k8s import KubeApi, short_error
@@ -399,8 +399,8 @@ class Controller:
         if spec.scheduling.provider != "builtin" or not self.admit_on_creation:
             return pods
         with self.admission_lock:
-            if not self._stores_synced() or self.reservations or self.usage.anyone_waits():
-                return pods  # not listed yet, or a gang is queued: this one queues behind it
+            if not self._stores_synced():
+                return pods  # not listed yet: the admission pass decides
             request = GangRequest(
                 key=key,
                 priority=self.priority_of(spec),
@@ -409,7 +409,8 @@ class Controller:
                 min_available=spec.min_available,
             )
             nodes = self.node_infos.infos(self.nodes.items())
-            placements = placements_if_it_fits(request, nodes, self._used_with_assumed(), now)
+            queued = bool(self.reservations) or self.usage.anyone_waits()
+            placements = plan_on_creation(request, nodes, self._used_with_assumed(), queued, now)
             if placements is None:
                 return pods
             namespace = key.split("/", 1)[0]

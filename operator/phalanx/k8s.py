@@ -24,6 +24,13 @@ def load_api_client() -> client.ApiClient:
     return client.ApiClient(configuration)
 
 
+def release(response: Any) -> None:
+    """Reads the unwanted body of a raw response so its connection goes back to the pool: one left
+    unread is dropped, and the next request pays a new TCP and TLS handshake, on both sides."""
+    response.drain_conn()
+    response.release_conn()
+
+
 def _without_none(params: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in params.items() if v is not None}
 
@@ -96,13 +103,6 @@ class KubeApi:
     def _json(response: Any) -> Any:
         return json.loads(response.data)  # reading the whole body returns the connection to the pool
 
-    @staticmethod
-    def _done(response: Any) -> None:
-        """Reads the unwanted body of a raw response so its connection goes back to the pool: one
-        left unread is dropped, and the next request pays a new TCP and TLS handshake, on both sides."""
-        response.drain_conn()
-        response.release_conn()
-
     # -- raw list/watch requests for the reflectors (reflector.py) -----------------------------
     def pods_request(self, **params: Any) -> Any:
         """Every pod in every namespace: finished ones too, since a reconcile reads its job's outcome
@@ -159,7 +159,7 @@ class KubeApi:
 
     def delete_job(self, namespace: str, name: str) -> None:
         try:
-            self._done(self.custom.delete_namespaced_custom_object(
+            release(self.custom.delete_namespaced_custom_object(
                 c.GROUP, c.VERSION, namespace, c.PLURAL, name, propagation_policy="Background",
                 _preload_content=False,
             ))  # fmt: skip
@@ -223,7 +223,7 @@ class KubeApi:
             preconditions=client.V1Preconditions(uid=uid) if uid else None,
         )
         try:
-            self._done(self.core.delete_namespaced_pod(name, namespace, body=body, _preload_content=False))
+            release(self.core.delete_namespaced_pod(name, namespace, body=body, _preload_content=False))
         except ApiException as exc:
             if exc.status not in (404, 409):
                 raise
@@ -269,7 +269,7 @@ class KubeApi:
             "reportingComponent": "phalanx.dev/operator", "reportingInstance": "phalanx-operator",
         }  # fmt: skip
         try:
-            self._done(
+            release(
                 self.core.create_namespaced_event(meta["namespace"], cast(Any, body), _preload_content=False)
             )
         except ApiException as exc:

@@ -7,9 +7,11 @@ from typing import Any
 import pytest
 
 from phalanx.builders.pods import admitted_pod
+from phalanx.cache import object_key
 from phalanx.gang.admission import GangRequest
 from phalanx.gang.capacity import NodeInfo, PodDemand, as_resources
-from phalanx.gang.on_creation import plan_on_creation, planned_nodes, someone_waits
+from phalanx.gang.on_creation import Assumed, plan_on_creation, planned_node
+from phalanx.gang.usage import UsageIndex
 
 pytestmark = pytest.mark.unit
 
@@ -34,38 +36,58 @@ def request(pods: int, gpus: int) -> GangRequest:
     return GangRequest("ns/new", 0, 0.0, tuple((f"new-worker-{i}", demand) for i in range(pods)))
 
 
+def index_of(pods: list[dict[str, Any]]) -> UsageIndex:
+    index = UsageIndex()
+    index.reset({object_key(p): p for p in pods})
+    return index
+
+
+def plan_among(
+    gang: GangRequest,
+    nodes: list[NodeInfo],
+    pods: list[dict[str, Any]],
+    in_flight: Assumed,
+    reservations: dict[str, tuple[str, ...]],
+    now: float,
+) -> dict[str, str] | None:
+    """What the controller decides for a new gang with these pods in the cluster."""
+    index = index_of(pods)
+    queued = bool(reservations) or index.anyone_waits()
+    return plan_on_creation(gang, nodes, index.used(in_flight), queued, now)
+
+
 def test_a_gang_that_fits_with_nothing_waiting_is_placed_at_creation() -> None:
-    placements = plan_on_creation(request(2, 8), [node("a"), node("b")], [], {}, {}, now=1.0)
+    placements = plan_among(request(2, 8), [node("a"), node("b")], [], {}, {}, now=1.0)
     assert placements is not None and sorted(placements.values()) == ["a", "b"]
 
 
 def test_a_gated_pod_anywhere_sends_every_new_gang_through_the_queue() -> None:
     waiting = pod("other-worker-0", 8, schedulingGates=GATE)
-    assert someone_waits([waiting], {})
-    assert plan_on_creation(request(1, 1), [node("a"), node("b")], [waiting], {}, {}, now=1.0) is None
+    assert index_of([waiting]).anyone_waits()
+    assert plan_among(request(1, 1), [node("a"), node("b")], [waiting], {}, {}, now=1.0) is None
     # ...unless that gated pod belongs to a finished attempt.
     done = pod("old-worker-0", 8, phase="Failed", schedulingGates=GATE)
-    assert plan_on_creation(request(1, 1), [node("a")], [done], {}, {}, now=1.0) is not None
+    assert plan_among(request(1, 1), [node("a")], [done], {}, {}, now=1.0) is not None
 
 
 def test_a_head_reservation_sends_new_gangs_through_the_queue() -> None:
-    assert plan_on_creation(request(1, 1), [node("a")], [], {}, {"ns/head": ("a",)}, now=1.0) is None
+    assert plan_among(request(1, 1), [node("a")], [], {}, {"ns/head": ("a",)}, now=1.0) is None
 
 
 def test_a_gang_that_does_not_fit_whole_is_created_gated() -> None:
     running = pod("busy-worker-0", 8, node_name="a", phase="Running")
-    assert plan_on_creation(request(2, 8), [node("a"), node("b")], [running], {}, {}, now=1.0) is None
+    assert plan_among(request(2, 8), [node("a"), node("b")], [running], {}, {}, now=1.0) is None
 
 
 def test_pinned_and_in_flight_pods_hold_their_nodes() -> None:
     pinned = pod("pinned-worker-0", 8, nodeSelector={"kubernetes.io/hostname": "a"})
-    assert planned_nodes([pinned]) == {"ns/pinned-worker-0": "a"}
+    assert planned_node(pinned) == "a"
     # "a" is taken by a pinned pod, "b" by a create still in flight: no room for one more 8-GPU pod.
     in_flight = {"ns/flying-worker-0": ("b", as_resources({GPU: 8000, "pods": 1000}))}
     landed = pod("flying-worker-0", 8, nodeSelector={"kubernetes.io/hostname": "b"})  # the reply came
-    assert plan_on_creation(request(1, 8), [node("a"), node("b")], [pinned], in_flight, {}, 1.0) is None
-    placements = plan_on_creation(request(1, 8), [node("a"), node("b"), node("c")], [pinned, landed],
-                                  in_flight, {}, 1.0)  # fmt: skip
+    assert plan_among(request(1, 8), [node("a"), node("b")], [pinned], in_flight, {}, 1.0) is None
+    placements = plan_among(request(1, 8), [node("a"), node("b"), node("c")], [pinned, landed],
+                            in_flight, {}, 1.0)  # fmt: skip
     assert placements == {"new-worker-0": "c"}
 
 

@@ -11,14 +11,28 @@ from typing import Any
 import pytest
 
 from phalanx import constants as c
-from phalanx.cache import Store, slim_pod
+from phalanx.cache import Store, object_key, slim_pod
 from phalanx.gang.capacity import usage_by_node
-from phalanx.gang.on_creation import add_in_flight, planned_nodes, someone_waits, usage_with_assumed
+from phalanx.gang.on_creation import Assumed, add_in_flight, planned_node, waits_for_admission
 from phalanx.gang.usage import UsageIndex
 
 pytestmark = pytest.mark.unit
 
 NODES = ("a", "b", "c")
+
+
+# The reference the index must equal: sums over every pod, as admission computed before it.
+def planned_nodes(pods: list[Any]) -> dict[str, str]:
+    return {object_key(p): node for p in pods if (node := planned_node(p)) is not None}
+
+
+def someone_waits(pods: list[Any], reservations: dict[str, Any]) -> bool:
+    return bool(reservations) or any(waits_for_admission(p) for p in pods)
+
+
+def usage_with_assumed(pods: list[Any], assumed: Assumed) -> dict[str, dict[str, int]]:
+    present = {object_key(p) for p in pods}
+    return add_in_flight(usage_by_node(pods, planned_nodes(pods)), assumed, present.__contains__)
 
 
 def without_zeros(used: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:

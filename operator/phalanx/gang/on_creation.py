@@ -9,9 +9,8 @@ and the admission pass decides in order.
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from phalanx.cache import object_key
 from phalanx.gang.admission import GangRequest, plan_admission
-from phalanx.gang.capacity import NodeInfo, Resources, add_into, usage_by_node
+from phalanx.gang.capacity import NodeInfo, Resources, add_into
 from phalanx.reconcile.lifecycle import is_gated
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
@@ -29,11 +28,6 @@ def planned_node(pod: Mapping[str, Any]) -> str | None:
     return None
 
 
-def planned_nodes(pods: Sequence[Mapping[str, Any]]) -> dict[str, str]:
-    """ "namespace/name" -> node of pods admitted (pinned, gang gate lifted) and not bound yet."""
-    return {object_key(pod): node for pod in pods if (node := planned_node(pod)) is not None}
-
-
 def add_in_flight(
     used: dict[str, dict[str, int]], assumed: Assumed, seen: Callable[[str], bool]
 ) -> dict[str, dict[str, int]]:
@@ -44,42 +38,25 @@ def add_in_flight(
     return used
 
 
-def usage_with_assumed(pods: Sequence[Mapping[str, Any]], assumed: Assumed) -> dict[str, dict[str, int]]:
-    """Requests held per node by bound and admitted pods, plus creates in flight (not seen yet)."""
-    present = {object_key(p) for p in pods}
-    return add_in_flight(usage_by_node(pods, planned_nodes(pods)), assumed, present.__contains__)
-
-
 def waits_for_admission(pod: Mapping[str, Any]) -> bool:
     """A gated pod that has not finished: some gang is queued."""
     return is_gated(pod) and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
 
 
-def someone_waits(pods: Sequence[Mapping[str, Any]], reservations: Mapping[str, Sequence[str]]) -> bool:
-    return bool(reservations) or any(waits_for_admission(p) for p in pods)
-
-
 def plan_on_creation(
     request: GangRequest,
     nodes: Sequence[NodeInfo],
-    pods: Sequence[Mapping[str, Any]],
-    assumed: Assumed,
-    reservations: Mapping[str, Sequence[str]],
+    used: dict[str, dict[str, int]],
+    queued: bool,
     now: float,
 ) -> dict[str, str] | None:
     """Pod name -> node when the new gang may skip the gate; None when it must queue.
 
-    pods: every pod in the cluster; assumed: pods admitted at creation whose create is in flight.
+    used: room held per node, creates in flight included (gang.usage.UsageIndex.used); queued: some
+    gang waits (a gated pod of an unfinished attempt exists, or the head holds a reservation).
     """
-    if someone_waits(pods, reservations):
+    if queued:
         return None
-    return placements_if_it_fits(request, nodes, usage_with_assumed(pods, assumed), now)
-
-
-def placements_if_it_fits(
-    request: GangRequest, nodes: Sequence[NodeInfo], used: dict[str, dict[str, int]], now: float
-) -> dict[str, str] | None:
-    """Pod name -> node when the whole gang fits beside `used` now; else None."""
     plan = plan_admission([request], nodes, used, now)
     if not plan.admitted:
         return None

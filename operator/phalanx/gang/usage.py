@@ -5,8 +5,8 @@ the requests of every pod in the cluster for each decision cost ~70 ms on 5,000 
 that serializes those decisions. This index follows the pod store instead (Store's observer): each
 change moves one pod's requests, and a decision copies a few hundred per-node totals.
 
-It answers exactly what usage_by_node(pods, planned_nodes(pods)) and someone_waits(pods, {}) answer
-over the same pods (tests/unit/test_gang_usage.py checks them side by side).
+It answers exactly what summing usage_by_node over the same pods answers, with each admitted pod
+on its planned node (tests/unit/test_gang_usage.py checks them side by side).
 """
 
 from __future__ import annotations
