@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PYTEST := $(BIN)/pytest
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv cluster-bin lint typecheck test test-unit test-integration test-e2e test-trainer \
+.PHONY: help system-deps venv cluster-bin lint typecheck test test-unit test-integration test-e2e test-trainer \
         crd crd-check docs chart-lint kind-up demo bench bench-trainer bench-checkpoint bench-gang bench-recovery dev-up dev-down clean
 
 help:
@@ -18,6 +18,9 @@ $(STAMP): requirements-dev.txt operator/pyproject.toml trainer-image/pyproject.t
 	$(BIN)/pip install -q -r requirements-dev.txt
 	$(BIN)/pip install -q --no-deps -e operator -e trainer-image
 	@touch $@
+
+system-deps: ## check (as root: install) the system packages the development node needs
+	bash hack/system-deps.sh
 
 venv: $(STAMP) ## create the development virtualenv (.venv) with pinned dependencies
 
@@ -46,10 +49,10 @@ test-trainer: $(STAMP) ## trainer tests (torch.distributed on CPU with gloo)
 test-integration: $(STAMP) cluster-bin ## integration tests against the local control plane
 	$(PYTEST) -m integration -q
 
-test-e2e: $(STAMP) cluster-bin ## end-to-end: real training through the operator
+test-e2e: system-deps $(STAMP) cluster-bin ## end-to-end: real training through the operator
 	$(PYTEST) -m e2e -q
 
-test: $(STAMP) cluster-bin lint typecheck crd-check ## the whole suite: lint, types, CRD freshness, all tests
+test: system-deps $(STAMP) cluster-bin lint typecheck crd-check ## the whole suite: lint, types, CRD freshness, all tests
 	$(PYTEST) -q
 
 chart-lint: cluster-bin ## helm lint --strict the chart
@@ -64,7 +67,7 @@ dev-up: $(STAMP) cluster-bin ## start the local cluster in the background
 dev-down: $(STAMP) ## stop the local cluster
 	$(BIN)/phalanx dev down
 
-demo: $(STAMP) cluster-bin ## the main job on a local cluster: train, preempt, recover
+demo: system-deps $(STAMP) cluster-bin ## the main job on a local cluster: train, preempt, recover
 	$(BIN)/python -m phalanx.demo
 
 bench: bench-trainer bench-checkpoint bench-gang bench-recovery ## all benchmarks (results in bench/results/)
@@ -78,7 +81,7 @@ bench-trainer: $(STAMP)
 bench-gang: $(STAMP) cluster-bin
 	$(BIN)/python bench/gang_bench.py
 
-bench-recovery: $(STAMP) cluster-bin
+bench-recovery: system-deps $(STAMP) cluster-bin
 	$(BIN)/python bench/recovery_bench.py
 
 clean:

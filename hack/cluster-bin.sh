@@ -33,8 +33,13 @@ if [[ -n "${PHALANX_CLUSTER_BIN:-}" ]]; then
   echo "${PHALANX_CLUSTER_BIN}"; exit 0
 fi
 
+# helm's offline default Kubernetes version is set at link time; a helm built without it (an older
+# recipe) renders charts as if for v1.20.0, so it counts as missing until this stamp is there.
+K8S_MINOR=$(echo "${K8S_VERSION#v}" | cut -d. -f2)
+HELM_KUBE_STAMP="${BIN}/.helm-kube-1.${K8S_MINOR}"
 missing=()
 for b in "${BINARIES[@]}"; do [[ -x "${BIN}/$b" ]] || missing+=("$b"); done
+if [[ -x "${BIN}/helm" && ! -e "${HELM_KUBE_STAMP}" ]]; then rm -f "${BIN}/helm"; missing+=(helm); fi
 if [[ ${#missing[@]} -eq 0 ]]; then echo "cluster binaries cached in ${BIN}" >&2; echo "${BIN}"; exit 0; fi
 
 command -v go >/dev/null || { echo "go is required to build the cluster binaries (or set PHALANX_CLUSTER_BIN)" >&2; exit 1; }
@@ -110,7 +115,13 @@ build_plain() {  # build_plain NAME MODULE PACKAGE VERSION
   printf 'module phalanx.dev/clusterbin/%s\n\ngo 1.26.0\n\nrequire %s %s\n' "$name" "$module" "$version" > "$dir/go.mod"
   echo 'package clusterbin' > "$dir/doc.go"
   local ldflags="-s -w"
-  [[ $name == helm ]] && ldflags+=" -X helm.sh/helm/v3/internal/version.version=${version}"
+  if [[ $name == helm ]]; then
+    # as helm's own Makefile does, so `helm template` and `helm lint` default to the cluster's version
+    ldflags+=" -X helm.sh/helm/v3/internal/version.version=${version}"
+    for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
+      ldflags+=" -X ${pkg}.k8sVersionMajor=1 -X ${pkg}.k8sVersionMinor=${K8S_MINOR}"
+    done
+  fi
   [[ $name == kwok ]] && ldflags+=" -X sigs.k8s.io/kwok/pkg/consts.Version=${version}"
   (cd "$dir" && go build -v -trimpath -ldflags "$ldflags" -o "${BIN}/$name" "$pkg" 2>&1) | progress "$name"
 }
@@ -118,7 +129,9 @@ build_plain() {  # build_plain NAME MODULE PACKAGE VERSION
 log "building into ${BIN} (missing: ${missing[*]})"
 [[ -x "${BIN}/etcd" ]] || build_etcd
 [[ -x "${BIN}/kwok" ]] || build_plain kwok sigs.k8s.io/kwok sigs.k8s.io/kwok/cmd/kwok "${KWOK_VERSION}"
-[[ -x "${BIN}/helm" ]] || build_plain helm helm.sh/helm/v3 helm.sh/helm/v3/cmd/helm "${HELM_VERSION}"
+if [[ ! -x "${BIN}/helm" ]]; then
+  build_plain helm helm.sh/helm/v3 helm.sh/helm/v3/cmd/helm "${HELM_VERSION}" && touch "${HELM_KUBE_STAMP}"
+fi
 if [[ ! -x "${BIN}/kube-apiserver" || ! -x "${BIN}/kubectl" || ! -x "${BIN}/kube-scheduler" || ! -x "${BIN}/kube-controller-manager" ]]; then
   build_kubernetes
 fi
