@@ -249,6 +249,21 @@ def brackets_balance(expr: str) -> bool:
     return not stack
 
 
+def test_the_built_helm_renders_the_chart_for_the_clusters_version_without_flags(tmp_path: Path) -> None:
+    """hack/cluster-bin.sh links helm with the local cluster's Kubernetes version (not helm's 1.20)."""
+    result = helm("template", "t", str(CHART), "--show-only", "templates/deployment.yaml")
+    assert result.returncode == 0, result.stderr
+    capabilities = tmp_path / "capabilities"
+    (capabilities / "templates").mkdir(parents=True)
+    (capabilities / "Chart.yaml").write_text("apiVersion: v2\nname: c\nversion: 0.1.0\n")
+    (capabilities / "templates" / "v.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: v}\ndata: {v: '{{ .Capabilities.KubeVersion.Minor }}'}\n"
+    )
+    rendered_version = helm("template", "c", str(capabilities))
+    assert rendered_version.returncode == 0, rendered_version.stderr
+    assert yaml.safe_load(rendered_version.stdout)["data"]["v"] == KUBE_VERSION.split(".")[1]
+
+
 def test_helm_lint_is_clean_for_every_value_set(tmp_path: Path) -> None:
     # helm lint has no --api-versions: the monitoring objects are linted through `helm template` below.
     for name, (values, _) in VALUE_SETS.items():
