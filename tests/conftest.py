@@ -263,8 +263,10 @@ def real_node(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Ite
     import signal
     import sys
 
+    from phalanx.devcluster.realnode import check_real_node_preflight
     from phalanx.devnode.network import default_ip_prefix
 
+    check_real_node_preflight()  # one line naming the missing library and the fix, before any wait
     name = f"real-{uuid.uuid4().hex[:6]}"
     state_dir = tmp_path_factory.mktemp("devnode")
     log = (state_dir / "agent.log").open("ab")
