@@ -10,7 +10,6 @@ from the API's replies; a reconcile asks the API for a job the store does not ha
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
 import os
@@ -55,7 +54,7 @@ from phalanx.reconcile.lifecycle import (
     parse_iso,
     pod_attempt,
 )
-from phalanx.reflector import Reflector
+from phalanx.reflector import Reflector, per_namespace
 
 log = logging.getLogger("phalanx.controller")
 
@@ -176,13 +175,10 @@ class Controller:
             Reflector("pods", self.api.pods_request, self.pods, self._on_pod_change).start(),
             Reflector("nodes", self.api.nodes_request, self.nodes, self._on_node_change).start(),
             *(
-                Reflector(
-                    f"trainingjobs/{ns or '*'}",
-                    functools.partial(self.api.jobs_request, ns),
-                    self.jobs,
-                    self._on_job_change,
-                ).start()
-                for ns in ([*self.namespaces] if self.namespaces else [None])
+                reflector.start()
+                for reflector in per_namespace(
+                    "trainingjobs", self.api.jobs_request, self.jobs, [*self.namespaces], self._on_job_change
+                )
             ),
         ]
         for i in range(self.workers):

@@ -7,11 +7,12 @@ Lists are paged so a large cluster never sits in memory twice.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,6 +134,23 @@ class Reflector:
         if time.monotonic() - started < 1.0 and not self._stop.is_set():
             self._stop.wait(1.0)  # a server that ends watches at once must not be hammered
         return version
+
+
+def per_namespace(
+    kind: str,
+    request: Callable[..., Any],
+    store: Store,
+    namespaces: Sequence[str],
+    on_change: Change | None = None,
+) -> list[Reflector]:
+    """One reflector per watched namespace (or one for all when `namespaces` is empty), one store.
+
+    `request(namespace, **params)` lists or watches one namespace (None: every namespace).
+    """
+    scopes: list[str | None] = [*namespaces] if namespaces else [None]
+    return [
+        Reflector(f"{kind}/{ns or '*'}", functools.partial(request, ns), store, on_change) for ns in scopes
+    ]
 
 
 def _lines(response: Any) -> Iterator[bytes]:
