@@ -41,6 +41,7 @@ class Reflector:
     request: Request
     store: Store
     on_change: Change | None = None
+    namespace: str | None = None  # the one namespace `request` lists; None: every namespace
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
@@ -91,7 +92,7 @@ class Reflector:
                 version = str(page["metadata"]["resourceVersion"])
                 break
         before = self.store.as_dict()
-        self.store.replace(items, int(version))
+        self.store.replace(items, int(version), self.namespace)
         if self.on_change is not None:
             after = self.store.as_dict()
             for key in before.keys() | after.keys():
