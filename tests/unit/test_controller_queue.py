@@ -61,17 +61,21 @@ def fast_switching() -> Iterator[None]:
     sys.setswitchinterval(before)
 
 
-def deliver_like_kopf(loop: asyncio.AbstractEventLoop, pool: ThreadPoolExecutor, **kwargs: Any) -> None:
-    """kopf awaits an async handler on its loop and runs a sync one in its thread pool."""
+def deliver_like_kopf(
+    loop: asyncio.AbstractEventLoop, pool: ThreadPoolExecutor, recorder: Recorder, **kwargs: Any
+) -> int:
+    """kopf awaits an async handler on its loop and runs a sync one in its thread pool. Returns the
+    recorder's clock read on the loop once the handler returned: a reconcile must start after it."""
     handler = handlers.trainingjob_event
 
-    async def invoke() -> None:
+    async def invoke() -> int:
         if inspect.iscoroutinefunction(handler):
             await handler(**kwargs)
         else:
             await loop.run_in_executor(pool, lambda: handler(**kwargs))
+        return recorder.tick()
 
-    asyncio.run_coroutine_threadsafe(invoke(), loop).result(timeout=10)
+    return asyncio.run_coroutine_threadsafe(invoke(), loop).result(timeout=10)
 
 
 def test_events_from_many_threads_never_run_one_key_twice_at_once_and_none_is_lost(
@@ -89,16 +93,15 @@ def test_events_from_many_threads_never_run_one_key_twice_at_once_and_none_is_lo
     lock = threading.Lock()
 
     def worker() -> None:
-        for _ in range(80):
+        for _ in range(200):
             key = random.choice(keys)
             with lock:
                 generations[key] += 1  # a spec change each time: never a status-only event
                 generation = generations[key]
             namespace, name = key.split("/")
             body = {"metadata": {"namespace": namespace, "name": name, "uid": "u", "generation": generation}}
-            deliver_like_kopf(loop, kopf_pool, event={"type": "MODIFIED", "object": body},
-                              namespace=namespace, name=name, memo=memo)  # fmt: skip
-            stamp = recorder.tick()
+            stamp = deliver_like_kopf(loop, kopf_pool, recorder, event={"type": "MODIFIED", "object": body},
+                                      namespace=namespace, name=name, memo=memo)  # fmt: skip
             with lock:
                 last_enqueue[key] = max(last_enqueue.get(key, 0), stamp)
 
