@@ -16,6 +16,7 @@ import os
 import threading
 import time
 import urllib.request
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -42,6 +43,7 @@ from phalanx.gang.on_creation import plan_on_creation
 from phalanx.gang.preemption import RunningGang, choose_victims
 from phalanx.gang.usage import UsageIndex
 from phalanx.k8s import KubeApi, short_error
+from phalanx.policy.job_events import event_marker
 from phalanx.policy.pod_outcome import node_is_ready
 from phalanx.reconcile.conditions import set_condition
 from phalanx.reconcile.lifecycle import (
@@ -97,6 +99,7 @@ class Controller:
         self.queued: set[str] = set()
         self.active: set[str] = set()
         self.again: set[str] = set()
+        self.job_markers: dict[str, tuple[Any, ...]] = {}  # the last kopf event's marker per job
         self.batching: set[str] = set()
         # Pod events arrive on the reflector's thread many per second; they are handed to the loop in
         # bunches (one wake-up per bunch instead of one per event).
@@ -144,6 +147,14 @@ class Controller:
             self.queued.add(key)
             self.queue.put_nowait(key)
 
+    def job_event(self, key: str, body: Mapping[str, Any]) -> None:
+        """kopf's event for a job (on the loop): reconcile unless only its status changed."""
+        marker = event_marker(body)
+        if self.job_markers.get(key) == marker:
+            return  # a status write (ours, mostly): nothing the reconcile decides on changed
+        self.job_markers[key] = marker
+        self.enqueue(key)
+
     def enqueue_batched(self, key: str) -> None:
         """Reconcile once POD_EVENT_BATCH_SECONDS from the first of a burst of events."""
         if key in self.batching or key in self.queued:
@@ -158,6 +169,7 @@ class Controller:
 
     def forget(self, key: str) -> None:
         self.known_jobs.discard(key)
+        self.job_markers.pop(key, None)
         for table in (
             self.progress_targets,
             self.progress_next_poll,
@@ -201,6 +213,9 @@ class Controller:
         while True:
             key = await self.queue.get()
             self.queued.discard(key)
+            if key in self.active:  # never two reconciles of one key at once
+                self.again.add(key)
+                continue
             self.active.add(key)
             try:
                 with metrics.reconcile_timer("trainingjob"):

@@ -45,11 +45,15 @@ async def shutdown(memo: kopf.Memo, **_: Any) -> None:
 
 
 @kopf.on.event(c.GROUP, c.VERSION, c.PLURAL)
-def trainingjob_event(event: kopf.RawEvent, namespace: str | None, name: str, memo: Any, **_: Any) -> None:
+async def trainingjob_event(
+    event: kopf.RawEvent, namespace: str | None, name: str, memo: Any, **_: Any
+) -> None:
+    # async on purpose: kopf runs it on its event loop, the thread that owns the controller's queue
+    # and sets (a plain def would run in kopf's thread pool and race the workers).
     controller: Controller = memo.controller
     key = f"{namespace}/{name}"
     if event.get("type") == "DELETED":
         controller.forget(key)
         controller.admission_dirty.set()
         return
-    controller.enqueue(key)
+    controller.job_event(key, event.get("object") or {})
