@@ -168,7 +168,9 @@ class Store:
         self._deleted: dict[str, int] = {}
         self.synced = threading.Event()
 
-    def replace(self, items: Iterable[Mapping[str, Any]], list_version: int, namespace: str | None = None) -> None:
+    def replace(
+        self, items: Iterable[Mapping[str, Any]], list_version: int, namespace: str | None = None
+    ) -> None:
         """A full list at list_version: the truth for every object not written after it.
 
         `namespace`: the list covers that namespace only (one reflector per watched namespace feeds

@@ -150,7 +150,8 @@ def per_namespace(
     """
     scopes: list[str | None] = [*namespaces] if namespaces else [None]
     return [
-        Reflector(f"{kind}/{ns or '*'}", functools.partial(request, ns), store, on_change) for ns in scopes
+        Reflector(f"{kind}/{ns or '*'}", functools.partial(request, ns), store, on_change, namespace=ns)
+        for ns in scopes
     ]
 
 
