@@ -1,11 +1,13 @@
-"""Runs the real Trainer in spawned gloo processes and records losses and full gradients.
+"""Runs the real Trainer in forked gloo processes and records losses and full gradients.
 
-Each spawned group runs several layouts one after another in the same processes (starting Python
-and importing torch costs more than the tiny runs themselves on a 2-core machine).
+Each group of ranks runs several layouts one after another in the same processes, and the ranks are
+forked from the test process, which has imported torch already (starting Python and importing torch
+costs more than the tiny runs themselves on a 2-core machine).
 """
 
 from __future__ import annotations
 
+import datetime
 import os
 import tempfile
 import traceback
@@ -38,6 +40,7 @@ TINY = [
     "checkpoint.dir=''",
 ]
 GLOBAL_BATCH = 8
+COLLECTIVE_TIMEOUT_S = 120
 
 
 def _clean(name: str) -> str:
@@ -107,7 +110,11 @@ def _worker(
 ) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    # A layout that fails on one rank only leaves the others in a collective: fail them within
+    # minutes rather than at pytest's timeout, with the failing rank's traceback in the results.
+    dist.init_process_group(
+        "gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S)
+    )
     results: dict[str, Any] = {}
     for name, overrides in layouts.items():
         try:
@@ -120,13 +127,14 @@ def _worker(
     dist.destroy_process_group()
 
 
-def run_spawned(layouts: dict[str, list[str]], world_size: int, steps: int) -> dict[str, Any]:
+def run_ranks(layouts: dict[str, list[str]], world_size: int, steps: int) -> dict[str, Any]:
+    """Runs every layout on `world_size` forked ranks; returns rank 0's results by layout name."""
     with tempfile.TemporaryDirectory() as out:
         mp.start_processes(
             _worker,
             args=(world_size, free_port(), layouts, steps, out),
             nprocs=world_size,
-            start_method="spawn",
+            start_method="fork",
         )
         results: dict[str, Any] = torch.load(Path(out) / "results.pt", weights_only=False)
     return results
