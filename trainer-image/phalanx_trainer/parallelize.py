@@ -53,14 +53,14 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: boo
 
 
 def apply_ddp(
-    model: nn.Module, dp_mesh: DeviceMesh, bucket_mb: float, device: torch.device, static_graph: bool
+    model: nn.Module, dp_mesh: DeviceMesh, bucket_mb: float, device: torch.device
 ) -> DistributedDataParallel:
+    # No static_graph: it breaks no_sync() (accumulation micro-steps fail an internal reducer
+    # assert), and without find_unused_parameters DDP does no per-step graph search to save anyway;
+    # buckets are still rebuilt in the first backward's order.
     return DistributedDataParallel(
         model,
         device_ids=[device.index] if device.type == "cuda" else None,
         process_group=dp_mesh.get_group(),
         bucket_cap_mb=bucket_mb,
-        # Static graph: buckets follow the first backward's order and DDP skips the unused-parameter
-        # search each step. Not under pipelining, whose schedule runs several backwards per step.
-        static_graph=static_graph,
     )

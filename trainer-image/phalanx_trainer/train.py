@@ -137,9 +137,7 @@ class Trainer:
             if par.dp_mode in ("fsdp", "zero2"):
                 apply_fsdp(model, dp_mesh, reshard_after_forward=par.dp_mode == "fsdp")
             else:
-                self.train_module = apply_ddp(
-                    model, dp_mesh, par.ddp_bucket_mb, self.device, static_graph=self.dims.pp == 1
-                )
+                self.train_module = apply_ddp(model, dp_mesh, par.ddp_bucket_mb, self.device)
         self.pp_group: Any = (
             self.mesh["pp"].get_group() if self.mesh is not None and self.dims.pp > 1 else None
         )
