@@ -111,6 +111,15 @@ def test_fp32_layout_matches_one_process(
     assert_matches(run, fp32_reference, FP32_LOSS_TOLERANCE, FP32_GRAD_TOLERANCE)
 
 
+@pytest.mark.parametrize("layout", ["zero2", "fsdp", "fsdp_x_tp", "pp_x_fsdp"])
+def test_fsdp_reduces_gradients_once_per_optimizer_step(layout: str, fp32_runs: dict[str, Any]) -> None:
+    """Accumulation micro-steps before the last skip the reduce-scatter, pipelined or not."""
+    once = fp32_runs[case_id(layout, 1, "fp32")]["reduce_scatters"]
+    accumulated = fp32_runs[case_id(layout, 2, "fp32")]["reduce_scatters"]
+    assert once > 0
+    assert accumulated == once
+
+
 def test_loss_decreases_so_the_comparison_is_not_vacuous(fp32_reference: dict[str, Any]) -> None:
     losses = fp32_reference["losses"]
     assert losses[-1] < losses[0] - 0.1

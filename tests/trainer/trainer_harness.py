@@ -7,10 +7,12 @@ costs more than the tiny runs themselves on a 2-core machine).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import tempfile
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +67,23 @@ def full_gradients(trainer: Trainer) -> dict[str, torch.Tensor]:
     return merged
 
 
+@contextlib.contextmanager
+def counting_reduce_scatters() -> Iterator[list[int]]:
+    """Counts this rank's reduce-scatters (FSDP2 reduces gradients with dist.reduce_scatter_single)."""
+    counted = [0]
+    original = dist.reduce_scatter_single
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        counted[0] += 1
+        return original(*args, **kwargs)
+
+    dist.reduce_scatter_single = counting  # type: ignore[assignment]
+    try:
+        yield counted
+    finally:
+        dist.reduce_scatter_single = original  # type: ignore[assignment]
+
+
 def constant_stride_source(data: DataConfig, model: ModelConfig) -> SyntheticSource:
     """A `data.custom` hook for the tests: sequences counting up by one."""
 
@@ -90,16 +109,20 @@ def run_trainer(
         return {"exit_code": code}
     losses: list[float] = []
     grads: dict[str, torch.Tensor] = {}
+    reduce_scatters = 0
     for step in range(steps):
-        local_loss = trainer.forward_backward()
+        with counting_reduce_scatters() as counted:
+            local_loss = trainer.forward_backward()
         if step == 0:
             grads = full_gradients(trainer)
+            reduce_scatters = counted[0]
         losses.append(trainer.reduce_loss(local_loss))
         trainer.optimizer_step()
     trainer.close()
     return {
         "losses": losses,
         "grads": grads,
+        "reduce_scatters": reduce_scatters,
         "loss_scale": trainer.scaler.scale,
         "skipped": trainer.scaler.skipped_steps,
     }
