@@ -165,7 +165,12 @@ class Trainer:
                 self.train_module, self.pp_rank, self.dims.pp, self.device, group=self.pp_group
             )
             schedule_class = ScheduleGPipe if par.pp_schedule == "gpipe" else Schedule1F1B
-            self.schedule = schedule_class(self.stage, par.pp_microbatches, loss_fn=self._pipeline_loss)
+            # scale_grads=False: the schedule's own scaling divides every .grad at the end of each
+            # step(), gradients kept from earlier accumulation micro-steps included; the loss is
+            # divided instead (see _pipeline_loss).
+            self.schedule = schedule_class(
+                self.stage, par.pp_microbatches, loss_fn=self._pipeline_loss, scale_grads=False
+            )
 
         self.data = DataStream(
             build_source(config.data, config.model, job.seed),
@@ -202,22 +207,25 @@ class Trainer:
         yield
 
     def _pipeline_loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """One pipeline micro-batch's share of the step's mean loss."""
         loss = cross_entropy_fp32(output, targets)
         self._pipeline_losses.append(loss.detach())
-        return self.scaler.scale_loss(loss / self.accumulation)
+        shares = self.accumulation * self.config.parallelism.pp_microbatches
+        return self.scaler.scale_loss(loss / shares)
 
     def forward_backward(self) -> torch.Tensor:
         """Runs the accumulation micro-steps; returns this rank's mean loss (NaN on non-last stages)."""
         total = torch.zeros((), device=self.device)
         for micro in range(self.accumulation):
             inputs, targets = self.data.next_batch()
-            with self._gradient_sync(micro == self.accumulation - 1):
-                if self.schedule is not None and self.stage is not None:
-                    self._pipeline_step(inputs, targets)
-                    continue
+            sync = micro == self.accumulation - 1  # reduce gradients on the last micro-step only
+            if self.schedule is not None:
+                self._pipeline_step(inputs, targets, sync)
+                continue
+            with self._gradient_sync(sync):
                 loss = cross_entropy_fp32(self.train_module(inputs), targets)
                 self.scaler.scale_loss(loss / self.accumulation).backward()  # type: ignore[no-untyped-call]
-                total += loss.detach()
+            total += loss.detach()
         if self.schedule is not None:
             if not self._pipeline_losses:
                 return torch.full((), math.nan)
@@ -228,14 +236,18 @@ class Trainer:
             self._pipeline_losses.clear()
         return total / self.accumulation
 
-    def _pipeline_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> None:
+    def _pipeline_step(self, inputs: torch.Tensor, targets: torch.Tensor, sync: bool) -> None:
+        """One schedule step over pp_microbatches; the schedule drives FSDP's gradient sync itself,
+        so the accumulation switch goes to it as finalize_gradients."""
         assert self.schedule is not None and self.stage is not None
         if self.stage.is_first:
-            self.schedule.step(inputs, target=targets if self.stage.is_last else None)
+            self.schedule.step(
+                inputs, target=targets if self.stage.is_last else None, finalize_gradients=sync
+            )
         elif self.stage.is_last:
-            self.schedule.step(target=targets, losses=[])
+            self.schedule.step(target=targets, losses=[], finalize_gradients=sync)
         else:
-            self.schedule.step()
+            self.schedule.step(finalize_gradients=sync)
 
     def optimizer_step(self) -> tuple[float, bool]:
         """Unscale, check overflow, clip, step, schedule; returns (grad norm before clipping, skipped)."""
