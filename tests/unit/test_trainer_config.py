@@ -106,8 +106,9 @@ def test_entry_point_reports_a_bad_config_without_traceback(
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert err.strip().splitlines() == [
-        "phalanx-trainer: config error: parallelism.tp > 1 with dp > 1 needs dp_mode = fsdp or zero2",
         "phalanx-trainer: config error: dp x tp x pp = 2 x 2 x 1 = 4 != world size 1",
+        "phalanx-trainer: config error: parallelism.dp_mode = 'ddp': tp = 2 with dp = 2 needs sharded data"
+        ' parallelism: use dp_mode = "fsdp" or "zero2", or dp = 1',
     ]
 
 
