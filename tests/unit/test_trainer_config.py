@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from phalanx_trainer.__main__ import apply_env_defaults, main, metrics_port
-from phalanx_trainer.config import ConfigError, TrainerConfig, load_config
+from phalanx_trainer.config import ConfigError, TrainerConfig, deterministic_enabled, load_config
 
 pytestmark = pytest.mark.unit
 
@@ -140,3 +140,20 @@ def test_metrics_port_per_local_rank() -> None:
     assert metrics_port(0, {"PHALANX_METRICS_PORT": "9500"}, 1) == 0
     assert metrics_port(-1, {"PHALANX_METRICS_PORT": "0"}, 1) == 0
     assert metrics_port(8000, {}, 1) == 8001
+
+
+def test_deterministic_algorithms_default_on_for_cpu_and_off_on_cuda() -> None:
+    # On CUDA deterministic mode fills every new allocation with NaN and picks slow kernels.
+    job = load_config(None, [], 1).job
+    assert deterministic_enabled(job, "cpu") is True
+    assert deterministic_enabled(job, "cuda") is False
+    forced_on = load_config(None, ["job.deterministic=on"], 1).job
+    assert deterministic_enabled(forced_on, "cuda") is True
+    forced_off = load_config(None, ["job.deterministic=off"], 1).job
+    assert deterministic_enabled(forced_off, "cpu") is False
+
+
+def test_deterministic_setting_names_its_choices() -> None:
+    assert problems_of(None, ["job.deterministic=true"]) == [
+        "job.deterministic: expected a string, got True (one of auto, on, off)"
+    ]
