@@ -35,7 +35,9 @@ class JobConfig:
     steps: int = 100  # optimizer steps
     device: str = "auto"  # auto | cpu | cuda
     torch_threads: int = 0  # 0: torch's default
-    deterministic: bool = True  # bitwise repeatable losses on CPU for a fixed seed
+    # auto: on for CPU (bitwise repeatable losses for a fixed seed), off on CUDA, where it fills every
+    # new allocation with NaN and picks slow kernels | on | off
+    deterministic: str = "auto"
 
 
 @dataclass
@@ -140,6 +142,7 @@ _SECTION_TYPES = typing.get_type_hints(TrainerConfig)
 
 _CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
     ("job", "device"): ("auto", "cpu", "cuda"),
+    ("job", "deterministic"): ("auto", "on", "off"),
     ("model", "kind"): ("gpt", "mlp", "custom"),
     ("data", "source"): ("text", "synthetic", "custom"),
     ("optimizer", "name"): ("adamw", "lamb", "lars", "sgd"),
@@ -243,6 +246,8 @@ def build_config(raw: dict[str, Any]) -> tuple[TrainerConfig, list[str]]:
                 problems.append(f"{section}.{key}: unknown key (known: {', '.join(hints)})")
                 continue
             coerced, problem = _coerce(value, hints[key], f"{section}.{key}")
+            if problem and (section, key) in _CHOICES:
+                problem += f" (one of {', '.join(_CHOICES[section, key])})"
             if problem:
                 problems.append(problem)
             else:
@@ -318,6 +323,13 @@ def validate(config: TrainerConfig, world_size: int | None = None) -> list[str]:
         launch_size = world_size if world_size is not None else max(par.dp, 1) * par.tp * par.pp
         problems.extend(layout_problems(par, launch_size))
     return problems
+
+
+def deterministic_enabled(job: JobConfig, device_type: str) -> bool:
+    """Whether to call torch.use_deterministic_algorithms for this device."""
+    if job.deterministic == "auto":
+        return device_type != "cuda"
+    return job.deterministic == "on"
 
 
 def load_config(path: Path | None, overrides: list[str], world_size: int | None = None) -> TrainerConfig:

@@ -30,7 +30,7 @@ from torch.nn.parallel import DistributedDataParallel
 from phalanx_trainer import contract
 from phalanx_trainer.checkpoint import CheckpointManager, PreemptionWatcher
 from phalanx_trainer.checkpoint.rng import RngState
-from phalanx_trainer.config import TrainerConfig
+from phalanx_trainer.config import TrainerConfig, deterministic_enabled
 from phalanx_trainer.dataset import DataStream, build_source
 from phalanx_trainer.distenv import DistEnv
 from phalanx_trainer.logs import EventLog
@@ -99,7 +99,7 @@ class Trainer:
         self.device = device_for(dist_env.local_rank, job.device)
         if job.torch_threads:
             torch.set_num_threads(job.torch_threads)
-        if job.deterministic:
+        if deterministic_enabled(job, self.device.type):
             torch.use_deterministic_algorithms(True, warn_only=True)
         self.mesh: DeviceMesh | None = (
             self.dims.build_mesh(self.device.type) if self.dims.distributed else None
