@@ -222,14 +222,19 @@ class Trainer:
                 self.scaler.scale_loss(loss / self.accumulation).backward()  # type: ignore[no-untyped-call]
             total += loss.detach()
         if self.schedule is not None:
-            if not self._pipeline_losses:
-                return torch.full((), math.nan)
-            # The first schedule step also calls the loss once while it infers shapes: keep only the
-            # losses of the real micro-batches, the last ones recorded.
-            real = self.accumulation * self.config.parallelism.pp_microbatches
-            total = torch.stack(self._pipeline_losses[-real:]).mean() * self.accumulation
-            self._pipeline_losses.clear()
+            return self._pipeline_mean_loss()
         return total / self.accumulation
+
+    def _pipeline_mean_loss(self) -> torch.Tensor:
+        """The mean of this step's micro-batch losses on the last stage; NaN on the others."""
+        if not self._pipeline_losses:
+            return torch.full((), math.nan)
+        # The first schedule step also calls the loss once while it infers shapes: keep only the
+        # losses of the real micro-batches, the last ones recorded.
+        real = self.accumulation * self.config.parallelism.pp_microbatches
+        mean = torch.stack(self._pipeline_losses[-real:]).mean()
+        self._pipeline_losses.clear()
+        return mean
 
     def _pipeline_step(self, inputs: torch.Tensor, targets: torch.Tensor, sync: bool) -> None:
         """One schedule step over pp_microbatches; the schedule drives FSDP's gradient sync itself,
