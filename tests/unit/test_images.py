@@ -123,3 +123,30 @@ def test_trainer_entrypoint_is_a_runnable_module() -> None:
     spec = importlib.util.find_spec(f"{module}.__main__")
     assert spec is not None and spec.origin is not None, f"`python -m {module}` needs {module}/__main__.py"
     assert Path(spec.origin).is_relative_to(REPO_ROOT / "trainer-image"), spec.origin
+
+
+def test_trainer_image_torch_is_the_torch_every_test_runs() -> None:
+    """One torch: the range in trainer-image/pyproject.toml admits one minor series, and both the
+    image's base (which brings torch: pip installs the trainer with --no-deps) and the pinned
+    development environment (every test and benchmark) fall inside it."""
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    dependencies = tomllib.loads((REPO_ROOT / "trainer-image" / "pyproject.toml").read_text())["project"][
+        "dependencies"
+    ]
+    [torch_range] = [Requirement(d).specifier for d in dependencies if Requirement(d).name == "torch"]
+    (base,) = base_images(TRAINER_DOCKERFILE)
+    image_torch = Version(base.partition(":")[2].split("-")[0])
+    [dev_pin] = [
+        line.split("==")[1].strip()
+        for line in (REPO_ROOT / "requirements-dev.txt").read_text().splitlines()
+        if line.startswith("torch==")
+    ]
+    dev_torch = Version(dev_pin)
+    assert image_torch in torch_range, f"image torch {image_torch} outside the trainer's range {torch_range}"
+    assert dev_torch in torch_range, f"requirements-dev.txt torch {dev_torch} outside {torch_range}"
+    next_minor = Version(f"{dev_torch.major}.{dev_torch.minor + 1}")
+    assert next_minor not in torch_range, (
+        f"{torch_range} admits more than the {dev_torch.major}.{dev_torch.minor} series"
+    )
