@@ -174,14 +174,24 @@ class OperatorProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
-    def start(self, extra_env: dict[str, str] | None = None) -> None:
+    def start(self, extra_env: dict[str, str] | None = None, extra_args: Sequence[str] = ()) -> None:
         import sys
 
         self.starts += 1
         log = (self.log_dir / f"operator-{self.starts}.log").open("wb")
         env = {**os.environ, "KUBECONFIG": self.cluster.kubeconfig, **(extra_env or {})}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "phalanx.cli", "operator", "--metrics-port", "0", "--health-port", "0"],
+            [
+                sys.executable,
+                "-m",
+                "phalanx.cli",
+                "operator",
+                "--metrics-port",
+                "0",
+                "--health-port",
+                "0",
+                *extra_args,
+            ],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
