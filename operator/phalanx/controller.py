@@ -43,6 +43,7 @@ from phalanx.gang.on_creation import plan_on_creation
 from phalanx.gang.preemption import RunningGang, choose_victims
 from phalanx.gang.usage import UsageIndex
 from phalanx.k8s import KubeApi, short_error
+from phalanx.leader import LeaderElector
 from phalanx.policy.job_events import event_marker
 from phalanx.policy.pod_outcome import node_is_ready
 from phalanx.reconcile.conditions import set_condition
@@ -90,8 +91,9 @@ def status_diff(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
 
 class Controller:
     def __init__(self, api: KubeApi, namespaces: list[str], cluster_domain: str = "cluster.local",
-                 workers: int = 8) -> None:  # fmt: skip
+                 workers: int = 8, leader: LeaderElector | None = None) -> None:  # fmt: skip
         self.api = api
+        self.leader = leader  # None: this process alone writes (leader election off)
         self.namespaces = namespaces
         self.cluster_domain = cluster_domain
         self.workers = workers
@@ -193,6 +195,14 @@ class Controller:
                 )
             ),
         ]
+        # The stores fill from here on whether or not this process leads: a standby takes over warm.
+        self.tasks.append(asyncio.create_task(self._run_when_leading(), name="leading"))
+
+    async def _run_when_leading(self) -> None:
+        if self.leader is not None:
+            while not self.leader.leading.is_set():
+                await asyncio.sleep(0.2)
+            log.info("leading: reconciles, admission and progress polls start")
         for i in range(self.workers):
             self.tasks.append(asyncio.create_task(self._worker(), name=f"reconcile-{i}"))
         self.tasks.append(asyncio.create_task(self._admission_loop(), name="admission"))

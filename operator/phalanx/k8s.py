@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any, cast
 from urllib.parse import urlsplit
 
@@ -43,12 +44,18 @@ def short_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def count_requests(api_client: client.ApiClient) -> None:
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def count_requests(api_client: client.ApiClient, write_fence: Callable[[], None] | None = None) -> None:
     """Counts every request of this client in phalanx_api_requests_total (endpoint: the path template,
-    so the series stay few)."""
+    so the series stay few). `write_fence` runs before every write and may refuse it (leader.py):
+    one place, so no writer can forget it."""
     send = api_client.call_api
 
     def counted(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        if write_fence is not None and method.upper() not in READ_METHODS:
+            write_fence()
         endpoint = endpoint_template(url)
         try:
             response = send(method, url, *args, **kwargs)
@@ -92,9 +99,9 @@ def _status_of(response: Any) -> int | None:
 
 
 class KubeApi:
-    def __init__(self, api_client: client.ApiClient) -> None:
+    def __init__(self, api_client: client.ApiClient, write_fence: Callable[[], None] | None = None) -> None:
         self.api_client = api_client
-        count_requests(api_client)
+        count_requests(api_client, write_fence)
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
         self.scheduling = client.SchedulingV1Api(api_client)
