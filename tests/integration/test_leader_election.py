@@ -144,3 +144,28 @@ def test_two_operators_one_leader_no_double_booking_and_a_warm_takeover(
     wait_for(lambda: check_no_double_booking() and bool(set(running_jobs()) - started), timeout=90,
              what="a waiting gang admitted by the new leader")  # fmt: skip
     assert names  # the private nodes existed throughout
+
+
+def test_a_stopped_operator_exits_promptly_and_releases_its_lease(
+    cluster: Cluster, operator_process: OperatorProcess, tmp_path: Path
+) -> None:
+    """SIGTERM (a rolling update, a drain): out well within the pod's 30 s grace, lease released, so
+    the next operator leads at its next round instead of after a lease duration."""
+    operator_process.stop()  # the session's operator steps aside (later tests restart it)
+    lease = f"phalanx-test-{uuid.uuid4().hex[:6]}"
+    candidate = OperatorProcess(cluster, tmp_path)
+    candidate.start(extra_args=["--leader-election-id", lease])
+    try:
+        wait_for(lambda: leading_at(candidate.log_text()), timeout=60, what="the operator to lead")
+        assert candidate.proc is not None
+        began = time.monotonic()
+        candidate.proc.terminate()
+        candidate.proc.wait(timeout=20)
+        assert time.monotonic() - began < 10, f"stopping took {time.monotonic() - began:.1f}s"
+        holder = cluster.kubectl(
+            "get", "lease", lease, "-n", "default", "-o", "jsonpath={.spec.holderIdentity}"
+        )
+        assert holder.stdout == ""
+    finally:
+        candidate.kill()
+        cluster.kubectl("delete", "lease", lease, "-n", "default", "--ignore-not-found", check=False)
