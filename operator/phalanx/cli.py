@@ -51,7 +51,14 @@ def _operator(args: argparse.Namespace) -> int:
         cluster_domain=os.environ.get("PHALANX_CLUSTER_DOMAIN", "cluster.local"),
         leader_election=election,
     )
-    run_operator(settings, metrics_port=args.metrics_port, health_port=args.health_port, verbose=args.verbose)
+    run_operator(
+        settings,
+        metrics_port=args.metrics_port,
+        health_port=args.health_port,
+        verbose=args.verbose,
+        metrics_bind_address=args.metrics_bind_address,
+        health_bind_address=args.health_bind_address,
+    )
     return 0
 
 
@@ -63,6 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("--namespace", action="append", help="watch this namespace (repeatable; default: all)")
     op.add_argument("--metrics-port", type=int, default=8080, help="Prometheus metrics port (0: off)")
     op.add_argument("--health-port", type=int, default=8081, help="liveness endpoint /healthz port (0: off)")
+    op.add_argument(
+        "--metrics-bind-address",
+        default="0.0.0.0",
+        help="address /metrics listens on (127.0.0.1: behind a proxy)",
+    )
+    op.add_argument("--health-bind-address", default="0.0.0.0", help="address /healthz listens on")
     op.add_argument("--verbose", action="store_true")
     op.add_argument(
         "--leader-elect", action=argparse.BooleanOptionalAction, default=True,

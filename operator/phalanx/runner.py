@@ -24,7 +24,14 @@ def limit_malloc_arenas(count: int = MALLOC_ARENAS) -> bool:
         return False
 
 
-def run_operator(settings: OperatorSettings, metrics_port: int, health_port: int, verbose: bool) -> None:
+def run_operator(
+    settings: OperatorSettings,
+    metrics_port: int,
+    health_port: int,
+    verbose: bool,
+    metrics_bind_address: str = "0.0.0.0",
+    health_bind_address: str = "0.0.0.0",
+) -> None:
     limit_malloc_arenas()
     import kopf
 
@@ -38,8 +45,8 @@ def run_operator(settings: OperatorSettings, metrics_port: int, health_port: int
     # kopf's own per-object logs are noisy at INFO for a busy cluster.
     logging.getLogger("kopf").setLevel(logging.DEBUG if verbose else logging.WARNING)
     if metrics_port:
-        metrics.start_metrics_server(metrics_port)
-    liveness = f"http://0.0.0.0:{health_port}/healthz" if health_port else None
+        metrics.start_metrics_server(metrics_port, metrics_bind_address)
+    liveness = f"http://{health_bind_address}:{health_port}/healthz" if health_port else None
     namespaces = list(settings.namespaces)
     asyncio.run(
         kopf.operator(
