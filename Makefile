@@ -27,8 +27,9 @@ venv: $(STAMP) ## create the development virtualenv (.venv) with pinned dependen
 cluster-bin: ## build (or reuse from ~/.cache/phalanx) etcd, kube-*, kubectl, kwok, helm
 	bash hack/cluster-bin.sh
 
-lint: $(STAMP) ## ruff
+lint: $(STAMP) ## ruff and the import layering (.importlinter)
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 	$(BIN)/ruff format --check operator trainer-image tests bench hack
 
 typecheck: $(STAMP) ## mypy --strict on the product code

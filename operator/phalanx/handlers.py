@@ -10,11 +10,10 @@ import os
 from typing import Any
 
 import kopf
-from kubernetes import client
 
 from phalanx import constants as c
 from phalanx.controller import Controller
-from phalanx.k8s import KubeApi, load_api_client
+from phalanx.k8s import KubeApi, LeaseApi, load_api_client
 from phalanx.leader import LeaderElector
 from phalanx.settings import LeaderElection, OperatorSettings
 
@@ -58,9 +57,8 @@ def start_election(election: LeaderElection) -> LeaderElector | None:
         logging.getLogger("phalanx.leader").error("leadership lost: exiting so that no stale leader writes")
         os._exit(LEADERSHIP_LOST_EXIT_CODE)
 
-    coordination = client.CoordinationV1Api(load_api_client())
     return LeaderElector(
-        coordination,
+        LeaseApi(load_api_client()),
         election.namespace,
         election.lease_name,
         election.identity,

@@ -282,3 +282,32 @@ class KubeApi:
         except ApiException as exc:
             if exc.status not in (404, 409, 403):
                 raise
+
+
+class LeaseApi:
+    """coordination.k8s.io/v1 Leases for leader.LeaderElector, on a client of their own: the write
+    fence of the operator's other requests must not stop the lease renewals themselves."""
+
+    def __init__(self, api_client: client.ApiClient) -> None:
+        # Untyped on purpose: bodies go out as plain dicts and answers come back as raw JSON.
+        self.coordination: Any = client.CoordinationV1Api(api_client)
+
+    def read(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            response = self.coordination.read_namespaced_lease(name, namespace, _preload_content=False)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        lease: dict[str, Any] = json.loads(response.data)
+        return lease
+
+    def create(self, namespace: str, body: dict[str, Any]) -> None:
+        release(self.coordination.create_namespaced_lease(namespace, body, _preload_content=False))
+
+    def replace(self, namespace: str, name: str, body: dict[str, Any]) -> None:
+        release(
+            self.coordination.replace_namespaced_lease(
+                name, namespace, cast(Any, body), _preload_content=False
+            )
+        )

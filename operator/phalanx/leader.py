@@ -19,22 +19,30 @@ The rules, as client-go's leaderelection package has them:
 from __future__ import annotations
 
 import enum
-import json
 import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
-
-from kubernetes.client import ApiException
+from typing import Any, Protocol
 
 log = logging.getLogger("phalanx.leader")
 
 LEASE_DURATION_SECONDS = 15
 RENEW_DEADLINE_SECONDS = 10
 RETRY_PERIOD_SECONDS = 2.0
+
+
+class LeaseClient(Protocol):
+    """The three Lease calls the election makes (k8s.LeaseApi): JSON dicts in and out. A failed
+    call raises an exception whose `status` is the HTTP status (404: no lease, 409: a conflict)."""
+
+    def read(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+    def create(self, namespace: str, body: dict[str, Any]) -> None: ...
+
+    def replace(self, namespace: str, name: str, body: dict[str, Any]) -> None: ...
 
 
 class NotLeader(RuntimeError):
@@ -127,7 +135,7 @@ class LeaderElector:
 
     def __init__(
         self,
-        coordination: Any,
+        leases: LeaseClient,
         namespace: str,
         name: str,
         identity: str,
@@ -139,7 +147,7 @@ class LeaderElector:
     ) -> None:
         if not 0 < renew_deadline_seconds < duration_seconds:
             raise ValueError("the renew deadline must be shorter than the lease duration")
-        self.coordination = coordination
+        self.leases = leases
         self.namespace, self.name, self.identity = namespace, name, identity
         self.on_lost = on_lost
         self.duration_seconds = duration_seconds
@@ -198,8 +206,7 @@ class LeaderElector:
             body = lease_body(
                 self.namespace, self.name, self.identity, now_iso, self.duration_seconds, 0, None
             )
-            written = self._write(lambda: self.coordination.create_namespaced_lease(
-                self.namespace, body, _preload_content=False))  # fmt: skip
+            written = self._write(lambda: self.leases.create(self.namespace, body))
         else:
             assert current is not None and lease is not None
             ours = action is Action.RENEW
@@ -207,8 +214,7 @@ class LeaderElector:
             acquire = (lease.get("spec") or {}).get("acquireTime") if ours else None
             body = lease_body(self.namespace, self.name, self.identity, now_iso, self.duration_seconds,
                               transitions, acquire, lease["metadata"]["resourceVersion"])  # fmt: skip
-            written = self._write(lambda: self.coordination.replace_namespaced_lease(
-                self.name, self.namespace, body, _preload_content=False))  # fmt: skip
+            written = self._write(lambda: self.leases.replace(self.namespace, self.name, body))
         if not written:
             return Action.STAND_BY  # someone else wrote first
         self._valid_until = began + self.renew_deadline_seconds
@@ -218,24 +224,15 @@ class LeaderElector:
         return action
 
     def _read(self) -> dict[str, Any] | None:
-        try:
-            response = self.coordination.read_namespaced_lease(
-                self.name, self.namespace, _preload_content=False
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        lease: dict[str, Any] = json.loads(response.data)
-        return lease
+        return self.leases.read(self.namespace, self.name)
 
     @staticmethod
     def _write(request: Callable[[], Any]) -> bool:
         try:
             request()
-        except ApiException as exc:
-            if exc.status == 409:
-                return False
+        except Exception as exc:
+            if getattr(exc, "status", None) == 409:
+                return False  # someone else wrote first
             raise
         return True
 
@@ -248,9 +245,7 @@ class LeaderElector:
             spec = lease.get("spec") or {}
             body = lease_body(self.namespace, self.name, "", micro_time(), 1, int(spec.get("leaseTransitions") or 0),
                               spec.get("acquireTime"), lease["metadata"]["resourceVersion"])  # fmt: skip
-            self.coordination.replace_namespaced_lease(
-                self.name, self.namespace, body, _preload_content=False
-            )
+            self.leases.replace(self.namespace, self.name, body)
             log.info("released lease %s/%s", self.namespace, self.name)
         except Exception as exc:  # noqa: BLE001 - shutting down: the lease expires anyway
             log.warning("could not release lease %s/%s: %s", self.namespace, self.name, _short(exc))

@@ -113,10 +113,10 @@ def test_the_operator_runs_without_the_development_tools(tmp_path: Path) -> None
                     ignore=shutil.ignore_patterns(*DEV_ONLY, "__pycache__"))  # fmt: skip
     script = (
         "import phalanx, phalanx.handlers, phalanx.cli, pkgutil, importlib;"
-        "assert phalanx.__file__.startswith(%r), phalanx.__file__;"
+        f"assert phalanx.__file__.startswith({str(tmp_path)!r}), phalanx.__file__;"
         "[importlib.import_module(m.name) for m in pkgutil.walk_packages(phalanx.__path__, 'phalanx.')];"
         "phalanx.cli.build_parser().parse_args(['operator'])"
-    ) % str(tmp_path)
+    )
     import sys
 
     result = subprocess.run([sys.executable, "-c", script], env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
