@@ -173,13 +173,20 @@ class OperatorProcess:
         self.log_dir = log_dir
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
+        # As a pod's name: a restart (after kill()) renews its own lease at once.
+        self.identity = f"test-operator-{uuid.uuid4().hex[:6]}"
 
     def start(self, extra_env: dict[str, str] | None = None, extra_args: Sequence[str] = ()) -> None:
         import sys
 
         self.starts += 1
         log = (self.log_dir / f"operator-{self.starts}.log").open("wb")
-        env = {**os.environ, "KUBECONFIG": self.cluster.kubeconfig, **(extra_env or {})}
+        env = {
+            **os.environ,
+            "KUBECONFIG": self.cluster.kubeconfig,
+            "POD_NAME": self.identity,
+            **(extra_env or {}),
+        }
         self.proc = subprocess.Popen(
             [
                 sys.executable,
