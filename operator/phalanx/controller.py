@@ -369,6 +369,9 @@ class Controller:
         patch = status_diff(old_status, plan.status)
         if patch:
             self._patch_job_status(namespace, name, patch)
+            # Decide once more on what was just written (a finished job's TTL, say, is timed from
+            # the completionTime this write set): the job's own status events no longer enqueue it.
+            followups.append(0.0)
         self._observe(namespace, name, old_status, plan.status)
         for event in plan.events:
             self._record_event(job, event.type, event.reason, event.message, iso(now))
