@@ -355,6 +355,7 @@ def test_rbac_grants_what_the_operator_needs(value_set: str) -> None:
     needed = [
         ("phalanx.dev", "trainingjobs", ("get", "list", "watch", "patch", "update", "delete")),
         ("phalanx.dev", "trainingjobs/status", ("get", "patch", "update")),
+        ("phalanx.dev", "trainingjobs/finalizers", ("update",)),
         ("", "pods", ("get", "list", "watch", "create", "delete", "patch")),
         ("", "services", ("get", "list", "watch", "create", "delete")),
         ("", "events", ("create", "patch")),
