@@ -86,6 +86,44 @@ def test_a_gang_that_fits_while_nothing_waits_is_created_admitted(
         assert pod["metadata"]["generation"] == 1, pod["metadata"]
 
 
+def pinned_node(pod: dict[str, Any]) -> str | None:
+    """The node admission pinned the pod to: a required matchFields term on metadata.name."""
+    required = (pod["spec"].get("affinity") or {}).get("nodeAffinity", {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
+    names = {
+        tuple(f["values"])
+        for term in required.get("nodeSelectorTerms") or []
+        for f in term.get("matchFields") or []
+        if f["key"] == "metadata.name" and f["operator"] == "In"
+    }
+    return names.pop()[0] if len(names) == 1 else None
+
+
+@pytest.mark.parametrize("gated", [False, True], ids=["admitted-at-creation", "admitted-by-the-pass"])
+def test_gangs_run_on_nodes_whose_hostname_label_differs_from_their_name(
+    cluster: Cluster, namespace: str, operator: OperatorProcess, private_nodes: Any, gated: bool
+) -> None:
+    """Pinning must name the node itself, not assume kubernetes.io/hostname equals the node's name."""
+    nodes = private_nodes.add(2, gpus=8, renamed_hostnames=2)
+    labels = {n: cluster.get_json("node", n)["metadata"]["labels"]["kubernetes.io/hostname"] for n in nodes}
+    assert all(labels[n] != n for n in nodes), labels
+    if gated:
+        # A gated gang ahead of it: the job below is created gated and admitted by the pass.
+        cluster.apply(training_job("first", replicas=2, gpus=8, run_for="3s", placement=private_nodes.placement(),
+                                   runPolicy={"terminationGracePeriodSeconds": 1}), namespace)  # fmt: skip
+        wait_phase(cluster, namespace, "first", "Running", timeout=60)
+    cluster.apply(training_job("renamed", replicas=2, gpus=8, run_for="3s", placement=private_nodes.placement(),
+                               runPolicy={"terminationGracePeriodSeconds": 1}), namespace)  # fmt: skip
+    status = wait_phase(cluster, namespace, "renamed", "Running", timeout=60)
+    assert status["attempt"] == 0 and status.get("gangTimeouts", 0) == 0
+    pods = pods_in(cluster, namespace, "renamed")
+    assert {p["spec"]["nodeName"] for p in pods} == set(nodes)
+    for pod in pods:
+        assert pinned_node(pod) == pod["spec"]["nodeName"], pod["spec"].get("affinity")
+    wait_phase(cluster, namespace, "renamed", "Succeeded", timeout=30)
+
+
 def test_two_gangs_of_sixteen_gpus_on_sixteen_gpus_run_one_after_the_other(
     cluster: Cluster, namespace: str, operator: OperatorProcess, private_nodes: Any
 ) -> None:
