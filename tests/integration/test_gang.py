@@ -81,7 +81,7 @@ def test_a_gang_that_fits_while_nothing_waits_is_created_admitted(
     assert len(pods) == 2
     for pod in pods:
         assert not is_gated(pod)
-        assert pod["spec"]["nodeSelector"]["kubernetes.io/hostname"] == pod["spec"]["nodeName"]
+        assert pinned_node(pod) == pod["spec"]["nodeName"]
         # Created this way, not gated and patched later: the API server counts spec changes.
         assert pod["metadata"]["generation"] == 1, pod["metadata"]
 

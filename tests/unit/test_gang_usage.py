@@ -11,12 +11,20 @@ from typing import Any
 import pytest
 
 from phalanx import constants as c
+from phalanx.builders.pods import admitted_pod
 from phalanx.cache import Store, object_key, slim_pod
 from phalanx.gang.capacity import usage_by_node
 from phalanx.gang.on_creation import Assumed, add_in_flight, planned_node, waits_for_admission
 from phalanx.gang.usage import UsageIndex
 
 pytestmark = pytest.mark.unit
+
+
+def pin(node: str) -> dict[str, Any]:
+    """The affinity admission writes (builders.pods.admitted_pod) to pin a pod to `node`."""
+    affinity: dict[str, Any] = admitted_pod({"spec": {}}, node)["spec"]["affinity"]
+    return affinity
+
 
 NODES = ("a", "b", "c")
 
@@ -57,7 +65,7 @@ def random_pod(rng: random.Random, name: str, version: int) -> dict[str, Any]:
     if state == "gated":
         spec["schedulingGates"] = [{"name": c.GANG_SCHEDULING_GATE}]
     if state in ("admitted", "bound", "finished"):
-        spec["nodeSelector"] = {"kubernetes.io/hostname": rng.choice(NODES)}
+        spec["affinity"] = pin(rng.choice(NODES))
     if state in ("bound", "finished", "bound-elsewhere"):
         spec["nodeName"] = rng.choice(NODES)
     phase = {"finished": rng.choice(["Succeeded", "Failed"]), "bound": "Running"}.get(state, "Pending")
@@ -118,7 +126,7 @@ def test_a_create_in_flight_is_counted_once_before_and_after_its_reply_is_stored
     before = index.used(in_flight)
     admitted = random_pod(random.Random(3), "p1", 1)
     admitted["spec"] = {
-        "nodeSelector": {"kubernetes.io/hostname": "a"},
+        "affinity": pin("a"),
         "containers": [{"name": "trainer", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
     }
     admitted["status"] = {"phase": "Pending"}
@@ -140,7 +148,7 @@ def race_reply_against_reads(read: Any, seconds: float = 0.5, until_seen: int | 
     reply = {
         "metadata": {"name": "p1", "namespace": "ns", "resourceVersion": "1"},
         "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": "a"},
+            "affinity": pin("a"),
             "containers": [{"name": "trainer", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
         },
         "status": {"phase": "Pending"},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -230,17 +231,54 @@ def build_headless_service(job: JobRef, spec: TrainingJobSpec) -> dict[str, Any]
     }
 
 
+NODE_NAME_FIELD = "metadata.name"
+
+
 def admitted_pod(pod: dict[str, Any], node: str) -> dict[str, Any]:
     """The worker pod as gang admission leaves it: pinned to its planned node, gang gate gone.
 
     Used when a gang is admitted at creation (nothing waits and it fits): creating the pod this way
     saves the gate-lifting write per pod, and the pod is the same as one admitted a moment later.
+
+    The pin names the node itself (matchFields on metadata.name, as the DaemonSet controller pins),
+    not its kubernetes.io/hostname label: that label differs from the node's name on clusters with
+    hostname overrides and on some clouds. A gated pod's required node affinity may only narrow, so
+    the field is added to every term the template has (the node matched one of them when admitted).
     """
     spec = dict(pod["spec"])
-    spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), "kubernetes.io/hostname": node}
+    spec["affinity"] = _pinned_affinity(spec.get("affinity"), node)
     gates = [g for g in spec.get("schedulingGates") or [] if g.get("name") != c.GANG_SCHEDULING_GATE]
     if gates:
         spec["schedulingGates"] = gates
     else:
         spec.pop("schedulingGates", None)
     return {**pod, "spec": spec}
+
+
+def _pinned_affinity(affinity: dict[str, Any] | None, node: str) -> dict[str, Any]:
+    affinity = copy.deepcopy(affinity or {})
+    node_affinity = affinity.setdefault("nodeAffinity", {})
+    required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+    pin = {"key": NODE_NAME_FIELD, "operator": "In", "values": [node]}
+    terms = required.get("nodeSelectorTerms") or [{}]
+    for term in terms:
+        term["matchFields"] = [*(term.get("matchFields") or []), pin]
+    node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = {**required, "nodeSelectorTerms": terms}
+    return affinity
+
+
+def pinned_node(spec: Mapping[str, Any]) -> str | None:
+    """The node admitted_pod pinned this pod spec to (the last metadata.name field of its first
+    required term), else None."""
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
+    terms = required.get("nodeSelectorTerms") or []
+    if not terms:
+        return None
+    pins = [
+        f.get("values") or []
+        for f in terms[0].get("matchFields") or []
+        if f.get("key") == NODE_NAME_FIELD and f.get("operator") == "In"
+    ]
+    return str(pins[-1][0]) if pins and len(pins[-1]) == 1 else None
