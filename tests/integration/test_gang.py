@@ -328,6 +328,51 @@ def test_higher_priority_gang_preempts_a_lower_one_which_resumes_as_the_next_att
     assert job_status(cluster, namespace, "high")["restarts"] == {"failures": 0, "preemptions": 0}
 
 
+def test_one_victim_per_preemption_while_its_pods_take_their_grace_period(
+    cluster: Cluster, namespace: str, operator: OperatorProcess, private_nodes: Any,
+    priority_classes: tuple[str, str],
+) -> None:  # fmt: skip
+    """A high-priority gang that needs the room of exactly one of three running jobs. The victim's pod
+    takes its whole 60 s grace period to stop and holds its GPUs all that time; no second or third job
+    may be stopped for the same head meanwhile, and the head runs once the victim's pod is gone."""
+    low_class, high_class = priority_classes
+    private_nodes.add(3, gpus=8)
+    placement = private_nodes.placement()
+    names = ("low-a", "low-b", "low-c")
+    for name in names:
+        cluster.apply(training_job(name, replicas=1, gpus=8, placement=placement,
+                                   scheduling={"priorityClassName": low_class},
+                                   runPolicy={"terminationGracePeriodSeconds": 60}), namespace)  # fmt: skip
+    for name in names:
+        wait_phase(cluster, namespace, name, "Running", timeout=40)
+    cluster.apply(training_job("high", replicas=1, gpus=8, run_for="5s", placement=placement,
+                               scheduling={"priorityClassName": high_class}), namespace)  # fmt: skip
+
+    def preempted() -> list[str]:
+        statuses = all_statuses(cluster, namespace)
+        return [n for n in names if statuses[n].get("restarts", {}).get("preemptions", 0) > 0]
+
+    (victim,) = wait_for(preempted, timeout=30, what="a victim")
+    preempted_at = time.monotonic()
+    # Well past two preemption cooldowns (15 s) while the victim's pod is still Terminating.
+    while time.monotonic() - preempted_at < 40:
+        assert preempted() == [victim], "a second job was preempted for the same head"
+        victim_pods = pods_in(cluster, namespace, victim)
+        assert any(p["metadata"].get("deletionTimestamp") for p in victim_pods), "the victim's pod went early"
+        time.sleep(1.0)
+    status = wait_phase(cluster, namespace, "high", "Running", timeout=45)
+    assert time.monotonic() - preempted_at > 50  # only after the victim's grace period
+    assert status["attempt"] == 0
+    assert preempted() == [victim]
+    statuses = all_statuses(cluster, namespace)
+    for name in names:
+        if name != victim:
+            assert statuses[name]["phase"] == "Running" and statuses[name]["attempt"] == 0, (
+                name,
+                statuses[name],
+            )
+
+
 # -- node loss --------------------------------------------------------------------------------
 def test_node_deleted_under_a_running_gang_restarts_it_on_other_nodes(
     cluster: Cluster, namespace: str, operator: OperatorProcess, private_nodes: Any
