@@ -706,16 +706,20 @@ class Controller:
             if key == head.key or status.get("phase") not in ("Running", "Admitted"):
                 continue
             spec = parse(TrainingJobSpec, job["spec"])
+            # Pods already being deleted count in `freeing` below, not as room a victim would free.
             bound = [
                 (p["metadata"]["name"], p["spec"]["nodeName"], PodDemand.from_pod_spec(p["spec"]))
                 for p in self.pods.indexed(key)
-                if pod_attempt(p) == status.get("attempt", 0) and p.get("spec", {}).get("nodeName")
+                if pod_attempt(p) == status.get("attempt", 0)
+                and p.get("spec", {}).get("nodeName")
+                and not p["metadata"].get("deletionTimestamp")
             ]
             if bound:
                 started = parse_iso(status.get("admittedTime")) or 0.0
                 priority = self.priority_of(spec)
                 running.append(RunningGang(key, priority, started, tuple(bound)))
-        choice = choose_victims(head, running, nodes, used)
+        # One victim per need: the room the last victims' terminating pods will free counts as free.
+        choice = choose_victims(head, running, nodes, used, freeing=self.usage.freeing())
         if choice is None:
             return
         for victim in choice.victims:

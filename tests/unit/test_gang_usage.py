@@ -70,11 +70,15 @@ def random_pod(rng: random.Random, name: str, version: int) -> dict[str, Any]:
         spec["nodeName"] = rng.choice(NODES)
     phase = {"finished": rng.choice(["Succeeded", "Failed"]), "bound": "Running"}.get(state, "Pending")
     labels = {c.LABEL_JOB_NAME: "job"} if rng.random() < 0.5 else {}
-    return {
-        "metadata": {"name": name, "namespace": "ns", "resourceVersion": str(version), "labels": labels},
-        "spec": spec,
-        "status": {"phase": phase},
+    metadata: dict[str, Any] = {
+        "name": name,
+        "namespace": "ns",
+        "resourceVersion": str(version),
+        "labels": labels,
     }
+    if rng.random() < 0.25:
+        metadata["deletionTimestamp"] = "2026-01-01T00:00:00Z"  # Terminating: holds its room until it stops
+    return {"metadata": metadata, "spec": spec, "status": {"phase": phase}}
 
 
 def test_index_matches_the_sum_over_every_pod_through_creates_updates_deletes_and_relists() -> None:
@@ -98,6 +102,8 @@ def test_index_matches_the_sum_over_every_pod_through_creates_updates_deletes_an
         pods = store.items()
         assert index.used() == without_zeros(usage_by_node(pods, planned_nodes(pods))), f"step {step}"
         assert index.anyone_waits() == someone_waits(pods, {}), f"step {step}"
+        terminating = [p for p in pods if p["metadata"].get("deletionTimestamp")]
+        assert index.freeing() == without_zeros(usage_by_node(terminating, planned_nodes(terminating))), step
         # Creates in flight: counted unless the store already holds the pod (then the index does).
         in_flight = {f"ns/p{i}": (rng.choice(NODES), (("nvidia.com/gpu", 1000),)) for i in range(0, 31, 7)}
         assert index.used(in_flight) == without_zeros(usage_with_assumed(pods, in_flight)), f"step {step}"
