@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from phalanx.devcluster.nodes import NodePool, node_manifest
-from tests.conftest import Cluster, OperatorProcess, wait_for
+from tests.conftest import Cluster, OperatorProcess, node_ready_status, silence_node, wait_for
 from tests.jobs import job_status, training_job, wait_phase
 
 pytestmark = pytest.mark.integration
@@ -398,6 +398,69 @@ def test_node_deleted_under_a_running_gang_restarts_it_on_other_nodes(
     assert sorted(p["metadata"]["labels"]["phalanx.dev/attempt"] for p in pods) == ["1", "1"]
     placed = {p["spec"]["nodeName"] for p in pods}
     assert lost not in placed and placed <= set(nodes)
+
+
+# The node lifecycle controller's --node-monitor-grace-period in the dev cluster, and the operator's
+# default PHALANX_NODE_LOST_AFTER_SECONDS (docs/reliability.md).
+NODE_MONITOR_GRACE_SECONDS = 40
+NODE_LOST_AFTER_SECONDS = 20
+
+
+def test_a_gang_with_a_pod_on_a_node_that_stops_heartbeating_runs_again_on_other_nodes(
+    cluster: Cluster, namespace: str, operator: OperatorProcess, private_nodes: Any
+) -> None:
+    """A 2-pod gang and a spare node; one node goes silent (its Lease is no longer renewed). Its pod
+    still says Running, and once deleted it stays Terminating for good (nobody confirms it). The gang
+    is disrupted NODE_LOST_AFTER_SECONDS after the node turns Unknown, restarts as a preemption on the
+    other nodes without waiting for the lost pod, under names of its own."""
+    nodes = private_nodes.add(3, gpus=8)
+    # The trainer on the healthy node stops 2 s after SIGTERM (its checkpoint is quick here).
+    job = training_job("partitioned", replicas=2, gpus=8, placement=private_nodes.placement(),
+                       terminate_after="2s")  # fmt: skip
+    cluster.apply(job, namespace)
+    wait_phase(cluster, namespace, "partitioned", "Running", timeout=40)
+    before = {p["metadata"]["name"]: p for p in pods_in(cluster, namespace, "partitioned")}
+    silent = sorted(p["spec"]["nodeName"] for p in before.values())[0]
+    lost_pod = next(n for n, p in before.items() if p["spec"]["nodeName"] == silent)
+    silence_node(cluster, silent)
+    silenced_at = time.monotonic()
+
+    # Bound: the node turns Unknown after the node monitor grace period (<= 40 s after the last
+    # renewal); the operator waits NODE_LOST_AFTER_SECONDS more; the healthy pod takes 2 s to stop;
+    # admission, scheduling and kwok's start take a few seconds: 90 s in all, with room for a busy machine.
+    bound = NODE_MONITOR_GRACE_SECONDS + NODE_LOST_AFTER_SECONDS + 30
+    status = wait_for(
+        lambda: (s := job_status(cluster, namespace, "partitioned")).get("attempt") == 1
+        and s.get("phase") == "Running" and s,
+        timeout=bound, what="the gang running again on other nodes",
+    )  # fmt: skip
+    elapsed = time.monotonic() - silenced_at
+    print(f"running again {elapsed:.1f}s after the node went silent")
+    assert node_ready_status(cluster, silent) == "Unknown"
+    assert status["restarts"] == {"failures": 0, "preemptions": 1}
+    events = cluster.get_json(
+        "events", "-n", namespace, "--field-selector", "involvedObject.name=partitioned"
+    )
+    said = [e["message"] for e in events["items"] if e["reason"] == "Preempted"]
+    assert said and f"node {silent} not Ready" in said[0], said
+
+    pods = pods_in(cluster, namespace, "partitioned")
+    current = [p for p in pods if p["metadata"]["labels"]["phalanx.dev/attempt"] == "1"]
+    assert len(current) == 2 and all(p["status"].get("phase") == "Running" for p in current)
+    placed = {p["spec"]["nodeName"] for p in current}
+    assert silent not in placed and placed <= set(nodes) and len(placed) == 2
+    # The lost pod is still there, Terminating: the new attempt did not wait for it, and shares
+    # neither its name nor its DNS name (the rendezvous address) with it.
+    (lingering,) = [p for p in pods if p["metadata"]["labels"]["phalanx.dev/attempt"] == "0"]
+    assert lingering["metadata"]["name"] == lost_pod and lingering["metadata"].get("deletionTimestamp")
+    names = {p["metadata"]["name"] for p in current}
+    hostnames = {p["spec"]["hostname"] for p in current}
+    assert lost_pod not in names and before[lost_pod]["spec"]["hostname"] not in hostnames
+    rank0 = next(p for p in current if p["metadata"]["labels"]["phalanx.dev/replica-index"] == "0")
+    for pod in current:
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+        assert env["MASTER_ADDR"].split(".")[0] == rank0["spec"]["hostname"]
+        assert env["PHALANX_ATTEMPT"] == "1"
 
 
 # -- operator restart during admission ------------------------------------------------------------
