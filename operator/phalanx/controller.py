@@ -17,6 +17,7 @@ import os
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -43,6 +44,7 @@ from phalanx.gang.on_creation import plan_on_creation
 from phalanx.gang.preemption import RunningGang, choose_victims
 from phalanx.gang.usage import UsageIndex
 from phalanx.k8s import KubeApi, short_error
+from phalanx.policy.node_loss import DEFAULT_NODE_LOST_AFTER_SECONDS
 from phalanx.policy.pod_outcome import node_is_ready
 from phalanx.reconcile.conditions import set_condition
 from phalanx.reconcile.lifecycle import (
@@ -89,8 +91,12 @@ def status_diff(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
 
 class Controller:
     def __init__(self, api: KubeApi, namespaces: list[str], cluster_domain: str = "cluster.local",
-                 workers: int = 8) -> None:  # fmt: skip
+                 workers: int = 8, clock: Callable[[], float] = time.time,
+                 node_lost_after: float | None = None) -> None:  # fmt: skip
         self.api = api
+        self.clock = clock  # wall clock (API timestamps are wall time); injectable for tests
+        # Seconds a node may be not Ready before the gangs with pods there restart (policy/node_loss.py).
+        self.node_lost_after = node_lost_after if node_lost_after is not None else node_lost_after_from_env()
         self.namespaces = namespaces
         self.cluster_domain = cluster_domain
         self.workers = workers
@@ -306,12 +312,12 @@ class Controller:
             self.pods.indexed(key) if self.pods.synced.is_set() else self.api.list_job_pods(namespace, name)
         )
         pods = [p for p in listed if _controlled_by(p, job["metadata"]["uid"])]
-        now = time.time()
+        now = self.clock()
         old_status = dict(job.get("status") or {})
         if not old_status:
             metrics.observe_job_created(namespace, name)
         nodes = self.current_nodes()
-        plan = decide(job, pods, nodes, now)
+        plan = decide(job, pods, nodes, now, self.node_lost_after)
         spec = parse(TrainingJobSpec, job["spec"])
         ref = JobRef.of(job)
 
@@ -332,7 +338,7 @@ class Controller:
                 # so one status write says what this reconcile and the next would have written
                 # (all pods created; admitted, when admitted at creation).
                 pods = [p for p in self.pods.indexed(key) if _controlled_by(p, job["metadata"]["uid"])]
-                then = decide({**job, "status": plan.status}, pods, nodes, now)
+                then = decide({**job, "status": plan.status}, pods, nodes, now, self.node_lost_after)
                 if not (then.create_indices or then.delete_pods or then.force_delete_pods or then.delete_job):
                     then.events = merged_events([*plan.events, *then.events])
                     plan = then
@@ -373,7 +379,15 @@ class Controller:
         attempt = int(plan.status["attempt"])
         template = job["spec"].get("template") or {}
         pods_to_create = [
-            build_worker_pod(ref, spec, index, attempt, template, cluster_domain=self.cluster_domain)
+            build_worker_pod(
+                ref,
+                spec,
+                index,
+                attempt,
+                template,
+                cluster_domain=self.cluster_domain,
+                attempt_in_name=plan.attempt_in_names,
+            )
             for index in plan.create_indices
         ]
         if len(pods_to_create) == spec.replicas:
@@ -780,6 +794,20 @@ def _failpoint_after_admit() -> None:
     if limit and _pods_admitted_here >= int(limit):
         log.error("failpoint: exiting after lifting %d gates", _pods_admitted_here)
         os._exit(3)
+
+
+def node_lost_after_from_env() -> float:
+    """PHALANX_NODE_LOST_AFTER_SECONDS (docs/reliability.md), else the policy's default."""
+    raw = os.environ.get(c.ENV_NODE_LOST_AFTER, "")
+    if not raw:
+        return DEFAULT_NODE_LOST_AFTER_SECONDS
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if value < 0:
+        raise ValueError(f"{c.ENV_NODE_LOST_AFTER}={raw!r}: give a number of seconds >= 0, for example 20")
+    return value
 
 
 def _waits_for_admission(job: dict[str, Any]) -> bool:

@@ -9,7 +9,7 @@ from typing import Any
 
 from phalanx import constants as c
 from phalanx.api.v1alpha1 import TrainingJobSpec
-from phalanx.builders.names import service_name, worker_fqdn, worker_pod_name
+from phalanx.builders.names import service_name, worker_fqdn, worker_hostname, worker_pod_name
 
 SHM_VOLUME = "phalanx-dshm"
 CHECKPOINT_VOLUME = "phalanx-checkpoints"
@@ -68,10 +68,15 @@ def accelerator_limits(spec: TrainingJobSpec) -> dict[str, str]:
 
 
 def contract_env(
-    job: JobRef, spec: TrainingJobSpec, index: int, attempt: int, cluster_domain: str = "cluster.local"
+    job: JobRef,
+    spec: TrainingJobSpec,
+    index: int,
+    attempt: int,
+    cluster_domain: str = "cluster.local",
+    attempt_in_name: bool = False,
 ) -> list[dict[str, str]]:
     """The environment contract of docs/environment.md for replica `index`."""
-    master = worker_fqdn(job.name, job.namespace, 0, cluster_domain)
+    master = worker_fqdn(job.name, job.namespace, 0, cluster_domain, attempt if attempt_in_name else None)
     port = str(spec.rendezvous.port)
     nnodes, nproc = str(spec.replicas), str(spec.effective_procs_per_replica)
     values: dict[str, str] = {
@@ -131,12 +136,15 @@ def build_worker_pod(
     template: dict[str, Any],
     *,
     cluster_domain: str = "cluster.local",
+    attempt_in_name: bool = False,
 ) -> dict[str, Any]:
-    """Pod `<job>-worker-<index>` of `attempt`. `template` is spec.template as the user wrote it."""
+    """Pod `<job>-worker-<index>` of `attempt` (`<job>-worker-<index>-a<attempt>` with attempt_in_name,
+    see policy/node_loss.py). `template` is spec.template as the user wrote it."""
     template = copy.deepcopy(template)
     meta_in = template.get("metadata") or {}
     pod_spec: dict[str, Any] = template.get("spec") or {}
-    name = worker_pod_name(job.name, index)
+    named_attempt = attempt if attempt_in_name else None
+    name = worker_pod_name(job.name, index, named_attempt)
     labels = {
         **(meta_in.get("labels") or {}),
         **common_labels(job),
@@ -145,7 +153,7 @@ def build_worker_pod(
     }
     annotations = dict(meta_in.get("annotations") or {})
 
-    pod_spec["hostname"] = name
+    pod_spec["hostname"] = worker_hostname(job.name, index, named_attempt)
     pod_spec["subdomain"] = service_name(job.name)
     pod_spec["restartPolicy"] = "Never"
     pod_spec["terminationGracePeriodSeconds"] = spec.run_policy.termination_grace_period_seconds
@@ -185,7 +193,8 @@ def build_worker_pod(
         if container.get("name") != c.TRAINER_CONTAINER:
             continue
         container["env"] = _merge_env(
-            contract_env(job, spec, index, attempt, cluster_domain), container.get("env") or []
+            contract_env(job, spec, index, attempt, cluster_domain, attempt_in_name),
+            container.get("env") or [],
         )
         _add_limits(container, limits)
         container["volumeMounts"] = [*(container.get("volumeMounts") or []), *mounts]
