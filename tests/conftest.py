@@ -156,19 +156,23 @@ def private_nodes(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[
 
 
 SILENCED_HOLDER = "phalanx-test-silenced"
+SILENCED_ANNOTATION = "phalanx.dev/sim-silenced"
 
 
 def silence_node(cluster: Cluster, name: str) -> None:
     """Makes a kwok node stop heartbeating, as on a network partition or a hung kubelet.
 
-    kwok renews a node's Lease (kube-node-lease/<node>) only while it holds it, and plays no stage for
-    a node or its pods while another holder has it. Handing the Lease to another holder with a long
-    duration, without touching renewTime, ends the renewals: the node lifecycle controller sees no
-    heartbeat, marks the node Unknown after --node-monitor-grace-period (40 s here) and taints it
-    node.kubernetes.io/unreachable, and the node's pods stay as they are (Terminating ones stay
-    Terminating) until the node is deleted."""
+    kwok renews a node's Lease (kube-node-lease/<node>) only while it holds it: handing the Lease to
+    another holder with a long duration, without touching renewTime, ends the renewals. The node
+    lifecycle controller then sees no heartbeat, marks the node Unknown after
+    --node-monitor-grace-period (40 s here) and taints it node.kubernetes.io/unreachable. The node and
+    the pods on it are annotated phalanx.dev/sim-silenced, for which kwok plays no stage
+    (kwok-stages.yaml): they stay as they are, a deleted pod Terminating for good."""
     patch = {"spec": {"holderIdentity": SILENCED_HOLDER, "leaseDurationSeconds": 86400}}
     cluster.kubectl("patch", "lease", name, "-n", "kube-node-lease", "--type=merge", "-p", json.dumps(patch))
+    cluster.kubectl("annotate", "node", name, f"{SILENCED_ANNOTATION}=true", "--overwrite")
+    cluster.kubectl("annotate", "pods", "--all-namespaces", f"--field-selector=spec.nodeName={name}",
+                    f"{SILENCED_ANNOTATION}=true", "--overwrite")  # fmt: skip
 
 
 def node_ready_status(cluster: Cluster, name: str) -> str:
