@@ -98,3 +98,18 @@ def test_a_long_job_name_still_gets_a_hostname_that_fits_a_dns_label() -> None:
     assert host == "worker-999-a12345" and len(host) <= 63
     assert worker_fqdn(job, "ns", 0, attempt=7).startswith(f"{job}-worker-0-a7.{job}.ns.svc")
     assert worker_hostname(job, 999) == f"{job}-worker-999"
+
+
+def test_the_operator_setting_is_read_from_its_environment_and_refused_when_not_a_number(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from phalanx.controller import node_lost_after_from_env
+
+    monkeypatch.delenv("PHALANX_NODE_LOST_AFTER_SECONDS", raising=False)
+    assert node_lost_after_from_env() == DEFAULT_NODE_LOST_AFTER_SECONDS
+    monkeypatch.setenv("PHALANX_NODE_LOST_AFTER_SECONDS", "45")
+    assert node_lost_after_from_env() == 45.0
+    for bad in ("soon", "-1"):
+        monkeypatch.setenv("PHALANX_NODE_LOST_AFTER_SECONDS", bad)
+        with pytest.raises(ValueError, match="PHALANX_NODE_LOST_AFTER_SECONDS.*seconds >= 0"):
+            node_lost_after_from_env()
