@@ -113,3 +113,11 @@ def test_the_operator_setting_is_read_from_its_environment_and_refused_when_not_
         monkeypatch.setenv("PHALANX_NODE_LOST_AFTER_SECONDS", bad)
         with pytest.raises(ValueError, match="PHALANX_NODE_LOST_AFTER_SECONDS.*seconds >= 0"):
             node_lost_after_from_env()
+
+
+def test_the_operators_slim_copy_of_a_node_still_tells_since_when_it_is_not_ready() -> None:
+    from phalanx.cache import slim_node
+
+    silent = {"metadata": {"name": "s", "resourceVersion": "3"}, **node("Unknown", NOW - 30)}
+    silent["status"]["conditions"][0]["lastHeartbeatTime"] = iso(NOW - 70)
+    assert lost_node_names({"s": slim_node(silent)}, NOW, 20) == {"s"}
