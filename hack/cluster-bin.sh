@@ -118,10 +118,8 @@ build_plain() {  # build_plain NAME MODULE PACKAGE VERSION
   if [[ $name == helm ]]; then
     # as helm's own Makefile does, so `helm template` and `helm lint` default to the cluster's version
     ldflags+=" -X helm.sh/helm/v3/internal/version.version=${version}"
-    # (not $pkg: that names the package to build below)
-    local versioned
-    for versioned in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
-      ldflags+=" -X ${versioned}.k8sVersionMajor=1 -X ${versioned}.k8sVersionMinor=${K8S_MINOR}"
+    for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
+      ldflags+=" -X ${pkg}.k8sVersionMajor=1 -X ${pkg}.k8sVersionMinor=${K8S_MINOR}"
     done
   fi
   [[ $name == kwok ]] && ldflags+=" -X sigs.k8s.io/kwok/pkg/consts.Version=${version}"
