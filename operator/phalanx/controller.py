@@ -387,6 +387,7 @@ class Controller:
                 template,
                 cluster_domain=self.cluster_domain,
                 attempt_in_name=plan.attempt_in_names,
+                avoid_nodes=plan.avoid_nodes,
             )
             for index in plan.create_indices
         ]

@@ -449,6 +449,10 @@ def test_a_gang_with_a_pod_on_a_node_that_stops_heartbeating_runs_again_on_other
     assert len(current) == 2 and all(p["status"].get("phase") == "Running" for p in current)
     placed = {p["spec"]["nodeName"] for p in current}
     assert silent not in placed and placed <= set(nodes) and len(placed) == 2
+    for pod in current:  # kept off the lost node even if it came back Ready
+        terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        avoid = {"key": "metadata.name", "operator": "NotIn", "values": [silent]}
+        assert all(avoid in t["matchFields"] for t in terms["nodeSelectorTerms"]), terms
     # The lost pod is still there, Terminating: the new attempt did not wait for it, and shares
     # neither its name nor its DNS name (the rendezvous address) with it.
     (lingering,) = [p for p in pods if p["metadata"]["labels"]["phalanx.dev/attempt"] == "0"]

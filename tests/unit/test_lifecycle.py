@@ -271,4 +271,5 @@ def test_a_pod_stuck_terminating_on_a_lost_node_does_not_hold_the_next_attempt_b
     plan = decide(job(dict(restarting)), [lingering], nodes, NOW)
     assert plan.create_indices == [0, 1]
     assert plan.attempt_in_names is True
+    assert plan.avoid_nodes == ["silent"]  # and the new attempt stays off the lost node
     assert plan.status["restarts"] == {"failures": 0, "preemptions": 1}

@@ -121,3 +121,34 @@ def test_the_operators_slim_copy_of_a_node_still_tells_since_when_it_is_not_read
     silent = {"metadata": {"name": "s", "resourceVersion": "3"}, **node("Unknown", NOW - 30)}
     silent["status"]["conditions"][0]["lastHeartbeatTime"] = iso(NOW - 70)
     assert lost_node_names({"s": slim_node(silent)}, NOW, 20) == {"s"}
+
+
+def test_the_next_attempt_is_kept_off_the_lost_node_by_a_required_affinity_that_pinning_narrows() -> None:
+    from phalanx.builders.pods import admitted_pod, pinned_node
+    from phalanx.gang.capacity import NodeInfo, PodDemand, placement_refusal
+
+    spec = parse(
+        TrainingJobSpec, {"replicas": 2, "template": {"spec": {"containers": [{"name": "trainer"}]}}}
+    )
+    zone = {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["z1"]}]}
+    template = {
+        "spec": {
+            "containers": [{"name": "trainer"}],
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [zone]}
+                }
+            },
+        }
+    }
+    pod = build_worker_pod(JobRef("j", "ns", "uid"), spec, 0, 1, template, avoid_nodes=["silent"])
+    demand = PodDemand.from_pod_spec(pod["spec"])
+    labels = {"zone": "z1"}
+    assert placement_refusal(NodeInfo("silent", (), labels), demand) is not None
+    assert placement_refusal(NodeInfo("healthy", (), labels), demand) is None
+    assert placement_refusal(NodeInfo("elsewhere", (), {"zone": "z2"}), demand) is not None
+    pinned = admitted_pod(pod, "healthy")
+    assert pinned_node(pinned["spec"]) == "healthy"
+    assert template["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == {
+        "nodeSelectorTerms": [zone]
+    }  # the job's template is untouched

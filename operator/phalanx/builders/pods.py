@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,9 +137,11 @@ def build_worker_pod(
     *,
     cluster_domain: str = "cluster.local",
     attempt_in_name: bool = False,
+    avoid_nodes: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Pod `<job>-worker-<index>` of `attempt` (`<job>-worker-<index>-a<attempt>` with attempt_in_name,
-    see policy/node_loss.py). `template` is spec.template as the user wrote it."""
+    see policy/node_loss.py), kept off `avoid_nodes` (lost nodes where the previous attempt's pods
+    linger). `template` is spec.template as the user wrote it."""
     template = copy.deepcopy(template)
     meta_in = template.get("metadata") or {}
     pod_spec: dict[str, Any] = template.get("spec") or {}
@@ -154,6 +156,9 @@ def build_worker_pod(
     annotations = dict(meta_in.get("annotations") or {})
 
     pod_spec["hostname"] = worker_hostname(job.name, index, named_attempt)
+    if avoid_nodes:
+        avoid = {"key": NODE_NAME_FIELD, "operator": "NotIn", "values": sorted(avoid_nodes)}
+        pod_spec["affinity"] = _narrowed_affinity(pod_spec.get("affinity"), avoid)
     pod_spec["subdomain"] = service_name(job.name)
     pod_spec["restartPolicy"] = "Never"
     pod_spec["terminationGracePeriodSeconds"] = spec.run_policy.termination_grace_period_seconds
@@ -265,13 +270,17 @@ def admitted_pod(pod: dict[str, Any], node: str) -> dict[str, Any]:
 
 
 def _pinned_affinity(affinity: dict[str, Any] | None, node: str) -> dict[str, Any]:
+    return _narrowed_affinity(affinity, {"key": NODE_NAME_FIELD, "operator": "In", "values": [node]})
+
+
+def _narrowed_affinity(affinity: dict[str, Any] | None, field: dict[str, Any]) -> dict[str, Any]:
+    """The affinity with a matchFields requirement added to every required node selector term."""
     affinity = copy.deepcopy(affinity or {})
     node_affinity = affinity.setdefault("nodeAffinity", {})
     required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
-    pin = {"key": NODE_NAME_FIELD, "operator": "In", "values": [node]}
     terms = required.get("nodeSelectorTerms") or [{}]
     for term in terms:
-        term["matchFields"] = [*(term.get("matchFields") or []), pin]
+        term["matchFields"] = [*(term.get("matchFields") or []), field]
     node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = {**required, "nodeSelectorTerms": terms}
     return affinity
 

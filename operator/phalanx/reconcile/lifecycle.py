@@ -75,6 +75,8 @@ class Plan:
     # The pods to create carry the attempt in their names: pods of an older attempt linger on a lost
     # node under the plain names (policy/node_loss.py).
     attempt_in_names: bool = False
+    # Nodes the pods to create must stay off: lost nodes where the older attempt's pods linger.
+    avoid_nodes: list[str] = field(default_factory=list)
 
 
 def iso(ts: float) -> str:
@@ -225,6 +227,10 @@ def decide(
         if missing:
             b.plan.create_indices.extend(missing)
             b.plan.attempt_in_names = attempt_in_names(current.values(), stale, attempt)
+            lingering_on = {
+                p.get("spec", {}).get("nodeName") for p in stale if p["metadata"]["name"] in left_behind
+            }
+            b.plan.avoid_nodes = sorted(n for n in lingering_on if n)
             if attempt == 0 or status.get("phase") not in ("Restarting",):
                 b.phase("Pending", "Created", f"created {spec.replicas} pod(s) for attempt {attempt}")
             return b.plan
