@@ -97,5 +97,8 @@ NCCL_DEFAULTS: Final = {
 GPU_RESOURCE: Final = "nvidia.com/gpu"
 MIG_RESOURCE_PREFIX: Final = "nvidia.com/mig-"
 
+# Operator setting: seconds a node may be not Ready before gangs with pods there restart elsewhere.
+ENV_NODE_LOST_AFTER: Final = "PHALANX_NODE_LOST_AFTER_SECONDS"
+
 # Progress endpoint the trainer's local rank 0 of global rank 0 serves (JSON, see docs/environment.md).
 PROGRESS_PATH: Final = "/progress"

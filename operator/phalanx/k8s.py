@@ -236,10 +236,10 @@ class KubeApi:
                 raise
 
     def admit_pod(self, namespace: str, name: str, admitted_spec: dict[str, Any]) -> dict[str, Any] | None:
-        """Writes the nodeSelector and gates of `admitted_spec` (builders.pods.admitted_pod) onto the
-        gated pod in one JSON patch; returns the pod as stored, None when it is gone."""
+        """Writes the node pin (affinity) and gates of `admitted_spec` (builders.pods.admitted_pod)
+        onto the gated pod in one JSON patch; returns the pod as stored, None when it is gone."""
         patch: list[dict[str, Any]] = [
-            {"op": "add", "path": "/spec/nodeSelector", "value": admitted_spec["nodeSelector"]},
+            {"op": "add", "path": "/spec/affinity", "value": admitted_spec["affinity"]},
             {
                 "op": "replace",
                 "path": "/spec/schedulingGates",

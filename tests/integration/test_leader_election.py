@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,7 +10,7 @@ from typing import Any
 import pytest
 
 from phalanx.reconcile.lifecycle import is_gated
-from tests.conftest import Cluster, OperatorProcess, wait_for
+from tests.conftest import OPERATOR_IDENTITY_NAMESPACE, Cluster, OperatorProcess, wait_for
 from tests.jobs import training_job
 
 pytestmark = pytest.mark.integration
@@ -35,15 +34,15 @@ def leading_at(log: str) -> bool:
 def two_operators(
     cluster: Cluster, operator_process: OperatorProcess, tmp_path: Path
 ) -> Iterator[tuple[OperatorProcess, OperatorProcess]]:
-    """The session's operator steps aside; two candidates share a lease of their own."""
+    """The session's operator steps aside (releasing the lease); two candidates with the chart's
+    service account, RBAC and lease take its place (later tests restart it)."""
     operator_process.stop()
-    lease = f"phalanx-test-{uuid.uuid4().hex[:6]}"
-    args = ["--leader-election-id", lease, "--lease-duration-seconds", str(LEASE_SECONDS)]
+    args = ["--lease-duration-seconds", str(LEASE_SECONDS)]
     pair = []
     for index in range(2):
         log_dir = tmp_path / f"op{index}"
         log_dir.mkdir()
-        candidate = OperatorProcess(cluster, log_dir)
+        candidate = OperatorProcess(cluster, log_dir, Path(operator_process.kubeconfig))
         candidate.start(extra_args=args)
         pair.append(candidate)
     try:
@@ -51,7 +50,6 @@ def two_operators(
     finally:
         for candidate in pair:
             candidate.stop()
-        cluster.kubectl("delete", "lease", lease, "-n", "default", "--ignore-not-found", check=False)
 
 
 def test_two_operators_one_leader_no_double_booking_and_a_warm_takeover(
@@ -152,9 +150,8 @@ def test_a_stopped_operator_exits_promptly_and_releases_its_lease(
     """SIGTERM (a rolling update, a drain): out well within the pod's 30 s grace, lease released, so
     the next operator leads at its next round instead of after a lease duration."""
     operator_process.stop()  # the session's operator steps aside (later tests restart it)
-    lease = f"phalanx-test-{uuid.uuid4().hex[:6]}"
-    candidate = OperatorProcess(cluster, tmp_path)
-    candidate.start(extra_args=["--leader-election-id", lease])
+    candidate = OperatorProcess(cluster, tmp_path, Path(operator_process.kubeconfig))
+    candidate.start()
     try:
         wait_for(lambda: leading_at(candidate.log_text()), timeout=60, what="the operator to lead")
         assert candidate.proc is not None
@@ -162,10 +159,8 @@ def test_a_stopped_operator_exits_promptly_and_releases_its_lease(
         candidate.proc.terminate()
         candidate.proc.wait(timeout=20)
         assert time.monotonic() - began < 10, f"stopping took {time.monotonic() - began:.1f}s"
-        holder = cluster.kubectl(
-            "get", "lease", lease, "-n", "default", "-o", "jsonpath={.spec.holderIdentity}"
-        )
+        holder = cluster.kubectl("get", "lease", "phalanx-operator", "-n", OPERATOR_IDENTITY_NAMESPACE,
+                                 "-o", "jsonpath={.spec.holderIdentity}")  # fmt: skip
         assert holder.stdout == ""
     finally:
         candidate.kill()
-        cluster.kubectl("delete", "lease", lease, "-n", "default", "--ignore-not-found", check=False)

@@ -377,6 +377,7 @@ def test_rbac_grants_what_the_operator_needs(value_set: str) -> None:
     needed = [
         ("phalanx.dev", "trainingjobs", ("get", "list", "watch", "patch", "update", "delete")),
         ("phalanx.dev", "trainingjobs/status", ("get", "patch", "update")),
+        ("phalanx.dev", "trainingjobs/finalizers", ("update",)),
         ("", "pods", ("get", "list", "watch", "create", "delete", "patch")),
         ("", "services", ("get", "list", "watch", "create", "delete")),
         ("", "events", ("create", "patch")),
@@ -505,6 +506,12 @@ def test_dashboard_config_map_holds_the_committed_fresh_dashboard() -> None:
     assert check.returncode == 0, check.stderr
 
 
+def test_the_lost_node_bound_reaches_the_operator_as_its_setting() -> None:
+    (container,) = the_deployment(rendered("default"))["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["PHALANX_NODE_LOST_AFTER_SECONDS"] == "20"
+
+
 def test_values_schema_rejects_bad_values(tmp_path: Path) -> None:
     bad_values: list[dict[str, Any]] = [
         {"watchNamespaces": ["Not_A_Namespace"]},
@@ -512,6 +519,7 @@ def test_values_schema_rejects_bad_values(tmp_path: Path) -> None:
         {"image": {"pullPolicy": "Sometimes"}},
         {"metrics": {"prometheusRule": {"thresholds": {"noProgressMinutes": 0}}}},
         {"replicas": 2},
+        {"operator": {"nodeLostAfterSeconds": -1}},
     ]
     for values in bad_values:
         result = helm(
