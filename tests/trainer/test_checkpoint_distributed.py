@@ -1,0 +1,182 @@
+"""The manager on 2 gloo ranks: who verifies what at restore, ZeRO-1 through DCP, staging once per
+replica, and the shared-storage check at commit.
+
+One forked process per rank runs one scenario function of this file; each rank writes what it saw
+to a JSON file that the test reads.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+from phalanx.ports import free_port
+from phalanx_trainer.checkpoint import CheckpointConfig, CheckpointManager
+from phalanx_trainer.checkpoint import manifest as manifest_module
+
+WORLD = 2
+
+
+class Progress:
+    def __init__(self) -> None:
+        self.step = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step = int(state["step"])
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(1234)  # the same weights on every rank
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 4))
+
+
+def _train(module: nn.Module, optimizer: torch.optim.Optimizer, steps: int, rank: int) -> None:
+    for step in range(steps):
+        generator = torch.Generator().manual_seed(100 * step + rank)
+        loss = module(torch.randn(4, 16, generator=generator)).square().mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()  # type: ignore[no-untyped-call]
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def _weights(model: nn.Module) -> dict[str, list[float]]:
+    return {name: param.detach().flatten().tolist() for name, param in model.state_dict().items()}
+
+
+# --------------------------------------------------------------------------------------------------
+# Scenarios: one function per case, run on every rank with (rank, folder, options).
+
+
+def fsdp_save(rank: int, folder: Path, options: dict[str, Any]) -> dict[str, Any]:
+    model = _model()
+    mesh = init_device_mesh("cpu", (WORLD,))
+    for index in (0, 2, 4):
+        fully_shard(model[index], mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    progress = Progress()
+    state: dict[str, Any] = {"model": model, "optimizer": optimizer, "progress": progress}
+    manager = CheckpointManager(CheckpointConfig(dir=str(folder / "ckpt"), async_save=False, keep=5))
+    hashed: list[str] = []
+    if options.get("restore"):
+        original = manifest_module.sha256_file
+
+        def recording(path: Path) -> str:
+            hashed.append(Path(path).name)
+            return original(path)
+
+        manifest_module.sha256_file = recording
+        restored = manager.restore(state)
+        manifest_module.sha256_file = original
+        return {"restored": restored, "hashed": hashed, "step": progress.step}
+    for step in (1, 2):
+        _train(model, optimizer, 1, rank)
+        progress.step = step
+        manager.save(step, state)
+    return {}
+
+
+SCENARIOS: dict[str, Callable[[int, Path, dict[str, Any]], dict[str, Any]]] = {
+    "fsdp_save": fsdp_save,
+}
+
+
+# --------------------------------------------------------------------------------------------------
+# The harness.
+
+
+def _rank_main(rank: int, world: int, port: int, scenario: str, folder: str, options: dict[str, Any]) -> None:
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        GLOO_SOCKET_IFNAME="lo",
+    )
+    tag = options.get("tag", scenario)
+    with open(Path(folder) / f"{tag}.rank{rank}.log", "wb") as out:
+        os.dup2(out.fileno(), 1)
+        os.dup2(out.fileno(), 2)
+    torch.set_num_threads(1)
+    code = 0
+    try:
+        dist.init_process_group("gloo")
+        result = SCENARIOS[scenario](rank, Path(folder), options)
+        dist.destroy_process_group()
+    except Exception:
+        result, code = {"exception": traceback.format_exc()}, 1
+    (Path(folder) / f"{tag}.rank{rank}.json").write_text(json.dumps(result))
+    sys.stdout.flush()
+    os._exit(code)
+
+
+def run_ranks(world: int, scenario: str, folder: Path, **options: Any) -> list[dict[str, Any]]:
+    context = multiprocessing.get_context("fork")
+    port = free_port()
+    procs = [
+        context.Process(target=_rank_main, args=(rank, world, port, scenario, str(folder), options))
+        for rank in range(world)
+    ]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(timeout=150)
+        if proc.exitcode is None:
+            proc.kill()
+            proc.join()
+    tag = options.get("tag", scenario)
+    results = []
+    for rank in range(world):
+        path = folder / f"{tag}.rank{rank}.json"
+        log = (folder / f"{tag}.rank{rank}.log").read_text(errors="replace")[-3000:]
+        assert path.exists(), f"rank {rank} of {tag} wrote no result:\n{log}"
+        result = json.loads(path.read_text())
+        assert "exception" not in result, f"rank {rank} of {tag} raised:\n{result['exception']}\n{log}"
+        results.append(result)
+    return results
+
+
+# --------------------------------------------------------------------------------------------------
+# The tests.
+
+
+@pytest.mark.trainer
+def test_restore_verification_is_split_across_the_ranks_that_read(tmp_path: Path) -> None:
+    run_ranks(WORLD, "fsdp_save", tmp_path)
+    folder = tmp_path / "ckpt" / "step-00000002"
+    listed = {entry["path"] for entry in json.loads((folder / "manifest.json").read_text())["files"]}
+    results = run_ranks(WORLD, "fsdp_save", tmp_path, restore=True, tag="restore")
+    assert [result["restored"] for result in results] == [2, 2]
+    hashed = [result["hashed"] for result in results]
+    every = [name for names in hashed for name in names]
+    assert sorted(every) == sorted(set(every)), f"a file was hashed twice: {hashed}"
+    assert set(every) == listed, "every file the ranks read is verified, by one of them"
+    assert "rank-00001.pt" in hashed[1] and "rank-00001.pt" not in hashed[0], (
+        f"rank 1 verifies its own per-rank file, rank 0 does not: {hashed}"
+    )
+
+    # Damage in a file only rank 1 reads is found by rank 1, and both ranks fall back together.
+    damaged = folder / "rank-00001.pt"
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    results = run_ranks(WORLD, "fsdp_save", tmp_path, restore=True, tag="fallback")
+    assert [result["restored"] for result in results] == [1, 1]
+    assert [result["step"] for result in results] == [1, 1]
