@@ -22,10 +22,13 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.nn.parallel import DistributedDataParallel
 
 from phalanx.ports import free_port
 from phalanx_trainer.checkpoint import CheckpointConfig, CheckpointManager
 from phalanx_trainer.checkpoint import manifest as manifest_module
+from phalanx_trainer.checkpoint.safe_load import load_small_state
 
 WORLD = 2
 
@@ -93,8 +96,40 @@ def fsdp_save(rank: int, folder: Path, options: dict[str, Any]) -> dict[str, Any
     return {}
 
 
+def zero1_save(rank: int, folder: Path, options: dict[str, Any]) -> dict[str, Any]:
+    model = _model()
+    replica = DistributedDataParallel(model)
+    optimizer = ZeroRedundancyOptimizer(list(model.parameters()), optimizer_class=torch.optim.AdamW, lr=1e-2)
+    optimizer.param_groups[0]["lr"] = 0.005  # what an LR schedule does between steps
+    state: dict[str, Any] = {"model": model, "optimizer": optimizer, "progress": Progress()}
+    manager = CheckpointManager(CheckpointConfig(dir=str(folder / "ckpt"), async_save=True))
+    if options.get("restore"):
+        restored = manager.restore(state)
+        inner = {
+            name: {key: value.flatten().tolist() for key, value in optimizer.optim.state[param].items()}
+            for name, param in model.named_parameters()
+            if param in optimizer.optim.state
+        }
+        return {
+            "restored": restored,
+            "weights": _weights(model),
+            "inner": inner,
+            "lr": optimizer.param_groups[0]["lr"],
+        }
+    _train(replica, optimizer, 2, rank)
+    manager.save(2, state)
+    manager.wait()
+    owned = {
+        name: {key: value.flatten().tolist() for key, value in optimizer.optim.state[param].items()}
+        for name, param in model.named_parameters()
+        if param in optimizer.optim.state
+    }
+    return {"weights": _weights(model), "inner": owned}
+
+
 SCENARIOS: dict[str, Callable[[int, Path, dict[str, Any]], dict[str, Any]]] = {
     "fsdp_save": fsdp_save,
+    "zero1_save": zero1_save,
 }
 
 
@@ -180,3 +215,27 @@ def test_restore_verification_is_split_across_the_ranks_that_read(tmp_path: Path
     results = run_ranks(WORLD, "fsdp_save", tmp_path, restore=True, tag="fallback")
     assert [result["restored"] for result in results] == [1, 1]
     assert [result["step"] for result in results] == [1, 1]
+
+
+@pytest.mark.trainer
+def test_zero1_optimizer_state_goes_through_dcp_and_reshards(tmp_path: Path) -> None:
+    saved = run_ranks(WORLD, "zero1_save", tmp_path)
+    folder = tmp_path / "ckpt" / "step-00000002"
+    for rank in range(WORLD):
+        small = load_small_state((folder / f"rank-{rank:05d}.pt").read_bytes())
+        assert "optimizer" not in small["per_rank"], "the ZeRO-1 shard is still in the per-rank file"
+
+    # Same world size: each rank gets its shard back exactly, and the learning rate of its groups.
+    again = run_ranks(WORLD, "zero1_save", tmp_path, restore=True, tag="same-world")
+    for before, after in zip(saved, again, strict=True):
+        assert after["restored"] == 2
+        assert after["inner"] == before["inner"]
+        assert after["weights"] == before["weights"]
+        assert after["lr"] == 0.005
+
+    # One rank: it owns every parameter and takes the state both ranks wrote.
+    alone = run_ranks(1, "zero1_save", tmp_path, restore=True, tag="one-rank")[0]
+    merged = {**saved[0]["inner"], **saved[1]["inner"]}
+    assert alone["restored"] == 2
+    assert alone["inner"] == merged
+    assert alone["weights"] == saved[0]["weights"]
