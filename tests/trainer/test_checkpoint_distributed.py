@@ -127,9 +127,36 @@ def zero1_save(rank: int, folder: Path, options: dict[str, Any]) -> dict[str, An
     return {"weights": _weights(model), "inner": owned}
 
 
+def ddp_staging(rank: int, folder: Path, options: dict[str, Any]) -> dict[str, Any]:
+    model = _model()
+    replica = DistributedDataParallel(model)
+    optimizer: torch.optim.Optimizer
+    if options["mode"] == "zero1":
+        optimizer = ZeroRedundancyOptimizer(
+            list(model.parameters()), optimizer_class=torch.optim.AdamW, lr=1e-2
+        )
+    else:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    state: dict[str, Any] = {"model": model, "optimizer": optimizer, "progress": Progress()}
+    config = CheckpointConfig(dir=str(folder / options["mode"]), async_save=False)
+    manager = CheckpointManager(config, replica_rank=rank)  # the data-parallel rank of a DDP replica
+    if options.get("restore"):
+        restored = manager.restore(state)
+        return {"restored": restored, "weights": _weights(model)}
+    _train(replica, optimizer, 2, rank)
+    manager.save(2, state)
+    staged = manager._staging._buffers  # noqa: SLF001 - what this rank holds in staging memory
+    return {
+        "weights": _weights(model),
+        "staged_keys": sorted(staged),
+        "staged_bytes": sum(t.numel() * t.element_size() for t in staged.values()),
+    }
+
+
 SCENARIOS: dict[str, Callable[[int, Path, dict[str, Any]], dict[str, Any]]] = {
     "fsdp_save": fsdp_save,
     "zero1_save": zero1_save,
+    "ddp_staging": ddp_staging,
 }
 
 
@@ -239,3 +266,19 @@ def test_zero1_optimizer_state_goes_through_dcp_and_reshards(tmp_path: Path) -> 
     assert alone["restored"] == 2
     assert alone["inner"] == merged
     assert alone["weights"] == saved[0]["weights"]
+
+
+@pytest.mark.trainer
+@pytest.mark.parametrize("mode", ["ddp", "zero1"])
+def test_replicated_state_is_staged_once_on_the_first_replica(tmp_path: Path, mode: str) -> None:
+    first, second = run_ranks(WORLD, "ddp_staging", tmp_path, mode=mode)
+    assert first["staged_bytes"] > 0
+    assert all(key.startswith("model/") or key.startswith("optimizer/") for key in first["staged_keys"])
+    if mode == "ddp":
+        assert second["staged_bytes"] == 0, f"rank 1 staged a replica: {second['staged_keys'][:4]}"
+    else:  # ZeRO-1: rank 1 stages its own optimizer shard and no model tensor
+        assert second["staged_keys"] and all(key.startswith("optimizer/") for key in second["staged_keys"])
+    restored = run_ranks(WORLD, "ddp_staging", tmp_path, mode=mode, restore=True, tag=f"{mode}-restore")
+    for before, after in zip((first, second), restored, strict=True):
+        assert after["restored"] == 2
+        assert after["weights"] == before["weights"]
