@@ -26,7 +26,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
 
 from phalanx.ports import free_port
-from phalanx_trainer.checkpoint import CheckpointConfig, CheckpointManager
+from phalanx_trainer.checkpoint import CheckpointConfig, CheckpointError, CheckpointManager
 from phalanx_trainer.checkpoint import manifest as manifest_module
 from phalanx_trainer.checkpoint.safe_load import load_small_state
 
@@ -153,10 +153,25 @@ def ddp_staging(rank: int, folder: Path, options: dict[str, Any]) -> dict[str, A
     }
 
 
+def node_local_disks(rank: int, folder: Path, options: dict[str, Any]) -> dict[str, Any]:
+    """Each rank's checkpoint folder is its own: what node-local disks mounted at one path look like."""
+    model = _model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    state: dict[str, Any] = {"model": model, "optimizer": optimizer, "progress": Progress()}
+    manager = CheckpointManager(CheckpointConfig(dir=str(folder / f"node-{rank}"), async_save=False))
+    _train(model, optimizer, 1, rank)
+    try:
+        manager.save(1, state)
+    except CheckpointError as error:
+        return {"error": str(error)}
+    return {"error": None}
+
+
 SCENARIOS: dict[str, Callable[[int, Path, dict[str, Any]], dict[str, Any]]] = {
     "fsdp_save": fsdp_save,
     "zero1_save": zero1_save,
     "ddp_staging": ddp_staging,
+    "node_local_disks": node_local_disks,
 }
 
 
@@ -282,3 +297,12 @@ def test_replicated_state_is_staged_once_on_the_first_replica(tmp_path: Path, mo
     for before, after in zip((first, second), restored, strict=True):
         assert after["restored"] == 2
         assert after["weights"] == before["weights"]
+
+
+@pytest.mark.trainer
+def test_node_local_checkpoint_folders_fail_the_first_commit_with_a_clear_message(tmp_path: Path) -> None:
+    results = run_ranks(WORLD, "node_local_disks", tmp_path)
+    for result in results:
+        assert result["error"] is not None, "a checkpoint rank 0 cannot see in full was committed"
+        assert "shared" in result["error"] and "docs/checkpoints.md" in result["error"], result["error"]
+    assert not list((tmp_path / "node-0").glob("step-*")), "nothing is committed"
