@@ -298,3 +298,29 @@ def test_staging_copies_and_reuses_buffers() -> None:
     second = area.stage(live)
     assert second["w"].data_ptr() == first["w"].data_ptr(), "buffers are not reused"
     assert torch.equal(second["w"], live["w"])
+
+
+def test_a_damaged_folder_does_not_count_towards_keep(tmp_path: Path) -> None:
+    state = new_state()
+    manager = CheckpointManager(CheckpointConfig(dir=str(tmp_path), keep=2, async_save=False))
+    for step in (1, 2):
+        train(state, 1)
+        manager.save(step, state)
+    damaged = tmp_path / "step-00000003"
+    shutil.copytree(tmp_path / "step-00000002", damaged)
+    (damaged / "manifest.json").write_text("{")  # say, a copy that was cut short
+    train(state, 1)
+    manager.save(4, state)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000002", "step-00000004"]
+
+
+def test_a_folder_rejected_at_resume_does_not_count_towards_keep(root: Path) -> None:
+    # step 4's data is damaged in a way only the digest shows (same size).
+    flip(next((root / "step-00000004").glob("__0_*.distcp")))
+    state = new_state(seed=99)
+    manager = CheckpointManager(CheckpointConfig(dir=str(root), keep=2, async_save=False))
+    assert manager.restore(state) == 2
+    for step in (3, 5):
+        train(state, 1)
+        manager.save(step, state)
+    assert sorted(p.name for p in root.iterdir()) == ["step-00000003", "step-00000005"]
