@@ -324,3 +324,18 @@ def test_a_folder_rejected_at_resume_does_not_count_towards_keep(root: Path) -> 
         train(state, 1)
         manager.save(step, state)
     assert sorted(p.name for p in root.iterdir()) == ["step-00000003", "step-00000005"]
+
+
+def test_a_configured_write_speed_replaces_the_assumed_one(tmp_path: Path) -> None:
+    state = {"model": nn.Linear(1024, 1024), "progress": Progress()}  # 4 MB: 21 ms at 200 MB/s
+    config = CheckpointConfig(dir=str(tmp_path), emergency_budget_seconds=0.015, write_bytes_per_second=100e9)
+    manager = CheckpointManager(config)
+    manager.save(1, state, emergency=True)
+    assert (tmp_path / "step-00000001").is_dir(), "skipped although 4 MB at 100 GB/s fits in 15 ms"
+
+
+def test_the_storage_speed_is_measured_at_start(tmp_path: Path) -> None:
+    manager = CheckpointManager(CheckpointConfig(dir=str(tmp_path)))
+    assert manager.restore(new_state()) is None
+    assert manager.storage_bytes_per_second is not None and manager.storage_bytes_per_second > 0
+    assert not list(tmp_path.iterdir()), "the probe leaves nothing behind"
