@@ -133,5 +133,5 @@ def test_folders_that_fail_verification_do_not_count_towards_keep() -> None:
     # step 4 is damaged: the two kept are 5 and 3, and the damaged one goes too.
     assert retention_victims([1, 2, 3, 4, 5], keep=2, protected=set(), invalid={4}) == [4, 2, 1]
     # A damaged folder newer than every valid one is left for the resume to report.
-    assert retention_victims([1, 2, 3], keep=2, protected=set(), invalid={3}) == [1]
+    assert retention_victims([1, 2, 3, 4], keep=2, protected=set(), invalid={4}) == [1]
     assert retention_victims([1, 2], keep=2, protected=set(), invalid={1, 2}) == []
