@@ -31,7 +31,9 @@ from phalanx_trainer.checkpoint.manifest import (
     DCP_METADATA_NAME,
     FileEntry,
     Manifest,
+    ManifestError,
     describe_file,
+    verify_folder,
     write_manifest,
 )
 from phalanx_trainer.checkpoint.records import CheckpointConfig, CheckpointError, CheckpointInfo, Stateful
@@ -55,6 +57,7 @@ from phalanx_trainer.checkpoint.state import (
 from phalanx_trainer.checkpoint.store import (
     commit,
     list_checkpoints,
+    parse_step_dir,
     remove_leftovers,
     remove_tree,
     retention_victims,
@@ -122,6 +125,7 @@ class CheckpointManager:
         self._layout = dict(layout) if layout is not None else None
         self._writer = BackgroundWriter(writer_nice_increment)
         self._staging = StagingArea()
+        self._rejected: set[int] = set()  # steps whose folders the resume found damaged
         self._distributed = dist.is_available() and dist.is_initialized()
         self._group: Any = None
         if self._distributed and self._enabled:
@@ -185,6 +189,8 @@ class CheckpointManager:
     def _report_selection(self, selection: Selection) -> None:
         for item in selection.rejected:
             log.warning("checkpoint %s skipped at resume: %s", item.name, item.reason)
+            if parse_step_dir(item.name) is not None:  # a committed folder, not a .tmp one
+                self._rejected.add(item.step)
         if selection.rejected:
             metrics.FALLBACKS.inc(len(selection.rejected))
         if selection.path is None:
@@ -342,15 +348,23 @@ class CheckpointManager:
         write_manifest(temporary, manifest)
         final = self.root / step_dir_name(pending.step)
         commit(temporary, final)
+        self._rejected.discard(pending.step)  # a damaged older copy of this step was replaced
         self._apply_retention(protected={pending.step})
         return str(final)
 
     def _apply_retention(self, protected: set[int]) -> None:
         complete = list_checkpoints(self.root).complete
         steps = [step for step, _ in complete]
-        for victim in retention_victims(steps, self.config.keep, protected):
+        # Sizes and structure only (no digests): a folder whose manifest, files or sizes are wrong, or
+        # that the resume rejected, is no checkpoint to count.
+        invalid = {
+            step for step, folder in complete if step in self._rejected or not _looks_valid(folder, step)
+        }
+        for victim in retention_victims(steps, self.config.keep, protected, invalid):
             remove_tree(self.root / step_dir_name(victim))
-            log.info("removed old checkpoint %s (keep=%d)", step_dir_name(victim), self.config.keep)
+            reason = "failed verification" if victim in invalid else f"keep={self.config.keep}"
+            log.info("removed checkpoint %s (%s)", step_dir_name(victim), reason)
+            self._rejected.discard(victim)
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
@@ -376,6 +390,14 @@ class CheckpointManager:
             body["totalSeconds"] = round(self.last_save.total_seconds, 3)
             body["bytes"] = self.last_save.bytes_written
         return body
+
+
+def _looks_valid(folder: Path, step: int) -> bool:
+    try:
+        verify_folder(folder, expected_step=step, check_digests=False)
+    except ManifestError:
+        return False
+    return True
 
 
 def _parse_time(value: str) -> float:

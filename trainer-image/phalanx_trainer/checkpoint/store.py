@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,11 +63,23 @@ def list_checkpoints(root: Path) -> Listing:
     return Listing(tuple(complete), tuple(temporaries))
 
 
-def retention_victims(complete_steps: list[int], keep: int, protected: set[int]) -> list[int]:
-    """Steps to delete so that the newest `keep` remain; never the newest one, never a protected one."""
-    ordered = sorted(set(complete_steps), reverse=True)
-    kept = ordered[: max(keep, 1)]
-    return [step for step in ordered if step not in kept and step not in protected]
+def retention_victims(
+    complete_steps: list[int], keep: int, protected: set[int], invalid: Collection[int] = ()
+) -> list[int]:
+    """Steps to delete so that the newest `keep` valid checkpoints remain.
+
+    Folders that fail verification (`invalid`) do not count towards `keep`: counting them would delete
+    a loadable checkpoint and keep a useless one. They are deleted once a newer valid one exists; a
+    damaged folder newer than every valid one stays for the resume to report. Never the newest valid
+    one, never a protected one.
+    """
+    bad = set(invalid)
+    valid = sorted(set(complete_steps) - bad, reverse=True)
+    kept = set(valid[: max(keep, 1)])
+    victims = [step for step in valid if step not in kept]
+    if valid:
+        victims += [step for step in bad & set(complete_steps) if step < valid[0]]
+    return sorted((step for step in victims if step not in protected), reverse=True)
 
 
 def remove_tree(path: Path) -> None:
