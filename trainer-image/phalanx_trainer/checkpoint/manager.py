@@ -63,6 +63,7 @@ from phalanx_trainer.checkpoint.store import (
     retention_victims,
     step_dir_name,
     temporary_dir_name,
+    unseen_files,
 )
 from phalanx_trainer.contract import ENV_CHECKPOINT_DIR
 
@@ -307,6 +308,7 @@ class CheckpointManager:
         outcome: tuple[bool, str] | None = None
         if self.rank == 0:
             try:
+                self._check_shared_storage(temporary, everyone)
                 outcome = (
                     True,
                     self._commit(pending, temporary, [e for entries in everyone for e in entries]),
@@ -333,6 +335,21 @@ class CheckpointManager:
             written,
             self.rank,
         )
+
+    def _check_shared_storage(self, temporary: Path, everyone: list[list[FileEntry]]) -> None:
+        """Rank 0 commits by renaming a folder that holds every rank's files: on node-local disks it
+        would publish a checkpoint without the other nodes' files, which no resume can load."""
+        writer_of = {entry.path: rank for rank, entries in enumerate(everyone) for entry in entries}
+        expected = {entry.path: entry.size for entries in everyone[1:] for entry in entries}
+        unseen = unseen_files(temporary, expected)
+        if unseen:
+            raise CheckpointError(
+                f"the checkpoint folder {self.root} is not shared storage: rank 0 does not see "
+                f"{len(unseen)} file(s) other ranks wrote there (e.g. {unseen[0]} from rank "
+                f"{writer_of[unseen[0]]}). Every rank must write to one filesystem that all nodes "
+                "mount (NFS, a ReadWriteMany volume, a parallel filesystem), not a node-local disk: "
+                "see docs/checkpoints.md"
+            )
 
     def _commit(self, pending: _Pending, temporary: Path, entries: list[FileEntry]) -> str:
         if DCP_METADATA_NAME not in {entry.path for entry in entries}:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import time
 import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -103,6 +104,26 @@ def remove_leftovers(root: Path) -> list[Path]:
             shutil.rmtree(entry.path, ignore_errors=True)
             removed.append(Path(entry.path))
     return removed
+
+
+def unseen_files(folder: Path, expected: dict[str, int], settle_seconds: float = 1.0) -> list[str]:
+    """Names in `expected` (name -> size) that this process does not see in `folder` with that size.
+
+    Looked at again for up to `settle_seconds`, in case a network filesystem shows another client's
+    new files late.
+    """
+    deadline = time.monotonic() + settle_seconds
+    while True:
+        unseen = []
+        for name, size in sorted(expected.items()):
+            try:
+                if (folder / name).stat().st_size != size:
+                    unseen.append(name)
+            except FileNotFoundError:
+                unseen.append(name)
+        if not unseen or time.monotonic() >= deadline:
+            return unseen
+        time.sleep(0.1)
 
 
 def commit(temporary: Path, final: Path) -> None:
