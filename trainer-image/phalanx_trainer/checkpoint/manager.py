@@ -26,6 +26,7 @@ from torch.distributed.tensor import DTensor
 
 from phalanx_trainer.checkpoint import metrics
 from phalanx_trainer.checkpoint.async_writer import BackgroundWriter
+from phalanx_trainer.checkpoint.budget import PROBE_BYTES, MeasuredSave, emergency_estimate, write_speed
 from phalanx_trainer.checkpoint.hashing_writer import HashingFileSystemWriter
 from phalanx_trainer.checkpoint.manifest import (
     DCP_METADATA_NAME,
@@ -58,6 +59,7 @@ from phalanx_trainer.checkpoint.store import (
     commit,
     list_checkpoints,
     parse_step_dir,
+    probe_dir_name,
     remove_leftovers,
     remove_tree,
     retention_victims,
@@ -68,9 +70,6 @@ from phalanx_trainer.checkpoint.store import (
 from phalanx_trainer.contract import ENV_CHECKPOINT_DIR
 
 log = logging.getLogger("phalanx_trainer.checkpoint")
-
-# Used only to estimate the first emergency save, before any save has been measured.
-ASSUMED_WRITE_BYTES_PER_SECOND = 200e6
 
 
 def _now_rfc3339() -> str:
@@ -95,6 +94,7 @@ class SaveRecord:
     blocking_seconds: float
     total_seconds: float
     bytes_written: int
+    staged_bytes: int
 
 
 def describe_layout(app_state: Mapping[str, Any], world_size: int) -> dict[str, Any]:
@@ -121,6 +121,8 @@ class CheckpointManager:
         self.process_group = process_group
         self.last: CheckpointInfo | None = None
         self.last_save: SaveRecord | None = None
+        # The storage probe's figure for the whole job (bytes/s), once measured.
+        self.storage_bytes_per_second: float | None = None
         self.root = Path(config.dir or os.environ.get(ENV_CHECKPOINT_DIR, ""))
         self._enabled = bool(config.dir or os.environ.get(ENV_CHECKPOINT_DIR))
         self._layout = dict(layout) if layout is not None else None
@@ -166,9 +168,13 @@ class CheckpointManager:
 
     def restore(self, app_state: dict[str, Stateful]) -> int | None:
         """Load the newest valid checkpoint into app_state; returns its step, or None for a fresh start."""
-        if not self.enabled or not self.config.resume:
+        if not self.enabled:
             return None
         self._raise_if_failed(self._writer.wait())
+        if self.config.write_bytes_per_second <= 0 and self.storage_bytes_per_second is None:
+            self.storage_bytes_per_second = self._probe_storage()
+        if not self.config.resume:
+            return None
         selection: Selection | None = None
         if self.rank == 0:
             selection = latest_valid_checkpoint(self.root)
@@ -186,6 +192,36 @@ class CheckpointManager:
         metrics.LAST_STEP.set(selection.manifest.step)
         metrics.LAST_TIME.set(_parse_time(selection.manifest.created))
         return selection.manifest.step
+
+    def _probe_storage(self) -> float | None:
+        """Every rank writes and fsyncs PROBE_BYTES at once: the job's bytes/s, or None if it failed."""
+        token = self._broadcast(uuid.uuid4().hex if self.rank == 0 else None)
+        folder = self.root / probe_dir_name(token)
+        seconds: float | None = None
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            data = os.urandom(PROBE_BYTES)  # not zeros: some filesystems compress them away
+            began = time.monotonic()
+            with open(folder / f"rank-{self.rank:05d}", "wb", buffering=0) as handle:
+                handle.write(data)
+                os.fsync(handle.fileno())
+            seconds = time.monotonic() - began
+        except OSError as error:
+            log.warning("storage probe under %s failed on rank %d: %s", self.root, self.rank, error)
+        everyone = self._all_gather(seconds)
+        if self.rank == 0:
+            remove_tree(folder)
+        if any(value is None for value in everyone):
+            return None
+        slowest = max(max(float(value) for value in everyone), 1e-6)
+        speed = PROBE_BYTES * self.world_size / slowest
+        if self.rank == 0:
+            log.info(
+                "checkpoint storage takes %.0f MB/s from the job (probe, %d ranks)",
+                speed / 1e6,
+                self.world_size,
+            )
+        return speed
 
     def _report_selection(self, selection: Selection) -> None:
         for item in selection.rejected:
@@ -264,13 +300,16 @@ class CheckpointManager:
     def _emergency_fits(self, step: int, app_state: dict[str, Stateful], called: float) -> bool:
         sharded, _ = collect(app_state)
         _, tensors = split_tensors(sharded)
-        assumed = tensor_bytes(tensors) * self.world_size / ASSUMED_WRITE_BYTES_PER_SECOND
+        rank_bytes = tensor_bytes(tensors)
+        job_bytes = int(sum(self._all_gather(rank_bytes)))
+        last = None
         if self.last_save is not None:
-            # An asynchronous save ran niced and shared the cores with training; the emergency save runs
-            # alone at normal priority, so the measured time is an upper bound.
-            estimate = self.last_save.blocking_seconds + min(self.last_save.total_seconds, assumed)
-        else:
-            estimate = assumed
+            record = self.last_save
+            last = MeasuredSave(
+                record.blocking_seconds, record.total_seconds - record.blocking_seconds, record.staged_bytes
+            )
+        speed = write_speed(self.config.write_bytes_per_second, self.storage_bytes_per_second)
+        estimate = emergency_estimate(rank_bytes=rank_bytes, job_bytes=job_bytes, speed=speed, last=last)
         remaining = self.config.emergency_budget_seconds - (time.monotonic() - called)
         worst_estimate, neg_remaining = self._max([estimate, -remaining])
         if worst_estimate <= -neg_remaining:
@@ -320,7 +359,8 @@ class CheckpointManager:
             raise CheckpointError(final)
         total = time.monotonic() - pending.started
         written = sum(entry.size for entry in own_entries)
-        self.last_save = SaveRecord(pending.step, pending.blocking_seconds, total, written)
+        staged = tensor_bytes(pending.staged)
+        self.last_save = SaveRecord(pending.step, pending.blocking_seconds, total, written, staged)
         self.last = CheckpointInfo(step=pending.step, time=_now_rfc3339(), path=str(final))
         metrics.SAVE_TOTAL_SECONDS.observe(total)
         metrics.SAVE_BYTES.set(written)

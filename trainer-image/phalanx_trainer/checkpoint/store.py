@@ -26,6 +26,11 @@ def temporary_dir_name(step: int, token: str | None = None) -> str:
     return f".tmp-step-{step:08d}-{token or uuid.uuid4().hex}"
 
 
+def probe_dir_name(token: str) -> str:
+    """Where the storage probe writes: a trash name, so that a crash leaves it for remove_leftovers."""
+    return f"{_TRASH_PREFIX}probe-{token}"
+
+
 def parse_step_dir(name: str) -> int | None:
     match = _STEP_RE.match(name)
     return int(match.group(1)) if match else None
