@@ -100,7 +100,6 @@ def zero1_save(rank: int, folder: Path, options: dict[str, Any]) -> dict[str, An
     model = _model()
     replica = DistributedDataParallel(model)
     optimizer = ZeroRedundancyOptimizer(list(model.parameters()), optimizer_class=torch.optim.AdamW, lr=1e-2)
-    optimizer.param_groups[0]["lr"] = 0.005  # what an LR schedule does between steps
     state: dict[str, Any] = {"model": model, "optimizer": optimizer, "progress": Progress()}
     manager = CheckpointManager(CheckpointConfig(dir=str(folder / "ckpt"), async_save=True))
     if options.get("restore"):
@@ -116,6 +115,7 @@ def zero1_save(rank: int, folder: Path, options: dict[str, Any]) -> dict[str, An
             "inner": inner,
             "lr": optimizer.param_groups[0]["lr"],
         }
+    optimizer.param_groups[0]["lr"] = 0.005  # what an LR schedule does between steps
     _train(replica, optimizer, 2, rank)
     manager.save(2, state)
     manager.wait()
