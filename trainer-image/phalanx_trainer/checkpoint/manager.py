@@ -52,6 +52,7 @@ from phalanx_trainer.checkpoint.state import (
     collect,
     fill_tensors,
     overlay_plain_values,
+    replicated_prefixes,
     split_tensors,
     tensor_bytes,
 )
@@ -116,8 +117,13 @@ class CheckpointManager:
         *,
         layout: Mapping[str, Any] | None = None,
         writer_nice_increment: int = 10,
+        replica_rank: int = 0,
     ) -> None:
+        """`replica_rank`: this rank's index among the data-parallel ranks that hold the same model
+        state (DDP and ZeRO-1 pass their data-parallel rank; sharded layouts pass 0). Only index 0
+        stages and writes that state; the others stage only what is theirs alone."""
         self.config = config
+        self.replica_rank = replica_rank
         self.process_group = process_group
         self.last: CheckpointInfo | None = None
         self.last_save: SaveRecord | None = None
@@ -286,6 +292,7 @@ class CheckpointManager:
         started = time.monotonic()
         sharded, per_rank = collect(app_state)
         skeleton, tensors = split_tensors(sharded)
+        tensors = self._own_share(app_state, tensors)
         small_state = dump_small_state({"sharded": skeleton, "per_rank": per_rank})
         staged = self._staging.stage(tensors)
         if self._layout is None:
@@ -297,10 +304,21 @@ class CheckpointManager:
         else:
             self._write(pending)
 
+    def _own_share(
+        self, app_state: Mapping[str, Any], tensors: dict[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        """What this rank stages and writes. A data-parallel replica past the first leaves out the
+        state the first one writes (DCP's metadata is the union of what the ranks write), so a node
+        of 8 replicas holds one pinned copy of it, not 8."""
+        if self.replica_rank == 0:
+            return tensors
+        prefixes = replicated_prefixes(app_state)
+        return {key: tensor for key, tensor in tensors.items() if not key.startswith(prefixes)}
+
     def _emergency_fits(self, step: int, app_state: dict[str, Stateful], called: float) -> bool:
         sharded, _ = collect(app_state)
         _, tensors = split_tensors(sharded)
-        rank_bytes = tensor_bytes(tensors)
+        rank_bytes = tensor_bytes(self._own_share(app_state, tensors))
         job_bytes = int(sum(self._all_gather(rank_bytes)))
         last = None
         if self.last_save is not None:

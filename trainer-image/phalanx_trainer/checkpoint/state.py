@@ -64,6 +64,14 @@ def collect(app_state: Mapping[str, Stateful | Any]) -> tuple[dict[str, Any], di
     return sharded, per_rank
 
 
+def replicated_prefixes(app_state: Mapping[str, Any]) -> tuple[str, ...]:
+    """DCP keys of the state every data-parallel replica of DDP or ZeRO-1 holds alike: the model's,
+    and the optimizer's unless ZeRO-1 partitions it."""
+    if isinstance(app_state.get("optimizer"), ZeroRedundancyOptimizer):
+        return ("model/",)
+    return ("model/", "optimizer/")
+
+
 def split_tensors(tree: Any, prefix: str = "") -> tuple[Any, dict[str, torch.Tensor]]:
     """Replace every tensor leaf by a marker naming its DCP key; return (skeleton, key -> tensor)."""
     tensors: dict[str, torch.Tensor] = {}
