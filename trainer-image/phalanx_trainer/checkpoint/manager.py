@@ -34,6 +34,7 @@ from phalanx_trainer.checkpoint.manifest import (
     Manifest,
     ManifestError,
     describe_file,
+    verify_digests,
     verify_folder,
     write_manifest,
 )
@@ -43,8 +44,17 @@ from phalanx_trainer.checkpoint.safe_load import (
     SafeLoadPlanner,
     dump_small_state,
     load_small_state,
+    read_dcp_metadata,
 )
-from phalanx_trainer.checkpoint.selection import Selection, latest_valid_checkpoint, rank_file_name
+from phalanx_trainer.checkpoint.selection import (
+    Rejected,
+    Selection,
+    assign_verification,
+    files_read,
+    next_candidate,
+    rank_file_name,
+    unfinished_newer_than,
+)
 from phalanx_trainer.checkpoint.state import (
     StagingArea,
     apply_per_rank,
@@ -181,23 +191,81 @@ class CheckpointManager:
             self.storage_bytes_per_second = self._probe_storage()
         if not self.config.resume:
             return None
-        selection: Selection | None = None
+        live, _ = collect(app_state)
+        live_skeleton, live_tensors = split_tensors(live)
+        unfinished = unfinished_newer_than(self.root, -1) if self.rank == 0 else []
         if self.rank == 0:
-            selection = latest_valid_checkpoint(self.root)
             for removed in remove_leftovers(self.root):
                 log.info("removed unfinished checkpoint folder %s", removed.name)
-            self._report_selection(selection)
-        selection = self._broadcast(selection)
-        assert selection is not None
-        if selection.path is None or selection.manifest is None:
+        rejected: list[Rejected] = []
+        chosen: tuple[Path, Manifest, dict[str, Any]] | None = None
+        below: int | None = None
+        while chosen is None:
+            # Rank 0 checks structure and sizes; the digests are split over the ranks that read.
+            proposal: tuple[Path, Manifest] | None = None
+            if self.rank == 0:
+                proposal, skipped = next_candidate(self.root, below)
+                rejected += skipped
+            proposal = self._broadcast(proposal)
+            if proposal is None:
+                break
+            folder, manifest = proposal
+            small, problem = self._verify_share(folder, manifest, live_tensors)
+            if problem is None and small is not None:
+                chosen = (folder, manifest, small)
+            else:
+                rejected.append(Rejected(folder.name, manifest.step, problem or "unverified"))
+                below = manifest.step
+        if self.rank == 0:
+            floor = chosen[1].step if chosen else -1
+            rejected += [item for item in unfinished if item.step > floor]
+            rejected.sort(key=lambda item: item.step, reverse=True)
+            self._report_selection(
+                Selection(chosen[0] if chosen else None, chosen[1] if chosen else None, tuple(rejected))
+            )
+        if chosen is None:
             return None
-        self._load(selection.path, selection.manifest, app_state)
-        self.last = CheckpointInfo(
-            step=selection.manifest.step, time=selection.manifest.created, path=str(selection.path)
-        )
-        metrics.LAST_STEP.set(selection.manifest.step)
-        metrics.LAST_TIME.set(_parse_time(selection.manifest.created))
-        return selection.manifest.step
+        folder, manifest, small = chosen
+        self._load(folder, manifest, app_state, small, live_skeleton, live_tensors)
+        self.last = CheckpointInfo(step=manifest.step, time=manifest.created, path=str(folder))
+        metrics.LAST_STEP.set(manifest.step)
+        metrics.LAST_TIME.set(_parse_time(manifest.created))
+        return manifest.step
+
+    def _verify_share(
+        self, folder: Path, manifest: Manifest, tensors: dict[str, torch.Tensor]
+    ) -> tuple[dict[str, Any] | None, str | None]:
+        """Each rank hashes its share of the files the ranks read, and parses its per-rank file.
+
+        Collective. Returns (this rank's per-rank state, None) when every rank found its share intact,
+        else (None, the first problem found, the same on every rank).
+        """
+        own_file = rank_file_name(self.rank if self.rank < manifest.world_size else 0)
+        reads: set[str] | None = None
+        planning_error: str | None = None
+        try:
+            metadata = read_dcp_metadata(folder / DCP_METADATA_NAME)
+            reads = files_read(folder, metadata, tensors, own_file)
+        except Exception as error:  # the checkpoint lacks a tensor this rank holds, or similar
+            planning_error = f"rank {self.rank}: {type(error).__name__}: {error}"
+        everyone = self._all_gather((reads, planning_error))
+        errors = [error for _, error in everyone if error]
+        if errors:
+            # Not damage: this layout cannot load that checkpoint (the old code crashed in DCP too).
+            raise CheckpointError(f"checkpoint {folder.name} does not fit this run: {errors[0]}")
+        sizes = {entry.path: entry.size for entry in manifest.files}
+        mine = assign_verification([names or set() for names, _ in everyone], sizes)[self.rank]
+        small: dict[str, Any] | None = None
+        problem: str | None = None
+        try:
+            verify_digests(folder, manifest, mine)
+            small = load_small_state((folder / own_file).read_bytes())
+        except ValueError as error:  # ManifestError, UnsafeCheckpointError
+            problem = f"{error} (found by rank {self.rank})"
+        problems = [found for found in self._all_gather(problem) if found]
+        if problems:
+            return None, problems[0]
+        return small, None
 
     def _probe_storage(self) -> float | None:
         """Every rank writes and fsyncs PROBE_BYTES at once: the job's bytes/s, or None if it failed."""
@@ -242,17 +310,21 @@ class CheckpointManager:
             fallback = " (fallback: newer ones were damaged)" if selection.rejected else ""
             log.info("resuming from %s%s", selection.path.name, fallback)
 
-    def _load(self, folder: Path, manifest: Manifest, app_state: dict[str, Stateful]) -> None:
-        own_file = rank_file_name(self.rank if self.rank < manifest.world_size else 0)
+    def _load(
+        self,
+        folder: Path,
+        manifest: Manifest,
+        app_state: dict[str, Stateful],
+        small: dict[str, Any],
+        live_skeleton: Any,
+        live_tensors: dict[str, torch.Tensor],
+    ) -> None:
         if self.rank >= manifest.world_size:
             log.warning(
                 "checkpoint has %d ranks; rank %d takes rank 0's per-rank state",
                 manifest.world_size,
                 self.rank,
             )
-        small = load_small_state((folder / own_file).read_bytes())
-        live, _ = collect(app_state)
-        live_skeleton, live_tensors = split_tensors(live)
         # Every tensor this rank holds must be in the checkpoint (DCP raises otherwise); what this rank
         # does not hold (another pipeline stage's layers) is not read.
         dcp_load(

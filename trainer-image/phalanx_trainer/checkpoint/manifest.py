@@ -156,10 +156,19 @@ def verify_folder(folder: Path, *, expected_step: int | None = None, check_diges
             raise ManifestError(f"{entry.path} is missing") from None
         _require(size == entry.size, f"{entry.path} has {size} bytes, manifest says {entry.size}")
     if check_digests:
-        for entry in manifest.files:
-            actual = sha256_file(folder / entry.path)
-            _require(actual == entry.sha256, f"{entry.path} sha256 mismatch (content changed or damaged)")
+        verify_digests(folder, manifest, {entry.path for entry in manifest.files})
     return manifest
+
+
+def verify_digests(folder: Path, manifest: Manifest, names: set[str]) -> None:
+    """Each named file's SHA-256 against the manifest; ManifestError names the first that differs."""
+    listed = {entry.path: entry for entry in manifest.files}
+    for name in sorted(names):
+        entry = listed.get(name)
+        _require(entry is not None, f"{name} is not listed")
+        assert entry is not None
+        actual = sha256_file(folder / name)
+        _require(actual == entry.sha256, f"{name} sha256 mismatch (content changed or damaged)")
 
 
 def fsync_path(path: Path) -> None:
