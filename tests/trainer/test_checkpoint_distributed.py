@@ -115,8 +115,9 @@ def zero1_save(rank: int, folder: Path, options: dict[str, Any]) -> dict[str, An
             "inner": inner,
             "lr": optimizer.param_groups[0]["lr"],
         }
-    optimizer.param_groups[0]["lr"] = 0.005  # what an LR schedule does between steps
     _train(replica, optimizer, 2, rank)
+    # What an LR schedule does after a step: ZeRO copies it into its partition only at the next step.
+    optimizer.param_groups[0]["lr"] = 0.005
     manager.save(2, state)
     manager.wait()
     owned = {
