@@ -56,6 +56,12 @@ def collect(app_state: Mapping[str, Stateful | Any]) -> tuple[dict[str, Any], di
     """(sharded state of model/optimizer, per-rank state of everything else)."""
     module, optim = _module_and_optimizer(app_state)
     sharded: dict[str, Any] = {}
+    zero = app_state.get("optimizer")
+    if isinstance(zero, ZeroRedundancyOptimizer) and optim is not None:
+        # The LR schedule writes ZeRO's exposed groups; ZeRO copies them into its partition only at
+        # the next step, so the partition still holds the last step's rate: copy them first.
+        for exposed, local in zip(zero.param_groups, optim.param_groups, strict=True):
+            local.update({key: value for key, value in exposed.items() if key != "params"})
     if module is not None and optim is not None:
         sharded["model"], sharded["optimizer"] = get_state_dict(module, optim)
     elif module is not None:
