@@ -17,7 +17,7 @@ import torch
 from prometheus_client import REGISTRY
 from torch import nn
 
-from phalanx_trainer.checkpoint import CheckpointConfig, CheckpointManager
+from phalanx_trainer.checkpoint import CheckpointConfig, CheckpointError, CheckpointManager
 from phalanx_trainer.checkpoint import manager as manager_module
 from phalanx_trainer.checkpoint.manifest import describe_file, parse_manifest, write_manifest
 from phalanx_trainer.checkpoint.rng import RngState
@@ -339,3 +339,13 @@ def test_the_storage_speed_is_measured_at_start(tmp_path: Path) -> None:
     assert manager.restore(new_state()) is None
     assert manager.storage_bytes_per_second is not None and manager.storage_bytes_per_second > 0
     assert not list(tmp_path.iterdir()), "the probe leaves nothing behind"
+
+
+def test_restore_refuses_a_fresh_start_over_weights_a_damaged_checkpoint_overwrote(root: Path) -> None:
+    # Digests are checked while DCP loads, so a folder whose data is damaged has already been read
+    # into the live state when it is rejected: with no older one to load over it, starting "fresh"
+    # would train from those weights.
+    for folder in root.glob("step-*"):
+        flip(next(folder.glob("__0_*.distcp")))
+    with pytest.raises(CheckpointError, match="start fresh"):
+        restore(root)
