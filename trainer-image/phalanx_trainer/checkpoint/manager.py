@@ -12,6 +12,7 @@ import os
 import time
 import uuid
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -200,6 +201,7 @@ class CheckpointManager:
         rejected: list[Rejected] = []
         chosen: tuple[Path, Manifest, dict[str, Any]] | None = None
         below: int | None = None
+        overwritten_by: str | None = None  # a rejected folder whose data the live tensors now hold
         while chosen is None:
             # Rank 0 checks structure and sizes; the digests are split over the ranks that read.
             proposal: tuple[Path, Manifest] | None = None
@@ -210,12 +212,13 @@ class CheckpointManager:
             if proposal is None:
                 break
             folder, manifest = proposal
-            small, problem = self._verify_share(folder, manifest, live_tensors)
+            small, problem = self._load_and_verify(folder, manifest, live_tensors)
             if problem is None and small is not None:
                 chosen = (folder, manifest, small)
             else:
                 rejected.append(Rejected(folder.name, manifest.step, problem or "unverified"))
                 below = manifest.step
+                overwritten_by = folder.name
         if self.rank == 0:
             floor = chosen[1].step if chosen else -1
             rejected += [item for item in unfinished if item.step > floor]
@@ -223,22 +226,30 @@ class CheckpointManager:
             self._report_selection(
                 Selection(chosen[0] if chosen else None, chosen[1] if chosen else None, tuple(rejected))
             )
+        if chosen is None and overwritten_by is not None:
+            raise CheckpointError(
+                f"no checkpoint under {self.root} verifies, and {overwritten_by} was rejected after its "
+                "data was loaded: the live weights are no longer the initial ones, so this run cannot "
+                f"start fresh. Move the damaged step-* folders away to start fresh (reasons logged above)"
+            )
         if chosen is None:
             return None
         folder, manifest, small = chosen
-        self._load(folder, manifest, app_state, small, live_skeleton, live_tensors)
+        self._apply(folder, manifest, app_state, small, live_skeleton, live_tensors)
         self.last = CheckpointInfo(step=manifest.step, time=manifest.created, path=str(folder))
         metrics.LAST_STEP.set(manifest.step)
         metrics.LAST_TIME.set(_parse_time(manifest.created))
         return manifest.step
 
-    def _verify_share(
+    def _load_and_verify(
         self, folder: Path, manifest: Manifest, tensors: dict[str, torch.Tensor]
     ) -> tuple[dict[str, Any] | None, str | None]:
-        """Each rank hashes its share of the files the ranks read, and parses its per-rank file.
+        """DCP-load `tensors` from `folder` while this rank hashes its share of the files the ranks
+        read, then parse this rank's per-rank file.
 
-        Collective. Returns (this rank's per-rank state, None) when every rank found its share intact,
-        else (None, the first problem found, the same on every rank).
+        Collective. The digests are checked beside the load, not before it, so that a restore costs
+        about one pass over the data instead of two. Returns (this rank's per-rank state, None) when
+        every rank found its share intact, else (None, the first problem, the same on every rank).
         """
         own_file = rank_file_name(self.rank if self.rank < manifest.world_size else 0)
         reads: set[str] | None = None
@@ -255,14 +266,33 @@ class CheckpointManager:
             raise CheckpointError(f"checkpoint {folder.name} does not fit this run: {errors[0]}")
         sizes = {entry.path: entry.size for entry in manifest.files}
         mine = assign_verification([names or set() for names, _ in everyone], sizes)[self.rank]
-        small: dict[str, Any] | None = None
         problem: str | None = None
-        try:
-            verify_digests(folder, manifest, mine)
-            small = load_small_state((folder / own_file).read_bytes())
-        except ValueError as error:  # ManifestError, UnsafeCheckpointError
-            problem = f"{error} (found by rank {self.rank})"
-        problems = [found for found in self._all_gather(problem) if found]
+        load_problem: str | None = None
+        with ThreadPoolExecutor(1, "checkpoint-verify") as pool:
+            hashed = pool.submit(verify_digests, folder, manifest, mine)
+            try:
+                # Every tensor this rank holds must be in the checkpoint (planned above); what this
+                # rank does not hold (another pipeline stage's layers) is not read.
+                dcp_load(
+                    tensors,
+                    storage_reader=SafeFileSystemReader(folder),
+                    planner=SafeLoadPlanner(),
+                    process_group=self._group,
+                    no_dist=self._group is None,
+                )
+            except Exception as error:  # DCP raises on every rank when one rank's read fails
+                load_problem = f"DCP load failed: {type(error).__name__}: {error}"
+            try:
+                hashed.result()
+            except ValueError as error:  # ManifestError: the digest names the damage best
+                problem = f"{error} (found by rank {self.rank})"
+        small: dict[str, Any] | None = None
+        if problem is None and load_problem is None:
+            try:
+                small = load_small_state((folder / own_file).read_bytes())
+            except ValueError as error:  # UnsafeCheckpointError and damaged archives
+                problem = f"{own_file}: {error} (found by rank {self.rank})"
+        problems = [found for found in self._all_gather(problem or load_problem) if found]
         if problems:
             return None, problems[0]
         return small, None
@@ -310,7 +340,7 @@ class CheckpointManager:
             fallback = " (fallback: newer ones were damaged)" if selection.rejected else ""
             log.info("resuming from %s%s", selection.path.name, fallback)
 
-    def _load(
+    def _apply(
         self,
         folder: Path,
         manifest: Manifest,
@@ -325,15 +355,7 @@ class CheckpointManager:
                 manifest.world_size,
                 self.rank,
             )
-        # Every tensor this rank holds must be in the checkpoint (DCP raises otherwise); what this rank
-        # does not hold (another pipeline stage's layers) is not read.
-        dcp_load(
-            live_tensors,
-            storage_reader=SafeFileSystemReader(folder),
-            planner=SafeLoadPlanner(),
-            process_group=self._group,
-            no_dist=self._group is None,
-        )
+        # live_tensors hold the checkpoint's data (loaded and verified by _load_and_verify).
         skeleton = overlay_plain_values(live_skeleton, small.get("sharded", {}))
         apply_sharded(app_state, fill_tensors(skeleton, live_tensors.__getitem__))
         not_in_checkpoint = apply_per_rank(app_state, small.get("per_rank", {}))
