@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -160,15 +161,17 @@ def verify_folder(folder: Path, *, expected_step: int | None = None, check_diges
     return manifest
 
 
-def verify_digests(folder: Path, manifest: Manifest, names: set[str]) -> None:
-    """Each named file's SHA-256 against the manifest; ManifestError names the first that differs."""
+def verify_digests(folder: Path, manifest: Manifest, names: set[str], *, workers: int = 1) -> None:
+    """Each named file's SHA-256 against the manifest, up to `workers` files at once (hashlib drops
+    the GIL); ManifestError names the first file, in name order, that differs."""
     listed = {entry.path: entry for entry in manifest.files}
-    for name in sorted(names):
-        entry = listed.get(name)
-        _require(entry is not None, f"{name} is not listed")
-        assert entry is not None
-        actual = sha256_file(folder / name)
-        _require(actual == entry.sha256, f"{name} sha256 mismatch (content changed or damaged)")
+    ordered = sorted(names)
+    for name in ordered:
+        _require(name in listed, f"{name} is not listed")
+    with ThreadPoolExecutor(max(1, min(workers, len(ordered) or 1)), "checkpoint-hash") as pool:
+        digests = list(pool.map(lambda name: sha256_file(folder / name), ordered))
+    for name, actual in zip(ordered, digests, strict=True):
+        _require(actual == listed[name].sha256, f"{name} sha256 mismatch (content changed or damaged)")
 
 
 def fsync_path(path: Path) -> None:
