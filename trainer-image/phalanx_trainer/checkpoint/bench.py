@@ -4,8 +4,9 @@ A model plus AdamW state of about 1 GB on CPU. Each repetition runs three phases
 rotates from one repetition to the next (raw, sync, async; then sync, async, raw; ...), so that no
 side always runs first on a warm disk or last on a tired one:
 
-- raw: the staged bytes written sequentially to one file on the same disk and fsynced (the floor
-  for a save), then read back cold (the floor for a restore);
+- raw: the staged bytes written to the same disk and fsynced, as many files by as many threads as a
+  save writes per rank (the floor for a save), then read back cold the same way (the floor for a
+  restore);
 - sync: a synchronous save, then a restore of it into the live state, read cold;
 - async: an asynchronous save while training goes on until it commits.
 
@@ -28,6 +29,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -97,29 +99,64 @@ def measure_memcpy(tensors: dict[str, torch.Tensor], buffers: dict[str, torch.Te
     return time.perf_counter() - began
 
 
-def measure_raw_write(buffers: dict[str, torch.Tensor], path: Path) -> float:
-    began = time.perf_counter()
+def split_buffers(buffers: dict[str, torch.Tensor], streams: int) -> list[list[torch.Tensor]]:
+    """The buffers dealt into `streams` groups of about equal bytes, largest first."""
+    groups: list[list[torch.Tensor]] = [[] for _ in range(streams)]
+    sizes = [0] * streams
+    for buffer in sorted(buffers.values(), key=lambda t: t.numel() * t.element_size(), reverse=True):
+        smallest = sizes.index(min(sizes))
+        groups[smallest].append(buffer)
+        sizes[smallest] += buffer.numel() * buffer.element_size()
+    return groups
+
+
+def _byte_view(buffer: torch.Tensor) -> memoryview:
+    return memoryview(buffer.reshape(-1).view(torch.uint8).numpy().data)
+
+
+def _write_group(path: Path, group: list[torch.Tensor]) -> None:
     with open(path, "wb", buffering=0) as handle:
-        for buffer in buffers.values():
-            handle.write(buffer.reshape(-1).view(torch.uint8).numpy().data)
+        for buffer in group:
+            handle.write(_byte_view(buffer))
         os.fsync(handle.fileno())
-    return time.perf_counter() - began
 
 
-def measure_raw_read(buffers: dict[str, torch.Tensor], path: Path) -> float:
-    """Read the raw file back into the staging buffers: the same bytes a restore reads, cold."""
-    drop_cache([path])
-    began = time.perf_counter()
+def _read_group(path: Path, group: list[torch.Tensor]) -> None:
     with open(path, "rb", buffering=0) as handle:
-        for buffer in buffers.values():
-            view = memoryview(buffer.reshape(-1).view(torch.uint8).numpy().data)
+        for buffer in group:
+            view = _byte_view(buffer)
             while view:
                 count = handle.readinto(view)
                 if not count:
-                    raise OSError(f"{path} is shorter than the state")
+                    raise OSError(f"{path} is shorter than its buffers")
                 view = view[count:]
+
+
+def raw_paths(folder: Path, streams: int) -> list[Path]:
+    return [folder / f"raw-{index}.bin" for index in range(streams)]
+
+
+def measure_raw_write(buffers: dict[str, torch.Tensor], folder: Path, streams: int) -> float:
+    """The floor for a save: the same bytes, written and fsynced as `streams` files by as many threads
+    (what a save does with its files per rank), with no serialization, hashing or manifest."""
+    groups = split_buffers(buffers, streams)
+    began = time.perf_counter()
+    with ThreadPoolExecutor(streams) as pool:
+        list(pool.map(_write_group, raw_paths(folder, streams), groups))
+    return time.perf_counter() - began
+
+
+def measure_raw_read(buffers: dict[str, torch.Tensor], folder: Path, streams: int) -> float:
+    """The floor for a restore: those files read back cold, by as many threads, into the buffers."""
+    paths = raw_paths(folder, streams)
+    drop_cache(paths)
+    groups = split_buffers(buffers, streams)
+    began = time.perf_counter()
+    with ThreadPoolExecutor(streams) as pool:
+        list(pool.map(_read_group, paths, groups))
     elapsed = time.perf_counter() - began
-    path.unlink()
+    for path in paths:
+        path.unlink()
     return elapsed
 
 
@@ -162,8 +199,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     sync_manager.save(0, app_state)
     async_manager.save(0, app_state)
     async_manager.wait()
-    measure_raw_write(buffers, work / "raw.bin")
-    measure_raw_read(buffers, work / "raw.bin")
+    streams = sync_manager.io_threads  # the floor writes as many files at once as a save does
+    measure_raw_write(buffers, work, streams)
+    measure_raw_read(buffers, work, streams)
 
     samples: dict[str, list[float]] = {
         k: []
@@ -183,8 +221,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     orders: list[list[str]] = []
 
     def raw_phase() -> None:
-        samples["raw_write_seconds"].append(measure_raw_write(buffers, work / "raw.bin"))
-        samples["raw_read_seconds"].append(measure_raw_read(buffers, work / "raw.bin"))
+        samples["raw_write_seconds"].append(measure_raw_write(buffers, work, streams))
+        samples["raw_read_seconds"].append(measure_raw_read(buffers, work, streams))
 
     def sync_phase(repetition: int) -> None:
         began = time.perf_counter()
@@ -289,6 +327,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "python": platform.python_version(),
         },
         "config": vars(args),
+        "files_per_rank": streams,
     }
     result["goals_met"] = goals_met(result)
     if device.type == "cuda":
