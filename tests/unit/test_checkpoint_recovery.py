@@ -349,3 +349,11 @@ def test_restore_refuses_a_fresh_start_over_weights_a_damaged_checkpoint_overwro
         flip(next(folder.glob("__0_*.distcp")))
     with pytest.raises(CheckpointError, match="start fresh"):
         restore(root)
+
+
+def test_files_per_rank_follow_the_cores_of_the_ranks_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    assert manager_module.io_threads_per_rank({}) == 4, "at most 4"
+    assert manager_module.io_threads_per_rank({"NPROC_PER_NODE": "8"}) == 2
+    assert manager_module.io_threads_per_rank({"NPROC_PER_NODE": "32"}) == 1, "at least 1"
+    assert manager_module.io_threads_per_rank({"NPROC_PER_NODE": "many"}) == 4
