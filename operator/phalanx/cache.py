@@ -167,7 +167,14 @@ class Store:
         # Deleted keys and the revision of the delete: a late reply to our own write must not bring
         # a deleted object back.
         self._deleted: dict[str, int] = {}
+        # The lists that must arrive before the store is synced: one per namespace reflector.
+        self._unlisted: set[str | None] = {None}
         self.synced = threading.Event()
+
+    def expect_lists(self, namespaces: Iterable[str | None]) -> None:
+        """The store is synced once each of these namespaces (None: every namespace) has listed."""
+        with self._lock:
+            self._unlisted = set(namespaces)
 
     def replace(
         self, items: Iterable[Mapping[str, Any]], list_version: int, namespace: str | None = None
@@ -196,7 +203,10 @@ class Store:
                 self._index_add(key, obj)
             if self._observer is not None:
                 self._observer.reset(fresh)
-        self.synced.set()
+            self._unlisted.discard(namespace)
+            complete = not self._unlisted
+        if complete:
+            self.synced.set()  # not before: admission on one namespace's jobs would see a partial view
 
     def upsert(self, obj: Mapping[str, Any]) -> tuple[Slim | None, Slim] | None:
         """Stores obj unless a newer copy is held; returns (old, new) when it changed the store."""

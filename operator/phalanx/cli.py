@@ -38,10 +38,17 @@ def _dev(args: argparse.Namespace) -> int:
     return 0
 
 
+MIN_LEASE_SECONDS = 6
+
+
 def _operator(args: argparse.Namespace) -> int:
     from phalanx.runner import run_operator
     from phalanx.settings import LeaderElection, OperatorSettings
 
+    if args.leader_elect and args.lease_duration_seconds < MIN_LEASE_SECONDS:
+        print(f"phalanx operator: --lease-duration-seconds must be at least {MIN_LEASE_SECONDS} "
+              "(renewals every 2 s need room before the deadline)", file=sys.stderr)  # fmt: skip
+        return 2
     election = LeaderElection(enabled=args.leader_elect, lease_name=args.leader_election_id,
                               lease_duration_seconds=args.lease_duration_seconds)  # fmt: skip
     if args.leader_election_namespace:

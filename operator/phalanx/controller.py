@@ -72,6 +72,9 @@ PROGRESS_POLL_SECONDS = 1.0
 PREEMPTION_COOLDOWN_SECONDS = 15.0
 NAME_CONFLICT_RETRY_SECONDS = 10.0
 RETRY_BASE_SECONDS = 2.0
+# On shutdown, how long running reconciles and admission writes may take to finish (well within the
+# pod's 30 s grace period); the lease is released only if they did.
+DRAIN_SECONDS = 10.0
 RETRY_MAX_SECONDS = 60.0
 # Order value for a gang whose admission was interrupted: ahead of every PriorityClass (max 1e9).
 FINISH_ADMISSION_PRIORITY = 2**40
@@ -214,14 +217,24 @@ class Controller:
         self.tasks.append(asyncio.create_task(self._resync_loop(), name="resync"))
         self.tasks.append(asyncio.create_task(self._progress_loop(), name="progress"))
 
-    async def stop(self) -> None:
+    async def stop(self, drain_seconds: float = DRAIN_SECONDS) -> bool:
+        """Stops the loops and waits up to `drain_seconds` for the writer threads to finish what they
+        run; True once none is left (so no write of this process can still reach the API server)."""
         for reflector in self.reflectors:
             reflector.stop()
-        for pool in (self.write_pool, self.reconcile_pool, self.progress_pool, self.admission_pool):
-            pool.shutdown(wait=False, cancel_futures=True)
         for task in self.tasks:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
+        pools = (self.write_pool, self.reconcile_pool, self.progress_pool, self.admission_pool)
+
+        def drain() -> None:
+            for pool in pools:
+                pool.shutdown(wait=True, cancel_futures=True)
+
+        drainer = threading.Thread(target=drain, name="drain", daemon=True)
+        drainer.start()
+        await asyncio.to_thread(drainer.join, drain_seconds)
+        return not drainer.is_alive()
 
     async def _worker(self) -> None:
         loop = asyncio.get_running_loop()

@@ -72,11 +72,13 @@ def start_election(election: LeaderElection) -> LeaderElector | None:
 @kopf.on.cleanup()
 async def shutdown(memo: kopf.Memo, **_: Any) -> None:
     controller: Controller | None = getattr(memo, "controller", None)
-    if controller is not None:
-        await controller.stop()
     elector: LeaderElector | None = getattr(memo, "elector", None)
     if elector is not None:
-        await asyncio.to_thread(elector.stop)  # releases the lease: a standby takes over at once
+        elector.close_fence()  # first: no new write passes; the lease stays ours while we drain
+    drained = await controller.stop() if controller is not None else True
+    if elector is not None:
+        # Released only once no write of ours can land after it; otherwise it expires (15 s).
+        await asyncio.to_thread(elector.stop, drained)
 
 
 @kopf.on.event(c.GROUP, c.VERSION, c.PLURAL)

@@ -145,8 +145,13 @@ class LeaderElector:
         retry_period_seconds: float = RETRY_PERIOD_SECONDS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if not 0 < renew_deadline_seconds < duration_seconds:
-            raise ValueError("the renew deadline must be shorter than the lease duration")
+        if not duration_seconds > renew_deadline_seconds > 1.2 * retry_period_seconds > 0:
+            # As client-go checks: a renewal gets more than one try before the deadline, and the
+            # deadline leaves a margin before anyone else may take the lease.
+            raise ValueError(
+                f"leader election needs lease duration > renew deadline > 1.2 x retry period, got "
+                f"{duration_seconds} s, {renew_deadline_seconds} s, {retry_period_seconds} s"
+            )
         self.leases = leases
         self.namespace, self.name, self.identity = namespace, name, identity
         self.on_lost = on_lost
@@ -159,11 +164,14 @@ class LeaderElector:
         self._last: Observation | None = None
         self._acquire_time: str | None = None
         self._stop = threading.Event()
+        self._lost = False
+        self._fence_closed = False
+        self._held = False  # this process wrote the lease as its holder at least once
         self._thread = threading.Thread(target=self._run, name="leader-election", daemon=True)
 
     # -- what the writers ask -------------------------------------------------------------------
     def may_write(self) -> bool:
-        return self.leading.is_set() and self.clock() < self._valid_until
+        return not self._fence_closed and self.leading.is_set() and self.clock() < self._valid_until
 
     def fence(self) -> None:
         if not self.may_write():
@@ -174,11 +182,23 @@ class LeaderElector:
         self._thread.start()
         return self
 
+    def close_fence(self) -> None:
+        """From now on this process writes nothing (shutdown, or the lease is lost). Renewals go on
+        until stop(), so no one else takes the lease while this process drains its writers."""
+        self._fence_closed = True
+
     def stop(self, release: bool = True) -> None:
+        """Ends the election. `release`: hand the lease over at once; only safe once no write of this
+        process can still reach the API server (the caller closed the fence and drained its writers)."""
+        self.close_fence()
         self._stop.set()
-        self._thread.join(timeout=self.retry_period_seconds + 5)
-        if release and self.leading.is_set():
+        if self._thread.ident is not None:
+            self._thread.join(timeout=self.retry_period_seconds + 5)
+        if self._thread.is_alive():
+            return  # a round is stuck in a request: let the lease expire rather than race it
+        if release and self._held:
             self._release()
+        self.leading.clear()
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -188,18 +208,33 @@ class LeaderElector:
             except Exception as exc:  # noqa: BLE001 - the API server may fail any way; keep trying
                 log.warning("leader election round failed: %s", _short(exc))
             if self.leading.is_set() and self.clock() >= self._valid_until:
-                self.leading.clear()
-                log.error("lost the lease %s/%s (not renewed in time): stopping", self.namespace, self.name)
-                self.on_lost()
+                self._lose("not renewed within the renew deadline")
+            if self._lost:
                 return
             self._stop.wait(self.retry_period_seconds)
 
+    def _lose(self, why: str) -> None:
+        self.close_fence()
+        self.leading.clear()
+        self._lost = True
+        log.error("lost the lease %s/%s (%s): stopping", self.namespace, self.name, why)
+        self.on_lost()
+
     def try_once(self, began: float) -> Action:
-        """One round: read the lease, decide, write; returns what it did (for tests and logs)."""
+        """One round: read the lease, decide, write; returns what it did (for tests and logs).
+
+        `began`: when the round started; the leader may write until began + renew deadline.
+        """
+        was_leading = self.leading.is_set()
         lease = self._read()
+        # A standby dates what it saw from when the read returned, not from before it.
         current = LeaseRecord.of(lease) if lease is not None else None
-        action, self._last = decide(self.identity, current, self._last, began)
+        action, self._last = decide(self.identity, current, self._last, self.clock())
+        if self._stop.is_set():
+            return Action.STAND_BY  # shutting down: no more writes, not even to the lease
         if action is Action.STAND_BY:
+            if was_leading:
+                self._lose(f"now held by {current.holder if current else 'nobody'}")
             return action
         now_iso = micro_time()
         if action is Action.CREATE:
@@ -216,7 +251,10 @@ class LeaderElector:
                               transitions, acquire, lease["metadata"]["resourceVersion"])  # fmt: skip
             written = self._write(lambda: self.leases.replace(self.namespace, self.name, body))
         if not written:
+            if was_leading:
+                self._lose("another candidate wrote the lease first")
             return Action.STAND_BY  # someone else wrote first
+        self._held = True
         self._valid_until = began + self.renew_deadline_seconds
         if not self.leading.is_set():
             log.info("%s leads (lease %s/%s, %s)", self.identity, self.namespace, self.name, action.value)
@@ -250,7 +288,8 @@ class LeaderElector:
         except Exception as exc:  # noqa: BLE001 - shutting down: the lease expires anyway
             log.warning("could not release lease %s/%s: %s", self.namespace, self.name, _short(exc))
         finally:
-            self.leading.clear()
+            self.close_fence()
+            self._held = False
 
 
 def _short(exc: BaseException) -> str:

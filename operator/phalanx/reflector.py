@@ -158,6 +158,7 @@ def per_namespace(
     `request(namespace, **params)` lists or watches one namespace (None: every namespace).
     """
     scopes: list[str | None] = [*namespaces] if namespaces else [None]
+    store.expect_lists(scopes)
     return [
         Reflector(f"{kind}/{ns or '*'}", functools.partial(request, ns), store, on_change, namespace=ns)
         for ns in scopes

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from phalanx.ports import free_port
 from phalanx.reconcile.lifecycle import is_gated
 from tests.conftest import OPERATOR_IDENTITY_NAMESPACE, Cluster, OperatorProcess, wait_for
 from tests.jobs import training_job
@@ -26,6 +27,33 @@ def gpus_of(pod: dict[str, Any]) -> int:
     return int(limits.get("nvidia.com/gpu", 0))
 
 
+def pinned_node(pod: dict[str, Any]) -> str | None:
+    """The node a pod is bound to, or that admission pinned it to (matchFields on metadata.name)."""
+    if pod["spec"].get("nodeName"):
+        return str(pod["spec"]["nodeName"])
+    affinity = ((pod["spec"].get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
+    for term in affinity.get("nodeSelectorTerms") or []:
+        for field in term.get("matchFields") or []:
+            if field.get("key") == "metadata.name" and field.get("operator") == "In":
+                return str(field["values"][0])
+    return None
+
+
+def api_writes(candidate: OperatorProcess) -> float:
+    """The write requests this operator sent (its phalanx_api_requests_total, any method but GET)."""
+    import urllib.request
+
+    port = candidate.metrics_port  # type: ignore[attr-defined]
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("phalanx_api_requests_total{") and 'method="GET"' not in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
 def leading_at(log: str) -> bool:
     return "leading: reconciles, admission and progress polls start" in log
 
@@ -37,13 +65,14 @@ def two_operators(
     """The session's operator steps aside (releasing the lease); two candidates with the chart's
     service account, RBAC and lease take its place (later tests restart it)."""
     operator_process.stop()
-    args = ["--lease-duration-seconds", str(LEASE_SECONDS)]
     pair = []
     for index in range(2):
         log_dir = tmp_path / f"op{index}"
         log_dir.mkdir()
         candidate = OperatorProcess(cluster, log_dir, Path(operator_process.kubeconfig))
-        candidate.start(extra_args=args)
+        candidate.metrics_port = free_port()  # type: ignore[attr-defined]
+        candidate.start(extra_args=["--lease-duration-seconds", str(LEASE_SECONDS),
+                                    "--metrics-port", str(candidate.metrics_port)])  # type: ignore[attr-defined]  # fmt: skip
         pair.append(candidate)
     try:
         yield pair[0], pair[1]
@@ -81,14 +110,9 @@ def test_two_operators_one_leader_no_double_booking_and_a_warm_takeover(
 
     def check_no_double_booking() -> list[dict[str, Any]]:
         current = pods()
-        by_name: dict[str, set[str]] = {}
-        for pod in current:
-            by_name.setdefault(pod["metadata"]["name"], set()).add(pod["metadata"]["uid"])
         per_node: dict[str, int] = {}
         for pod in current:
-            node = pod["spec"].get("nodeName") or (pod["spec"].get("nodeSelector") or {}).get(
-                "kubernetes.io/hostname"
-            )
+            node = pinned_node(pod)
             if node and not is_gated(pod) and pod["status"].get("phase") not in ("Succeeded", "Failed"):
                 per_node[node] = per_node.get(node, 0) + gpus_of(pod)
         overbooked = {node: used for node, used in per_node.items() if used > GPUS_PER_NODE}
@@ -115,6 +139,8 @@ def test_two_operators_one_leader_no_double_booking_and_a_warm_takeover(
         check_no_double_booking()
         time.sleep(0.5)
     assert not leading_at(standby.log_text()), "both operators lead"
+    assert api_writes(leader) > 0
+    assert api_writes(standby) == 0, "the standby wrote to the API"
 
     before = {name: status.get("attempt", 0) for name, status in running_jobs().items()}
     before_pods = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods() if p["spec"].get("nodeName")}

@@ -165,9 +165,12 @@ def in_namespace(obj: dict[str, Any], namespace: str) -> dict[str, Any]:
 def test_a_namespaces_list_replaces_that_namespace_only() -> None:
     """Reflectors for namespaces a and b share one store; b's list says nothing about a's objects."""
     store = Store(slim_pod)
+    store.expect_lists(["a", "b"])
     store.replace([in_namespace(pod("x", 10), "a")], list_version=10, namespace="a")
+    assert not store.synced.is_set()  # b has not listed: admission must not act on a alone
     store.upsert(in_namespace(pod("gone", 11), "b"))
     store.replace([in_namespace(pod("y", 12), "b")], list_version=12, namespace="b")
+    assert store.synced.is_set()
     assert sorted(store.as_dict()) == ["a/x", "b/y"]
     store.delete(in_namespace(pod("x", 13), "a"))
     store.replace([in_namespace(pod("y", 12), "b")], list_version=14, namespace="b")

@@ -127,15 +127,16 @@ def test_the_agents_own_variables_keep_their_paths_when_a_mount_shadows_them(tmp
     container = {
         "name": "trainer",
         "command": ["sh", "-c", "python /work/x.py"],
-        "env": [{"name": "OUT", "value": "/work/out"}],
+        "args": ["echo $(HOME) /work/y"],
+        "env": [{"name": "OUT", "value": "/work/out"}, {"name": "PATH", "value": "/opt/bin:$(PATH)"}],
         "volumeMounts": [{"name": "work", "mountPath": "/work"}],
     }
     base = {"PATH": "/work/main/.venv/bin:/usr/bin", "HOME": "/work/home"}
     command = build_local_command(POD, container, ctx, base)
-    assert command.env["PATH"] == "/work/main/.venv/bin:/usr/bin"
+    assert command.env["PATH"] == "/opt/bin:/work/main/.venv/bin:/usr/bin"  # a reference keeps host paths
     assert command.env["HOME"] == "/work/home"
     assert command.env["OUT"] == "/local/work/out"  # the container's own value is the pod's path
-    assert command.argv[2] == "python /local/work/x.py"
+    assert command.argv[2:] == ["python /local/work/x.py", "echo /work/home /local/work/y"]
 
 
 def test_a_mount_path_inside_a_longer_word_is_left_alone() -> None:

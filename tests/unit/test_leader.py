@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import copy
+from typing import Any
+
 import pytest
 
-from phalanx.leader import Action, LeaseRecord, Observation, decide, lease_body
+from phalanx.leader import Action, LeaderElector, LeaseRecord, NotLeader, Observation, decide, lease_body
 
 pytestmark = pytest.mark.unit
 
@@ -51,3 +54,160 @@ def test_an_update_carries_the_resource_version_it_read() -> None:
     assert body["metadata"]["resourceVersion"] == "42"
     assert body["spec"] == {"holderIdentity": "me", "leaseDurationSeconds": 15, "acquireTime": "then",
                             "renewTime": "now", "leaseTransitions": 3}  # fmt: skip
+
+
+# -- the elector's rounds against an in-memory lease, on a clock the test moves ------------------
+
+
+class ApiError(Exception):
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+class MemoryLeases:
+    """One Lease with resourceVersion checks, as the API server keeps it."""
+
+    def __init__(self) -> None:
+        self.lease: dict[str, Any] | None = None
+        self.version = 0
+        self.fail_reads = False
+
+    def read(self, namespace: str, name: str) -> dict[str, Any] | None:
+        if self.fail_reads:
+            raise ApiError(503)
+        return copy.deepcopy(self.lease)
+
+    def create(self, namespace: str, body: dict[str, Any]) -> None:
+        if self.lease is not None:
+            raise ApiError(409)
+        self._store(body)
+
+    def replace(self, namespace: str, name: str, body: dict[str, Any]) -> None:
+        if (
+            self.lease is None
+            or body["metadata"].get("resourceVersion") != self.lease["metadata"]["resourceVersion"]
+        ):
+            raise ApiError(409)
+        self._store(body)
+
+    def _store(self, body: dict[str, Any]) -> None:
+        self.version += 1
+        self.lease = copy.deepcopy(body)
+        self.lease["metadata"]["resourceVersion"] = str(self.version)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def elector(leases: MemoryLeases, clock: Clock, identity: str, lost: list[str]) -> LeaderElector:
+    return LeaderElector(leases, "ns", "lease", identity, on_lost=lambda: lost.append(identity),
+                         duration_seconds=15, renew_deadline_seconds=10, retry_period_seconds=2,
+                         clock=clock)  # fmt: skip
+
+
+def test_the_first_candidate_leads_and_the_second_stands_by() -> None:
+    leases, clock, lost = MemoryLeases(), Clock(), []
+    a, b = elector(leases, clock, "a", lost), elector(leases, clock, "b", lost)
+    assert a.try_once(clock()) is Action.CREATE and a.may_write()
+    assert b.try_once(clock()) is Action.STAND_BY and not b.may_write()
+    with pytest.raises(NotLeader):
+        b.fence()
+
+
+def test_a_leader_that_cannot_renew_stops_writing_at_its_renew_deadline() -> None:
+    """Before the lease expires for others (15 s), the leader's own fence has closed (10 s)."""
+    leases, clock, lost = MemoryLeases(), Clock(), []
+    a = elector(leases, clock, "a", lost)
+    a.try_once(clock())
+    leases.fail_reads = True
+    clock.now += 9.9
+    assert a.may_write()
+    clock.now += 0.2
+    assert not a.may_write()
+
+
+def test_a_deleted_lease_taken_by_the_standby_stops_the_old_leader_at_once() -> None:
+    leases, clock, lost = MemoryLeases(), Clock(), []
+    a, b = elector(leases, clock, "a", lost), elector(leases, clock, "b", lost)
+    a.try_once(clock())
+    leases.lease = None  # kubectl delete lease
+    clock.now += 2
+    assert b.try_once(clock()) is Action.CREATE and b.may_write()
+    assert a.try_once(clock()) is Action.STAND_BY  # its create met b's lease (409)
+    assert not a.may_write() and lost == ["a"]
+
+
+def test_a_leader_that_sees_another_holder_stops_at_once() -> None:
+    leases, clock, lost = MemoryLeases(), Clock(), []
+    a = elector(leases, clock, "a", lost)
+    a.try_once(clock())
+    assert leases.lease is not None
+    leases.lease["spec"]["holderIdentity"] = "c"
+    a.try_once(clock())
+    assert not a.may_write() and lost == ["a"]
+
+
+def test_a_standby_takes_over_a_lease_not_renewed_for_its_duration() -> None:
+    leases, clock, lost = MemoryLeases(), Clock(), []
+    a, b = elector(leases, clock, "a", lost), elector(leases, clock, "b", lost)
+    a.try_once(clock())
+    b.try_once(clock())
+    clock.now += 14.9
+    assert b.try_once(clock()) is Action.STAND_BY
+    clock.now += 0.2
+    assert b.try_once(clock()) is Action.TAKE_OVER and b.may_write()
+    assert leases.lease is not None and leases.lease["spec"]["leaseTransitions"] == 1
+
+
+def test_shutdown_closes_the_fence_first_and_releases_the_lease_for_the_standby() -> None:
+    leases, clock, lost = MemoryLeases(), Clock(), []
+    a, b = elector(leases, clock, "a", lost), elector(leases, clock, "b", lost)
+    a.try_once(clock())
+    a.close_fence()
+    assert not a.may_write()
+    assert a.try_once(clock()) is Action.RENEW and not a.may_write()  # still held while it drains
+    a.stop(release=True)
+    assert leases.lease is not None and leases.lease["spec"]["holderIdentity"] == ""
+    assert b.try_once(clock()) is Action.TAKE_OVER and lost == []
+
+
+def test_shutdown_without_release_leaves_the_lease_to_expire() -> None:
+    leases, clock, lost = MemoryLeases(), Clock(), []
+    a = elector(leases, clock, "a", lost)
+    a.try_once(clock())
+    a.stop(release=False)
+    assert leases.lease is not None and leases.lease["spec"]["holderIdentity"] == "a"
+
+
+def test_every_write_request_passes_the_fence_and_reads_do_not() -> None:
+    from phalanx.k8s import count_requests
+
+    sent: list[str] = []
+
+    class Client:
+        def call_api(self, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+            sent.append(method)
+            return None
+
+    def refuse() -> None:
+        raise NotLeader("standby")
+
+    api_client: Any = Client()
+    count_requests(api_client, refuse)
+    api_client.call_api("GET", "/api/v1/pods")
+    for method in ("POST", "PUT", "PATCH", "DELETE"):
+        with pytest.raises(NotLeader):
+            api_client.call_api(method, "/api/v1/namespaces/ns/pods")
+    assert sent == ["GET"]
+
+
+def test_impossible_timings_are_refused() -> None:
+    with pytest.raises(ValueError, match="renew deadline"):
+        LeaderElector(MemoryLeases(), "ns", "l", "a", on_lost=lambda: None, duration_seconds=4,
+                      renew_deadline_seconds=2.3, retry_period_seconds=2)  # fmt: skip

@@ -10,7 +10,7 @@ rather than mounting).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -126,9 +126,16 @@ def resolve_executable(name: str, context: PodContext, path_dirs: Sequence[str])
 
 
 def container_env(
-    pod: Mapping[str, Any], container: Mapping[str, Any], context: PodContext, base: Mapping[str, str]
+    pod: Mapping[str, Any],
+    container: Mapping[str, Any],
+    context: PodContext,
+    base: Mapping[str, str],
+    rewrite: Callable[[str], str] = str,
 ) -> dict[str, str]:
-    """Base environment, then the container's env in order (each may expand the ones before it)."""
+    """Base environment, then the container's env in order (each may expand the ones before it).
+
+    `rewrite` maps the pod's paths in a literal value to local ones, before $(VAR) expansion: what a
+    reference brings in (the agent's PATH or HOME) holds host paths and is never rewritten."""
     env = dict(base)
     if container.get("envFrom"):
         raise ContainerConfigError("envFrom is not supported by the dev node")
@@ -142,7 +149,7 @@ def container_env(
                 )
             env[name] = field_value(pod, source["fieldRef"]["fieldPath"], context)
         else:
-            env[name] = expand_references(str(item.get("value", "")), env)
+            env[name] = expand_references(rewrite(str(item.get("value", ""))), env)
     return env
 
 
@@ -160,12 +167,14 @@ def build_local_command(
             f"container {container.get('name')!r} has no command: the dev node cannot read an image's entrypoint"
         )
     rewrites = mount_rewrites(container, context.volume_dirs)
-    env = container_env(pod, container, context, base_env)
-    # Only what the container sets holds the pod's paths; the agent's own variables (PATH to its
+
+    # Only the container's own literals hold the pod's paths; the agent's variables (PATH to its
     # virtualenv, HOME) are host paths, even where a mount path is a prefix of them.
-    own = {str(item["name"]) for item in container.get("env") or []}
-    env = {name: rewrite_paths(value, rewrites) if name in own else value for name, value in env.items()}
-    argv = [rewrite_paths(expand_references(part, env), rewrites) for part in (*command, *args)]
+    def rewrite(value: str) -> str:
+        return rewrite_paths(value, rewrites)
+
+    env = container_env(pod, container, context, base_env, rewrite)
+    argv = [expand_references(rewrite(part), env) for part in (*command, *args)]
     path_dirs = [d for d in env.get("PATH", "").split(":") if d]
     argv[0] = resolve_executable(argv[0], context, path_dirs)
     workdir = container.get("workingDir")
