@@ -129,3 +129,14 @@ def test_a_weight_tied_to_the_head_is_counted_once_as_a_matmul() -> None:
             self.head.weight = self.embed.weight
 
     assert model_flops_per_token(Tied()) == 6.0 * 400
+
+
+def test_phase_timer_on_cpu_reads_the_host_clock_between_marks() -> None:
+    from phalanx_trainer.timing import PhaseTimer
+
+    timer = PhaseTimer(torch.device("cpu"))
+    for _ in range(3):
+        timer.mark()
+    first, second = timer.seconds()
+    assert first >= 0 and second >= 0
+    assert timer.seconds() == []  # each step starts afresh

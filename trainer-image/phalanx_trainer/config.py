@@ -115,7 +115,9 @@ class PrecisionConfig:
 class MetricsConfig:
     port: int = -1  # -1: $PHALANX_METRICS_PORT (default 9400) + local rank; 0: no server
     log_every: int = 10  # steps between progress lines from rank 0
-    peak_flops: float = 0.0  # peak FLOP/s of one device for MFU; 0: MFU not reported
+    # Peak FLOP/s of one device for MFU; 0: from the table of known GPUs (hardware.py), and no MFU
+    # on devices it does not list (CPU)
+    peak_flops: float = 0.0
     json_logs: bool = True
     profile_start_step: int = 0  # torch.profiler window; 0: off
     profile_steps: int = 0

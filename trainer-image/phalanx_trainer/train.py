@@ -33,6 +33,7 @@ from phalanx_trainer.checkpoint.rng import RngState
 from phalanx_trainer.config import TrainerConfig, deterministic_enabled
 from phalanx_trainer.dataset import DataStream, build_source
 from phalanx_trainer.distenv import DistEnv
+from phalanx_trainer.hardware import device_peak_flops
 from phalanx_trainer.logs import EventLog
 from phalanx_trainer.metrics import MetricsServer, StepReport, TrainerMetrics
 from phalanx_trainer.models import build_model, model_flops_per_token, parallelize_plan
@@ -41,6 +42,7 @@ from phalanx_trainer.parallel_dims import SHARDED_DP_MODES, ParallelDims, device
 from phalanx_trainer.parallelize import apply_ddp, apply_fsdp
 from phalanx_trainer.precision import AUTOCAST_DTYPES, DynamicLossScaler, local_tensor
 from phalanx_trainer.schedule import build_scheduler
+from phalanx_trainer.timing import PhaseTimer
 
 
 class ProgressState:
@@ -180,9 +182,12 @@ class Trainer:
             config.data.batch_size * config.model.seq_len * self.dims.dp * self.accumulation
         )
         self.samples_per_step = config.data.batch_size * self.dims.dp * self.accumulation
+        device_name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None
+        self.peak_flops = device_peak_flops(config.metrics.peak_flops, device_name)
         self.metrics = TrainerMetrics(
-            self.flops_per_token, config.metrics.peak_flops, dist_env.world_size, attempt=dist_env.attempt
+            self.flops_per_token, self.peak_flops, dist_env.world_size, attempt=dist_env.attempt
         )
+        self.timer = PhaseTimer(self.device)
         self.server: MetricsServer | None = None
         self.checkpoints = CheckpointManager(config.checkpoint)
         self.watcher = PreemptionWatcher()
@@ -281,13 +286,15 @@ class Trainer:
         return float(value.item())
 
     def train_step(self) -> tuple[torch.Tensor, StepReport]:
-        began = time.perf_counter()
         self.data.take_wait_seconds()
+        self.timer.mark()
         local_loss = self.forward_backward()
-        backward_done = time.perf_counter()
+        self.timer.mark()
         learning_rate = float(self.scheduler.get_last_lr()[0])
         grad_norm, skipped = self.optimizer_step()
-        finished = time.perf_counter()
+        self.timer.mark()
+        # Device time on CUDA; the data wait is the host's, spent inside forward_backward.
+        forward_backward_seconds, optimizer_seconds = self.timer.seconds()
         data_wait = self.data.take_wait_seconds()
         self.progress.step += 1
         self.progress.tokens += self.tokens_per_step
@@ -300,8 +307,8 @@ class Trainer:
             loss_scale=self.scaler.scale,
             skipped=skipped,
             data_wait_seconds=data_wait,
-            forward_backward_seconds=backward_done - began - data_wait,
-            optimizer_seconds=finished - backward_done,
+            forward_backward_seconds=max(0.0, forward_backward_seconds - data_wait),
+            optimizer_seconds=optimizer_seconds,
             tokens=self.tokens_per_step,
             samples=self.samples_per_step,
         )
@@ -362,12 +369,14 @@ class Trainer:
             precision=config.precision.dtype,
             parameters=sum(p.numel() for p in self.model.parameters()),
             flops_per_token=self.flops_per_token,
+            peak_flops=self.peak_flops,
         )
         profiler = Profiler(
             config.metrics.profile_start_step, config.metrics.profile_steps, config.metrics.profile_dir
         )
         while self.progress.step < config.job.steps:
             profiler.before_step(self.progress.step + 1)
+            self.metrics.step_started(time.perf_counter())  # rates: wall time between step starts
             local_loss, report = self.train_step()
             profiler.after_step(report.step)
             self.metrics.record_step(report)
