@@ -84,6 +84,29 @@ def counting_reduce_scatters() -> Iterator[list[int]]:
         dist.reduce_scatter_single = original  # type: ignore[assignment]
 
 
+@contextlib.contextmanager
+def recording_linear_dtypes(model: torch.nn.Module) -> Iterator[dict[str, set[str]]]:
+    """The dtypes every nn.Linear saw in forward: its weight as used (FSDP's gathered copy) and output."""
+    seen: dict[str, set[str]] = {"weight": set(), "output": set()}
+
+    def record(module: torch.nn.Module, _inputs: Any, output: torch.Tensor) -> None:
+        seen["weight"].add(str(module.weight.dtype).removeprefix("torch."))
+        seen["output"].add(str(output.dtype).removeprefix("torch."))
+
+    handles = [m.register_forward_hook(record) for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    try:
+        yield seen
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def fsdp_unit_names(model: torch.nn.Module) -> list[str]:
+    from torch.distributed.fsdp import FSDPModule
+
+    return [_clean(name) or "<root>" for name, m in model.named_modules() if isinstance(m, FSDPModule)]
+
+
 def constant_stride_source(data: DataConfig, model: ModelConfig) -> SyntheticSource:
     """A `data.custom` hook for the tests: sequences counting up by one."""
 
@@ -110,12 +133,18 @@ def run_trainer(
     losses: list[float] = []
     grads: dict[str, torch.Tensor] = {}
     reduce_scatters = 0
+    linear_dtypes: dict[str, set[str]] = {}
+    grad_dtypes: set[str] = set()
     for step in range(steps):
-        with counting_reduce_scatters() as counted:
+        with counting_reduce_scatters() as counted, recording_linear_dtypes(trainer.model) as seen:
             local_loss = trainer.forward_backward()
         if step == 0:
             grads = full_gradients(trainer)
             reduce_scatters = counted[0]
+            linear_dtypes = seen
+            grad_dtypes = {
+                str(p.grad.dtype).removeprefix("torch.") for p in trainer.params if p.grad is not None
+            }
         losses.append(trainer.reduce_loss(local_loss))
         trainer.optimizer_step()
     trainer.close()
@@ -123,6 +152,9 @@ def run_trainer(
         "losses": losses,
         "grads": grads,
         "reduce_scatters": reduce_scatters,
+        "linear_dtypes": linear_dtypes,
+        "grad_dtypes": grad_dtypes,
+        "fsdp_units": fsdp_unit_names(trainer.model),
         "loss_scale": trainer.scaler.scale,
         "skipped": trainer.scaler.skipped_steps,
     }
