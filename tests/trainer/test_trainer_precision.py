@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from tests.trainer import custom_models
-from tests.trainer.test_trainer_matrix import TOLERANCES, assert_matches, needs_cpu
+from tests.trainer.test_trainer_matrix import assert_matches, needs_cpu, tolerances
 from tests.trainer.trainer_harness import GLOBAL_BATCH, run_ranks, run_trainer
 
 pytestmark = pytest.mark.trainer
@@ -104,4 +104,5 @@ def test_a_sharded_custom_model_trains_like_one_process(
 ) -> None:
     overrides = CUSTOM if model == "custom" else CUSTOM_WHOLE
     reference = one_process_cached((*overrides, f"precision.dtype={dtype}"))
-    assert_matches(two_ranks[f"{mode}-{model}-{dtype}"], reference, *TOLERANCES[dtype])
+    layout = [f"parallelism.dp_mode={mode}"]
+    assert_matches(two_ranks[f"{mode}-{model}-{dtype}"], reference, *tolerances(layout, dtype))

@@ -36,11 +36,18 @@ from phalanx_trainer.distenv import DistEnv
 from phalanx_trainer.hardware import device_peak_flops
 from phalanx_trainer.logs import EventLog
 from phalanx_trainer.metrics import MetricsServer, StepReport, TrainerMetrics
-from phalanx_trainer.models import build_model, model_flops_per_token, parallelize_plan
+from phalanx_trainer.models import model_flops_per_token, parallelize_plan
+from phalanx_trainer.models.initialize import build_for_sharding, initialise_after_sharding
 from phalanx_trainer.optim import optimizer_class_and_kwargs
 from phalanx_trainer.parallel_dims import SHARDED_DP_MODES, ParallelDims, device_for
 from phalanx_trainer.parallelize import apply_ddp, apply_fsdp
-from phalanx_trainer.precision import AUTOCAST_DTYPES, DynamicLossScaler, local_tensor
+from phalanx_trainer.precision import (
+    AUTOCAST_DTYPES,
+    DynamicLossScaler,
+    apply_autocast,
+    fsdp_mixed_precision,
+    local_tensor,
+)
 from phalanx_trainer.schedule import build_scheduler
 from phalanx_trainer.timing import PhaseTimer
 
@@ -109,13 +116,13 @@ class Trainer:
         self.pp_rank, self.dp_rank, self.tp_rank = self.dims.coordinates(dist_env.rank)
         self.accumulation = par.grad_accumulation_steps
 
-        # Same seed everywhere: every rank builds the same full model, then keeps its part of it,
-        # which is what makes sharded and pipelined runs start from the one-process weights.
-        torch.manual_seed(job.seed)
-        model = build_model(config.model).to(self.device)
+        # On the meta device when the model initialises per tensor (models/initialize.py): each rank
+        # allocates only its part after sharding, with the one-process values, whatever the layout.
+        # Otherwise every rank builds the whole model under the same seed and keeps its part.
+        model, on_meta = build_for_sharding(config.model, self.device, job.seed)
         self.flops_per_token = model_flops_per_token(model)
-        if hasattr(model, "autocast_dtype"):
-            setattr(model, "autocast_dtype", AUTOCAST_DTYPES[config.precision.dtype])  # noqa: B010
+        autocast_dtype = AUTOCAST_DTYPES[config.precision.dtype]
+        apply_autocast(model, self.device.type, autocast_dtype)  # any model, not only ours
         plan = parallelize_plan(model)  # the model's own split / TP / FSDP / compile plan
         if self.dims.pp_enabled:
             plan.split_for_stage(self.pp_rank, self.dims.pp)
@@ -126,14 +133,20 @@ class Trainer:
             plan.apply_compile()
         self.model = model  # unwrapped: parameter names match a one-process model
         self.train_module: nn.Module = model
-        self.dp_group: Any = None
-        if self.mesh is not None and self.dims.dp_enabled:
-            dp_mesh = self.mesh["dp"]
-            self.dp_group = dp_mesh.get_group()
-            if par.dp_mode in SHARDED_DP_MODES:
-                apply_fsdp(model, plan.fsdp_units(), dp_mesh, reshard_after_forward=par.dp_mode == "fsdp")
-            else:
-                self.train_module = apply_ddp(model, dp_mesh, par.ddp_bucket_mb, self.device)
+        dp_mesh = self.mesh["dp"] if self.mesh is not None and self.dims.dp_enabled else None
+        self.dp_group = dp_mesh.get_group() if dp_mesh is not None else None
+        if dp_mesh is not None and par.dp_mode in SHARDED_DP_MODES:
+            apply_fsdp(
+                model,
+                plan.fsdp_units(),
+                dp_mesh,
+                reshard_after_forward=par.dp_mode == "fsdp",
+                mp_policy=fsdp_mixed_precision(autocast_dtype),
+            )
+        if on_meta:
+            initialise_after_sharding(model, self.device, job.seed)
+        if dp_mesh is not None and par.dp_mode not in SHARDED_DP_MODES:
+            self.train_module = apply_ddp(model, dp_mesh, par.ddp_bucket_mb, self.device)
         self.pp_group: Any = (
             self.mesh["pp"].get_group() if self.mesh is not None and self.dims.pp_enabled else None
         )
