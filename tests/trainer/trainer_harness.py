@@ -101,6 +101,28 @@ def recording_linear_dtypes(model: torch.nn.Module) -> Iterator[dict[str, set[st
             handle.remove()
 
 
+@contextlib.contextmanager
+def recording_local_shapes(model: torch.nn.Module) -> Iterator[dict[str, list[int]]]:
+    """This rank's local output shape of the whole model (the logits) and of its first block."""
+    shapes: dict[str, list[int]] = {}
+    modules = {_clean(name) or "<root>": module for name, module in model.named_modules()}
+    handles = []
+    for name in ("<root>", "layers.0"):
+        if name not in modules:
+            continue
+
+        def record(_module: torch.nn.Module, _inputs: Any, output: torch.Tensor, name: str = name) -> None:
+            local = output.to_local() if isinstance(output, DTensor) else output
+            shapes.setdefault(name, list(local.shape))
+
+        handles.append(modules[name].register_forward_hook(record))
+    try:
+        yield shapes
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def fsdp_unit_names(model: torch.nn.Module) -> list[str]:
     from torch.distributed.fsdp import FSDPModule
 
@@ -134,14 +156,20 @@ def run_trainer(
     grads: dict[str, torch.Tensor] = {}
     reduce_scatters = 0
     linear_dtypes: dict[str, set[str]] = {}
+    first_local_shapes: dict[str, list[int]] = {}
     grad_dtypes: set[str] = set()
     for step in range(steps):
-        with counting_reduce_scatters() as counted, recording_linear_dtypes(trainer.model) as seen:
+        with (
+            counting_reduce_scatters() as counted,
+            recording_linear_dtypes(trainer.model) as seen,
+            recording_local_shapes(trainer.model) as local_shapes,
+        ):
             local_loss = trainer.forward_backward()
         if step == 0:
             grads = full_gradients(trainer)
             reduce_scatters = counted[0]
             linear_dtypes = seen
+            first_local_shapes = local_shapes
             grad_dtypes = {
                 str(p.grad.dtype).removeprefix("torch.") for p in trainer.params if p.grad is not None
             }
@@ -155,6 +183,7 @@ def run_trainer(
         "linear_dtypes": linear_dtypes,
         "grad_dtypes": grad_dtypes,
         "fsdp_units": fsdp_unit_names(trainer.model),
+        "local_shapes": first_local_shapes,
         "loss_scale": trainer.scaler.scale,
         "skipped": trainer.scaler.skipped_steps,
     }
