@@ -304,6 +304,11 @@ def validate(config: TrainerConfig, world_size: int | None = None) -> list[str]:
         problems.append(f"model.n_heads = {model.n_heads} must be divisible by parallelism.tp = {par.tp}")
     if par.tp > 1 and model.kind == "gpt" and (model.d_ff or 4 * model.d_model) % par.tp:
         problems.append(f"the MLP width must be divisible by parallelism.tp = {par.tp}")
+    if par.tp > 1 and model.kind == "gpt" and model.seq_len % par.tp:
+        problems.append(
+            f"model.seq_len = {model.seq_len} must be divisible by parallelism.tp = {par.tp}"
+            " (sequence parallelism splits the sequence between tensor-parallel ranks)"
+        )
     if par.tp > 1 and model.kind != "gpt":
         problems.append("parallelism.tp > 1 needs model.kind = gpt (the TP plan splits attention and MLP)")
     if par.pp > 1 and model.kind != "gpt":

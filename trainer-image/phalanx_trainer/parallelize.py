@@ -30,7 +30,9 @@ class ParallelizePlan:
     def split_for_stage(self, stage: int, num_stages: int) -> None:
         raise ValueError(f"{type(self.model).__name__} has no pipeline plan")
 
-    def apply_tensor_parallel(self, tp_mesh: DeviceMesh) -> None:
+    def apply_tensor_parallel(self, tp_mesh: DeviceMesh, loss_parallel: bool) -> None:
+        """Splits the model over `tp_mesh`; with loss_parallel the logits may stay vocabulary-split
+        (the trainer computes the loss under torch's loss_parallel)."""
         raise ValueError(f"{type(self.model).__name__} has no tensor-parallel plan")
 
     def apply_compile(self) -> None:

@@ -25,6 +25,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
 from torch.nn.parallel import DistributedDataParallel
 
 from phalanx_trainer import contract
@@ -126,9 +127,12 @@ class Trainer:
         plan = parallelize_plan(model)  # the model's own split / TP / FSDP / compile plan
         if self.dims.pp_enabled:
             plan.split_for_stage(self.pp_rank, self.dims.pp)
+        # Loss parallel needs the loss beside the model; under PP the schedule computes it on plain
+        # logits, so there the head gathers them.
+        self.loss_parallel = self.dims.tp_enabled and not self.dims.pp_enabled
         if self.dims.tp_enabled:
             assert self.mesh is not None
-            plan.apply_tensor_parallel(self.mesh["tp"])
+            plan.apply_tensor_parallel(self.mesh["tp"], loss_parallel=self.loss_parallel)
         if config.model.compile:
             plan.apply_compile()
         self.model = model  # unwrapped: parameter names match a one-process model
@@ -219,6 +223,10 @@ class Trainer:
             module.set_requires_gradient_sync(enabled)
         yield
 
+    def _loss_parallel(self) -> contextlib.AbstractContextManager[None]:
+        """Cross-entropy over vocabulary-split logits (forward and backward) under tensor parallelism."""
+        return loss_parallel() if self.loss_parallel else contextlib.nullcontext()
+
     def _pipeline_loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """One pipeline micro-batch's share of the step's mean loss."""
         loss = cross_entropy_fp32(output, targets)
@@ -235,10 +243,10 @@ class Trainer:
             if self.schedule is not None:
                 self._pipeline_step(inputs, targets, sync)
                 continue
-            with self._gradient_sync(sync):
+            with self._gradient_sync(sync), self._loss_parallel():
                 loss = cross_entropy_fp32(self.train_module(inputs), targets)
                 self.scaler.scale_loss(loss / self.accumulation).backward()  # type: ignore[no-untyped-call]
-            total += loss.detach()
+            total += local_tensor(loss.detach())
         if self.schedule is not None:
             return self._pipeline_mean_loss()
         return total / self.accumulation
