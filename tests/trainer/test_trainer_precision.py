@@ -106,3 +106,16 @@ def test_a_sharded_custom_model_trains_like_one_process(
     reference = one_process_cached((*overrides, f"precision.dtype={dtype}"))
     layout = [f"parallelism.dp_mode={mode}"]
     assert_matches(two_ranks[f"{mode}-{model}-{dtype}"], reference, *tolerances(layout, dtype))
+
+
+@needs_cpu("bf16")
+def test_one_rank_with_a_process_group_shards_too() -> None:
+    """One GPU under bench/gpu_check.py: dp_mode = fsdp still takes FSDP's path and bf16 gathers."""
+    [run] = run_ranks(
+        {"alone": ["parallelism.dp_mode=fsdp", "precision.dtype=bf16", f"data.batch_size={GLOBAL_BATCH}"]},
+        world_size=1,
+        steps=1,
+    ).values()
+    assert "error" not in run, run.get("error")
+    assert "<root>" in run["fsdp_units"]
+    assert run["linear_dtypes"]["weight"] == {"bfloat16"}
