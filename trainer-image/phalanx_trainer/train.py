@@ -111,8 +111,11 @@ class Trainer:
             torch.set_num_threads(job.torch_threads)
         if deterministic_enabled(job, self.device.type):
             torch.use_deterministic_algorithms(True, warn_only=True)
+        # A sharded dp_mode shards over a single rank too when a process group exists (one GPU under
+        # bench/gpu_check.py): the same FSDP code path and mixed precision as on many.
+        shard_alone = par.dp_mode in SHARDED_DP_MODES and dist.is_initialized() and dist_env.world_size == 1
         self.mesh: DeviceMesh | None = (
-            self.dims.build_mesh(self.device.type) if self.dims.distributed else None
+            self.dims.build_mesh(self.device.type) if self.dims.distributed or shard_alone else None
         )
         self.pp_rank, self.dp_rank, self.tp_rank = self.dims.coordinates(dist_env.rank)
         self.accumulation = par.grad_accumulation_steps
@@ -137,8 +140,8 @@ class Trainer:
             plan.apply_compile()
         self.model = model  # unwrapped: parameter names match a one-process model
         self.train_module: nn.Module = model
-        dp_mesh = self.mesh["dp"] if self.mesh is not None and self.dims.dp_enabled else None
-        self.dp_group = dp_mesh.get_group() if dp_mesh is not None else None
+        dp_mesh = self.mesh["dp"] if self.mesh is not None and (self.dims.dp_enabled or shard_alone) else None
+        self.dp_group = dp_mesh.get_group() if dp_mesh is not None and self.dims.dp_enabled else None
         if dp_mesh is not None and par.dp_mode in SHARDED_DP_MODES:
             apply_fsdp(
                 model,
