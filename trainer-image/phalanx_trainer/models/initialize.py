@@ -8,7 +8,8 @@ rank's part of it. The values do not depend on the layout, so every layout start
 one-process weights; the peak extra memory is the largest single tensor.
 
 A model without the hook is built whole on the device under the seed, as its constructor
-initialises it: it has to fit on one device before sharding.
+initialises it: it has to fit on one device before sharding. (Its builder runs twice, first on the
+meta device, which is how the trainer finds out; constructors with side effects see both.)
 """
 
 from __future__ import annotations
