@@ -41,6 +41,14 @@ def test_each_rank_holds_its_vocabulary_slice_of_the_logits(tp_runs: dict[str, A
     assert run["local_shapes"]["<root>"] == [GLOBAL_BATCH // 2, SEQ, VOCAB // 2]
 
 
+def test_the_last_pipeline_stage_keeps_its_logits_split_too(tp_runs: dict[str, Any]) -> None:
+    run = tp_runs["pp_x_tp"]
+    assert "error" not in run, run.get("error")
+    # Mesh (pp, dp, tp) = (2, 1, 2): ranks 2 and 3 are the last stage, which owns the head.
+    for rank in (2, 3):
+        assert run["local_shapes_by_rank"][rank]["<root>"] == [GLOBAL_BATCH // 2, SEQ, VOCAB // 2]
+
+
 @pytest.mark.parametrize("layout", ["fsdp_x_tp", "pp_x_tp"])
 def test_blocks_pass_on_their_slice_of_the_sequence(layout: str, tp_runs: dict[str, Any]) -> None:
     run = tp_runs[layout]

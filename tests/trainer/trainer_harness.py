@@ -67,6 +67,15 @@ def full_gradients(trainer: Trainer) -> dict[str, torch.Tensor]:
     return merged
 
 
+def gathered_objects(value: Any) -> list[Any]:
+    """`value` from every rank, in rank order (just this one without a process group)."""
+    if not dist.is_initialized():
+        return [value]
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, value)
+    return gathered
+
+
 @contextlib.contextmanager
 def counting_reduce_scatters() -> Iterator[list[int]]:
     """Counts this rank's reduce-scatters (FSDP2 reduces gradients with dist.reduce_scatter_single)."""
@@ -184,6 +193,7 @@ def run_trainer(
         "grad_dtypes": grad_dtypes,
         "fsdp_units": fsdp_unit_names(trainer.model),
         "local_shapes": first_local_shapes,
+        "local_shapes_by_rank": gathered_objects(first_local_shapes),
         "loss_scale": trainer.scaler.scale,
         "skipped": trainer.scaler.skipped_steps,
     }
