@@ -130,9 +130,7 @@ class Trainer:
         plan = parallelize_plan(model)  # the model's own split / TP / FSDP / compile plan
         if self.dims.pp_enabled:
             plan.split_for_stage(self.pp_rank, self.dims.pp)
-        # Loss parallel needs the loss beside the model; under PP the schedule computes it on plain
-        # logits, so there the head gathers them.
-        self.loss_parallel = self.dims.tp_enabled and not self.dims.pp_enabled
+        self.loss_parallel = self.dims.tp_enabled  # logits stay vocabulary-split, pipelined or not
         if self.dims.tp_enabled:
             assert self.mesh is not None
             plan.apply_tensor_parallel(self.mesh["tp"], loss_parallel=self.loss_parallel)
@@ -233,7 +231,7 @@ class Trainer:
     def _pipeline_loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """One pipeline micro-batch's share of the step's mean loss."""
         loss = cross_entropy_fp32(output, targets)
-        self._pipeline_losses.append(loss.detach())
+        self._pipeline_losses.append(local_tensor(loss.detach()))
         shares = self.accumulation * self.config.parallelism.pp_microbatches
         return self.scaler.scale_loss(loss / shares)
 
@@ -268,6 +266,11 @@ class Trainer:
     def _pipeline_step(self, inputs: torch.Tensor, targets: torch.Tensor, sync: bool) -> None:
         """One schedule step over pp_microbatches; the schedule drives FSDP's gradient sync itself,
         so the accumulation switch goes to it as finalize_gradients."""
+        assert self.schedule is not None and self.stage is not None
+        with self._loss_parallel():  # the schedule runs the loss and its backward inside step()
+            self._schedule_step(inputs, targets, sync)
+
+    def _schedule_step(self, inputs: torch.Tensor, targets: torch.Tensor, sync: bool) -> None:
         assert self.schedule is not None and self.stage is not None
         if self.stage.is_first:
             self.schedule.step(

@@ -7,9 +7,9 @@ the attention output and the MLP's second layer by rows. Between those matmuls t
 stays split along the sequence (sequence parallel): each norm sees S/tp positions, the row-split
 matmuls reduce-scatter into that split, and each sub-layer all-gathers the sequence before its
 column-split matmuls. The embeddings are split by rows (vocabulary, positions) and reduce-scatter
-into the sequence split. The head is column-split and, without pipeline parallelism, its logits stay
-split by vocabulary: the loss is computed under `loss_parallel`, so no rank holds B x S x V.
-Under PP the last stage hands plain logits to the schedule's loss, so there the head gathers them.
+into the sequence split. The head is column-split and its logits stay split by vocabulary: the
+trainer computes the loss under `loss_parallel` (around the pipeline schedule's step too), so no
+rank holds B x S x V.
 """
 
 from __future__ import annotations
