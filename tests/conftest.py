@@ -155,6 +155,32 @@ def private_nodes(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[
     cluster.delete_nodes(created)
 
 
+SILENCED_HOLDER = "phalanx-test-silenced"
+SILENCED_ANNOTATION = "phalanx.dev/sim-silenced"
+
+
+def silence_node(cluster: Cluster, name: str) -> None:
+    """Makes a kwok node stop heartbeating, as on a network partition or a hung kubelet.
+
+    kwok renews a node's Lease (kube-node-lease/<node>) only while it holds it: handing the Lease to
+    another holder with a long duration, without touching renewTime, ends the renewals. The node
+    lifecycle controller then sees no heartbeat, marks the node Unknown after
+    --node-monitor-grace-period (40 s here) and taints it node.kubernetes.io/unreachable. The node and
+    the pods on it are annotated phalanx.dev/sim-silenced, for which kwok plays no stage
+    (kwok-stages.yaml): they stay as they are, a deleted pod Terminating for good."""
+    patch = {"spec": {"holderIdentity": SILENCED_HOLDER, "leaseDurationSeconds": 86400}}
+    cluster.kubectl("patch", "lease", name, "-n", "kube-node-lease", "--type=merge", "-p", json.dumps(patch))
+    cluster.kubectl("annotate", "node", name, f"{SILENCED_ANNOTATION}=true", "--overwrite")
+    cluster.kubectl("annotate", "pods", "--all-namespaces", f"--field-selector=spec.nodeName={name}",
+                    f"{SILENCED_ANNOTATION}=true", "--overwrite")  # fmt: skip
+
+
+def node_ready_status(cluster: Cluster, name: str) -> str:
+    node = cluster.get_json("node", name)
+    ready = [c for c in node.get("status", {}).get("conditions", []) if c["type"] == "Ready"]
+    return str(ready[0]["status"]) if ready else ""
+
+
 def _node_ready(cluster: Cluster, name: str) -> bool:
     node = cluster.get_json("node", name)
     return any(
@@ -165,23 +191,84 @@ def _node_ready(cluster: Cluster, name: str) -> bool:
 __all__ = ["Cluster", "wait_for", "node_manifests"]
 
 
-class OperatorProcess:
-    """`phalanx operator` as a subprocess against the test cluster (what the image runs)."""
+CHART = REPO_ROOT / "charts" / "phalanx"
+OPERATOR_IDENTITY_NAMESPACE = "phalanx-test-operator"
 
-    def __init__(self, cluster: Cluster, log_dir: Path) -> None:
+
+def operator_kubeconfig(cluster: Cluster, directory: Path) -> Path:
+    """A kubeconfig for the chart's service account, bound to the chart's own RBAC.
+
+    The tests' operator then runs with exactly the rights a Helm install grants, not as the
+    cluster admin (system:masters passes every RBAC check and OwnerReferencesPermissionEnforcement,
+    so a missing rule would go unnoticed)."""
+    import yaml
+
+    ns = OPERATOR_IDENTITY_NAMESPACE
+    if cluster.kubectl("get", "namespace", ns, check=False).returncode != 0:
+        cluster.kubectl("create", "namespace", ns)
+    rendered = subprocess.run(
+        [str(cluster.bin_dir / "helm"), "template", "phalanx-test", str(CHART), "--namespace", ns,
+         "--show-only", "templates/serviceaccount.yaml", "--show-only", "templates/rbac.yaml",
+         "--show-only", "templates/leader-election-rbac.yaml"],
+        capture_output=True, text=True, check=True, timeout=60,
+    ).stdout  # fmt: skip
+    cluster.kubectl("apply", "-f", "-", input=rendered)
+    account = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "ServiceAccount")
+    name = account["metadata"]["name"]
+    token = cluster.kubectl("create", "token", name, "-n", ns, "--duration=24h").stdout.strip()
+    admin = yaml.safe_load(Path(cluster.kubeconfig).read_text())
+    server = admin["clusters"][0]["cluster"]
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "dev", "cluster": server}],
+        "users": [{"name": f"system:serviceaccount:{ns}:{name}", "user": {"token": token}}],
+        "contexts": [{"name": "operator", "context": {"cluster": "dev", "user": f"system:serviceaccount:{ns}:{name}"}}],
+        "current-context": "operator",
+    }  # fmt: skip
+    path = directory / "operator-kubeconfig"
+    path.write_text(json.dumps(config))
+    return path
+
+
+class OperatorProcess:
+    """`phalanx operator` as a subprocess against the test cluster (what the image runs), with the
+    chart's service account and RBAC (operator_kubeconfig)."""
+
+    def __init__(self, cluster: Cluster, log_dir: Path, kubeconfig: Path | None = None) -> None:
         self.cluster = cluster
         self.log_dir = log_dir
+        self.kubeconfig = str(kubeconfig) if kubeconfig is not None else cluster.kubeconfig
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
+        # As a pod's name: a restart (after kill()) renews its own lease at once.
+        self.identity = f"test-operator-{uuid.uuid4().hex[:6]}"
 
-    def start(self, extra_env: dict[str, str] | None = None) -> None:
+    def start(self, extra_env: dict[str, str] | None = None, extra_args: Sequence[str] = ()) -> None:
         import sys
 
         self.starts += 1
         log = (self.log_dir / f"operator-{self.starts}.log").open("wb")
-        env = {**os.environ, "KUBECONFIG": self.cluster.kubeconfig, **(extra_env or {})}
+        env = {
+            **os.environ,
+            "KUBECONFIG": self.kubeconfig,
+            # As in the chart's pod: the Lease lives in the operator's namespace, named after the pod.
+            "POD_NAME": self.identity,
+            "POD_NAMESPACE": OPERATOR_IDENTITY_NAMESPACE,
+            **(extra_env or {}),
+        }
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "phalanx.cli", "operator", "--metrics-port", "0", "--health-port", "0"],
+            [
+                sys.executable,
+                "-m",
+                "phalanx.cli",
+                "operator",
+                "--metrics-port",
+                "0",
+                "--health-port",
+                "0",
+                *extra_args,
+            ],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
@@ -221,7 +308,8 @@ def crd_installed(cluster: Cluster) -> None:
 def operator_process(
     cluster: Cluster, crd_installed: None, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:
-    op = OperatorProcess(cluster, tmp_path_factory.mktemp("operator"))
+    log_dir = tmp_path_factory.mktemp("operator")
+    op = OperatorProcess(cluster, log_dir, operator_kubeconfig(cluster, log_dir))
     op.start()
     yield op
     op.stop()

@@ -8,6 +8,8 @@ from typing import Any
 
 from tests.conftest import Cluster, wait_for
 
+SIM_TERMINATE_AFTER = "phalanx.dev/sim-terminate-after"
+
 
 def training_job(
     name: str,
@@ -16,13 +18,20 @@ def training_job(
     *,
     run_for: str | None = None,
     exit_code: int | None = None,
+    terminate_after: str | None = None,
     placement: dict[str, Any] | None = None,
     **spec: Any,
 ) -> dict[str, Any]:
-    """A job whose pods kwok 'runs': run_for makes them finish (with exit_code, default 0)."""
+    """A job whose pods kwok 'runs': run_for makes them finish (with exit_code, default 0).
+
+    A deleted pod stays Terminating for its whole grace period (spec.runPolicy.
+    terminationGracePeriodSeconds, 60 s by default), as with a kubelet; terminate_after="1s" makes it
+    stop that soon instead, like a trainer that exits quickly on SIGTERM (docs/dev-cluster.md)."""
     annotations: dict[str, str] = {}
     if run_for is not None:
         annotations["phalanx.dev/sim-run-for"] = run_for
+    if terminate_after is not None:
+        annotations[SIM_TERMINATE_AFTER] = terminate_after
     if exit_code is not None:
         annotations["phalanx.dev/sim-exit-code"] = str(exit_code)
     pod_spec: dict[str, Any] = {"containers": [{"name": "trainer", "image": "trainer:test"}]}

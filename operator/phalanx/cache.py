@@ -78,9 +78,10 @@ def _own_pod_status(status: Mapping[str, Any]) -> dict[str, Any]:
 def slim_node(node: Mapping[str, Any]) -> Slim:
     """Capacity, labels, taints and the Ready condition: what NodeInfo and the pod outcome read."""
     status = node.get("status") or {}
-    # Type, status and reason only: heartbeat times change every few seconds and mean nothing here.
+    # Heartbeat times change every few seconds and mean nothing here; lastTransitionTime changes only
+    # when readiness does, and tells how long a node has been not Ready (policy/node_loss.py).
     ready = [
-        _pick(x, ("type", "status", "reason"))
+        _pick(x, ("type", "status", "reason", "lastTransitionTime"))
         for x in status.get("conditions") or ()
         if x.get("type") == "Ready"
     ]

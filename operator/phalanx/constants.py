@@ -82,6 +82,7 @@ RESERVED_ENV_NAMES: Final = (
     ENV_CHECKPOINT_INTERVAL,
     ENV_CHECKPOINT_KEEP,
     ENV_METRICS_PORT,
+    ENV_RENDEZVOUS_TIMEOUT,
     ENV_PREEMPTION_EXIT_CODE,
     ENV_GRACE_PERIOD,
 )
@@ -95,6 +96,9 @@ NCCL_DEFAULTS: Final = {
 
 GPU_RESOURCE: Final = "nvidia.com/gpu"
 MIG_RESOURCE_PREFIX: Final = "nvidia.com/mig-"
+
+# Operator setting: seconds a node may be not Ready before gangs with pods there restart elsewhere.
+ENV_NODE_LOST_AFTER: Final = "PHALANX_NODE_LOST_AFTER_SECONDS"
 
 # Progress endpoint the trainer's local rank 0 of global rank 0 serves (JSON, see docs/environment.md).
 PROGRESS_PATH: Final = "/progress"

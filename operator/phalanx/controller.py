@@ -16,7 +16,7 @@ import os
 import threading
 import time
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -43,7 +43,9 @@ from phalanx.gang.on_creation import plan_on_creation
 from phalanx.gang.preemption import RunningGang, choose_victims
 from phalanx.gang.usage import UsageIndex
 from phalanx.k8s import KubeApi, short_error
+from phalanx.leader import LeaderElector
 from phalanx.policy.job_events import event_marker
+from phalanx.policy.node_loss import DEFAULT_NODE_LOST_AFTER_SECONDS
 from phalanx.policy.pod_outcome import node_is_ready
 from phalanx.reconcile.conditions import set_condition
 from phalanx.reconcile.lifecycle import (
@@ -90,8 +92,13 @@ def status_diff(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
 
 class Controller:
     def __init__(self, api: KubeApi, namespaces: list[str], cluster_domain: str = "cluster.local",
-                 workers: int = 8) -> None:  # fmt: skip
+                 workers: int = 8, clock: Callable[[], float] = time.time,
+                 node_lost_after: float | None = None, leader: LeaderElector | None = None) -> None:  # fmt: skip
         self.api = api
+        self.leader = leader  # None: this process alone writes (leader election off)
+        self.clock = clock  # wall clock (API timestamps are wall time); injectable for tests
+        # Seconds a node may be not Ready before the gangs with pods there restart (policy/node_loss.py).
+        self.node_lost_after = node_lost_after if node_lost_after is not None else node_lost_after_from_env()
         self.namespaces = namespaces
         self.cluster_domain = cluster_domain
         self.workers = workers
@@ -193,6 +200,14 @@ class Controller:
                 )
             ),
         ]
+        # The stores fill from here on whether or not this process leads: a standby takes over warm.
+        self.tasks.append(asyncio.create_task(self._run_when_leading(), name="leading"))
+
+    async def _run_when_leading(self) -> None:
+        if self.leader is not None:
+            while not self.leader.leading.is_set():
+                await asyncio.sleep(0.2)
+            log.info("leading: reconciles, admission and progress polls start")
         for i in range(self.workers):
             self.tasks.append(asyncio.create_task(self._worker(), name=f"reconcile-{i}"))
         self.tasks.append(asyncio.create_task(self._admission_loop(), name="admission"))
@@ -317,12 +332,12 @@ class Controller:
             self.pods.indexed(key) if self.pods.synced.is_set() else self.api.list_job_pods(namespace, name)
         )
         pods = [p for p in listed if _controlled_by(p, job["metadata"]["uid"])]
-        now = time.time()
+        now = self.clock()
         old_status = dict(job.get("status") or {})
         if not old_status:
             metrics.observe_job_created(namespace, name)
         nodes = self.current_nodes()
-        plan = decide(job, pods, nodes, now)
+        plan = decide(job, pods, nodes, now, self.node_lost_after)
         spec = parse(TrainingJobSpec, job["spec"])
         ref = JobRef.of(job)
 
@@ -343,7 +358,7 @@ class Controller:
                 # so one status write says what this reconcile and the next would have written
                 # (all pods created; admitted, when admitted at creation).
                 pods = [p for p in self.pods.indexed(key) if _controlled_by(p, job["metadata"]["uid"])]
-                then = decide({**job, "status": plan.status}, pods, nodes, now)
+                then = decide({**job, "status": plan.status}, pods, nodes, now, self.node_lost_after)
                 if not (then.create_indices or then.delete_pods or then.force_delete_pods or then.delete_job):
                     then.events = merged_events([*plan.events, *then.events])
                     plan = then
@@ -359,6 +374,9 @@ class Controller:
         patch = status_diff(old_status, plan.status)
         if patch:
             self._patch_job_status(namespace, name, patch)
+            # Decide once more on what was just written (a finished job's TTL, say, is timed from
+            # the completionTime this write set): the job's own status events no longer enqueue it.
+            followups.append(0.0)
         self._observe(namespace, name, old_status, plan.status)
         for event in plan.events:
             self._record_event(job, event.type, event.reason, event.message, iso(now))
@@ -384,7 +402,16 @@ class Controller:
         attempt = int(plan.status["attempt"])
         template = job["spec"].get("template") or {}
         pods_to_create = [
-            build_worker_pod(ref, spec, index, attempt, template, cluster_domain=self.cluster_domain)
+            build_worker_pod(
+                ref,
+                spec,
+                index,
+                attempt,
+                template,
+                cluster_domain=self.cluster_domain,
+                attempt_in_name=plan.attempt_in_names,
+                avoid_nodes=plan.avoid_nodes,
+            )
             for index in plan.create_indices
         ]
         if len(pods_to_create) == spec.replicas:
@@ -717,16 +744,20 @@ class Controller:
             if key == head.key or status.get("phase") not in ("Running", "Admitted"):
                 continue
             spec = parse(TrainingJobSpec, job["spec"])
+            # Pods already being deleted count in `freeing` below, not as room a victim would free.
             bound = [
                 (p["metadata"]["name"], p["spec"]["nodeName"], PodDemand.from_pod_spec(p["spec"]))
                 for p in self.pods.indexed(key)
-                if pod_attempt(p) == status.get("attempt", 0) and p.get("spec", {}).get("nodeName")
+                if pod_attempt(p) == status.get("attempt", 0)
+                and p.get("spec", {}).get("nodeName")
+                and not p["metadata"].get("deletionTimestamp")
             ]
             if bound:
                 started = parse_iso(status.get("admittedTime")) or 0.0
                 priority = self.priority_of(spec)
                 running.append(RunningGang(key, priority, started, tuple(bound)))
-        choice = choose_victims(head, running, nodes, used)
+        # One victim per need: the room the last victims' terminating pods will free counts as free.
+        choice = choose_victims(head, running, nodes, used, freeing=self.usage.freeing())
         if choice is None:
             return
         for victim in choice.victims:
@@ -787,6 +818,20 @@ def _failpoint_after_admit() -> None:
     if limit and _pods_admitted_here >= int(limit):
         log.error("failpoint: exiting after lifting %d gates", _pods_admitted_here)
         os._exit(3)
+
+
+def node_lost_after_from_env() -> float:
+    """PHALANX_NODE_LOST_AFTER_SECONDS (docs/reliability.md), else the policy's default."""
+    raw = os.environ.get(c.ENV_NODE_LOST_AFTER, "")
+    if not raw:
+        return DEFAULT_NODE_LOST_AFTER_SECONDS
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if value < 0:
+        raise ValueError(f"{c.ENV_NODE_LOST_AFTER}={raw!r}: give a number of seconds >= 0, for example 20")
+    return value
 
 
 def _waits_for_admission(job: dict[str, Any]) -> bool:

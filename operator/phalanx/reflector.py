@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -54,12 +55,20 @@ class Reflector:
 
     def stop(self) -> None:
         self._stop.set()
+        self._interrupt_watch()
+
+    def _interrupt_watch(self) -> None:
+        """Ends the watch's blocking read from another thread. Closing the response here would wait
+        for the lock the reading thread holds (a shutdown that hung until the watch timed out);
+        shutting the socket down makes that read return at once, and the reader closes it."""
         response = self._response
-        if response is not None:
-            try:
-                response.close()  # unblocks the read
-            except Exception:  # noqa: BLE001 - closing a half-broken stream may fail any way
-                pass
+        sock = getattr(getattr(response, "connection", None), "sock", None)
+        if sock is None:
+            return
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # already closed
 
     def _run(self) -> None:
         failures = 0

@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 import threading
+import time
+import uuid
 from typing import Any
 
 import pytest
 
-from tests.conftest import Cluster, wait_for
+from tests.conftest import Cluster, node_ready_status, silence_node, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -82,8 +84,8 @@ def test_higher_priority_pod_preempts_and_victim_gets_disruption_target(
     )
     wait_for(lambda: phase(cluster, namespace, "victim") == "Running", timeout=60, what="victim Running")
 
-    # Watch the victim from now on: kwok removes a deleted pod at once, so the condition is seen
-    # only in the update that precedes deletion.
+    # Watch the victim from now on: the condition is set in the update that starts its deletion
+    # (it then stays Terminating for its 30 s grace period, holding the GPUs the preemptor waits for).
     seen: list[dict[str, Any]] = []
     watcher = subprocess.Popen(
         [str(cluster.bin_dir / "kubectl"), f"--kubeconfig={cluster.kubeconfig}", "get", "pod", "victim",
@@ -151,3 +153,83 @@ def test_owner_reference_garbage_collection_deletes_children(cluster: Cluster, n
     assert phase(cluster, namespace, "child") != ""
     cluster.kubectl("delete", "configmap", "parent", "-n", namespace)
     wait_for(lambda: phase(cluster, namespace, "child") == "", timeout=60, what="child garbage-collected")
+
+
+# -- the harsh cases (docs/dev-cluster.md) ---------------------------------------------------------
+def deleted_after(cluster: Cluster, ns: str, name: str, timeout: float) -> float:
+    """Deletes the pod (without waiting) and returns the seconds until it was gone."""
+    started = time.monotonic()
+    cluster.kubectl("delete", "pod", name, "-n", ns, "--wait=false")
+    wait_for(lambda: phase(cluster, ns, name) == "", timeout=timeout, interval=0.25, what=f"{name} gone")
+    return time.monotonic() - started
+
+
+def test_a_deleted_pod_stays_terminating_for_its_grace_period_unless_annotated_to_stop_sooner(
+    cluster: Cluster, namespace: str
+) -> None:
+    slow = pod("slow", terminationGracePeriodSeconds=8)
+    quick = pod("quick", terminationGracePeriodSeconds=60)
+    quick["metadata"]["annotations"] = {"phalanx.dev/sim-terminate-after": "1s"}
+    cluster.apply([slow, quick], namespace)
+    for name in ("slow", "quick"):
+        wait_for(lambda n=name: phase(cluster, namespace, n) == "Running", timeout=60, what=f"{name} Running")
+    cluster.kubectl("delete", "pod", "slow", "-n", namespace, "--wait=false")
+    time.sleep(4)
+    terminating = cluster.get_json("pod", "slow", "-n", namespace)
+    assert terminating["metadata"].get("deletionTimestamp") and terminating["status"]["phase"] == "Running"
+    wait_for(
+        lambda: phase(cluster, namespace, "slow") == "", timeout=20, what="slow pod gone after its grace"
+    )
+    assert deleted_after(cluster, namespace, "quick", timeout=20) < 10
+
+
+def test_a_silenced_node_turns_unknown_and_tainted_and_its_deleted_pods_stay_terminating(
+    cluster: Cluster, namespace: str, private_nodes: Any
+) -> None:
+    (node,) = private_nodes.add(1, gpus=8, prefix="silent")
+    quick = pod("stuck", gpus=1, terminationGracePeriodSeconds=1, **private_nodes.placement())
+    quick["metadata"]["annotations"] = {"phalanx.dev/sim-terminate-after": "1s"}
+    cluster.apply(quick, namespace)
+    wait_for(lambda: phase(cluster, namespace, "stuck") == "Running", timeout=60, what="pod Running")
+    silence_node(cluster, node)
+    wait_for(
+        lambda: node_ready_status(cluster, node) == "Unknown", timeout=90, interval=2, what="node Unknown"
+    )
+    taints = {t["key"] for t in cluster.get_json("node", node)["spec"].get("taints") or []}
+    assert "node.kubernetes.io/unreachable" in taints
+    cluster.kubectl("delete", "pod", "stuck", "-n", namespace, "--wait=false")
+    time.sleep(8)  # far past its grace period and its 1 s termination
+    left = cluster.get_json("pod", "stuck", "-n", namespace)
+    assert left["metadata"].get("deletionTimestamp"), "nobody should confirm the deletion"
+
+
+def test_owner_references_need_the_right_to_update_the_owners_finalizers(
+    cluster: Cluster, namespace: str
+) -> None:
+    """OwnerReferencesPermissionEnforcement: blockOwnerDeletion needs update on <owner>/finalizers."""
+    account = f"writer-{uuid.uuid4().hex[:5]}"
+    cluster.kubectl("create", "serviceaccount", account, "-n", namespace)
+    cluster.kubectl("create", "role", account, "-n", namespace, "--verb=get,create", "--resource=configmaps")
+    cluster.kubectl("create", "rolebinding", account, "-n", namespace, f"--role={account}",
+                    f"--serviceaccount={namespace}:{account}")  # fmt: skip
+    cluster.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "owner"}}, namespace)
+    uid = cluster.get_json("configmap", "owner", "-n", namespace)["metadata"]["uid"]
+
+    def child(name: str, block: bool) -> str:
+        ref = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "name": "owner",
+            "uid": uid,
+            "blockOwnerDeletion": block,
+        }
+        return json.dumps(
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "ownerReferences": [ref]}}
+        )
+
+    as_account = f"--as=system:serviceaccount:{namespace}:{account}"
+    refused = cluster.kubectl(
+        "create", "-f", "-", "-n", namespace, as_account, input=child("blocking", True), check=False
+    )
+    assert refused.returncode != 0 and "blockOwnerDeletion" in refused.stderr, refused.stderr
+    cluster.kubectl("create", "-f", "-", "-n", namespace, as_account, input=child("plain", False))

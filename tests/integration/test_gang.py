@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from phalanx.devcluster.nodes import NodePool, node_manifest
-from tests.conftest import Cluster, OperatorProcess, wait_for
+from tests.conftest import Cluster, OperatorProcess, node_ready_status, silence_node, wait_for
 from tests.jobs import job_status, training_job, wait_phase
 
 pytestmark = pytest.mark.integration
@@ -81,9 +81,47 @@ def test_a_gang_that_fits_while_nothing_waits_is_created_admitted(
     assert len(pods) == 2
     for pod in pods:
         assert not is_gated(pod)
-        assert pod["spec"]["nodeSelector"]["kubernetes.io/hostname"] == pod["spec"]["nodeName"]
+        assert pinned_node(pod) == pod["spec"]["nodeName"]
         # Created this way, not gated and patched later: the API server counts spec changes.
         assert pod["metadata"]["generation"] == 1, pod["metadata"]
+
+
+def pinned_node(pod: dict[str, Any]) -> str | None:
+    """The node admission pinned the pod to: a required matchFields term on metadata.name."""
+    required = (pod["spec"].get("affinity") or {}).get("nodeAffinity", {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
+    names = {
+        tuple(f["values"])
+        for term in required.get("nodeSelectorTerms") or []
+        for f in term.get("matchFields") or []
+        if f["key"] == "metadata.name" and f["operator"] == "In"
+    }
+    return names.pop()[0] if len(names) == 1 else None
+
+
+@pytest.mark.parametrize("gated", [False, True], ids=["admitted-at-creation", "admitted-by-the-pass"])
+def test_gangs_run_on_nodes_whose_hostname_label_differs_from_their_name(
+    cluster: Cluster, namespace: str, operator: OperatorProcess, private_nodes: Any, gated: bool
+) -> None:
+    """Pinning must name the node itself, not assume kubernetes.io/hostname equals the node's name."""
+    nodes = private_nodes.add(2, gpus=8, renamed_hostnames=2)
+    labels = {n: cluster.get_json("node", n)["metadata"]["labels"]["kubernetes.io/hostname"] for n in nodes}
+    assert all(labels[n] != n for n in nodes), labels
+    if gated:
+        # A gated gang ahead of it: the job below is created gated and admitted by the pass.
+        cluster.apply(training_job("first", replicas=2, gpus=8, run_for="3s", placement=private_nodes.placement(),
+                                   runPolicy={"terminationGracePeriodSeconds": 1}), namespace)  # fmt: skip
+        wait_phase(cluster, namespace, "first", "Running", timeout=60)
+    cluster.apply(training_job("renamed", replicas=2, gpus=8, run_for="3s", placement=private_nodes.placement(),
+                               runPolicy={"terminationGracePeriodSeconds": 1}), namespace)  # fmt: skip
+    status = wait_phase(cluster, namespace, "renamed", "Running", timeout=60)
+    assert status["attempt"] == 0 and status.get("gangTimeouts", 0) == 0
+    pods = pods_in(cluster, namespace, "renamed")
+    assert {p["spec"]["nodeName"] for p in pods} == set(nodes)
+    for pod in pods:
+        assert pinned_node(pod) == pod["spec"]["nodeName"], pod["spec"].get("affinity")
+    wait_phase(cluster, namespace, "renamed", "Succeeded", timeout=30)
 
 
 def test_two_gangs_of_sixteen_gpus_on_sixteen_gpus_run_one_after_the_other(
@@ -290,6 +328,51 @@ def test_higher_priority_gang_preempts_a_lower_one_which_resumes_as_the_next_att
     assert job_status(cluster, namespace, "high")["restarts"] == {"failures": 0, "preemptions": 0}
 
 
+def test_one_victim_per_preemption_while_its_pods_take_their_grace_period(
+    cluster: Cluster, namespace: str, operator: OperatorProcess, private_nodes: Any,
+    priority_classes: tuple[str, str],
+) -> None:  # fmt: skip
+    """A high-priority gang that needs the room of exactly one of three running jobs. The victim's pod
+    takes its whole 60 s grace period to stop and holds its GPUs all that time; no second or third job
+    may be stopped for the same head meanwhile, and the head runs once the victim's pod is gone."""
+    low_class, high_class = priority_classes
+    private_nodes.add(3, gpus=8)
+    placement = private_nodes.placement()
+    names = ("low-a", "low-b", "low-c")
+    for name in names:
+        cluster.apply(training_job(name, replicas=1, gpus=8, placement=placement,
+                                   scheduling={"priorityClassName": low_class},
+                                   runPolicy={"terminationGracePeriodSeconds": 60}), namespace)  # fmt: skip
+    for name in names:
+        wait_phase(cluster, namespace, name, "Running", timeout=40)
+    cluster.apply(training_job("high", replicas=1, gpus=8, run_for="5s", placement=placement,
+                               scheduling={"priorityClassName": high_class}), namespace)  # fmt: skip
+
+    def preempted() -> list[str]:
+        statuses = all_statuses(cluster, namespace)
+        return [n for n in names if statuses[n].get("restarts", {}).get("preemptions", 0) > 0]
+
+    (victim,) = wait_for(preempted, timeout=30, what="a victim")
+    preempted_at = time.monotonic()
+    # Well past two preemption cooldowns (15 s) while the victim's pod is still Terminating.
+    while time.monotonic() - preempted_at < 40:
+        assert preempted() == [victim], "a second job was preempted for the same head"
+        victim_pods = pods_in(cluster, namespace, victim)
+        assert any(p["metadata"].get("deletionTimestamp") for p in victim_pods), "the victim's pod went early"
+        time.sleep(1.0)
+    status = wait_phase(cluster, namespace, "high", "Running", timeout=45)
+    assert time.monotonic() - preempted_at > 50  # only after the victim's grace period
+    assert status["attempt"] == 0
+    assert preempted() == [victim]
+    statuses = all_statuses(cluster, namespace)
+    for name in names:
+        if name != victim:
+            assert statuses[name]["phase"] == "Running" and statuses[name]["attempt"] == 0, (
+                name,
+                statuses[name],
+            )
+
+
 # -- node loss --------------------------------------------------------------------------------
 def test_node_deleted_under_a_running_gang_restarts_it_on_other_nodes(
     cluster: Cluster, namespace: str, operator: OperatorProcess, private_nodes: Any
@@ -315,6 +398,73 @@ def test_node_deleted_under_a_running_gang_restarts_it_on_other_nodes(
     assert sorted(p["metadata"]["labels"]["phalanx.dev/attempt"] for p in pods) == ["1", "1"]
     placed = {p["spec"]["nodeName"] for p in pods}
     assert lost not in placed and placed <= set(nodes)
+
+
+# The node lifecycle controller's --node-monitor-grace-period in the dev cluster, and the operator's
+# default PHALANX_NODE_LOST_AFTER_SECONDS (docs/reliability.md).
+NODE_MONITOR_GRACE_SECONDS = 40
+NODE_LOST_AFTER_SECONDS = 20
+
+
+def test_a_gang_with_a_pod_on_a_node_that_stops_heartbeating_runs_again_on_other_nodes(
+    cluster: Cluster, namespace: str, operator: OperatorProcess, private_nodes: Any
+) -> None:
+    """A 2-pod gang and a spare node; one node goes silent (its Lease is no longer renewed). Its pod
+    still says Running, and once deleted it stays Terminating for good (nobody confirms it). The gang
+    is disrupted NODE_LOST_AFTER_SECONDS after the node turns Unknown, restarts as a preemption on the
+    other nodes without waiting for the lost pod, under names of its own."""
+    nodes = private_nodes.add(3, gpus=8)
+    # The trainer on the healthy node stops 2 s after SIGTERM (its checkpoint is quick here).
+    job = training_job("partitioned", replicas=2, gpus=8, placement=private_nodes.placement(),
+                       terminate_after="2s")  # fmt: skip
+    cluster.apply(job, namespace)
+    wait_phase(cluster, namespace, "partitioned", "Running", timeout=40)
+    before = {p["metadata"]["name"]: p for p in pods_in(cluster, namespace, "partitioned")}
+    silent = sorted(p["spec"]["nodeName"] for p in before.values())[0]
+    lost_pod = next(n for n, p in before.items() if p["spec"]["nodeName"] == silent)
+    silence_node(cluster, silent)
+    silenced_at = time.monotonic()
+
+    # Bound: the node turns Unknown after the node monitor grace period (<= 40 s after the last
+    # renewal); the operator waits NODE_LOST_AFTER_SECONDS more; the healthy pod takes 2 s to stop;
+    # admission, scheduling and kwok's start take a few seconds: 90 s in all, with room for a busy machine.
+    bound = NODE_MONITOR_GRACE_SECONDS + NODE_LOST_AFTER_SECONDS + 30
+    status = wait_for(
+        lambda: (s := job_status(cluster, namespace, "partitioned")).get("attempt") == 1
+        and s.get("phase") == "Running" and s,
+        timeout=bound, what="the gang running again on other nodes",
+    )  # fmt: skip
+    elapsed = time.monotonic() - silenced_at
+    print(f"running again {elapsed:.1f}s after the node went silent")
+    assert node_ready_status(cluster, silent) == "Unknown"
+    assert status["restarts"] == {"failures": 0, "preemptions": 1}
+    events = cluster.get_json(
+        "events", "-n", namespace, "--field-selector", "involvedObject.name=partitioned"
+    )
+    said = [e["message"] for e in events["items"] if e["reason"] == "Preempted"]
+    assert said and f"node {silent} not Ready" in said[0], said
+
+    pods = pods_in(cluster, namespace, "partitioned")
+    current = [p for p in pods if p["metadata"]["labels"]["phalanx.dev/attempt"] == "1"]
+    assert len(current) == 2 and all(p["status"].get("phase") == "Running" for p in current)
+    placed = {p["spec"]["nodeName"] for p in current}
+    assert silent not in placed and placed <= set(nodes) and len(placed) == 2
+    for pod in current:  # kept off the lost node even if it came back Ready
+        terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        avoid = {"key": "metadata.name", "operator": "NotIn", "values": [silent]}
+        assert all(avoid in t["matchFields"] for t in terms["nodeSelectorTerms"]), terms
+    # The lost pod is still there, Terminating: the new attempt did not wait for it, and shares
+    # neither its name nor its DNS name (the rendezvous address) with it.
+    (lingering,) = [p for p in pods if p["metadata"]["labels"]["phalanx.dev/attempt"] == "0"]
+    assert lingering["metadata"]["name"] == lost_pod and lingering["metadata"].get("deletionTimestamp")
+    names = {p["metadata"]["name"] for p in current}
+    hostnames = {p["spec"]["hostname"] for p in current}
+    assert lost_pod not in names and before[lost_pod]["spec"]["hostname"] not in hostnames
+    rank0 = next(p for p in current if p["metadata"]["labels"]["phalanx.dev/replica-index"] == "0")
+    for pod in current:
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+        assert env["MASTER_ADDR"].split(".")[0] == rank0["spec"]["hostname"]
+        assert env["PHALANX_ATTEMPT"] == "1"
 
 
 # -- operator restart during admission ------------------------------------------------------------

@@ -30,6 +30,8 @@ NEEDED_IN_WATCHED_NAMESPACE = (
     ("watch", "trainingjobs.phalanx.dev", ()),
     ("delete", "trainingjobs.phalanx.dev", ()),
     ("patch", "trainingjobs.phalanx.dev", ("--subresource=status",)),
+    # blockOwnerDeletion on the pods' and Service's ownerReference (OwnerReferencesPermissionEnforcement).
+    ("update", "trainingjobs.phalanx.dev", ("--subresource=finalizers",)),
     ("create", "pods", ()),
     ("delete", "pods", ()),
     ("create", "services", ()),

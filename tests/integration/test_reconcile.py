@@ -141,7 +141,8 @@ def test_operator_killed_between_pod_creations_leaves_exactly_replicas_pods(
 def test_suspend_deletes_pods_keeps_status_and_resume_starts_a_new_attempt(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:
-    cluster.apply(training_job("pause", replicas=2), namespace)
+    # Deleted pods take their grace period (60 s) to stop; these trainers stop 2 s after SIGTERM.
+    cluster.apply(training_job("pause", replicas=2, terminate_after="2s"), namespace)
     wait_phase(cluster, namespace, "pause", "Running")
     cluster.kubectl(
         "patch",

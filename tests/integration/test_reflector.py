@@ -100,7 +100,7 @@ def test_one_job_store_fed_by_two_namespaces_keeps_both_across_a_relist(
             relists = store_replacements(store)
             # A dropped connection: b's watch fails and b lists again (the reflector's error path).
             wait_for(lambda: watchers[1]._response is not None, timeout=30, what="b watching")
-            watchers[1]._response.close()
+            watchers[1]._interrupt_watch()
             wait_for(lambda: relists() >= 1, timeout=30, what="b to list again")
             assert both <= store.as_dict().keys(), sorted(store.as_dict())
             cluster.apply(training_job("job-a2", gpus=None), namespace)

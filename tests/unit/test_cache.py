@@ -102,7 +102,12 @@ def test_a_slim_node_keeps_capacity_taints_labels_and_readiness_without_heartbea
             "allocatable": {"nvidia.com/gpu": "8", "cpu": "64"},
             "conditions": [
                 {"type": "MemoryPressure", "status": "False"},
-                {"type": "Ready", "status": "True", "lastHeartbeatTime": "2026-01-01T00:00:00Z"},
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "lastHeartbeatTime": "2026-01-01T00:00:00Z",
+                    "lastTransitionTime": "2025-12-31T00:00:00Z",
+                },
             ],
             "images": [{"names": ["a"] * 50}],
         },
@@ -110,12 +115,14 @@ def test_a_slim_node_keeps_capacity_taints_labels_and_readiness_without_heartbea
     slim = slim_node(node)
     assert NodeInfo.from_k8s(slim) == NodeInfo.from_k8s(node)
     assert node_is_ready(slim)
+    # Since when it is (not) Ready stays: how long a node is not Ready decides when it counts as lost.
     assert "images" not in slim["status"] and slim["status"]["conditions"] == [
-        {"type": "Ready", "status": "True"}
+        {"type": "Ready", "status": "True", "lastTransitionTime": "2025-12-31T00:00:00Z"}
     ]
     beat = {**node, "metadata": {**node["metadata"], "resourceVersion": "10"},
             "status": {**node["status"], "conditions": [{"type": "Ready", "status": "True",
-                                                          "lastHeartbeatTime": "2026-01-01T00:00:40Z"}]}}  # fmt: skip
+                                                          "lastHeartbeatTime": "2026-01-01T00:00:40Z",
+                                                          "lastTransitionTime": "2025-12-31T00:00:00Z"}]}}  # fmt: skip
     assert not node_changed_for_admission(slim, slim_node(beat))
     cordoned = {**node, "spec": {**node["spec"], "unschedulable": True}}
     assert node_changed_for_admission(slim, slim_node(cordoned))

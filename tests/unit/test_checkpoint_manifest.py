@@ -127,3 +127,30 @@ def test_retention_keeps_the_newest_and_what_is_protected() -> None:
     assert retention_victims([1, 2, 3], keep=0, protected=set()) == [2, 1], "the newest is never deleted"
     assert retention_victims([1, 2, 3], keep=1, protected={2}) == [1]
     assert retention_victims([], keep=2, protected=set()) == []
+
+
+def test_folders_that_fail_verification_do_not_count_towards_keep() -> None:
+    # step 4 is damaged: the two kept are 5 and 3, and the damaged one goes too.
+    assert retention_victims([1, 2, 3, 4, 5], keep=2, protected=set(), invalid={4}) == [4, 2, 1]
+    # A damaged folder newer than every valid one is left for the resume to report.
+    assert retention_victims([1, 2, 3, 4], keep=2, protected=set(), invalid={4}) == [1]
+    assert retention_victims([1, 2], keep=2, protected=set(), invalid={1, 2}) == []
+
+
+def test_each_file_read_is_hashed_once_by_one_of_its_readers() -> None:
+    from phalanx_trainer.checkpoint.selection import assign_verification
+
+    sizes = {"__0_0.distcp": 100, "__1_0.distcp": 100, "rank-00000.pt": 1, "rank-00001.pt": 1, ".metadata": 5}
+    reads = [
+        {"__0_0.distcp", "rank-00000.pt", ".metadata"},
+        {"__0_0.distcp", "__1_0.distcp", "rank-00001.pt", ".metadata"},
+    ]
+    assigned = assign_verification(reads, sizes)
+    assert set().union(*assigned) == set(sizes)
+    assert sum(len(names) for names in assigned) == len(sizes), "a file is hashed twice"
+    assert all(names <= read for names, read in zip(assigned, reads, strict=True)), "hashed by a non-reader"
+    # __0_0.distcp is read by both ranks and hashed once; each per-rank file by its own rank.
+    assert assigned[0] >= {"__0_0.distcp", "rank-00000.pt"} and assigned[1] >= {
+        "__1_0.distcp",
+        "rank-00001.pt",
+    }

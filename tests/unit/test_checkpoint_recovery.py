@@ -17,7 +17,7 @@ import torch
 from prometheus_client import REGISTRY
 from torch import nn
 
-from phalanx_trainer.checkpoint import CheckpointConfig, CheckpointManager
+from phalanx_trainer.checkpoint import CheckpointConfig, CheckpointError, CheckpointManager
 from phalanx_trainer.checkpoint import manager as manager_module
 from phalanx_trainer.checkpoint.manifest import describe_file, parse_manifest, write_manifest
 from phalanx_trainer.checkpoint.rng import RngState
@@ -298,3 +298,62 @@ def test_staging_copies_and_reuses_buffers() -> None:
     second = area.stage(live)
     assert second["w"].data_ptr() == first["w"].data_ptr(), "buffers are not reused"
     assert torch.equal(second["w"], live["w"])
+
+
+def test_a_damaged_folder_does_not_count_towards_keep(tmp_path: Path) -> None:
+    state = new_state()
+    manager = CheckpointManager(CheckpointConfig(dir=str(tmp_path), keep=2, async_save=False))
+    for step in (1, 2):
+        train(state, 1)
+        manager.save(step, state)
+    damaged = tmp_path / "step-00000003"
+    shutil.copytree(tmp_path / "step-00000002", damaged)
+    (damaged / "manifest.json").write_text("{")  # say, a copy that was cut short
+    train(state, 1)
+    manager.save(4, state)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000002", "step-00000004"]
+
+
+def test_a_folder_rejected_at_resume_does_not_count_towards_keep(root: Path) -> None:
+    # step 4's data is damaged in a way only the digest shows (same size).
+    flip(next((root / "step-00000004").glob("__0_*.distcp")))
+    state = new_state(seed=99)
+    manager = CheckpointManager(CheckpointConfig(dir=str(root), keep=2, async_save=False))
+    assert manager.restore(state) == 2
+    for step in (3, 5):
+        train(state, 1)
+        manager.save(step, state)
+    assert sorted(p.name for p in root.iterdir()) == ["step-00000003", "step-00000005"]
+
+
+def test_a_configured_write_speed_replaces_the_assumed_one(tmp_path: Path) -> None:
+    state = {"model": nn.Linear(1024, 1024), "progress": Progress()}  # 4 MB: 21 ms at 200 MB/s
+    config = CheckpointConfig(dir=str(tmp_path), emergency_budget_seconds=0.015, write_bytes_per_second=100e9)
+    manager = CheckpointManager(config)
+    manager.save(1, state, emergency=True)
+    assert (tmp_path / "step-00000001").is_dir(), "skipped although 4 MB at 100 GB/s fits in 15 ms"
+
+
+def test_the_storage_speed_is_measured_at_start(tmp_path: Path) -> None:
+    manager = CheckpointManager(CheckpointConfig(dir=str(tmp_path)))
+    assert manager.restore(new_state()) is None
+    assert manager.storage_bytes_per_second is not None and manager.storage_bytes_per_second > 0
+    assert not list(tmp_path.iterdir()), "the probe leaves nothing behind"
+
+
+def test_restore_refuses_a_fresh_start_over_weights_a_damaged_checkpoint_overwrote(root: Path) -> None:
+    # Digests are checked while DCP loads, so a folder whose data is damaged has already been read
+    # into the live state when it is rejected: with no older one to load over it, starting "fresh"
+    # would train from those weights.
+    for folder in root.glob("step-*"):
+        flip(next(folder.glob("__0_*.distcp")))
+    with pytest.raises(CheckpointError, match="start fresh"):
+        restore(root)
+
+
+def test_files_per_rank_follow_the_cores_of_the_ranks_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    assert manager_module.io_threads_per_rank({}) == 4, "at most 4"
+    assert manager_module.io_threads_per_rank({"NPROC_PER_NODE": "8"}) == 2
+    assert manager_module.io_threads_per_rank({"NPROC_PER_NODE": "32"}) == 1, "at least 1"
+    assert manager_module.io_threads_per_rank({"NPROC_PER_NODE": "many"}) == 4

@@ -41,6 +41,23 @@ def test_default_pools_include_gpu_mig_and_cpu_nodes() -> None:
     assert len(names) == len(set(names))
 
 
+def test_renamed_nodes_carry_a_hostname_label_that_differs_from_their_name() -> None:
+    pool = NodePool(name_prefix="r", count=3, renamed_hostnames=2)
+    labels = {
+        n["metadata"]["name"]: n["metadata"]["labels"]["kubernetes.io/hostname"]
+        for n in node_manifests([pool])
+    }
+    assert labels == {"r-0": "r-0-host", "r-1": "r-1-host", "r-2": "r-2"}
+    # The default cluster has some of them, so every test that pins pods meets one.
+    defaults = [n["metadata"] for n in node_manifests(DEFAULT_POOLS)]
+    assert any(
+        m["labels"]["kubernetes.io/hostname"] != m["name"] for m in defaults if m["name"].startswith("gpu")
+    )
+    assert any(
+        m["labels"]["kubernetes.io/hostname"] != m["name"] for m in defaults if m["name"].startswith("mig")
+    )
+
+
 def test_pool_config_rejects_unknown_fields_by_name() -> None:
     with pytest.raises(ValueError, match="gpu_count"):
         pools_from_config([{"count": 1, "gpu_count": 8}])
@@ -58,7 +75,8 @@ def test_apiserver_command_enables_rbac_priority_and_service_account_signing() -
     ports = components.Ports(1, 2, 3, 4, 5, 6)
     argv = components.kube_apiserver(Path("/bin"), pki, ports).argv
     assert "--authorization-mode=RBAC" in argv
-    assert any(a.startswith("--enable-admission-plugins=") and "Priority" in a for a in argv)
+    plugins = next(a for a in argv if a.startswith("--enable-admission-plugins=")).split("=", 1)[1].split(",")
+    assert {"Priority", "OwnerReferencesPermissionEnforcement"} <= set(plugins)
     assert "--service-account-signing-key-file=/pki/sa.key" in argv
     assert "--etcd-servers=http://127.0.0.1:1" in argv
     assert "--bind-address=127.0.0.1" in argv

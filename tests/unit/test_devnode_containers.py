@@ -121,6 +121,23 @@ def test_mount_paths_inside_a_shell_command_line_are_rewritten(tmp_path: Path) -
     )
 
 
+def test_the_agents_own_variables_keep_their_paths_when_a_mount_shadows_them(tmp_path: Path) -> None:
+    """A pod mounting /work on a machine whose virtualenv lives under /work: PATH must still find it."""
+    ctx = context(tmp_path, {"work": "/local/work"})
+    container = {
+        "name": "trainer",
+        "command": ["sh", "-c", "python /work/x.py"],
+        "env": [{"name": "OUT", "value": "/work/out"}],
+        "volumeMounts": [{"name": "work", "mountPath": "/work"}],
+    }
+    base = {"PATH": "/work/main/.venv/bin:/usr/bin", "HOME": "/work/home"}
+    command = build_local_command(POD, container, ctx, base)
+    assert command.env["PATH"] == "/work/main/.venv/bin:/usr/bin"
+    assert command.env["HOME"] == "/work/home"
+    assert command.env["OUT"] == "/local/work/out"  # the container's own value is the pod's path
+    assert command.argv[2] == "python /local/work/x.py"
+
+
 def test_a_mount_path_inside_a_longer_word_is_left_alone() -> None:
     rewrites = [("/data", "/l/data")]
     assert rewrite_paths("http://host/data /database x/data", rewrites) == "http://host/data /database x/data"

@@ -80,11 +80,11 @@ def test_a_gang_that_does_not_fit_whole_is_created_gated() -> None:
 
 
 def test_pinned_and_in_flight_pods_hold_their_nodes() -> None:
-    pinned = pod("pinned-worker-0", 8, nodeSelector={"kubernetes.io/hostname": "a"})
+    pinned = admitted_pod(pod("pinned-worker-0", 8, schedulingGates=GATE), "a")
     assert planned_node(pinned) == "a"
     # "a" is taken by a pinned pod, "b" by a create still in flight: no room for one more 8-GPU pod.
     in_flight = {"ns/flying-worker-0": ("b", as_resources({GPU: 8000, "pods": 1000}))}
-    landed = pod("flying-worker-0", 8, nodeSelector={"kubernetes.io/hostname": "b"})  # the reply came
+    landed = admitted_pod(pod("flying-worker-0", 8, schedulingGates=GATE), "b")  # the reply came
     assert plan_among(request(1, 8), [node("a"), node("b")], [pinned], in_flight, {}, 1.0) is None
     placements = plan_among(request(1, 8), [node("a"), node("b"), node("c")], [pinned, landed],
                             in_flight, {}, 1.0)  # fmt: skip
@@ -96,7 +96,37 @@ def test_an_admitted_pod_is_pinned_and_keeps_other_gates() -> None:
         "w-0", 8, nodeSelector={"pool": "gpu"}, schedulingGates=[*GATE, {"name": "example.com/quota"}]
     )
     out = admitted_pod(gated, "node-7")
-    assert out["spec"]["nodeSelector"] == {"pool": "gpu", "kubernetes.io/hostname": "node-7"}
+    # Pinned by the node's name (matchFields), not by its kubernetes.io/hostname label, which may differ.
+    assert out["spec"]["nodeSelector"] == {"pool": "gpu"}
+    pin = {"key": "metadata.name", "operator": "In", "values": ["node-7"]}
+    assert out["spec"]["affinity"] == {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchFields": [pin]}]}
+        }
+    }
+    assert planned_node(out) == "node-7" and planned_node(gated) is None
     assert out["spec"]["schedulingGates"] == [{"name": "example.com/quota"}]
     assert gated["spec"]["schedulingGates"] == [*GATE, {"name": "example.com/quota"}]  # input untouched
     assert "schedulingGates" not in admitted_pod(pod("w-1", 8, schedulingGates=GATE), "n")["spec"]
+
+
+def test_pinning_narrows_every_required_term_of_the_template() -> None:
+    """A gated pod's required node affinity may only narrow: the pin joins each of its terms."""
+    terms = [
+        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["z1"]}]},
+        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["z2"]}]},
+    ]
+    affinity = {
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}
+    }
+    gated = pod("w-0", 8, schedulingGates=GATE, affinity=affinity)
+    out = admitted_pod(gated, "n-3")
+    pinned_terms = out["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    pin = {"key": "metadata.name", "operator": "In", "values": ["n-3"]}
+    assert pinned_terms["nodeSelectorTerms"] == [{**t, "matchFields": [pin]} for t in terms]
+    assert gated["spec"]["affinity"] == affinity and "matchFields" not in terms[0]  # input untouched
+    labels = {"zone": "z2"}
+    demand = PodDemand.from_pod_spec(out["spec"])
+    assert demand.affinity_terms is not None
+    assert any(t.matches("n-3", labels) for t in demand.affinity_terms)
+    assert not any(t.matches("n-4", labels) for t in demand.affinity_terms)

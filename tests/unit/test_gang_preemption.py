@@ -93,3 +93,19 @@ def test_greedy_over_selection_is_trimmed() -> None:
 def test_none_when_even_all_victims_are_not_enough() -> None:
     low = running("ns/low", 0, 10.0, ("a", 8))
     assert choose_victims(head(3, 8), [low], NODES, usage(low)) is None
+
+
+def test_room_that_terminating_victims_will_free_counts_so_no_second_victim_is_chosen() -> None:
+    """Issue 12 B1: a victim's pods stay Terminating for their grace period and still count as used,
+    and the victim (now restarting) is no longer a candidate. The next pass must count the room they
+    will free instead of stopping another gang for the same head."""
+    three = [node("a"), node("b"), node("c")]
+    a, b, c = (running(f"ns/{n}", 0, t, (n, 8)) for n, t in (("a", 30.0), ("b", 20.0), ("c", 10.0)))
+    first = choose_victims(head(1, 8), [a, b, c], three, usage(a, b, c))
+    assert first is not None and first.victims == ("ns/a",)
+    # Next pass: a's pod is Terminating (still in `used`), a is no longer running.
+    again = choose_victims(head(1, 8), [b, c], three, usage(a, b, c), freeing=usage(a))
+    assert again is None
+    # What the terminating pods free is counted, and only what is still missing is preempted for.
+    more = choose_victims(head(2, 8), [b, c], three, usage(a, b, c), freeing=usage(a))
+    assert more is not None and more.victims == ("ns/b",)

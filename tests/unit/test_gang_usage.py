@@ -11,12 +11,20 @@ from typing import Any
 import pytest
 
 from phalanx import constants as c
+from phalanx.builders.pods import admitted_pod
 from phalanx.cache import Store, object_key, slim_pod
 from phalanx.gang.capacity import usage_by_node
 from phalanx.gang.on_creation import Assumed, add_in_flight, planned_node, waits_for_admission
 from phalanx.gang.usage import UsageIndex
 
 pytestmark = pytest.mark.unit
+
+
+def pin(node: str) -> dict[str, Any]:
+    """The affinity admission writes (builders.pods.admitted_pod) to pin a pod to `node`."""
+    affinity: dict[str, Any] = admitted_pod({"spec": {}}, node)["spec"]["affinity"]
+    return affinity
+
 
 NODES = ("a", "b", "c")
 
@@ -57,16 +65,20 @@ def random_pod(rng: random.Random, name: str, version: int) -> dict[str, Any]:
     if state == "gated":
         spec["schedulingGates"] = [{"name": c.GANG_SCHEDULING_GATE}]
     if state in ("admitted", "bound", "finished"):
-        spec["nodeSelector"] = {"kubernetes.io/hostname": rng.choice(NODES)}
+        spec["affinity"] = pin(rng.choice(NODES))
     if state in ("bound", "finished", "bound-elsewhere"):
         spec["nodeName"] = rng.choice(NODES)
     phase = {"finished": rng.choice(["Succeeded", "Failed"]), "bound": "Running"}.get(state, "Pending")
     labels = {c.LABEL_JOB_NAME: "job"} if rng.random() < 0.5 else {}
-    return {
-        "metadata": {"name": name, "namespace": "ns", "resourceVersion": str(version), "labels": labels},
-        "spec": spec,
-        "status": {"phase": phase},
+    metadata: dict[str, Any] = {
+        "name": name,
+        "namespace": "ns",
+        "resourceVersion": str(version),
+        "labels": labels,
     }
+    if rng.random() < 0.25:
+        metadata["deletionTimestamp"] = "2026-01-01T00:00:00Z"  # Terminating: holds its room until it stops
+    return {"metadata": metadata, "spec": spec, "status": {"phase": phase}}
 
 
 def test_index_matches_the_sum_over_every_pod_through_creates_updates_deletes_and_relists() -> None:
@@ -90,6 +102,8 @@ def test_index_matches_the_sum_over_every_pod_through_creates_updates_deletes_an
         pods = store.items()
         assert index.used() == without_zeros(usage_by_node(pods, planned_nodes(pods))), f"step {step}"
         assert index.anyone_waits() == someone_waits(pods, {}), f"step {step}"
+        terminating = [p for p in pods if p["metadata"].get("deletionTimestamp")]
+        assert index.freeing() == without_zeros(usage_by_node(terminating, planned_nodes(terminating))), step
         # Creates in flight: counted unless the store already holds the pod (then the index does).
         in_flight = {f"ns/p{i}": (rng.choice(NODES), (("nvidia.com/gpu", 1000),)) for i in range(0, 31, 7)}
         assert index.used(in_flight) == without_zeros(usage_with_assumed(pods, in_flight)), f"step {step}"
@@ -118,7 +132,7 @@ def test_a_create_in_flight_is_counted_once_before_and_after_its_reply_is_stored
     before = index.used(in_flight)
     admitted = random_pod(random.Random(3), "p1", 1)
     admitted["spec"] = {
-        "nodeSelector": {"kubernetes.io/hostname": "a"},
+        "affinity": pin("a"),
         "containers": [{"name": "trainer", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
     }
     admitted["status"] = {"phase": "Pending"}
@@ -140,7 +154,7 @@ def race_reply_against_reads(read: Any, seconds: float = 0.5, until_seen: int | 
     reply = {
         "metadata": {"name": "p1", "namespace": "ns", "resourceVersion": "1"},
         "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": "a"},
+            "affinity": pin("a"),
             "containers": [{"name": "trainer", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
         },
         "status": {"phase": "Pending"},

@@ -97,6 +97,33 @@ def test_operator_image_is_multi_stage_with_runtime_only_final_stage() -> None:
     assert copies == ["--from=build /opt/phalanx /opt/phalanx"]
 
 
+DEV_ONLY = ("devcluster", "devnode", "demo.py")
+
+
+def test_the_operator_image_leaves_out_the_development_tools() -> None:
+    build = " ".join(rest for keyword, rest in instructions(OPERATOR_DOCKERFILE) if keyword == "RUN")
+    for part in DEV_ONLY:
+        assert f"site-packages/phalanx/{part}" in build.split("rm -r", 1)[1], part
+
+
+def test_the_operator_runs_without_the_development_tools(tmp_path: Path) -> None:
+    """What the image holds: the operator's package less DEV_ONLY. Every module the entry point and
+    the kopf handlers import must load from that alone."""
+    shutil.copytree(REPO_ROOT / "operator" / "phalanx", tmp_path / "phalanx",
+                    ignore=shutil.ignore_patterns(*DEV_ONLY, "__pycache__"))  # fmt: skip
+    script = (
+        "import phalanx, phalanx.handlers, phalanx.cli, pkgutil, importlib;"
+        f"assert phalanx.__file__.startswith({str(tmp_path)!r}), phalanx.__file__;"
+        "[importlib.import_module(m.name) for m in pkgutil.walk_packages(phalanx.__path__, 'phalanx.')];"
+        "phalanx.cli.build_parser().parse_args(['operator'])"
+    )
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", script], env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+
+
 def test_trainer_image_uses_an_official_pytorch_cuda_runtime_base() -> None:
     (base,) = base_images(TRAINER_DOCKERFILE)
     assert re.fullmatch(r"pytorch/pytorch:\d+\.\d+\.\d+-cuda[\d.]+-cudnn\d+-runtime", base), base

@@ -218,3 +218,58 @@ def test_normal_events_of_one_reconcile_become_one_and_warnings_stay_apart() -> 
         Event("Normal", "GangAdmitted", "created 4 pod(s) for attempt 0; 0/4 worker(s) running"),
         conflict,
     ]
+
+
+def not_ready_node(name: str, since: float, status: str = "Unknown") -> dict[str, Any]:
+    ready = {
+        "type": "Ready",
+        "status": status,
+        "reason": "NodeStatusUnknown",
+        "lastTransitionTime": iso(since),
+    }
+    return {"metadata": {"name": name}, "status": {"conditions": [ready]}}
+
+
+def test_a_running_gang_with_a_pod_on_a_node_not_ready_past_the_bound_restarts_as_a_preemption() -> None:
+    """Issue 12 B2: a silent node's pods still say Running; a gang with a rank there is not training."""
+    nodes = {**NODES, "silent": not_ready_node("silent", NOW - 25)}
+    on_silent = pod(1, spec={"nodeName": "silent"})
+    plan = decide(job(dict(RUNNING)), [pod(0), on_silent], nodes, NOW)  # default bound: 20 s
+    assert plan.status["phase"] == "Restarting" and plan.status["attempt"] == 1
+    assert plan.status["restarts"] == {"failures": 0, "preemptions": 1}
+    assert "silent" in plan.status["message"]
+    assert set(plan.delete_pods) == {"j-worker-0", "j-worker-1"} and plan.force_delete_pods == []
+
+
+def test_within_the_bound_a_not_ready_node_is_waited_for_and_looked_at_again_in_time() -> None:
+    nodes = {**NODES, "silent": not_ready_node("silent", NOW - 5, status="False")}
+    plan = decide(job(dict(RUNNING)), [pod(0), pod(1, spec={"nodeName": "silent"})], nodes, NOW,
+                  node_lost_after=20)  # fmt: skip
+    assert plan.status["phase"] == "Running" and plan.delete_pods == []
+    assert plan.recheck_after is not None and plan.recheck_after <= 15
+
+
+def test_a_pod_stuck_terminating_on_a_lost_node_does_not_hold_the_next_attempt_back() -> None:
+    """The old attempt's pod on the silent node never goes (nobody confirms its deletion); the pod on a
+    healthy node is still waited for (it saves the SIGTERM checkpoint). Once that one is gone, the next
+    attempt is created under names of its own, so no two attempts' pods share a name."""
+    nodes = {**NODES, "silent": not_ready_node("silent", NOW - 60)}
+    deleting = {"deletionTimestamp": iso(NOW + 30)}
+    restarting = {
+        **RUNNING,
+        "attempt": 1,
+        "phase": "Restarting",
+        "restarts": {"failures": 0, "preemptions": 1},
+    }
+    restarting.pop("createdAttempt")
+    lingering = pod(1, spec={"nodeName": "silent"}, metadata=deleting)
+    healthy = pod(0, metadata=deleting)
+    waiting = decide(job(dict(restarting)), [healthy, lingering], nodes, NOW)
+    assert waiting.create_indices == [] and waiting.status["phase"] == "Restarting"
+    assert "waiting for 1 pod(s)" in waiting.status["message"]
+
+    plan = decide(job(dict(restarting)), [lingering], nodes, NOW)
+    assert plan.create_indices == [0, 1]
+    assert plan.attempt_in_names is True
+    assert plan.avoid_nodes == ["silent"]  # and the new attempt stays off the lost node
+    assert plan.status["restarts"] == {"failures": 0, "preemptions": 1}

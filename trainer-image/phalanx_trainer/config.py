@@ -285,6 +285,7 @@ def validate(config: TrainerConfig, world_size: int | None = None) -> list[str]:
     positive("parallelism", "grad_accumulation_steps")
     positive("metrics", "log_every")
     positive("checkpoint", "keep", 2)
+    positive("checkpoint", "write_bytes_per_second", 0)
     positive("precision", "growth_interval")
     if config.optimizer.lr <= 0:
         problems.append(f"optimizer.lr = {config.optimizer.lr}: must be > 0")

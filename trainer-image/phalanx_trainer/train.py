@@ -207,7 +207,11 @@ class Trainer:
         )
         self.timer = PhaseTimer(self.device)
         self.server: MetricsServer | None = None
-        self.checkpoints = CheckpointManager(config.checkpoint)
+        # DDP and ZeRO-1 replicas hold the same model: only the first data-parallel rank stages it.
+        replicated = par.dp_mode in ("ddp", "zero1")
+        self.checkpoints = CheckpointManager(
+            config.checkpoint, replica_rank=self.dp_rank if replicated else 0
+        )
         self.watcher = PreemptionWatcher()
 
     # ---- one step ---------------------------------------------------------------------------

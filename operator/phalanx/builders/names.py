@@ -2,17 +2,36 @@
 
 from __future__ import annotations
 
+DNS_LABEL_MAX = 63
 
-def worker_pod_name(job_name: str, index: int) -> str:
-    return f"{job_name}-worker-{index}"
+
+def worker_pod_name(job_name: str, index: int, attempt: int | None = None) -> str:
+    """<job>-worker-<index>; with `attempt`, <job>-worker-<index>-a<attempt>: the names of an attempt
+    started while pods of an earlier one linger on a lost node (policy/node_loss.py)."""
+    plain = f"{job_name}-worker-{index}"
+    return plain if attempt is None else f"{plain}-a{attempt}"
+
+
+def worker_hostname(job_name: str, index: int, attempt: int | None = None) -> str:
+    """The pod's DNS label under the job's Service: its name, shortened to fit 63 characters (unique
+    within that Service, the job's own)."""
+    name = worker_pod_name(job_name, index, attempt)
+    return name if len(name) <= DNS_LABEL_MAX else f"worker-{index}-a{attempt}"
 
 
 def service_name(job_name: str) -> str:
     return job_name
 
 
-def worker_fqdn(job_name: str, namespace: str, index: int, cluster_domain: str = "cluster.local") -> str:
-    return f"{worker_pod_name(job_name, index)}.{service_name(job_name)}.{namespace}.svc.{cluster_domain}"
+def worker_fqdn(
+    job_name: str,
+    namespace: str,
+    index: int,
+    cluster_domain: str = "cluster.local",
+    attempt: int | None = None,
+) -> str:
+    host = worker_hostname(job_name, index, attempt)
+    return f"{host}.{service_name(job_name)}.{namespace}.svc.{cluster_domain}"
 
 
 def podgroup_name(job_name: str) -> str:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from phalanx import constants as c
 from phalanx.api.v1alpha1 import TrainingJobSpec
-from phalanx.builders.names import service_name, worker_fqdn, worker_pod_name
+from phalanx.builders.names import service_name, worker_fqdn, worker_hostname, worker_pod_name
 
 SHM_VOLUME = "phalanx-dshm"
 CHECKPOINT_VOLUME = "phalanx-checkpoints"
@@ -67,10 +68,15 @@ def accelerator_limits(spec: TrainingJobSpec) -> dict[str, str]:
 
 
 def contract_env(
-    job: JobRef, spec: TrainingJobSpec, index: int, attempt: int, cluster_domain: str = "cluster.local"
+    job: JobRef,
+    spec: TrainingJobSpec,
+    index: int,
+    attempt: int,
+    cluster_domain: str = "cluster.local",
+    attempt_in_name: bool = False,
 ) -> list[dict[str, str]]:
     """The environment contract of docs/environment.md for replica `index`."""
-    master = worker_fqdn(job.name, job.namespace, 0, cluster_domain)
+    master = worker_fqdn(job.name, job.namespace, 0, cluster_domain, attempt if attempt_in_name else None)
     port = str(spec.rendezvous.port)
     nnodes, nproc = str(spec.replicas), str(spec.effective_procs_per_replica)
     values: dict[str, str] = {
@@ -130,12 +136,17 @@ def build_worker_pod(
     template: dict[str, Any],
     *,
     cluster_domain: str = "cluster.local",
+    attempt_in_name: bool = False,
+    avoid_nodes: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Pod `<job>-worker-<index>` of `attempt`. `template` is spec.template as the user wrote it."""
+    """Pod `<job>-worker-<index>` of `attempt` (`<job>-worker-<index>-a<attempt>` with attempt_in_name,
+    see policy/node_loss.py), kept off `avoid_nodes` (lost nodes where the previous attempt's pods
+    linger). `template` is spec.template as the user wrote it."""
     template = copy.deepcopy(template)
     meta_in = template.get("metadata") or {}
     pod_spec: dict[str, Any] = template.get("spec") or {}
-    name = worker_pod_name(job.name, index)
+    named_attempt = attempt if attempt_in_name else None
+    name = worker_pod_name(job.name, index, named_attempt)
     labels = {
         **(meta_in.get("labels") or {}),
         **common_labels(job),
@@ -144,7 +155,10 @@ def build_worker_pod(
     }
     annotations = dict(meta_in.get("annotations") or {})
 
-    pod_spec["hostname"] = name
+    pod_spec["hostname"] = worker_hostname(job.name, index, named_attempt)
+    if avoid_nodes:
+        avoid = {"key": NODE_NAME_FIELD, "operator": "NotIn", "values": sorted(avoid_nodes)}
+        pod_spec["affinity"] = _narrowed_affinity(pod_spec.get("affinity"), avoid)
     pod_spec["subdomain"] = service_name(job.name)
     pod_spec["restartPolicy"] = "Never"
     pod_spec["terminationGracePeriodSeconds"] = spec.run_policy.termination_grace_period_seconds
@@ -184,7 +198,8 @@ def build_worker_pod(
         if container.get("name") != c.TRAINER_CONTAINER:
             continue
         container["env"] = _merge_env(
-            contract_env(job, spec, index, attempt, cluster_domain), container.get("env") or []
+            contract_env(job, spec, index, attempt, cluster_domain, attempt_in_name),
+            container.get("env") or [],
         )
         _add_limits(container, limits)
         container["volumeMounts"] = [*(container.get("volumeMounts") or []), *mounts]
@@ -230,17 +245,58 @@ def build_headless_service(job: JobRef, spec: TrainingJobSpec) -> dict[str, Any]
     }
 
 
+NODE_NAME_FIELD = "metadata.name"
+
+
 def admitted_pod(pod: dict[str, Any], node: str) -> dict[str, Any]:
     """The worker pod as gang admission leaves it: pinned to its planned node, gang gate gone.
 
     Used when a gang is admitted at creation (nothing waits and it fits): creating the pod this way
     saves the gate-lifting write per pod, and the pod is the same as one admitted a moment later.
+
+    The pin names the node itself (matchFields on metadata.name, as the DaemonSet controller pins),
+    not its kubernetes.io/hostname label: that label differs from the node's name on clusters with
+    hostname overrides and on some clouds. A gated pod's required node affinity may only narrow, so
+    the field is added to every term the template has (the node matched one of them when admitted).
     """
     spec = dict(pod["spec"])
-    spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), "kubernetes.io/hostname": node}
+    spec["affinity"] = _pinned_affinity(spec.get("affinity"), node)
     gates = [g for g in spec.get("schedulingGates") or [] if g.get("name") != c.GANG_SCHEDULING_GATE]
     if gates:
         spec["schedulingGates"] = gates
     else:
         spec.pop("schedulingGates", None)
     return {**pod, "spec": spec}
+
+
+def _pinned_affinity(affinity: dict[str, Any] | None, node: str) -> dict[str, Any]:
+    return _narrowed_affinity(affinity, {"key": NODE_NAME_FIELD, "operator": "In", "values": [node]})
+
+
+def _narrowed_affinity(affinity: dict[str, Any] | None, field: dict[str, Any]) -> dict[str, Any]:
+    """The affinity with a matchFields requirement added to every required node selector term."""
+    affinity = copy.deepcopy(affinity or {})
+    node_affinity = affinity.setdefault("nodeAffinity", {})
+    required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+    terms = required.get("nodeSelectorTerms") or [{}]
+    for term in terms:
+        term["matchFields"] = [*(term.get("matchFields") or []), field]
+    node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = {**required, "nodeSelectorTerms": terms}
+    return affinity
+
+
+def pinned_node(spec: Mapping[str, Any]) -> str | None:
+    """The node admitted_pod pinned this pod spec to (the last metadata.name field of its first
+    required term), else None."""
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
+    terms = required.get("nodeSelectorTerms") or []
+    if not terms:
+        return None
+    pins = [
+        f.get("values") or []
+        for f in terms[0].get("matchFields") or []
+        if f.get("key") == NODE_NAME_FIELD and f.get("operator") == "In"
+    ]
+    return str(pins[-1][0]) if pins and len(pins[-1]) == 1 else None

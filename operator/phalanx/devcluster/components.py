@@ -67,8 +67,10 @@ def kube_apiserver(bin_dir: Path, pki: Pki, ports: Ports) -> Component:
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--authorization-mode=RBAC",
             # The defaults already include Priority; named so the requirement is visible.
+            # OwnerReferencesPermissionEnforcement, as on OpenShift and hardened clusters: setting
+            # blockOwnerDeletion needs `update` on the owner's finalizers subresource.
             "--enable-admission-plugins=NamespaceLifecycle,ServiceAccount,Priority,DefaultTolerationSeconds,"
-            "NodeRestriction,ResourceQuota,LimitRanger",
+            "NodeRestriction,ResourceQuota,LimitRanger,OwnerReferencesPermissionEnforcement",
             "--allow-privileged=true",
             "--max-requests-inflight=800",
             "--max-mutating-requests-inflight=400",

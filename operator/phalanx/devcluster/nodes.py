@@ -8,6 +8,7 @@ from typing import Any
 
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 GPU_RESOURCE = "nvidia.com/gpu"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
 
 
 @dataclass(frozen=True)
@@ -27,17 +28,28 @@ class NodePool:
     # (key, value, effect) triples.
     taints: Sequence[tuple[str, str, str]] = ()
     zones: int = 2  # spread nodes over this many zones, round-robin; racks: two nodes per rack
+    # The first N nodes carry a kubernetes.io/hostname label that differs from their name, as with
+    # kubelet --hostname-override and on some clouds: nothing may take one for the other.
+    renamed_hostnames: int = 0
 
     def __post_init__(self) -> None:
         if self.count < 0 or self.gpus < 0 or self.pods < 1:
             raise ValueError(f"node pool {self.name_prefix!r}: count and gpus must be >= 0, pods >= 1")
+        if self.renamed_hostnames < 0:
+            raise ValueError(f"node pool {self.name_prefix!r}: renamed_hostnames must be >= 0")
+
+
+def hostname_label(pool: NodePool, index: int) -> str:
+    """The node's kubernetes.io/hostname label: its name, or for renamed nodes another value."""
+    name = f"{pool.name_prefix}-{index}"
+    return f"{name}-host" if index < pool.renamed_hostnames else name
 
 
 def node_manifest(pool: NodePool, index: int) -> dict[str, Any]:
     name = f"{pool.name_prefix}-{index}"
     capacity: dict[str, str] = {"cpu": pool.cpu, "memory": pool.memory, "pods": str(pool.pods)}
     labels = {
-        "kubernetes.io/hostname": name,
+        HOSTNAME_LABEL: hostname_label(pool, index),
         "kubernetes.io/os": "linux",
         "kubernetes.io/arch": "amd64",
         "type": "kwok",
@@ -70,7 +82,7 @@ def node_manifests(pools: Sequence[NodePool]) -> list[dict[str, Any]]:
 
 
 DEFAULT_POOLS: tuple[NodePool, ...] = (
-    NodePool(name_prefix="gpu-node", count=4, gpus=8),
+    NodePool(name_prefix="gpu-node", count=4, gpus=8, renamed_hostnames=2),
     NodePool(
         name_prefix="mig-node",
         count=1,
@@ -78,6 +90,7 @@ DEFAULT_POOLS: tuple[NodePool, ...] = (
         gpu_product="NVIDIA-A100-SXM4-80GB",
         mig={"1g.10gb": 7, "3g.40gb": 2},
         labels={"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"},
+        renamed_hostnames=1,
     ),
     NodePool(name_prefix="cpu-node", count=2, gpus=0, cpu="32", memory="128Gi"),
 )

@@ -161,7 +161,10 @@ def build_local_command(
         )
     rewrites = mount_rewrites(container, context.volume_dirs)
     env = container_env(pod, container, context, base_env)
-    env = {name: rewrite_paths(value, rewrites) for name, value in env.items()}
+    # Only what the container sets holds the pod's paths; the agent's own variables (PATH to its
+    # virtualenv, HOME) are host paths, even where a mount path is a prefix of them.
+    own = {str(item["name"]) for item in container.get("env") or []}
+    env = {name: rewrite_paths(value, rewrites) if name in own else value for name, value in env.items()}
     argv = [rewrite_paths(expand_references(part, env), rewrites) for part in (*command, *args)]
     path_dirs = [d for d in env.get("PATH", "").split(":") if d]
     argv[0] = resolve_executable(argv[0], context, path_dirs)

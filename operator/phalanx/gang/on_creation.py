@@ -9,11 +9,10 @@ and the admission pass decides in order.
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from phalanx.builders.pods import pinned_node
 from phalanx.gang.admission import GangRequest, plan_admission
 from phalanx.gang.capacity import NodeInfo, Resources, add_into
 from phalanx.reconcile.lifecycle import is_gated
-
-HOSTNAME_LABEL = "kubernetes.io/hostname"
 
 Assumed = Mapping[str, tuple[str, Resources]]
 """Pods admitted at creation whose create is still in flight: "namespace/name" -> (node, requests)."""
@@ -22,10 +21,9 @@ Assumed = Mapping[str, tuple[str, Resources]]
 def planned_node(pod: Mapping[str, Any]) -> str | None:
     """The node of a pod admitted (pinned, gang gate lifted) and not bound yet; else None."""
     spec = pod.get("spec") or {}
-    selector = spec.get("nodeSelector") or {}
-    if not spec.get("nodeName") and not is_gated(pod) and HOSTNAME_LABEL in selector:
-        return str(selector[HOSTNAME_LABEL])
-    return None
+    if spec.get("nodeName") or is_gated(pod):
+        return None
+    return pinned_node(spec)
 
 
 def add_in_flight(

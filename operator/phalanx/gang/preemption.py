@@ -6,7 +6,7 @@ its preemption never runs for a gang that waits at the gate. The operator stops 
 admitted on the next pass once their pods are gone. docs/scheduling.md has the rule.
 """
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from phalanx.gang.admission import ClusterState, GangRequest, group_pods, place_gang
@@ -29,11 +29,13 @@ class PreemptionChoice:
 
 def _release(free: dict[str, dict[str, int]], gang: RunningGang) -> None:
     for _, node, demand in gang.pods:
-        if node not in free:
-            continue
-        node_free = free[node]
-        for name, amount in demand.requests:
-            node_free[name] = node_free.get(name, 0) + amount
+        if node in free:
+            _add(free[node], demand.requests)
+
+
+def _add(node_free: dict[str, int], amounts: Iterable[tuple[str, int]]) -> None:
+    for name, amount in amounts:
+        node_free[name] = node_free.get(name, 0) + amount
 
 
 def choose_victims(
@@ -41,6 +43,7 @@ def choose_victims(
     running: Sequence[RunningGang],
     nodes: Sequence[NodeInfo],
     used: Mapping[str, ResourceList],
+    freeing: Mapping[str, ResourceList] | None = None,
 ) -> PreemptionChoice | None:
     """The smallest set (greedy) of strictly lower-priority gangs whose removal lets the head fit.
 
@@ -48,12 +51,20 @@ def choose_victims(
     checkpoints), then key. Victims are added until the head fits, then any victim the head turns out
     not to need is dropped again. None when the head fits already or even stopping every lower-priority
     gang would not make room.
+
+    freeing: room per node (part of `used`) held by pods already being deleted, the victims of an
+    earlier pass among them. Their grace period may last minutes, and the victim, restarting, is no
+    longer a candidate: counted as free, so the head waits for them instead of stopping one more gang
+    (None when that room is all the head needs). Running gangs must not list such pods themselves.
     """
     cluster = ClusterState(nodes, used)
     groups = group_pods(head)
     if not groups:
         return None
     candidates = {demand: cluster.eligible(demand) for demand, _ in groups}
+    for node, amounts in (freeing or {}).items():
+        if node in cluster.free:
+            _add(cluster.free[node], amounts.items())
     if place_gang(groups, head.needed, candidates, cluster.free) is not None:
         return None
     lower = sorted(

@@ -25,6 +25,10 @@ def _held(pod: Mapping[str, Any]) -> tuple[str, Resources] | None:
     return None if node is None else (node, as_resources(effective_requests(pod.get("spec") or {})))
 
 
+def _terminating(pod: Mapping[str, Any] | None) -> bool:
+    return bool(pod is not None and (pod.get("metadata") or {}).get("deletionTimestamp"))
+
+
 class UsageIndex:
     """Requests held per node by bound and admitted pods, and which gated pods wait; thread-safe."""
 
@@ -33,6 +37,9 @@ class UsageIndex:
         self._held: dict[str, tuple[str, Resources]] = {}  # pod key -> (node, requests)
         self._present: set[str] = set()  # every pod key the store holds
         self._used: dict[str, dict[str, int]] = {}
+        # The part of _used held by pods being deleted (a grace period may last minutes).
+        self._terminating: set[str] = set()
+        self._freeing: dict[str, dict[str, int]] = {}
         self._waiting: set[str] = set()
 
     # -- the Store observer -------------------------------------------------------------------
@@ -40,7 +47,7 @@ class UsageIndex:
         """The pod under key is now `new` (None: deleted)."""
         held = _held(new) if new is not None else None
         with self._lock:
-            self._move(key, held)
+            self._move(key, held, _terminating(new))
             if new is None:
                 self._present.discard(key)
             else:
@@ -54,27 +61,28 @@ class UsageIndex:
         """The store was replaced by a fresh list."""
         with self._lock:
             self._held, self._used, self._waiting = {}, {}, set()
+            self._terminating, self._freeing = set(), {}
             self._present = set(pods)
             for key, pod in pods.items():
                 held = _held(pod)
                 if held is not None:
-                    self._move(key, held)
+                    self._move(key, held, _terminating(pod))
                 if waits_for_admission(pod):
                     self._waiting.add(key)
 
-    def _move(self, key: str, held: tuple[str, Resources] | None) -> None:
+    def _move(self, key: str, held: tuple[str, Resources] | None, terminating: bool = False) -> None:
         before = self._held.pop(key, None)
         if before is not None:
-            node, requests = before
-            totals = self._used[node]
-            add_into(totals, requests, times=-1)
-            for name in [n for n, amount in totals.items() if amount == 0]:
-                del totals[name]
-            if not totals:
-                del self._used[node]
+            _subtract(self._used, *before)
+            if key in self._terminating:
+                self._terminating.discard(key)
+                _subtract(self._freeing, *before)
         if held is not None:
             self._held[key] = held
             add_into(self._used.setdefault(held[0], {}), held[1])
+            if terminating:
+                self._terminating.add(key)
+                add_into(self._freeing.setdefault(held[0], {}), held[1])
 
     # -- reads --------------------------------------------------------------------------------
     def used(self, in_flight: Assumed | None = None) -> dict[str, dict[str, int]]:
@@ -86,6 +94,20 @@ class UsageIndex:
             used = {node: dict(totals) for node, totals in self._used.items()}
             return add_in_flight(used, in_flight or {}, self._present.__contains__)
 
+    def freeing(self) -> dict[str, dict[str, int]]:
+        """The part of used() held by pods being deleted: room that frees up once they stop."""
+        with self._lock:
+            return {node: dict(totals) for node, totals in self._freeing.items()}
+
     def anyone_waits(self) -> bool:
         with self._lock:
             return bool(self._waiting)
+
+
+def _subtract(totals_by_node: dict[str, dict[str, int]], node: str, requests: Resources) -> None:
+    totals = totals_by_node[node]
+    add_into(totals, requests, times=-1)
+    for name in [n for n, amount in totals.items() if amount == 0]:
+        del totals[name]
+    if not totals:
+        del totals_by_node[node]

@@ -19,6 +19,14 @@ from phalanx import constants as c
 from phalanx.api.schema import parse
 from phalanx.api.v1alpha1 import TrainingJobSpec
 from phalanx.gang.backoff import gang_timed_out, requeue_at
+from phalanx.policy.node_loss import (
+    DEFAULT_NODE_LOST_AFTER_SECONDS,
+    attempt_in_names,
+    lost_node_names,
+    not_ready_since,
+    on_lost_node,
+    seconds_until_lost,
+)
 from phalanx.policy.pod_outcome import (
     REASON_NODE_LOST,
     OutcomeKind,
@@ -64,6 +72,11 @@ class Plan:
     delete_job: bool = False
     # Seconds until the state machine has something time-based to check (deadline, timeout, TTL).
     recheck_after: float | None = None
+    # The pods to create carry the attempt in their names: pods of an older attempt linger on a lost
+    # node under the plain names (policy/node_loss.py).
+    attempt_in_names: bool = False
+    # Nodes the pods to create must stay off: lost nodes where the older attempt's pods linger.
+    avoid_nodes: list[str] = field(default_factory=list)
 
 
 def iso(ts: float) -> str:
@@ -149,13 +162,21 @@ def decide(
     pods: list[dict[str, Any]],
     nodes: dict[str, dict[str, Any]],
     now: float,
+    node_lost_after: float = DEFAULT_NODE_LOST_AFTER_SECONDS,
 ) -> Plan:
+    """node_lost_after: seconds a node may be not Ready before its pods count as lost."""
     spec = parse(TrainingJobSpec, job.get("spec"))
     b = _Builder(job, now)
     status = b.status
     attempt: int = status["attempt"]
     current = {pod_index(p): p for p in pods if pod_attempt(p) == attempt}
     stale = [p for p in pods if pod_attempt(p) != attempt]
+    lost_nodes = lost_node_names(nodes, now, node_lost_after)
+    # Pods of an older attempt on a lost node may never go (nobody confirms their deletion): the next
+    # attempt does not wait for them, and takes other names. The others are waited for: they are
+    # saving the SIGTERM checkpoint the next attempt resumes from.
+    left_behind = [p["metadata"]["name"] for p in stale if on_lost_node(p, nodes, lost_nodes)]
+    waited_for = [p for p in stale if p["metadata"]["name"] not in left_behind]
     grace_deleting = [p["metadata"]["name"] for p in stale if not p["metadata"].get("deletionTimestamp")]
     b.plan.delete_pods.extend(grace_deleting)
     # A pod bound to a Node object that no longer exists has no kubelet to stop it: remove it at once
@@ -192,12 +213,11 @@ def decide(
         b.recheck(requeue - now)
         return b.plan
 
-    if stale:
-        b.phase(
-            "Restarting",
-            _restart_reason(b),
-            f"waiting for {len(stale)} pod(s) of the previous attempt to stop",
-        )
+    if waited_for:
+        message = f"waiting for {len(waited_for)} pod(s) of the previous attempt to stop"
+        if left_behind:
+            message += f"; not for {', '.join(sorted(left_behind))} on lost node(s)"
+        b.phase("Restarting", _restart_reason(b), message)
         return b.plan
 
     if status.get("createdAttempt") != attempt:
@@ -206,6 +226,11 @@ def decide(
         missing = [i for i in range(spec.replicas) if i not in current]
         if missing:
             b.plan.create_indices.extend(missing)
+            b.plan.attempt_in_names = attempt_in_names(current.values(), stale, attempt)
+            lingering_on = {
+                p.get("spec", {}).get("nodeName") for p in stale if p["metadata"]["name"] in left_behind
+            }
+            b.plan.avoid_nodes = sorted(n for n in lingering_on if n)
             if attempt == 0 or status.get("phase") not in ("Restarting",):
                 b.phase("Pending", "Created", f"created {spec.replicas} pod(s) for attempt {attempt}")
             return b.plan
@@ -214,7 +239,8 @@ def decide(
         if any(x["type"] == "PodsCreated" for x in status["conditions"]):
             b.condition("PodsCreated", "True", "AllPodsCreated", f"all {spec.replicas} pod(s) exist")
 
-    outcomes = _outcomes(spec, current, nodes)
+    _recheck_nodes_going_lost(b, current.values(), nodes, node_lost_after)
+    outcomes = _outcomes(spec, current, nodes, lost_nodes)
     verdict = gang_verdict(outcomes)
     if verdict.kind is VerdictKind.SUCCEEDED:
         status["completionTime"] = b.now_iso
@@ -300,8 +326,22 @@ def _deleting(pod: dict[str, Any]) -> bool:
     return bool(pod["metadata"].get("deletionTimestamp"))
 
 
+def _recheck_nodes_going_lost(b: _Builder, pods: Any, nodes: dict[str, Any], node_lost_after: float) -> None:
+    """A pod on a node that is not Ready yet not lost: decide again the moment the node counts as lost."""
+    for pod in pods:
+        node = nodes.get(pod.get("spec", {}).get("nodeName") or "")
+        if node is None or _is_terminal(pod):
+            continue
+        left = seconds_until_lost(node, b.now, node_lost_after)
+        if left is not None and left > 0:
+            b.recheck(left)
+
+
 def _outcomes(
-    spec: TrainingJobSpec, current: dict[int, dict[str, Any]], nodes: dict[str, Any]
+    spec: TrainingJobSpec,
+    current: dict[int, dict[str, Any]],
+    nodes: dict[str, Any],
+    lost_nodes: frozenset[str],
 ) -> list[PodOutcome]:
     retryable = frozenset(spec.run_policy.retryable_exit_codes or ())
     outcomes = []
@@ -316,6 +356,16 @@ def _outcomes(
             message = f"node {node_name} no longer exists"
             outcomes.append(
                 PodOutcome(pod["metadata"]["name"], OutcomeKind.PREEMPTED, REASON_NODE_LOST, message)
+            )
+            continue
+        if node is not None and node_name in lost_nodes and not _is_terminal(pod):
+            # The pod may still say Running: nobody is left to update it. Its rank is gone all the same.
+            since = not_ready_since(node)
+            message = f"node {node_name} not Ready since {iso(since) if since is not None else 'a while'}"
+            outcomes.append(
+                PodOutcome(
+                    pod["metadata"]["name"], OutcomeKind.PREEMPTED, REASON_NODE_LOST, message, at=since
+                )
             )
             continue
         outcomes.append(

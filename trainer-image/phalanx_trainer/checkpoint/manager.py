@@ -12,6 +12,7 @@ import os
 import time
 import uuid
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,18 +21,23 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.tensor import DTensor
 
 from phalanx_trainer.checkpoint import metrics
 from phalanx_trainer.checkpoint.async_writer import BackgroundWriter
+from phalanx_trainer.checkpoint.budget import PROBE_BYTES, MeasuredSave, emergency_estimate, write_speed
 from phalanx_trainer.checkpoint.hashing_writer import HashingFileSystemWriter
 from phalanx_trainer.checkpoint.manifest import (
     DCP_METADATA_NAME,
     FileEntry,
     Manifest,
+    ManifestError,
     describe_file,
+    verify_digests,
+    verify_folder,
     write_manifest,
 )
 from phalanx_trainer.checkpoint.records import CheckpointConfig, CheckpointError, CheckpointInfo, Stateful
@@ -40,8 +46,17 @@ from phalanx_trainer.checkpoint.safe_load import (
     SafeLoadPlanner,
     dump_small_state,
     load_small_state,
+    read_dcp_metadata,
 )
-from phalanx_trainer.checkpoint.selection import Selection, latest_valid_checkpoint, rank_file_name
+from phalanx_trainer.checkpoint.selection import (
+    Rejected,
+    Selection,
+    assign_verification,
+    files_read,
+    next_candidate,
+    rank_file_name,
+    unfinished_newer_than,
+)
 from phalanx_trainer.checkpoint.state import (
     StagingArea,
     apply_per_rank,
@@ -49,24 +64,25 @@ from phalanx_trainer.checkpoint.state import (
     collect,
     fill_tensors,
     overlay_plain_values,
+    replicated_prefixes,
     split_tensors,
     tensor_bytes,
 )
 from phalanx_trainer.checkpoint.store import (
     commit,
     list_checkpoints,
+    parse_step_dir,
+    probe_dir_name,
     remove_leftovers,
     remove_tree,
     retention_victims,
     step_dir_name,
     temporary_dir_name,
+    unseen_files,
 )
-from phalanx_trainer.contract import ENV_CHECKPOINT_DIR
+from phalanx_trainer.contract import ENV_CHECKPOINT_DIR, ENV_NPROC_PER_NODE
 
 log = logging.getLogger("phalanx_trainer.checkpoint")
-
-# Used only to estimate the first emergency save, before any save has been measured.
-ASSUMED_WRITE_BYTES_PER_SECOND = 200e6
 
 
 def _now_rfc3339() -> str:
@@ -91,6 +107,22 @@ class SaveRecord:
     blocking_seconds: float
     total_seconds: float
     bytes_written: int
+    staged_bytes: int
+
+
+def io_threads_per_rank(env: Mapping[str, str]) -> int:
+    """Files each rank writes, each by its own thread, and hashes in parallel at resume: SHA-256 runs
+    at 1-2 GB/s per core, below what a local NVMe disk reads, so one file per rank would leave the
+    digest as the bound. At most 4, and no more than the cores this rank's share of the node has."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    try:
+        ranks_on_node = max(1, int(env.get(ENV_NPROC_PER_NODE, "1")))
+    except ValueError:
+        ranks_on_node = 1
+    return max(1, min(4, cores // ranks_on_node))
 
 
 def describe_layout(app_state: Mapping[str, Any], world_size: int) -> dict[str, Any]:
@@ -112,16 +144,25 @@ class CheckpointManager:
         *,
         layout: Mapping[str, Any] | None = None,
         writer_nice_increment: int = 10,
+        replica_rank: int = 0,
     ) -> None:
+        """`replica_rank`: this rank's index among the data-parallel ranks that hold the same model
+        state (DDP and ZeRO-1 pass their data-parallel rank; sharded layouts pass 0). Only index 0
+        stages and writes that state; the others stage only what is theirs alone."""
         self.config = config
+        self.replica_rank = replica_rank
+        self.io_threads = io_threads_per_rank(os.environ)
         self.process_group = process_group
         self.last: CheckpointInfo | None = None
         self.last_save: SaveRecord | None = None
+        # The storage probe's figure for the whole job (bytes/s), once measured.
+        self.storage_bytes_per_second: float | None = None
         self.root = Path(config.dir or os.environ.get(ENV_CHECKPOINT_DIR, ""))
         self._enabled = bool(config.dir or os.environ.get(ENV_CHECKPOINT_DIR))
         self._layout = dict(layout) if layout is not None else None
         self._writer = BackgroundWriter(writer_nice_increment)
         self._staging = StagingArea()
+        self._rejected: set[int] = set()  # steps whose folders the resume found damaged
         self._distributed = dist.is_available() and dist.is_initialized()
         self._group: Any = None
         if self._distributed and self._enabled:
@@ -161,30 +202,154 @@ class CheckpointManager:
 
     def restore(self, app_state: dict[str, Stateful]) -> int | None:
         """Load the newest valid checkpoint into app_state; returns its step, or None for a fresh start."""
-        if not self.enabled or not self.config.resume:
+        if not self.enabled:
             return None
         self._raise_if_failed(self._writer.wait())
-        selection: Selection | None = None
+        if self.config.write_bytes_per_second <= 0 and self.storage_bytes_per_second is None:
+            self.storage_bytes_per_second = self._probe_storage()
+        if not self.config.resume:
+            return None
+        live, _ = collect(app_state)
+        live_skeleton, live_tensors = split_tensors(live)
+        unfinished = unfinished_newer_than(self.root, -1) if self.rank == 0 else []
         if self.rank == 0:
-            selection = latest_valid_checkpoint(self.root)
             for removed in remove_leftovers(self.root):
                 log.info("removed unfinished checkpoint folder %s", removed.name)
-            self._report_selection(selection)
-        selection = self._broadcast(selection)
-        assert selection is not None
-        if selection.path is None or selection.manifest is None:
+        rejected: list[Rejected] = []
+        chosen: tuple[Path, Manifest, dict[str, Any]] | None = None
+        below: int | None = None
+        overwritten_by: str | None = None  # a rejected folder whose data the live tensors now hold
+        while chosen is None:
+            # Rank 0 checks structure and sizes; the digests are split over the ranks that read.
+            proposal: tuple[Path, Manifest] | None = None
+            if self.rank == 0:
+                proposal, skipped = next_candidate(self.root, below)
+                rejected += skipped
+            proposal = self._broadcast(proposal)
+            if proposal is None:
+                break
+            folder, manifest = proposal
+            small, problem = self._load_and_verify(folder, manifest, live_tensors)
+            if problem is None and small is not None:
+                chosen = (folder, manifest, small)
+            else:
+                rejected.append(Rejected(folder.name, manifest.step, problem or "unverified"))
+                below = manifest.step
+                overwritten_by = folder.name
+        if self.rank == 0:
+            floor = chosen[1].step if chosen else -1
+            rejected += [item for item in unfinished if item.step > floor]
+            rejected.sort(key=lambda item: item.step, reverse=True)
+            self._report_selection(
+                Selection(chosen[0] if chosen else None, chosen[1] if chosen else None, tuple(rejected))
+            )
+        if chosen is None and overwritten_by is not None:
+            raise CheckpointError(
+                f"no checkpoint under {self.root} verifies, and {overwritten_by} was rejected after its "
+                "data was loaded: the live weights are no longer the initial ones, so this run cannot "
+                f"start fresh. Move the damaged step-* folders away to start fresh (reasons logged above)"
+            )
+        if chosen is None:
             return None
-        self._load(selection.path, selection.manifest, app_state)
-        self.last = CheckpointInfo(
-            step=selection.manifest.step, time=selection.manifest.created, path=str(selection.path)
-        )
-        metrics.LAST_STEP.set(selection.manifest.step)
-        metrics.LAST_TIME.set(_parse_time(selection.manifest.created))
-        return selection.manifest.step
+        folder, manifest, small = chosen
+        self._apply(folder, manifest, app_state, small, live_skeleton, live_tensors)
+        self.last = CheckpointInfo(step=manifest.step, time=manifest.created, path=str(folder))
+        metrics.LAST_STEP.set(manifest.step)
+        metrics.LAST_TIME.set(_parse_time(manifest.created))
+        return manifest.step
+
+    def _load_and_verify(
+        self, folder: Path, manifest: Manifest, tensors: dict[str, torch.Tensor]
+    ) -> tuple[dict[str, Any] | None, str | None]:
+        """DCP-load `tensors` from `folder` while this rank hashes its share of the files the ranks
+        read, then parse this rank's per-rank file.
+
+        Collective. The digests are checked beside the load, not before it, so that a restore costs
+        about one pass over the data instead of two. Returns (this rank's per-rank state, None) when
+        every rank found its share intact, else (None, the first problem, the same on every rank).
+        """
+        own_file = rank_file_name(self.rank if self.rank < manifest.world_size else 0)
+        reads: set[str] | None = None
+        planning_error: str | None = None
+        try:
+            metadata = read_dcp_metadata(folder / DCP_METADATA_NAME)
+            reads = files_read(folder, metadata, tensors, own_file)
+        except Exception as error:  # the checkpoint lacks a tensor this rank holds, or similar
+            planning_error = f"rank {self.rank}: {type(error).__name__}: {error}"
+        everyone = self._all_gather((reads, planning_error))
+        errors = [error for _, error in everyone if error]
+        if errors:
+            # Not damage: this layout cannot load that checkpoint (the old code crashed in DCP too).
+            raise CheckpointError(f"checkpoint {folder.name} does not fit this run: {errors[0]}")
+        sizes = {entry.path: entry.size for entry in manifest.files}
+        mine = assign_verification([names or set() for names, _ in everyone], sizes)[self.rank]
+        problem: str | None = None
+        load_problem: str | None = None
+        with ThreadPoolExecutor(1, "checkpoint-verify") as pool:
+            hashed = pool.submit(verify_digests, folder, manifest, mine, workers=self.io_threads)
+            try:
+                # Every tensor this rank holds must be in the checkpoint (planned above); what this
+                # rank does not hold (another pipeline stage's layers) is not read.
+                dcp_load(
+                    tensors,
+                    storage_reader=SafeFileSystemReader(folder),
+                    planner=SafeLoadPlanner(),
+                    process_group=self._group,
+                    no_dist=self._group is None,
+                )
+            except (Exception, CheckpointException) as error:  # on every rank when one rank's read fails
+                first_line = str(error).strip().splitlines()[-1] if str(error).strip() else ""
+                load_problem = f"DCP load failed: {type(error).__name__}: {first_line[:300]}"
+            try:
+                hashed.result()
+            except ValueError as error:  # ManifestError: the digest names the damage best
+                problem = f"{error} (found by rank {self.rank})"
+        small: dict[str, Any] | None = None
+        if problem is None and load_problem is None:
+            try:
+                small = load_small_state((folder / own_file).read_bytes())
+            except ValueError as error:  # UnsafeCheckpointError and damaged archives
+                problem = f"{own_file}: {error} (found by rank {self.rank})"
+        problems = [found for found in self._all_gather(problem or load_problem) if found]
+        if problems:
+            return None, problems[0]
+        return small, None
+
+    def _probe_storage(self) -> float | None:
+        """Every rank writes and fsyncs PROBE_BYTES at once: the job's bytes/s, or None if it failed."""
+        token = self._broadcast(uuid.uuid4().hex if self.rank == 0 else None)
+        folder = self.root / probe_dir_name(token)
+        seconds: float | None = None
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            data = os.urandom(PROBE_BYTES)  # not zeros: some filesystems compress them away
+            began = time.monotonic()
+            with open(folder / f"rank-{self.rank:05d}", "wb", buffering=0) as handle:
+                handle.write(data)
+                os.fsync(handle.fileno())
+            seconds = time.monotonic() - began
+        except OSError as error:
+            log.warning("storage probe under %s failed on rank %d: %s", self.root, self.rank, error)
+        everyone = self._all_gather(seconds)
+        if self.rank == 0:
+            remove_tree(folder)
+        if any(value is None for value in everyone):
+            return None
+        slowest = max(max(float(value) for value in everyone), 1e-6)
+        speed = PROBE_BYTES * self.world_size / slowest
+        if self.rank == 0:
+            log.info(
+                "checkpoint storage takes %.0f MB/s from the job (probe, %d ranks)",
+                speed / 1e6,
+                self.world_size,
+            )
+        return speed
 
     def _report_selection(self, selection: Selection) -> None:
         for item in selection.rejected:
             log.warning("checkpoint %s skipped at resume: %s", item.name, item.reason)
+            if parse_step_dir(item.name) is not None:  # a committed folder, not a .tmp one
+                self._rejected.add(item.step)
         if selection.rejected:
             metrics.FALLBACKS.inc(len(selection.rejected))
         if selection.path is None:
@@ -193,26 +358,22 @@ class CheckpointManager:
             fallback = " (fallback: newer ones were damaged)" if selection.rejected else ""
             log.info("resuming from %s%s", selection.path.name, fallback)
 
-    def _load(self, folder: Path, manifest: Manifest, app_state: dict[str, Stateful]) -> None:
-        own_file = rank_file_name(self.rank if self.rank < manifest.world_size else 0)
+    def _apply(
+        self,
+        folder: Path,
+        manifest: Manifest,
+        app_state: dict[str, Stateful],
+        small: dict[str, Any],
+        live_skeleton: Any,
+        live_tensors: dict[str, torch.Tensor],
+    ) -> None:
         if self.rank >= manifest.world_size:
             log.warning(
                 "checkpoint has %d ranks; rank %d takes rank 0's per-rank state",
                 manifest.world_size,
                 self.rank,
             )
-        small = load_small_state((folder / own_file).read_bytes())
-        live, _ = collect(app_state)
-        live_skeleton, live_tensors = split_tensors(live)
-        # Every tensor this rank holds must be in the checkpoint (DCP raises otherwise); what this rank
-        # does not hold (another pipeline stage's layers) is not read.
-        dcp_load(
-            live_tensors,
-            storage_reader=SafeFileSystemReader(folder),
-            planner=SafeLoadPlanner(),
-            process_group=self._group,
-            no_dist=self._group is None,
-        )
+        # live_tensors hold the checkpoint's data (loaded and verified by _load_and_verify).
         skeleton = overlay_plain_values(live_skeleton, small.get("sharded", {}))
         apply_sharded(app_state, fill_tensors(skeleton, live_tensors.__getitem__))
         not_in_checkpoint = apply_per_rank(app_state, small.get("per_rank", {}))
@@ -243,6 +404,7 @@ class CheckpointManager:
         started = time.monotonic()
         sharded, per_rank = collect(app_state)
         skeleton, tensors = split_tensors(sharded)
+        tensors = self._own_share(app_state, tensors)
         small_state = dump_small_state({"sharded": skeleton, "per_rank": per_rank})
         staged = self._staging.stage(tensors)
         if self._layout is None:
@@ -254,16 +416,30 @@ class CheckpointManager:
         else:
             self._write(pending)
 
+    def _own_share(
+        self, app_state: Mapping[str, Any], tensors: dict[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        """What this rank stages and writes. A data-parallel replica past the first leaves out the
+        state the first one writes (DCP's metadata is the union of what the ranks write), so a node
+        of 8 replicas holds one pinned copy of it, not 8."""
+        if self.replica_rank == 0:
+            return tensors
+        prefixes = replicated_prefixes(app_state)
+        return {key: tensor for key, tensor in tensors.items() if not key.startswith(prefixes)}
+
     def _emergency_fits(self, step: int, app_state: dict[str, Stateful], called: float) -> bool:
         sharded, _ = collect(app_state)
         _, tensors = split_tensors(sharded)
-        assumed = tensor_bytes(tensors) * self.world_size / ASSUMED_WRITE_BYTES_PER_SECOND
+        rank_bytes = tensor_bytes(self._own_share(app_state, tensors))
+        job_bytes = int(sum(self._all_gather(rank_bytes)))
+        last = None
         if self.last_save is not None:
-            # An asynchronous save ran niced and shared the cores with training; the emergency save runs
-            # alone at normal priority, so the measured time is an upper bound.
-            estimate = self.last_save.blocking_seconds + min(self.last_save.total_seconds, assumed)
-        else:
-            estimate = assumed
+            record = self.last_save
+            last = MeasuredSave(
+                record.blocking_seconds, record.total_seconds - record.blocking_seconds, record.staged_bytes
+            )
+        speed = write_speed(self.config.write_bytes_per_second, self.storage_bytes_per_second)
+        estimate = emergency_estimate(rank_bytes=rank_bytes, job_bytes=job_bytes, speed=speed, last=last)
         remaining = self.config.emergency_budget_seconds - (time.monotonic() - called)
         worst_estimate, neg_remaining = self._max([estimate, -remaining])
         if worst_estimate <= -neg_remaining:
@@ -288,7 +464,9 @@ class CheckpointManager:
             handle.write(pending.small_state)
             handle.flush()
             os.fsync(handle.fileno())
-        writer = HashingFileSystemWriter(temporary, single_file_per_rank=True, sync_files=True)
+        writer = HashingFileSystemWriter(
+            temporary, single_file_per_rank=True, sync_files=True, thread_count=self.io_threads
+        )
         dcp_save(
             pending.staged, storage_writer=writer, process_group=self._group, no_dist=self._group is None
         )
@@ -301,6 +479,7 @@ class CheckpointManager:
         outcome: tuple[bool, str] | None = None
         if self.rank == 0:
             try:
+                self._check_shared_storage(temporary, everyone)
                 outcome = (
                     True,
                     self._commit(pending, temporary, [e for entries in everyone for e in entries]),
@@ -312,7 +491,8 @@ class CheckpointManager:
             raise CheckpointError(final)
         total = time.monotonic() - pending.started
         written = sum(entry.size for entry in own_entries)
-        self.last_save = SaveRecord(pending.step, pending.blocking_seconds, total, written)
+        staged = tensor_bytes(pending.staged)
+        self.last_save = SaveRecord(pending.step, pending.blocking_seconds, total, written, staged)
         self.last = CheckpointInfo(step=pending.step, time=_now_rfc3339(), path=str(final))
         metrics.SAVE_TOTAL_SECONDS.observe(total)
         metrics.SAVE_BYTES.set(written)
@@ -328,6 +508,21 @@ class CheckpointManager:
             self.rank,
         )
 
+    def _check_shared_storage(self, temporary: Path, everyone: list[list[FileEntry]]) -> None:
+        """Rank 0 commits by renaming a folder that holds every rank's files: on node-local disks it
+        would publish a checkpoint without the other nodes' files, which no resume can load."""
+        writer_of = {entry.path: rank for rank, entries in enumerate(everyone) for entry in entries}
+        expected = {entry.path: entry.size for entries in everyone[1:] for entry in entries}
+        unseen = unseen_files(temporary, expected)
+        if unseen:
+            raise CheckpointError(
+                f"the checkpoint folder {self.root} is not shared storage: rank 0 does not see "
+                f"{len(unseen)} file(s) other ranks wrote there (e.g. {unseen[0]} from rank "
+                f"{writer_of[unseen[0]]}). Every rank must write to one filesystem that all nodes "
+                "mount (NFS, a ReadWriteMany volume, a parallel filesystem), not a node-local disk: "
+                "see docs/checkpoints.md"
+            )
+
     def _commit(self, pending: _Pending, temporary: Path, entries: list[FileEntry]) -> str:
         if DCP_METADATA_NAME not in {entry.path for entry in entries}:
             entries.append(describe_file(temporary, DCP_METADATA_NAME))
@@ -342,15 +537,23 @@ class CheckpointManager:
         write_manifest(temporary, manifest)
         final = self.root / step_dir_name(pending.step)
         commit(temporary, final)
+        self._rejected.discard(pending.step)  # a damaged older copy of this step was replaced
         self._apply_retention(protected={pending.step})
         return str(final)
 
     def _apply_retention(self, protected: set[int]) -> None:
         complete = list_checkpoints(self.root).complete
         steps = [step for step, _ in complete]
-        for victim in retention_victims(steps, self.config.keep, protected):
+        # Sizes and structure only (no digests): a folder whose manifest, files or sizes are wrong, or
+        # that the resume rejected, is no checkpoint to count.
+        invalid = {
+            step for step, folder in complete if step in self._rejected or not _looks_valid(folder, step)
+        }
+        for victim in retention_victims(steps, self.config.keep, protected, invalid):
             remove_tree(self.root / step_dir_name(victim))
-            log.info("removed old checkpoint %s (keep=%d)", step_dir_name(victim), self.config.keep)
+            reason = "failed verification" if victim in invalid else f"keep={self.config.keep}"
+            log.info("removed checkpoint %s (%s)", step_dir_name(victim), reason)
+            self._rejected.discard(victim)
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
@@ -376,6 +579,14 @@ class CheckpointManager:
             body["totalSeconds"] = round(self.last_save.total_seconds, 3)
             body["bytes"] = self.last_save.bytes_written
         return body
+
+
+def _looks_valid(folder: Path, step: int) -> bool:
+    try:
+        verify_folder(folder, expected_step=step, check_digests=False)
+    except ManifestError:
+        return False
+    return True
 
 
 def _parse_time(value: str) -> float:

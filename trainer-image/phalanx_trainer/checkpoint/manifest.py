@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -156,10 +157,21 @@ def verify_folder(folder: Path, *, expected_step: int | None = None, check_diges
             raise ManifestError(f"{entry.path} is missing") from None
         _require(size == entry.size, f"{entry.path} has {size} bytes, manifest says {entry.size}")
     if check_digests:
-        for entry in manifest.files:
-            actual = sha256_file(folder / entry.path)
-            _require(actual == entry.sha256, f"{entry.path} sha256 mismatch (content changed or damaged)")
+        verify_digests(folder, manifest, {entry.path for entry in manifest.files})
     return manifest
+
+
+def verify_digests(folder: Path, manifest: Manifest, names: set[str], *, workers: int = 1) -> None:
+    """Each named file's SHA-256 against the manifest, up to `workers` files at once (hashlib drops
+    the GIL); ManifestError names the first file, in name order, that differs."""
+    listed = {entry.path: entry for entry in manifest.files}
+    ordered = sorted(names)
+    for name in ordered:
+        _require(name in listed, f"{name} is not listed")
+    with ThreadPoolExecutor(max(1, min(workers, len(ordered) or 1)), "checkpoint-hash") as pool:
+        digests = list(pool.map(lambda name: sha256_file(folder / name), ordered))
+    for name, actual in zip(ordered, digests, strict=True):
+        _require(actual == listed[name].sha256, f"{name} sha256 mismatch (content changed or damaged)")
 
 
 def fsync_path(path: Path) -> None:

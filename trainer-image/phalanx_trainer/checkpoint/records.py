@@ -20,6 +20,10 @@ class CheckpointConfig:
     keep: int = 3  # complete checkpoints kept (>= 2)
     async_save: bool = True
     emergency_budget_seconds: float = 20.0  # skip the SIGTERM checkpoint when it would not fit
+    # Bytes per second the checkpoint storage takes from the whole job (all ranks writing at once);
+    # 0: measured by a short probe at start. Used to estimate the SIGTERM checkpoint before a save
+    # has been measured.
+    write_bytes_per_second: float = 0.0
     resume: bool = True  # take the newest valid checkpoint at start
 
 

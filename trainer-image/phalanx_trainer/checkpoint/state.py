@@ -28,56 +28,54 @@ TENSOR_MARK = "__phalanx_dcp_tensor__"
 SHARDED_KEYS = ("model", "optimizer")
 
 
-class ZeroLocalState:
-    """ZeRO-1 keeps each rank's optimizer shard in an inner optimizer; DCP's helpers do not cover it,
-    so the shard is per-rank state (exact resume at the same world size, no resharding)."""
-
-    def __init__(self, optimizer: ZeroRedundancyOptimizer) -> None:
-        self.optimizer = optimizer
-
-    def state_dict(self) -> dict[str, Any]:
-        groups = [{k: v for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups]
-        return {"inner": self.optimizer.optim.state_dict(), "groups": groups}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.optimizer.optim.load_state_dict(state_dict["inner"])
-        for group, saved in zip(self.optimizer.param_groups, state_dict["groups"], strict=True):
-            group.update(saved)
-
-
 def _module_and_optimizer(
     app_state: Mapping[str, Any],
 ) -> tuple[nn.Module | None, torch.optim.Optimizer | None]:
+    """The module and the optimizer whose state goes through DCP.
+
+    For ZeRO-1 that is this rank's partition: `ZeroRedundancyOptimizer.optim`, a plain optimizer over
+    the parameters this rank owns. Its state has the same FQN keys as any other layout's, each written
+    by the rank that owns it, so it is asynchronous, verified and resharded like the rest.
+    """
     model, optimizer = app_state.get("model"), app_state.get("optimizer")
-    module = model if isinstance(model, nn.Module) else None
-    optim = optimizer if isinstance(optimizer, torch.optim.Optimizer) and module is not None else None
-    if isinstance(optim, ZeroRedundancyOptimizer):
-        optim = None
-    return module, optim
+    if not isinstance(model, nn.Module):
+        return None, None
+    if isinstance(optimizer, ZeroRedundancyOptimizer):
+        return model, optimizer.optim
+    return model, optimizer if isinstance(optimizer, torch.optim.Optimizer) else None
 
 
 def _per_rank_view(app_state: Mapping[str, Any]) -> dict[str, Any]:
-    """The entries saved per rank, with ZeRO's optimizer seen through ZeroLocalState."""
+    """The entries saved per rank: everything but the model and optimizer that DCP covers."""
     module, optim = _module_and_optimizer(app_state)
     handled = {key for key, value in (("model", module), ("optimizer", optim)) if value is not None}
-    view: dict[str, Any] = {}
-    for name, obj in app_state.items():
-        if name in handled:
-            continue
-        view[name] = ZeroLocalState(obj) if isinstance(obj, ZeroRedundancyOptimizer) else obj
-    return view
+    return {name: obj for name, obj in app_state.items() if name not in handled}
 
 
 def collect(app_state: Mapping[str, Stateful | Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(sharded state of model/optimizer, per-rank state of everything else)."""
     module, optim = _module_and_optimizer(app_state)
     sharded: dict[str, Any] = {}
+    zero = app_state.get("optimizer")
+    if isinstance(zero, ZeroRedundancyOptimizer) and optim is not None:
+        # The LR schedule writes ZeRO's exposed groups; ZeRO copies them into its partition only at
+        # the next step, so the partition still holds the last step's rate: copy them first.
+        for exposed, local in zip(zero.param_groups, optim.param_groups, strict=True):
+            local.update({key: value for key, value in exposed.items() if key != "params"})
     if module is not None and optim is not None:
         sharded["model"], sharded["optimizer"] = get_state_dict(module, optim)
     elif module is not None:
         sharded["model"] = get_model_state_dict(module)
     per_rank = {name: obj.state_dict() for name, obj in _per_rank_view(app_state).items()}
     return sharded, per_rank
+
+
+def replicated_prefixes(app_state: Mapping[str, Any]) -> tuple[str, ...]:
+    """DCP keys of the state every data-parallel replica of DDP or ZeRO-1 holds alike: the model's,
+    and the optimizer's unless ZeRO-1 partitions it."""
+    if isinstance(app_state.get("optimizer"), ZeroRedundancyOptimizer):
+        return ("model/",)
+    return ("model/", "optimizer/")
 
 
 def split_tensors(tree: Any, prefix: str = "") -> tuple[Any, dict[str, torch.Tensor]]:
@@ -138,6 +136,12 @@ def apply_sharded(app_state: Mapping[str, Any], sharded: dict[str, Any]) -> None
         set_state_dict(
             module, optim, model_state_dict=sharded["model"], optim_state_dict=sharded["optimizer"]
         )
+        zero = app_state.get("optimizer")
+        if isinstance(zero, ZeroRedundancyOptimizer):
+            # The LR schedule reads and writes the exposed groups; ZeRO copies them into its partition
+            # at each step, so they must carry the restored hyperparameters.
+            for exposed, local in zip(zero.param_groups, optim.param_groups, strict=True):
+                exposed.update({key: value for key, value in local.items() if key != "params"})
     elif module is not None:
         set_model_state_dict(module, sharded["model"])
 

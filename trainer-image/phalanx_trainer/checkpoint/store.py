@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import time
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +24,11 @@ def step_dir_name(step: int) -> str:
 
 def temporary_dir_name(step: int, token: str | None = None) -> str:
     return f".tmp-step-{step:08d}-{token or uuid.uuid4().hex}"
+
+
+def probe_dir_name(token: str) -> str:
+    """Where the storage probe writes: a trash name, so that a crash leaves it for remove_leftovers."""
+    return f"{_TRASH_PREFIX}probe-{token}"
 
 
 def parse_step_dir(name: str) -> int | None:
@@ -62,11 +69,23 @@ def list_checkpoints(root: Path) -> Listing:
     return Listing(tuple(complete), tuple(temporaries))
 
 
-def retention_victims(complete_steps: list[int], keep: int, protected: set[int]) -> list[int]:
-    """Steps to delete so that the newest `keep` remain; never the newest one, never a protected one."""
-    ordered = sorted(set(complete_steps), reverse=True)
-    kept = ordered[: max(keep, 1)]
-    return [step for step in ordered if step not in kept and step not in protected]
+def retention_victims(
+    complete_steps: list[int], keep: int, protected: set[int], invalid: Collection[int] = ()
+) -> list[int]:
+    """Steps to delete so that the newest `keep` valid checkpoints remain.
+
+    Folders that fail verification (`invalid`) do not count towards `keep`: counting them would delete
+    a loadable checkpoint and keep a useless one. They are deleted once a newer valid one exists; a
+    damaged folder newer than every valid one stays for the resume to report. Never the newest valid
+    one, never a protected one.
+    """
+    bad = set(invalid)
+    valid = sorted(set(complete_steps) - bad, reverse=True)
+    kept = set(valid[: max(keep, 1)])
+    victims = [step for step in valid if step not in kept]
+    if valid:
+        victims += [step for step in bad & set(complete_steps) if step < valid[0]]
+    return sorted((step for step in victims if step not in protected), reverse=True)
 
 
 def remove_tree(path: Path) -> None:
@@ -90,6 +109,26 @@ def remove_leftovers(root: Path) -> list[Path]:
             shutil.rmtree(entry.path, ignore_errors=True)
             removed.append(Path(entry.path))
     return removed
+
+
+def unseen_files(folder: Path, expected: dict[str, int], settle_seconds: float = 1.0) -> list[str]:
+    """Names in `expected` (name -> size) that this process does not see in `folder` with that size.
+
+    Looked at again for up to `settle_seconds`, in case a network filesystem shows another client's
+    new files late.
+    """
+    deadline = time.monotonic() + settle_seconds
+    while True:
+        unseen = []
+        for name, size in sorted(expected.items()):
+            try:
+                if (folder / name).stat().st_size != size:
+                    unseen.append(name)
+            except FileNotFoundError:
+                unseen.append(name)
+        if not unseen or time.monotonic() >= deadline:
+            return unseen
+        time.sleep(0.1)
 
 
 def commit(temporary: Path, final: Path) -> None:
