@@ -7,7 +7,7 @@ PYTEST := $(BIN)/pytest
 STAMP := $(VENV)/.installed
 
 .PHONY: help system-deps venv cluster-bin lint typecheck test test-unit test-integration test-e2e test-trainer \
-        crd crd-check docs chart-lint kind-up demo bench bench-trainer bench-checkpoint bench-gang bench-recovery bench-failover dev-up dev-down clean
+        crd crd-check docs chart-lint kind-up demo bench bench-trainer bench-checkpoint bench-gang bench-recovery bench-failover gpu-check dev-up dev-down clean
 
 help:
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -78,6 +78,9 @@ bench-checkpoint: $(STAMP)
 
 bench-trainer: $(STAMP)
 	$(BIN)/python bench/trainer_bench.py
+
+gpu-check: $(STAMP) ## on a GPU machine: NCCL all-reduce busbw, bf16 FSDP run of gpt-125m-gpu.toml, MFU -> bench/results/gpu.json
+	$(BIN)/python bench/gpu_check.py
 
 bench-gang: $(STAMP) cluster-bin
 	$(BIN)/python bench/gang_bench.py

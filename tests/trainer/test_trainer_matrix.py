@@ -9,10 +9,14 @@ and the first STEPS losses (absolute, nats).
 Measured on the 2-core development machine (largest over the layouts; asserted in TOLERANCES):
 - fp32: losses within 1e-6, gradients within 1.4e-7. Asserted 1e-5 / 1e-5: room for another
   reduction order, not for a bug (the pipeline bug this matrix found was off by 5e-3 to 1.3e-2 nats).
-- bf16 autocast: losses within 1.4e-4, gradients within 4.6e-3 (a layout that splits a matmul or a
+- bf16 autocast: losses within 3.2e-4, gradients within 4.3e-3 (a layout that splits a matmul or a
   batch rounds partial sums to 8 mantissa bits differently). Asserted 1e-3 / 2e-2.
-- fp16 autocast with loss scaling (slow set): losses within 1e-4, gradients within 3e-4.
-  Asserted 1e-3 / 5e-3.
+- bf16 with FSDP or ZeRO-2 (fsdp, zero2, fsdp_x_tp, pp_x_fsdp): FSDP gathers the parameters in bf16
+  (half the all-gather bytes) where one process keeps fp32 weights under autocast, so embeddings,
+  biases and the residual stream round to bf16 too: losses within 9.8e-4, gradients within 4.0e-3.
+  Asserted 3e-3 / 2e-2: the same gradient bound, and the loss bound 3x the largest seen.
+- fp16 autocast with loss scaling (slow set; FSDP gathers fp16): losses within 1.8e-4, gradients
+  within 5.3e-4. Asserted 1e-3 / 5e-3.
 
 The quick set is the eight layouts x accumulation 1, 2 x fp32, bf16 (about 20 s on 2 busy cores).
 The slow set (marker `slow`, about 1 min; `make test` runs it, `-m "trainer and not slow"` leaves it
@@ -35,6 +39,7 @@ pytestmark = pytest.mark.trainer
 
 STEPS = 3
 TOLERANCES = {"fp32": (1e-5, 1e-5), "bf16": (1e-3, 2e-2), "fp16": (1e-3, 5e-3)}  # (loss, gradient)
+BF16_GATHERED_TOLERANCES = (3e-3, 2e-2)  # bf16 under FSDP / ZeRO-2: parameters gathered in bf16
 
 # name -> (ranks, data-parallel width, overrides)
 LAYOUTS: dict[str, tuple[int, int, list[str]]] = {
@@ -138,8 +143,19 @@ def assert_matches(run: dict[str, Any], reference: dict[str, Any], loss_tol: flo
     assert grad_difference <= grad_tol, f"gradients differ by {grad_difference:.3g} of the largest"
 
 
+def gathers_parameters_in_low_precision(overrides: list[str]) -> bool:
+    return any(item in overrides for item in ("parallelism.dp_mode=fsdp", "parallelism.dp_mode=zero2"))
+
+
+def tolerances(overrides: list[str], dtype: str) -> tuple[float, float]:
+    if dtype == "bf16" and gathers_parameters_in_low_precision(overrides):
+        return BF16_GATHERED_TOLERANCES
+    return TOLERANCES[dtype]
+
+
 def assert_case(runs: dict[str, Any], name: str, accumulation: int, dtype: str) -> None:
-    loss_tolerance, grad_tolerance = TOLERANCES[dtype]
+    layouts = LAYOUTS if name in LAYOUTS else SLOW_LAYOUTS
+    loss_tolerance, grad_tolerance = tolerances(layouts[name][2], dtype)
     run = runs[case_id(name, accumulation, dtype)]
     assert_matches(run, one_process(dtype), loss_tolerance, grad_tolerance)
 

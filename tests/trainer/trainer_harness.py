@@ -67,6 +67,15 @@ def full_gradients(trainer: Trainer) -> dict[str, torch.Tensor]:
     return merged
 
 
+def gathered_objects(value: Any) -> list[Any]:
+    """`value` from every rank, in rank order (just this one without a process group)."""
+    if not dist.is_initialized():
+        return [value]
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, value)
+    return gathered
+
+
 @contextlib.contextmanager
 def counting_reduce_scatters() -> Iterator[list[int]]:
     """Counts this rank's reduce-scatters (FSDP2 reduces gradients with dist.reduce_scatter_single)."""
@@ -82,6 +91,51 @@ def counting_reduce_scatters() -> Iterator[list[int]]:
         yield counted
     finally:
         dist.reduce_scatter_single = original  # type: ignore[assignment]
+
+
+@contextlib.contextmanager
+def recording_linear_dtypes(model: torch.nn.Module) -> Iterator[dict[str, set[str]]]:
+    """The dtypes every nn.Linear saw in forward: its weight as used (FSDP's gathered copy) and output."""
+    seen: dict[str, set[str]] = {"weight": set(), "output": set()}
+
+    def record(module: torch.nn.Module, _inputs: Any, output: torch.Tensor) -> None:
+        seen["weight"].add(str(module.weight.dtype).removeprefix("torch."))
+        seen["output"].add(str(output.dtype).removeprefix("torch."))
+
+    handles = [m.register_forward_hook(record) for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    try:
+        yield seen
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@contextlib.contextmanager
+def recording_local_shapes(model: torch.nn.Module) -> Iterator[dict[str, list[int]]]:
+    """This rank's local output shape of the whole model (the logits) and of its first block."""
+    shapes: dict[str, list[int]] = {}
+    modules = {_clean(name) or "<root>": module for name, module in model.named_modules()}
+    handles = []
+    for name in ("<root>", "layers.0"):
+        if name not in modules:
+            continue
+
+        def record(_module: torch.nn.Module, _inputs: Any, output: torch.Tensor, name: str = name) -> None:
+            local = output.to_local() if isinstance(output, DTensor) else output
+            shapes.setdefault(name, list(local.shape))
+
+        handles.append(modules[name].register_forward_hook(record))
+    try:
+        yield shapes
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def fsdp_unit_names(model: torch.nn.Module) -> list[str]:
+    from torch.distributed.fsdp import FSDPModule
+
+    return [_clean(name) or "<root>" for name, m in model.named_modules() if isinstance(m, FSDPModule)]
 
 
 def constant_stride_source(data: DataConfig, model: ModelConfig) -> SyntheticSource:
@@ -110,12 +164,24 @@ def run_trainer(
     losses: list[float] = []
     grads: dict[str, torch.Tensor] = {}
     reduce_scatters = 0
+    linear_dtypes: dict[str, set[str]] = {}
+    first_local_shapes: dict[str, list[int]] = {}
+    grad_dtypes: set[str] = set()
     for step in range(steps):
-        with counting_reduce_scatters() as counted:
+        with (
+            counting_reduce_scatters() as counted,
+            recording_linear_dtypes(trainer.model) as seen,
+            recording_local_shapes(trainer.model) as local_shapes,
+        ):
             local_loss = trainer.forward_backward()
         if step == 0:
             grads = full_gradients(trainer)
             reduce_scatters = counted[0]
+            linear_dtypes = seen
+            first_local_shapes = local_shapes
+            grad_dtypes = {
+                str(p.grad.dtype).removeprefix("torch.") for p in trainer.params if p.grad is not None
+            }
         losses.append(trainer.reduce_loss(local_loss))
         trainer.optimizer_step()
     trainer.close()
@@ -123,6 +189,11 @@ def run_trainer(
         "losses": losses,
         "grads": grads,
         "reduce_scatters": reduce_scatters,
+        "linear_dtypes": linear_dtypes,
+        "grad_dtypes": grad_dtypes,
+        "fsdp_units": fsdp_unit_names(trainer.model),
+        "local_shapes": first_local_shapes,
+        "local_shapes_by_rank": gathered_objects(first_local_shapes),
         "loss_scale": trainer.scaler.scale,
         "skipped": trainer.scaler.skipped_steps,
     }

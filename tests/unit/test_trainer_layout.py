@@ -61,3 +61,8 @@ def test_parallel_dims_answer_which_dimensions_are_enabled() -> None:
     assert (dims.dp_enabled, dims.tp_enabled, dims.pp_enabled) == (False, True, True)
     dims = ParallelDims(dp=4, tp=1, pp=1, world_size=4)
     assert (dims.dp_enabled, dims.tp_enabled, dims.pp_enabled) == (True, False, False)
+
+
+def test_sequence_parallel_needs_a_sequence_that_splits_evenly() -> None:
+    [problem] = problems_at(2, ["parallelism.tp=2", "model.seq_len=15"])
+    assert problem.startswith("model.seq_len = 15 must be divisible by parallelism.tp = 2")

@@ -115,7 +115,9 @@ class PrecisionConfig:
 class MetricsConfig:
     port: int = -1  # -1: $PHALANX_METRICS_PORT (default 9400) + local rank; 0: no server
     log_every: int = 10  # steps between progress lines from rank 0
-    peak_flops: float = 0.0  # peak FLOP/s of one device for MFU; 0: MFU not reported
+    # Peak FLOP/s of one device for MFU; 0: from the table of known GPUs (hardware.py), and no MFU
+    # on devices it does not list (CPU)
+    peak_flops: float = 0.0
     json_logs: bool = True
     profile_start_step: int = 0  # torch.profiler window; 0: off
     profile_steps: int = 0
@@ -303,6 +305,11 @@ def validate(config: TrainerConfig, world_size: int | None = None) -> list[str]:
         problems.append(f"model.n_heads = {model.n_heads} must be divisible by parallelism.tp = {par.tp}")
     if par.tp > 1 and model.kind == "gpt" and (model.d_ff or 4 * model.d_model) % par.tp:
         problems.append(f"the MLP width must be divisible by parallelism.tp = {par.tp}")
+    if par.tp > 1 and model.kind == "gpt" and model.seq_len % par.tp:
+        problems.append(
+            f"model.seq_len = {model.seq_len} must be divisible by parallelism.tp = {par.tp}"
+            " (sequence parallelism splits the sequence between tensor-parallel ranks)"
+        )
     if par.tp > 1 and model.kind != "gpt":
         problems.append("parallelism.tp > 1 needs model.kind = gpt (the TP plan splits attention and MLP)")
     if par.pp > 1 and model.kind != "gpt":

@@ -77,6 +77,18 @@ def mfu(flops_per_token: float, tokens_per_second: float, peak_flops: float, dev
     return flops_per_token * tokens_per_second / (peak_flops * devices)
 
 
+def seconds_per_step_between(step_starts: list[float]) -> float | None:
+    """Mean wall time between consecutive step starts; None with fewer than two starts.
+
+    Between step starts, not the sum of a step's phases: the interval also holds what runs after
+    the optimizer (checkpoint staging, the preemption stop agreement, logging), which costs the job
+    time as much as the step does.
+    """
+    if len(step_starts) < 2:
+        return None
+    return (step_starts[-1] - step_starts[0]) / (len(step_starts) - 1)
+
+
 def eta_seconds(step: int, total_steps: int, seconds_per_step: float) -> float:
     return max(0, total_steps - step) * seconds_per_step
 
@@ -114,10 +126,11 @@ class TrainerMetrics:
     attempt: int = 0
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     progress: dict[str, Any] = field(default_factory=dict)
-    # Rates are smoothed over the steps since the last report so one slow step does not swing them.
-    _window_seconds: float = 0.0
-    _window_tokens: int = 0
-    _window_samples: int = 0
+    # Rates come from the step starts since the last report (smoothed, so one slow step does not
+    # swing them); the phase sums serve only until two steps have started.
+    _step_starts: list[float] = field(default_factory=list)
+    _window_phase_seconds: float = 0.0
+    _window_steps: int = 0
     _seconds_per_step: float = 0.0
 
     def __post_init__(self) -> None:
@@ -142,6 +155,10 @@ class TrainerMetrics:
             PREFIX + "last_checkpoint_step", "Step of the newest checkpoint", registry=r
         )
 
+    def step_started(self, at: float) -> None:
+        """Marks a step's start (time.perf_counter() seconds); rates use the intervals between starts."""
+        self._step_starts.append(at)
+
     def record_step(self, report: StepReport) -> None:
         """Cheap per-step bookkeeping; `publish` turns it into rates."""
         self.phase_seconds.labels("data_wait").inc(report.data_wait_seconds)
@@ -150,18 +167,20 @@ class TrainerMetrics:
         self.tokens.inc(report.tokens)
         if report.skipped:
             self.skipped.inc()
-        self._window_seconds += report.step_seconds
-        self._window_tokens += report.tokens
-        self._window_samples += report.samples
+        self._window_phase_seconds += report.step_seconds
+        self._window_steps += 1
 
     def publish(self, report: StepReport, last_checkpoint: tuple[int, str] | None) -> dict[str, Any]:
         """Updates gauges and /progress from the steps since the last publish; returns the progress."""
-        seconds = max(self._window_seconds, 1e-9)
-        tokens_per_second = self._window_tokens / seconds
-        samples_per_second = self._window_samples / seconds
-        steps_in_window = max(1, round(self._window_tokens / max(report.tokens, 1)))
-        self._seconds_per_step = seconds / steps_in_window
-        self._window_seconds, self._window_tokens, self._window_samples = 0.0, 0, 0
+        between_starts = seconds_per_step_between(self._step_starts)
+        if between_starts is None:
+            between_starts = self._window_phase_seconds / max(self._window_steps, 1)
+        self._seconds_per_step = max(between_starts, 1e-9)
+        # The newest start opens the next window: every interval is counted once.
+        self._step_starts = self._step_starts[-1:]
+        self._window_phase_seconds, self._window_steps = 0.0, 0
+        tokens_per_second = report.tokens / self._seconds_per_step
+        samples_per_second = report.samples / self._seconds_per_step
         eta = eta_seconds(report.step, report.total_steps, self._seconds_per_step)
 
         self.step.set(report.step)

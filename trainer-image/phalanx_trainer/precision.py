@@ -1,22 +1,49 @@
-"""Mixed precision: autocast dtype per mode, and dynamic loss scaling for fp16.
+"""Mixed precision for any model: trainer-level autocast, FSDP's gather/reduce dtypes, and dynamic
+loss scaling for fp16.
 
-Parameters and optimizer state stay fp32 (master weights); autocast runs matmuls in bf16/fp16 while
-LayerNorm (FP32LayerNorm) and the loss (computed on fp32 logits) stay fp32. The scaler works on
-local shards and agrees on overflow with one all-reduce, so it serves DDP, FSDP, TP and PP alike.
+Parameters and optimizer state stay fp32 (master weights). The trainer wraps the model's forward in
+autocast (the model needs no precision attribute of its own), so matmuls run in bf16/fp16 while
+autocast's fp32 ops, LayerNorm (FP32LayerNorm) and the loss (on fp32 logits) stay fp32. Under FSDP
+and ZeRO-2, `fsdp_mixed_precision` gathers parameters in the low dtype (half the all-gather bytes)
+and reduces gradients in fp32 into fp32 shards. The scaler works on local shards and agrees on
+overflow with one all-reduce, so it serves DDP, FSDP, TP and PP alike.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.tensor import DTensor
 
 from phalanx_trainer.config import PrecisionConfig
 
 AUTOCAST_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def apply_autocast(model: nn.Module, device_type: str, dtype: torch.dtype | None) -> None:
+    """Runs `model.forward` under autocast from now on (an instance attribute, so DDP, FSDP and the
+    pipeline stage, which all call the module, get it; parameter names do not change)."""
+    if dtype is None:
+        return
+    inner = model.forward
+
+    @functools.wraps(inner)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(device_type=device_type, dtype=dtype):
+            return inner(*args, **kwargs)
+
+    model.forward = forward  # type: ignore[method-assign]
+
+
+def fsdp_mixed_precision(dtype: torch.dtype | None) -> MixedPrecisionPolicy:
+    """Gather parameters in the autocast dtype, reduce gradients in fp32; all fp32 without one."""
+    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype is not None else None)
 
 
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:

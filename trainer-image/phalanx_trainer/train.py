@@ -25,6 +25,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
 from torch.nn.parallel import DistributedDataParallel
 
 from phalanx_trainer import contract
@@ -33,14 +34,23 @@ from phalanx_trainer.checkpoint.rng import RngState
 from phalanx_trainer.config import TrainerConfig, deterministic_enabled
 from phalanx_trainer.dataset import DataStream, build_source
 from phalanx_trainer.distenv import DistEnv
+from phalanx_trainer.hardware import device_peak_flops
 from phalanx_trainer.logs import EventLog
 from phalanx_trainer.metrics import MetricsServer, StepReport, TrainerMetrics
-from phalanx_trainer.models import build_model, model_flops_per_token, parallelize_plan
+from phalanx_trainer.models import model_flops_per_token, parallelize_plan
+from phalanx_trainer.models.initialize import build_for_sharding, initialise_after_sharding
 from phalanx_trainer.optim import optimizer_class_and_kwargs
 from phalanx_trainer.parallel_dims import SHARDED_DP_MODES, ParallelDims, device_for
 from phalanx_trainer.parallelize import apply_ddp, apply_fsdp
-from phalanx_trainer.precision import AUTOCAST_DTYPES, DynamicLossScaler, local_tensor
+from phalanx_trainer.precision import (
+    AUTOCAST_DTYPES,
+    DynamicLossScaler,
+    apply_autocast,
+    fsdp_mixed_precision,
+    local_tensor,
+)
 from phalanx_trainer.schedule import build_scheduler
+from phalanx_trainer.timing import PhaseTimer
 
 
 class ProgressState:
@@ -101,37 +111,47 @@ class Trainer:
             torch.set_num_threads(job.torch_threads)
         if deterministic_enabled(job, self.device.type):
             torch.use_deterministic_algorithms(True, warn_only=True)
+        # A sharded dp_mode shards over a single rank too when a process group exists (one GPU under
+        # bench/gpu_check.py): the same FSDP code path and mixed precision as on many.
+        shard_alone = par.dp_mode in SHARDED_DP_MODES and dist.is_initialized() and dist_env.world_size == 1
         self.mesh: DeviceMesh | None = (
-            self.dims.build_mesh(self.device.type) if self.dims.distributed else None
+            self.dims.build_mesh(self.device.type) if self.dims.distributed or shard_alone else None
         )
         self.pp_rank, self.dp_rank, self.tp_rank = self.dims.coordinates(dist_env.rank)
         self.accumulation = par.grad_accumulation_steps
 
-        # Same seed everywhere: every rank builds the same full model, then keeps its part of it,
-        # which is what makes sharded and pipelined runs start from the one-process weights.
-        torch.manual_seed(job.seed)
-        model = build_model(config.model).to(self.device)
+        # On the meta device when the model initialises per tensor (models/initialize.py): each rank
+        # allocates only its part after sharding, with the one-process values, whatever the layout.
+        # Otherwise every rank builds the whole model under the same seed and keeps its part.
+        model, on_meta = build_for_sharding(config.model, self.device, job.seed)
         self.flops_per_token = model_flops_per_token(model)
-        if hasattr(model, "autocast_dtype"):
-            setattr(model, "autocast_dtype", AUTOCAST_DTYPES[config.precision.dtype])  # noqa: B010
+        autocast_dtype = AUTOCAST_DTYPES[config.precision.dtype]
+        apply_autocast(model, self.device.type, autocast_dtype)  # any model, not only ours
         plan = parallelize_plan(model)  # the model's own split / TP / FSDP / compile plan
         if self.dims.pp_enabled:
             plan.split_for_stage(self.pp_rank, self.dims.pp)
+        self.loss_parallel = self.dims.tp_enabled  # logits stay vocabulary-split, pipelined or not
         if self.dims.tp_enabled:
             assert self.mesh is not None
-            plan.apply_tensor_parallel(self.mesh["tp"])
+            plan.apply_tensor_parallel(self.mesh["tp"], loss_parallel=self.loss_parallel)
         if config.model.compile:
             plan.apply_compile()
         self.model = model  # unwrapped: parameter names match a one-process model
         self.train_module: nn.Module = model
-        self.dp_group: Any = None
-        if self.mesh is not None and self.dims.dp_enabled:
-            dp_mesh = self.mesh["dp"]
-            self.dp_group = dp_mesh.get_group()
-            if par.dp_mode in SHARDED_DP_MODES:
-                apply_fsdp(model, plan.fsdp_units(), dp_mesh, reshard_after_forward=par.dp_mode == "fsdp")
-            else:
-                self.train_module = apply_ddp(model, dp_mesh, par.ddp_bucket_mb, self.device)
+        dp_mesh = self.mesh["dp"] if self.mesh is not None and (self.dims.dp_enabled or shard_alone) else None
+        self.dp_group = dp_mesh.get_group() if dp_mesh is not None and self.dims.dp_enabled else None
+        if dp_mesh is not None and par.dp_mode in SHARDED_DP_MODES:
+            apply_fsdp(
+                model,
+                plan.fsdp_units(),
+                dp_mesh,
+                reshard_after_forward=par.dp_mode == "fsdp",
+                mp_policy=fsdp_mixed_precision(autocast_dtype),
+            )
+        if on_meta:
+            initialise_after_sharding(model, self.device, job.seed)
+        if dp_mesh is not None and par.dp_mode not in SHARDED_DP_MODES:
+            self.train_module = apply_ddp(model, dp_mesh, par.ddp_bucket_mb, self.device)
         self.pp_group: Any = (
             self.mesh["pp"].get_group() if self.mesh is not None and self.dims.pp_enabled else None
         )
@@ -180,9 +200,12 @@ class Trainer:
             config.data.batch_size * config.model.seq_len * self.dims.dp * self.accumulation
         )
         self.samples_per_step = config.data.batch_size * self.dims.dp * self.accumulation
+        device_name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None
+        self.peak_flops = device_peak_flops(config.metrics.peak_flops, device_name)
         self.metrics = TrainerMetrics(
-            self.flops_per_token, config.metrics.peak_flops, dist_env.world_size, attempt=dist_env.attempt
+            self.flops_per_token, self.peak_flops, dist_env.world_size, attempt=dist_env.attempt
         )
+        self.timer = PhaseTimer(self.device)
         self.server: MetricsServer | None = None
         # DDP and ZeRO-1 replicas hold the same model: only the first data-parallel rank stages it.
         replicated = par.dp_mode in ("ddp", "zero1")
@@ -205,10 +228,14 @@ class Trainer:
             module.set_requires_gradient_sync(enabled)
         yield
 
+    def _loss_parallel(self) -> contextlib.AbstractContextManager[None]:
+        """Cross-entropy over vocabulary-split logits (forward and backward) under tensor parallelism."""
+        return loss_parallel() if self.loss_parallel else contextlib.nullcontext()
+
     def _pipeline_loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """One pipeline micro-batch's share of the step's mean loss."""
         loss = cross_entropy_fp32(output, targets)
-        self._pipeline_losses.append(loss.detach())
+        self._pipeline_losses.append(local_tensor(loss.detach()))
         shares = self.accumulation * self.config.parallelism.pp_microbatches
         return self.scaler.scale_loss(loss / shares)
 
@@ -221,10 +248,10 @@ class Trainer:
             if self.schedule is not None:
                 self._pipeline_step(inputs, targets, sync)
                 continue
-            with self._gradient_sync(sync):
+            with self._gradient_sync(sync), self._loss_parallel():
                 loss = cross_entropy_fp32(self.train_module(inputs), targets)
                 self.scaler.scale_loss(loss / self.accumulation).backward()  # type: ignore[no-untyped-call]
-            total += loss.detach()
+            total += local_tensor(loss.detach())
         if self.schedule is not None:
             return self._pipeline_mean_loss()
         return total / self.accumulation
@@ -243,6 +270,11 @@ class Trainer:
     def _pipeline_step(self, inputs: torch.Tensor, targets: torch.Tensor, sync: bool) -> None:
         """One schedule step over pp_microbatches; the schedule drives FSDP's gradient sync itself,
         so the accumulation switch goes to it as finalize_gradients."""
+        assert self.schedule is not None and self.stage is not None
+        with self._loss_parallel():  # the schedule runs the loss and its backward inside step()
+            self._schedule_step(inputs, targets, sync)
+
+    def _schedule_step(self, inputs: torch.Tensor, targets: torch.Tensor, sync: bool) -> None:
         assert self.schedule is not None and self.stage is not None
         if self.stage.is_first:
             self.schedule.step(
@@ -285,13 +317,15 @@ class Trainer:
         return float(value.item())
 
     def train_step(self) -> tuple[torch.Tensor, StepReport]:
-        began = time.perf_counter()
         self.data.take_wait_seconds()
+        self.timer.mark()
         local_loss = self.forward_backward()
-        backward_done = time.perf_counter()
+        self.timer.mark()
         learning_rate = float(self.scheduler.get_last_lr()[0])
         grad_norm, skipped = self.optimizer_step()
-        finished = time.perf_counter()
+        self.timer.mark()
+        # Device time on CUDA; the data wait is the host's, spent inside forward_backward.
+        forward_backward_seconds, optimizer_seconds = self.timer.seconds()
         data_wait = self.data.take_wait_seconds()
         self.progress.step += 1
         self.progress.tokens += self.tokens_per_step
@@ -304,8 +338,8 @@ class Trainer:
             loss_scale=self.scaler.scale,
             skipped=skipped,
             data_wait_seconds=data_wait,
-            forward_backward_seconds=backward_done - began - data_wait,
-            optimizer_seconds=finished - backward_done,
+            forward_backward_seconds=max(0.0, forward_backward_seconds - data_wait),
+            optimizer_seconds=optimizer_seconds,
             tokens=self.tokens_per_step,
             samples=self.samples_per_step,
         )
@@ -366,12 +400,14 @@ class Trainer:
             precision=config.precision.dtype,
             parameters=sum(p.numel() for p in self.model.parameters()),
             flops_per_token=self.flops_per_token,
+            peak_flops=self.peak_flops,
         )
         profiler = Profiler(
             config.metrics.profile_start_step, config.metrics.profile_steps, config.metrics.profile_dir
         )
         while self.progress.step < config.job.steps:
             profiler.before_step(self.progress.step + 1)
+            self.metrics.step_started(time.perf_counter())  # rates: wall time between step starts
             local_loss, report = self.train_step()
             profiler.after_step(report.step)
             self.metrics.record_step(report)

@@ -8,7 +8,6 @@ The plan that does so lives beside this file, in gpt_parallel.py.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 
 import torch
@@ -19,20 +18,19 @@ from torch.utils.checkpoint import checkpoint
 from phalanx_trainer.config import ModelConfig
 
 
-def autocast_context(
-    device: torch.device, dtype: torch.dtype | None
-) -> contextlib.AbstractContextManager[None]:
-    if dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=dtype)
+def _float(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    return None if tensor is None else tensor.float()
 
 
 class FP32LayerNorm(nn.LayerNorm):
-    """LayerNorm computed in fp32 whatever the autocast dtype, cast back afterwards."""
+    """LayerNorm computed in fp32 whatever the autocast dtype or FSDP's gathered parameter dtype,
+    cast back afterwards."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         with torch.autocast(device_type=x.device.type, enabled=False):
-            out = F.layer_norm(x.float(), self.normalized_shape, self.weight, self.bias, self.eps)
+            out = F.layer_norm(
+                x.float(), self.normalized_shape, _float(self.weight), _float(self.bias), self.eps
+            )
         return out.to(x.dtype)
 
 
@@ -94,7 +92,6 @@ class GPT(nn.Module):
         )
         self.ln_f: nn.Module | None = FP32LayerNorm(config.d_model)
         self.head: nn.Linear | None = nn.Linear(config.d_model, config.vocab_size, bias=False)
-        self.autocast_dtype: torch.dtype | None = None
         self.checkpoint_blocks = config.activation_checkpointing
         self.reset_parameters(config.init_std)
 
@@ -107,27 +104,37 @@ class GPT(nn.Module):
             elif isinstance(module, nn.Embedding):
                 nn.init.normal_(module.weight, std=std)
 
+    def init_parameter(self, name: str, tensor: torch.Tensor, generator: torch.Generator) -> None:
+        """Fills the whole parameter `name` as reset_parameters would: the trainer builds the model
+        on the meta device and initialises each tensor after sharding (models/initialize.py)."""
+        owner, _, kind = name.rpartition(".")
+        if owner.rsplit(".", 1)[-1].startswith("ln"):  # ln1, ln2, ln_f: FP32LayerNorm
+            tensor.fill_(1.0) if kind == "weight" else tensor.zero_()
+        elif kind == "bias":
+            tensor.zero_()
+        else:
+            tensor.normal_(0.0, self.config.init_std, generator=generator)
+
     def blocks(self) -> Iterator[nn.Module]:
         return iter(self.layers.values())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Token ids (first stage) or hidden states (later stages) -> logits (last) or hidden states."""
-        with autocast_context(x.device, self.autocast_dtype):
-            if self.tok_emb is not None and self.pos_emb is not None:
-                positions = torch.arange(x.shape[1], device=x.device)
-                h = self.tok_emb(x) + self.pos_emb(positions)
+        if self.tok_emb is not None and self.pos_emb is not None:
+            positions = torch.arange(x.shape[1], device=x.device)
+            h = self.tok_emb(x) + self.pos_emb(positions)
+        else:
+            h = x
+        block: nn.Module
+        for block in self.layers.values():
+            if self.checkpoint_blocks and torch.is_grad_enabled():
+                h = checkpoint(block, h, use_reentrant=False)  # type: ignore[assignment]
             else:
-                h = x
-            block: nn.Module
-            for block in self.layers.values():
-                if self.checkpoint_blocks and torch.is_grad_enabled():
-                    h = checkpoint(block, h, use_reentrant=False)  # type: ignore[assignment]
-                else:
-                    h = block(h)
-            if self.ln_f is not None:
-                h = self.ln_f(h)
-            if self.head is not None:
-                h = self.head(h)
+                h = block(h)
+        if self.ln_f is not None:
+            h = self.ln_f(h)
+        if self.head is not None:
+            h = self.head(h)
         out: torch.Tensor = h
         return out
 

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from phalanx_trainer.config import ModelConfig
-from phalanx_trainer.models.gpt import FP32LayerNorm, autocast_context
+from phalanx_trainer.models.gpt import FP32LayerNorm
 
 
 class MLP(nn.Module):
@@ -20,13 +20,25 @@ class MLP(nn.Module):
         self.fc2 = nn.Linear(hidden, config.d_model)
         self.norm = FP32LayerNorm(config.d_model)
         self.head = nn.Linear(config.d_model, config.vocab_size)
-        self.autocast_dtype: torch.dtype | None = None
+
+    def init_parameter(self, name: str, tensor: torch.Tensor, generator: torch.Generator) -> None:
+        """torch's own defaults, one whole tensor at a time (the trainer builds on the meta device):
+        N(0, 1) embeddings, LayerNorm ones and zeros, Linear U(-1/sqrt(fan_in), 1/sqrt(fan_in))."""
+        owner, _, kind = name.rpartition(".")
+        if owner == "embed":
+            tensor.normal_(0.0, 1.0, generator=generator)
+        elif owner == "norm":
+            tensor.fill_(1.0) if kind == "weight" else tensor.zero_()
+        else:
+            linear = self.get_submodule(owner)
+            assert isinstance(linear, nn.Linear)
+            bound = linear.in_features**-0.5
+            tensor.uniform_(-bound, bound, generator=generator)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        with autocast_context(tokens.device, self.autocast_dtype):
-            h = self.embed(tokens)
-            h = h + self.fc2(F.gelu(self.fc1(h)))
-            logits: torch.Tensor = self.head(self.norm(h))
+        h = self.embed(tokens)
+        h = h + self.fc2(F.gelu(self.fc1(h)))
+        logits: torch.Tensor = self.head(self.norm(h))
         return logits
 
     def flops_per_token(self) -> float:

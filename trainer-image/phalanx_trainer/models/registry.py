@@ -43,8 +43,15 @@ def parallelize_plan(model: nn.Module) -> ParallelizePlan:
 
 
 def model_flops_per_token(model: nn.Module) -> float:
-    """The model's own estimate when it has one, else 6 x parameters (forward + backward)."""
+    """The model's own estimate when it has one, else 6 x the parameters that multiply (forward and
+    backward): embedding tables are lookups and left out, unless a matmul shares them (a tied head)."""
     estimate = getattr(model, "flops_per_token", None)
     if callable(estimate):
         return float(estimate())
-    return 6.0 * sum(p.numel() for p in model.parameters())
+    multiplying: dict[int, int] = {}
+    for module in model.modules():
+        if isinstance(module, nn.Embedding | nn.EmbeddingBag):
+            continue
+        for param in module.parameters(recurse=False):
+            multiplying[id(param)] = param.numel()
+    return 6.0 * sum(multiplying.values())
