@@ -47,7 +47,7 @@ test-unit: $(STAMP) ## unit tests only (no cluster, no torch processes): seconds
 test-trainer: $(STAMP) ## trainer tests (torch.distributed on CPU with gloo)
 	$(PYTEST) -m trainer -q
 
-test-integration: $(STAMP) cluster-bin ## integration tests against the local control plane
+test-integration: system-deps $(STAMP) cluster-bin ## integration tests against the local control plane
 	$(PYTEST) -m integration -q
 
 test-e2e: system-deps $(STAMP) cluster-bin ## end-to-end: real training through the operator

@@ -46,6 +46,7 @@ command -v go >/dev/null || { echo "go is required to build the cluster binaries
 mkdir -p "${BIN}" "${WORK}"
 # One build at a time per cache: a second `make` (another checkout, a parallel test run) waits here,
 # then finds the binaries and builds nothing.
+command -v flock >/dev/null || { echo "flock (util-linux) is required to build the cluster binaries" >&2; exit 1; }
 exec 9>"${CACHE}/${KEY}/.lock"
 if ! flock -n 9; then
   echo "[cluster-bin] another build into ${BIN} is running; waiting for it" >&2

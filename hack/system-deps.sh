@@ -8,8 +8,9 @@
 set -euo pipefail
 
 # package -> a file it installs, so the check needs no dpkg (the file is what the node preloads)
+# (Debian's multiarch directory, as phalanx/devnode/preflight.py looks for it)
 declare -A PROVIDES=(
-  [libnss-wrapper]=/usr/lib/x86_64-linux-gnu/libnss_wrapper.so
+  [libnss-wrapper]="/usr/lib/$(uname -m)-linux-gnu/libnss_wrapper.so"
 )
 
 missing=()
@@ -28,10 +29,12 @@ if ! command -v apt-get >/dev/null; then
   exit 1
 fi
 echo "system-deps: installing ${missing[*]} (apt-get)" >&2
-if ! (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}") >/tmp/phalanx-system-deps.log 2>&1; then
-  echo "system-deps: apt-get could not install ${missing[*]}; see /tmp/phalanx-system-deps.log, then run: ${install_cmd}" >&2
+log=$(mktemp -t phalanx-system-deps.XXXXXX)
+if ! (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}") >"$log" 2>&1; then
+  echo "system-deps: apt-get could not install ${missing[*]}; see $log, then run: ${install_cmd}" >&2
   exit 1
 fi
+rm -f "$log"
 for pkg in "${missing[@]}"; do
   [[ -e "${PROVIDES[$pkg]}" ]] || { echo "system-deps: ${pkg} installed but ${PROVIDES[$pkg]} is absent" >&2; exit 1; }
 done

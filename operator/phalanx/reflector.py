@@ -119,6 +119,8 @@ class Reflector:
             _request_timeout=(10, READ_TIMEOUT_SECONDS),
         )
         self._response = response
+        if self._stop.is_set():  # stop() came while the request was on its way: it saw no response
+            self._interrupt_watch()
         try:
             for line in _lines(response):
                 event = json.loads(line)
