@@ -91,7 +91,12 @@ def test_missing_file_is_one_message(tmp_path: Path) -> None:
     assert "cannot read config file" in problem
 
 
-@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.toml")), ids=lambda p: p.name)
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.mark.parametrize(
+    "path", [*sorted(CONFIGS.glob("*.toml")), EXAMPLES / "demo-trainer.yaml"], ids=lambda p: p.name
+)
 def test_shipped_example_configs_are_valid(path: Path) -> None:
     config = load_config(path, [], None)
     assert config.job.steps > 0
@@ -153,7 +158,10 @@ def test_deterministic_algorithms_default_on_for_cpu_and_off_on_cuda() -> None:
     assert deterministic_enabled(forced_off, "cpu") is False
 
 
-def test_deterministic_setting_names_its_choices() -> None:
-    assert problems_of(None, ["job.deterministic=true"]) == [
-        "job.deterministic: expected a string, got True (one of auto, on, off)"
+def test_deterministic_setting_takes_booleans_as_on_and_off_and_names_its_choices() -> None:
+    """Configs written before `auto` existed say `deterministic: true` (YAML's bare on/off are booleans too)."""
+    assert load_config(None, ["job.deterministic=true"], 1).job.deterministic == "on"
+    assert load_config(None, ["job.deterministic=false"], 1).job.deterministic == "off"
+    assert problems_of(None, ["job.deterministic=1"]) == [
+        "job.deterministic: expected a string, got 1 (one of auto, on, off)"
     ]
