@@ -247,6 +247,8 @@ def build_config(raw: dict[str, Any]) -> tuple[TrainerConfig, list[str]]:
             if key not in hints:
                 problems.append(f"{section}.{key}: unknown key (known: {', '.join(hints)})")
                 continue
+            if isinstance(value, bool) and {"on", "off"} <= set(_CHOICES.get((section, key), ())):
+                value = "on" if value else "off"  # true/false (and YAML's bare on/off) in a switch
             coerced, problem = _coerce(value, hints[key], f"{section}.{key}")
             if problem and (section, key) in _CHOICES:
                 problem += f" (one of {', '.join(_CHOICES[section, key])})"
