@@ -45,6 +45,8 @@ def short_error(exc: BaseException) -> str:
 
 
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+REQUEST_TIMEOUT = (10.0, 60.0)  # connect, read: seconds
+LEASE_REQUEST_TIMEOUT = (2.0, 4.0)  # within a renew deadline of 10 s: a renewal gets two tries
 
 
 def count_requests(api_client: client.ApiClient, write_fence: Callable[[], None] | None = None) -> None:
@@ -56,6 +58,10 @@ def count_requests(api_client: client.ApiClient, write_fence: Callable[[], None]
     def counted(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
         if write_fence is not None and method.upper() not in READ_METHODS:
             write_fence()
+        if len(args) < 4 and kwargs.get("_request_timeout") is None and "watch=true" not in url.lower():
+            # Never wait forever (a half-open connection would hang a worker, or land a write long
+            # after the fence let it through); watches bring their own, longer timeout.
+            kwargs["_request_timeout"] = REQUEST_TIMEOUT
         endpoint = endpoint_template(url)
         try:
             response = send(method, url, *args, **kwargs)
@@ -294,7 +300,9 @@ class LeaseApi:
 
     def read(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            response = self.coordination.read_namespaced_lease(name, namespace, _preload_content=False)
+            response = self.coordination.read_namespaced_lease(
+                name, namespace, _preload_content=False, _request_timeout=LEASE_REQUEST_TIMEOUT
+            )
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -303,11 +311,12 @@ class LeaseApi:
         return lease
 
     def create(self, namespace: str, body: dict[str, Any]) -> None:
-        release(self.coordination.create_namespaced_lease(namespace, body, _preload_content=False))
+        release(self.coordination.create_namespaced_lease(
+            namespace, body, _preload_content=False, _request_timeout=LEASE_REQUEST_TIMEOUT))  # fmt: skip
 
     def replace(self, namespace: str, name: str, body: dict[str, Any]) -> None:
         release(
             self.coordination.replace_namespaced_lease(
-                name, namespace, cast(Any, body), _preload_content=False
+                name, namespace, body, _preload_content=False, _request_timeout=LEASE_REQUEST_TIMEOUT
             )
         )

@@ -211,3 +211,20 @@ def test_impossible_timings_are_refused() -> None:
     with pytest.raises(ValueError, match="renew deadline"):
         LeaderElector(MemoryLeases(), "ns", "l", "a", on_lost=lambda: None, duration_seconds=4,
                       renew_deadline_seconds=2.3, retry_period_seconds=2)  # fmt: skip
+
+
+def test_requests_get_a_timeout_unless_they_watch_or_bring_their_own() -> None:
+    from phalanx.k8s import REQUEST_TIMEOUT, count_requests
+
+    seen: list[Any] = []
+
+    class Client:
+        def call_api(self, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+            seen.append(kwargs.get("_request_timeout"))
+
+    api_client: Any = Client()
+    count_requests(api_client)
+    api_client.call_api("POST", "https://h/api/v1/namespaces/n/pods")
+    api_client.call_api("GET", "https://h/api/v1/pods?watch=true")
+    api_client.call_api("GET", "https://h/api/v1/pods", _request_timeout=(1, 2))
+    assert seen == [REQUEST_TIMEOUT, None, (1, 2)]
