@@ -172,8 +172,10 @@ def decide(
         b.phase("Suspended", "Suspended", "spec.runPolicy.suspend is true: pods deleted, status kept")
         return b.plan
     if status.get("phase") == "Suspended":
-        # Resumed: a fresh attempt, counted neither as failure nor as preemption.
+        # Resumed: a fresh attempt, counted neither as failure nor as preemption. The deadline's clock
+        # starts again when it runs (batch/v1 Job resets startTime on resume too).
         status["attempt"] = attempt + 1
+        status.pop("startTime", None)
         b.phase("Pending", "Resumed", "resumed after suspension; creating a new attempt")
         b.plan.delete_pods.extend(p["metadata"]["name"] for p in current.values() if not _deleting(p))
         return b.plan
@@ -238,32 +240,26 @@ def decide(
         return b.plan
 
     running = sum(o.kind in (OutcomeKind.RUNNING, OutcomeKind.SUCCEEDED) for o in outcomes)
-    gated = sum(is_gated(p) for p in current.values())
-    # minAvailable < replicas: the gang is admitted once that many pods are; the others keep their
-    # gate until there is room. The trainer needs every rank, so Running still means all of them.
-    if gated and len(current) - gated < spec.min_available:
+    # One pod still gated: the gang is not admitted (the trainer needs every rank). A pass stopped
+    # half-way through lifting the gates is finished by the next one.
+    if any(is_gated(p) for p in current.values()):
         message = status.get("admissionMessage") or "waiting for the whole gang to fit"
         b.condition("Admitted", "False", "WaitingForCapacity", message)
         b.phase("Pending", "WaitingForCapacity", message)
         return b.plan
     if not status.get("admittedTime"):
         status["admittedTime"] = b.now_iso
-    if gated:
-        admitted_message = (
-            f"{len(current) - gated}/{spec.replicas} pod(s) admitted (minAvailable {spec.min_available}); "
-            f"{gated} wait for room: {status.get('admissionMessage') or 'the next admission pass places them'}"
-        )
-    else:
-        status.pop("admissionMessage", None)
-        admitted_message = f"all {spec.replicas} pod(s) admitted together"
-    b.condition("Admitted", "True", "GangAdmitted", admitted_message)
+    status.pop("admissionMessage", None)
+    b.condition("Admitted", "True", "GangAdmitted", f"all {spec.replicas} pod(s) admitted together")
     if running >= spec.replicas:
         status.setdefault("startTime", b.now_iso)
         b.phase("Running", "AllWorkersRunning", f"{spec.replicas} worker(s) running, attempt {attempt}")
         return b.plan
 
     admitted_at = parse_iso(status.get("admittedTime")) or now
-    timeout = spec.scheduling.gang.timeout_seconds
+    # Only where Phalanx admitted the gang: an external scheduler's queue wait may be longer, and its
+    # PodGroup carries its own timeout.
+    timeout = spec.scheduling.gang.timeout_seconds if spec.scheduling.provider == "builtin" else 0
     if gang_timed_out(admitted_at, now, timeout, running, spec.replicas):
         timeouts = int(status.get("gangTimeouts") or 0) + 1
         status["gangTimeouts"] = timeouts
@@ -273,7 +269,8 @@ def decide(
         _new_attempt(b, current)
         b.phase("Pending", "GangTimeout", message, "Warning")
         return b.plan
-    b.recheck(admitted_at + timeout - now)
+    if timeout > 0:
+        b.recheck(admitted_at + timeout - now)
     if status.get("phase") != "Restarting" or running:
         message = f"{running}/{spec.replicas} worker(s) running"
         why = _unschedulable_message(current.values())
