@@ -347,6 +347,7 @@ class Controller:
             self.known_jobs.discard(key)  # nothing left to resync; TTL rides on recheck_after
         patch = status_diff(old_status, plan.status)
         if patch:
+            _failpoint_lose_status_write(key, patch)
             self._patch_job_status(namespace, name, patch)
         self._observe(namespace, name, old_status, plan.status)
         for event in plan.events:
@@ -776,6 +777,22 @@ def _failpoint_after_admit() -> None:
     if limit and _pods_admitted_here >= int(limit):
         log.error("failpoint: exiting after lifting %d gates", _pods_admitted_here)
         os._exit(3)
+
+
+_status_writes_lost: set[tuple[str, str]] = set()
+
+
+def _failpoint_lose_status_write(key: str, patch: dict[str, Any]) -> None:
+    """Test hook: PHALANX_FAILPOINT_LOSE_STATUS_WRITE=Failed,Restarting makes the first reconcile
+    status write per job that moves it to one of those phases fail before it reaches the API server,
+    as a dropped connection would (tests/integration/test_reliability.py)."""
+    phases = os.environ.get("PHALANX_FAILPOINT_LOSE_STATUS_WRITE")
+    phase = patch.get("phase")
+    if not phases or phase not in phases.split(",") or (key, phase) in _status_writes_lost:
+        return
+    _status_writes_lost.add((key, phase))
+    log.error("failpoint: status write of %s to %s lost", key, phase)
+    raise ConnectionResetError(f"failpoint: status write of {key} to {phase} lost")
 
 
 def _waits_for_admission(job: dict[str, Any]) -> bool:

@@ -280,3 +280,59 @@ def test_stale_status_written_by_someone_else_is_corrected_on_the_next_pass(
     assert restored["readySummary"] == "2/2" and restored["message"] == truthful["message"]
     assert restored["attempt"] == 0 and restored["restarts"] == {"failures": 0, "preemptions": 0}
     assert pod_uids(cluster, namespace, "truth") == uids
+
+
+# -- 6. decide, record, then act: a status write lost after a decision --------------------------------
+
+
+@pytest.fixture
+def operator_losing_status_writes(operator: OperatorProcess) -> Iterator[OperatorProcess]:
+    """The shared operator, restarted so that its first status write per job to Failed or Restarting
+    is lost before it reaches the API server."""
+    operator.stop()
+    operator.start(extra_env={"PHALANX_FAILPOINT_LOSE_STATUS_WRITE": "Failed,Restarting"})
+    try:
+        yield operator
+    finally:
+        operator.stop()
+        operator.start()
+
+
+def make_pod_exit(cluster: Cluster, ns: str, pod: str, code: int) -> None:
+    """kwok ends the pod a second later with `code`, as if its trainer had exited."""
+    cluster.kubectl("annotate", "pod", pod, "-n", ns, "--overwrite",
+                    "phalanx.dev/sim-run-for=1s", f"phalanx.dev/sim-exit-code={code}")  # fmt: skip
+
+
+def test_a_permanent_failure_whose_status_write_is_lost_still_fails_the_job(
+    cluster: Cluster, namespace: str, operator_losing_status_writes: OperatorProcess
+) -> None:
+    job = training_job("doomed", replicas=2, gpus=NO_GPUS, runPolicy={"terminationGracePeriodSeconds": 1})
+    cluster.apply(job, namespace)
+    wait_phase(cluster, namespace, "doomed", "Running")
+    make_pod_exit(cluster, namespace, "doomed-worker-0", 1)
+    # Had the operator stopped worker-1 before recording why, the next pass would read the missing
+    # pod as someone else's deletion: a preemption, and a restart around the failure.
+    status = wait_phase(cluster, namespace, "doomed", "Failed", timeout=60)
+    assert status["attempt"] == 0 and status["restarts"] == {"failures": 0, "preemptions": 0}, status
+    assert "exited with code 1" in status["message"], status["message"]
+    assert "failpoint: status write of" in current_log(operator_losing_status_writes), "the write was lost"
+
+
+def test_a_retryable_failure_whose_status_write_is_lost_is_still_counted_as_a_failure(
+    cluster: Cluster, namespace: str, operator_losing_status_writes: OperatorProcess
+) -> None:
+    job = training_job("flaky", replicas=2, gpus=NO_GPUS,
+                       runPolicy={"terminationGracePeriodSeconds": 1, "retryableExitCodes": [42]})  # fmt: skip
+    cluster.apply(job, namespace)
+    wait_phase(cluster, namespace, "flaky", "Running")
+    make_pod_exit(cluster, namespace, "flaky-worker-0", 42)
+    status = wait_for(
+        lambda: (s := job_status(cluster, namespace, "flaky")).get("attempt") == 1 and s,
+        timeout=60,
+        what="the gang restarted as attempt 1",
+    )
+    assert status["restarts"] == {"failures": 1, "preemptions": 0}, status
+    status = wait_phase(cluster, namespace, "flaky", "Running", timeout=60)
+    assert status["attempt"] == 1 and status["restarts"] == {"failures": 1, "preemptions": 0}, status
+    assert "failpoint: status write of" in current_log(operator_losing_status_writes), "the write was lost"
