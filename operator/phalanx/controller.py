@@ -10,6 +10,7 @@ from the API's replies; a reconcile asks the API for a job the store does not ha
 from __future__ import annotations
 
 import asyncio
+import copy
 import functools
 import json
 import logging
@@ -42,7 +43,7 @@ from phalanx.gang.capacity import NodeInfo, NodeInfoCache, PodDemand, Resources
 from phalanx.gang.on_creation import plan_on_creation
 from phalanx.gang.preemption import RunningGang, choose_victims
 from phalanx.gang.usage import UsageIndex
-from phalanx.k8s import KubeApi, short_error
+from phalanx.k8s import KubeApi, StatusConflict, short_error
 from phalanx.policy.pod_outcome import node_is_ready
 from phalanx.reconcile.conditions import set_condition
 from phalanx.reconcile.lifecycle import (
@@ -315,6 +316,25 @@ class Controller:
         spec = parse(TrainingJobSpec, job["spec"])
         ref = JobRef.of(job)
 
+        # Decide, record, then act: a deletion is explained in status before it is made, and only if
+        # the job is still the version decided on. Otherwise a lost write would leave the next pass
+        # reading the operator's own deletions as someone else's (a preemption, not the failure it was).
+        recorded = old_status
+        if plan.delete_pods or plan.force_delete_pods:
+            try:
+                stored = self._write_status(key, job, old_status, plan.status)
+            except StatusConflict:
+                return self._refreshed(key)
+            if stored is None:
+                self.forget(key)
+                return followups
+            # Told now: should a deletion below fail, the next pass starts from this status and
+            # would see no transition left to report.
+            self._observe(namespace, name, old_status, plan.status)
+            for event in plan.events:
+                self._record_event(job, event.type, event.reason, event.message, iso(now))
+            job, recorded, plan.events = stored, copy.deepcopy(plan.status), []
+
         uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
         grace = spec.run_policy.termination_grace_period_seconds
         for pod_name in plan.force_delete_pods:
@@ -345,11 +365,11 @@ class Controller:
             plan.status["progress"] = {**done, "step": done["totalSteps"], "percent": 100, "etaSeconds": 0}
         if plan.status.get("phase") in FINISHED_PHASES:
             self.known_jobs.discard(key)  # nothing left to resync; TTL rides on recheck_after
-        patch = status_diff(old_status, plan.status)
-        if patch:
-            _failpoint_lose_status_write(key, patch)
-            self._patch_job_status(namespace, name, patch)
-        self._observe(namespace, name, old_status, plan.status)
+        try:
+            self._write_status(key, job, recorded, plan.status)
+        except StatusConflict:
+            return self._refreshed(key)  # what was done is read back from the pods next time
+        self._observe(namespace, name, recorded, plan.status)
         for event in plan.events:
             self._record_event(job, event.type, event.reason, event.message, iso(now))
         if plan.delete_job:
@@ -361,6 +381,32 @@ class Controller:
         if plan.delete_pods or plan.force_delete_pods:
             followups.append(1.0)
         return followups
+
+    def _write_status(
+        self, key: str, job: dict[str, Any], old: dict[str, Any], new: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """Writes what changed from `old` to `new`, on condition that the job is still the version
+        read; returns the job as stored (unchanged when there was nothing to write), None when gone."""
+        patch = status_diff(old, new)
+        if not patch:
+            return job
+        _failpoint_lose_status_write(key, patch)
+        meta = job["metadata"]
+        stored = self.api.patch_job_status(
+            meta["namespace"], meta["name"], patch, meta.get("resourceVersion")
+        )
+        if stored is not None:
+            self.jobs.upsert(stored)
+        return stored
+
+    def _refreshed(self, key: str) -> list[float]:
+        """Someone wrote the job after it was read: read it again and decide once more, at once."""
+        namespace, name = key.split("/", 1)
+        fresh = self.api.get_job(namespace, name)
+        if fresh is not None:
+            self.jobs.upsert(fresh)
+        log.info("%s changed while it was being reconciled; deciding again", key)
+        return [0.0]
 
     def _create_gang(
         self, key: str, job: dict[str, Any], ref: JobRef, spec: TrainingJobSpec, plan: Plan, now: float

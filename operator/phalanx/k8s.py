@@ -91,6 +91,10 @@ def _status_of(response: Any) -> int | None:
     return status if isinstance(status, int) else None
 
 
+class StatusConflict(Exception):
+    """A conditional status write found a newer job than the one the decision was made on."""
+
+
 class KubeApi:
     def __init__(self, api_client: client.ApiClient) -> None:
         self.api_client = api_client
@@ -136,8 +140,14 @@ class KubeApi:
                 return None
             raise
 
-    def patch_job_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any] | None:
-        """Merge-patches status; returns the job as stored, None when it is gone."""
+    def patch_job_status(
+        self, namespace: str, name: str, status: dict[str, Any], resource_version: str | None = None
+    ) -> dict[str, Any] | None:
+        """Merge-patches status; returns the job as stored, None when it is gone. With
+        `resource_version`, only if the job is still that version (else StatusConflict)."""
+        body: dict[str, Any] = {"status": status}
+        if resource_version is not None:
+            body["metadata"] = {"resourceVersion": resource_version}  # the API server's precondition
         try:
             job: dict[str, Any] = self._json(
                 self.custom.patch_namespaced_custom_object_status(
@@ -146,13 +156,15 @@ class KubeApi:
                     namespace,
                     c.PLURAL,
                     name,
-                    {"status": status},
+                    body,
                     _content_type="application/merge-patch+json",
                     _preload_content=False,
                 )
             )
             return job
         except ApiException as exc:
+            if exc.status == 409 and resource_version is not None:
+                raise StatusConflict(f"{namespace}/{name} changed since version {resource_version}") from exc
             if exc.status != 404:
                 raise
             return None
