@@ -336,3 +336,77 @@ def test_a_retryable_failure_whose_status_write_is_lost_is_still_counted_as_a_fa
     status = wait_phase(cluster, namespace, "flaky", "Running", timeout=60)
     assert status["attempt"] == 1 and status["restarts"] == {"failures": 1, "preemptions": 0}, status
     assert "failpoint: status write of" in current_log(operator_losing_status_writes), "the write was lost"
+
+
+# -- 7. pod creations the API server refuses -----------------------------------------------------------
+
+
+def condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next((c for c in status.get("conditions") or [] if c["type"] == type_), {})
+
+
+def test_a_pod_template_the_api_server_refuses_is_reported_in_status_and_an_event(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    # Passes the CRD's schema, fails pod validation (422): requests above limits.
+    job = training_job("invalid", replicas=2, gpus=NO_GPUS)
+    job["spec"]["template"]["spec"]["containers"][0]["resources"] = {
+        "requests": {"cpu": "2"}, "limits": {"cpu": "1"}
+    }  # fmt: skip
+    cluster.apply(job, namespace)
+    status = wait_for(
+        lambda: (
+            condition(s := job_status(cluster, namespace, "invalid"), "PodsCreated").get("status") == "False"
+            and s
+        ),
+        timeout=30,
+        what="PodsCreated=False",
+    )
+    refused = condition(status, "PodsCreated")
+    assert refused["reason"] == "CreateRefused", refused
+    assert "must be less than or equal to cpu limit" in refused["message"], refused["message"]
+    warnings = [e for e in events_of(cluster, namespace, "invalid") if e["type"] == "Warning"]
+    assert any(e["reason"] == "CreateRefused" and "cpu limit" in e["message"] for e in warnings), warnings
+    assert not job_pods(cluster, namespace, "invalid")
+
+
+def test_a_gang_the_resource_quota_admits_only_half_of_is_reported_and_torn_down_after_the_gang_timeout(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    quota = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "one-pod"},
+             "spec": {"hard": {"pods": "1"}}}  # fmt: skip
+    cluster.apply(quota, namespace)
+    # The quota admission plugin refuses every pod until the quota controller has counted usage.
+    wait_for(lambda: cluster.get_json("resourcequota", "one-pod", "-n", namespace).get("status", {}).get("used"),
+             timeout=30, what="quota usage counted")  # fmt: skip
+    timeout = 10
+    job = training_job("half", replicas=2, gpus=1, scheduling={"gang": {"timeoutSeconds": timeout}})
+    cluster.apply(job, namespace)
+    status = wait_for(
+        lambda: (
+            condition(s := job_status(cluster, namespace, "half"), "PodsCreated").get("status") == "False"
+            and s
+        ),
+        timeout=30,
+        what="PodsCreated=False",
+    )
+    refused = condition(status, "PodsCreated")
+    assert refused["reason"] == "CreateRefused" and "exceeded quota" in refused["message"], refused
+    (created,) = job_pods(cluster, namespace, "half")
+    assert any(
+        e["reason"] == "CreateRefused" and "exceeded quota" in e["message"]
+        for e in events_of(cluster, namespace, "half")
+    )
+    # The half that exists holds its GPU for nothing: gone after the gang timeout, and retried later.
+    torn = wait_for(
+        lambda: (s := job_status(cluster, namespace, "half")).get("gangTimeouts") and s,
+        timeout=timeout + 30,
+        what="the partial gang torn down",
+    )
+    assert torn["attempt"] == 1 and torn["restarts"] == {"failures": 0, "preemptions": 0}, torn
+    assert "exceeded quota" in torn["message"], torn["message"]
+    wait_for(
+        lambda: created["metadata"]["uid"] not in pod_uids(cluster, namespace, "half").values(),
+        timeout=30,
+        what="the created pod deleted",
+    )

@@ -247,3 +247,34 @@ def test_gang_timeout_zero_turns_the_teardown_off() -> None:
     pending = [pod(0), pod(1, phase="Pending", spec={"nodeName": ""})]
     plan = decide(job(admitted, scheduling={"gang": {"timeoutSeconds": 0}}), pending, NODES, NOW)
     assert plan.delete_pods == [] and plan.status["attempt"] == 0 and plan.status["phase"] == "Admitted"
+
+
+def refused_at(ts: float) -> dict[str, Any]:
+    return {"type": "PodsCreated", "status": "False", "reason": "CreateRefused",
+            "message": 'pods "j-worker-1" is forbidden: exceeded quota', "lastTransitionTime": iso(ts)}  # fmt: skip
+
+
+def test_a_gang_created_only_in_part_keeps_trying_until_the_gang_timeout() -> None:
+    status = {"attempt": 0, "phase": "Pending", "conditions": [refused_at(NOW - 4)]}
+    plan = decide(job(status, scheduling={"gang": {"timeoutSeconds": 10}}), [pod(0)], NODES, NOW)
+    assert plan.create_indices == [1] and plan.delete_pods == []
+    assert plan.recheck_after is not None and plan.recheck_after <= 6
+
+
+def test_a_gang_created_only_in_part_is_torn_down_after_the_gang_timeout() -> None:
+    # The pod that was created holds its node's GPUs for nothing while its peer is refused.
+    status = {"attempt": 0, "phase": "Pending", "conditions": [refused_at(NOW - 11)]}
+    plan = decide(job(status, scheduling={"gang": {"timeoutSeconds": 10}}), [pod(0)], NODES, NOW)
+    assert plan.create_indices == [] and plan.delete_pods == ["j-worker-0"]
+    assert plan.status["attempt"] == 1 and plan.status["gangTimeouts"] == 1
+    assert plan.status["requeueAfter"] == iso(NOW + 10)
+    assert plan.status["restarts"] == {"failures": 0, "preemptions": 0}
+    assert "exceeded quota" in plan.status["message"]
+    # The next attempt's refusal starts its own clock.
+    assert not any(c["type"] == "PodsCreated" for c in plan.status["conditions"])
+
+
+def test_a_refused_creation_with_nothing_created_holds_nothing_and_keeps_trying() -> None:
+    status = {"attempt": 0, "phase": "Pending", "conditions": [refused_at(NOW - 3600)]}
+    plan = decide(job(status, scheduling={"gang": {"timeoutSeconds": 10}}), [], NODES, NOW)
+    assert plan.create_indices == [0, 1] and plan.status["attempt"] == 0
