@@ -19,7 +19,10 @@ import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
+
+from kubernetes.client import ApiException
 
 from phalanx import constants as c
 from phalanx import metrics
@@ -43,11 +46,12 @@ from phalanx.gang.capacity import NodeInfo, NodeInfoCache, PodDemand, Resources
 from phalanx.gang.on_creation import plan_on_creation
 from phalanx.gang.preemption import RunningGang, choose_victims
 from phalanx.gang.usage import UsageIndex
-from phalanx.k8s import KubeApi, StatusConflict, short_error
+from phalanx.k8s import KubeApi, StatusConflict, api_message, short_error
 from phalanx.policy.pod_outcome import node_is_ready
-from phalanx.reconcile.conditions import set_condition
+from phalanx.reconcile.conditions import get_condition, set_condition
 from phalanx.reconcile.lifecycle import (
     FINISHED_PHASES,
+    REASON_CREATE_REFUSED,
     Plan,
     decide,
     is_gated,
@@ -69,6 +73,7 @@ PROGRESS_TIMEOUT_SECONDS = 2.0  # a trainer busy on every core answers slowly
 PROGRESS_POLL_SECONDS = 1.0
 PREEMPTION_COOLDOWN_SECONDS = 15.0
 NAME_CONFLICT_RETRY_SECONDS = 10.0
+CREATE_REFUSED_RETRY_SECONDS = 5.0
 RETRY_BASE_SECONDS = 2.0
 RETRY_MAX_SECONDS = 60.0
 # Order value for a gang whose admission was interrupted: ahead of every PriorityClass (max 1e9).
@@ -343,10 +348,15 @@ class Controller:
             if pod_name not in plan.force_delete_pods:
                 self.api.delete_pod(namespace, pod_name, uids.get(pod_name), grace)
         if plan.create_indices:
-            taken = self._create_gang(key, job, ref, spec, plan, now)
+            outcomes = self._create_gang(key, job, ref, spec, plan, now)
+            taken = [o.pod for o in outcomes if o.taken]
+            refused = [o for o in outcomes if o.refused is not None]
             if taken:
                 self._report_name_conflict(job, plan.status, taken, now)
                 followups.append(NAME_CONFLICT_RETRY_SECONDS)
+            elif refused:
+                self._report_refused_creation(job, plan.status, refused, spec.replicas, now)
+                followups.append(CREATE_REFUSED_RETRY_SECONDS)
             elif self.pods.synced.is_set():
                 # The pods exist now (the store holds the API's replies): decide once more on them,
                 # so one status write says what this reconcile and the next would have written
@@ -356,7 +366,7 @@ class Controller:
                 if not (then.create_indices or then.delete_pods or then.force_delete_pods or then.delete_job):
                     then.events = merged_events([*plan.events, *then.events])
                     plan = then
-            if not taken:
+            if not taken and not refused:
                 followups.append(0.5)
 
         self._track_progress_target(key, pods, plan.status)
@@ -410,9 +420,9 @@ class Controller:
 
     def _create_gang(
         self, key: str, job: dict[str, Any], ref: JobRef, spec: TrainingJobSpec, plan: Plan, now: float
-    ) -> list[str]:
+    ) -> list[CreateOutcome]:
         """Creates the Service, the PodGroup (external schedulers) and the missing pods of the
-        attempt; returns the names held by pods another owner has."""
+        attempt; says, per pod, whether another owner's pod holds its name or the API refused it."""
         self.api.create_if_absent(build_headless_service(ref, spec))
         podgroup = build_podgroup(ref, spec)
         if podgroup is not None:
@@ -426,13 +436,13 @@ class Controller:
         if len(pods_to_create) == spec.replicas:
             pods_to_create = self._admit_on_creation(key, spec, pods_to_create, now)
         try:
-            taken = [name for name in self._create_pods(pods_to_create, ref.uid) if name is not None]
+            outcomes = self._create_pods(pods_to_create, ref.uid)
         finally:
             with self.admission_lock:
                 for pod in pods_to_create:
                     self.assumed.pop(f"{ref.namespace}/{pod['metadata']['name']}", None)
         self._admission_dirty_threadsafe()
-        return taken
+        return outcomes
 
     def _admit_on_creation(
         self, key: str, spec: TrainingJobSpec, pods: list[dict[str, Any]], now: float
@@ -475,23 +485,24 @@ class Controller:
         (the caller holds admission_lock, which guards self.assumed)."""
         return self.usage.used(self.assumed)
 
-    def _create_pods(self, pods: list[dict[str, Any]], owner_uid: str) -> list[str | None]:
-        """Creates the pods a few at a time (a 32-pod gang one by one waits on 32 round trips);
-        returns, per pod, its name when another owner's pod already holds it, else None."""
+    def _create_pods(self, pods: list[dict[str, Any]], owner_uid: str) -> list[CreateOutcome]:
+        """Creates the pods a few at a time (a 32-pod gang one by one waits on 32 round trips)."""
 
-        def create(pod: dict[str, Any]) -> str | None:
-            created = self.api.create_if_absent(pod)
+        def create(pod: dict[str, Any]) -> CreateOutcome:
+            meta = pod["metadata"]
+            try:
+                created = self.api.create_if_absent(pod)
+            except ApiException as exc:
+                if exc.status not in REFUSED_CREATE_STATUSES:
+                    raise
+                return CreateOutcome(meta["name"], refused=api_message(exc))
             if created is not None:
                 self.pods.upsert(created)
                 metrics.observe_pods_created()
                 _failpoint_after_pod_create()
-                return None
-            meta = pod["metadata"]
-            return (
-                meta["name"]
-                if self.api.pod_controller_uid(meta["namespace"], meta["name"]) not in (owner_uid, None)
-                else None
-            )
+                return CreateOutcome(meta["name"])
+            holder = self.api.pod_controller_uid(meta["namespace"], meta["name"])
+            return CreateOutcome(meta["name"], taken=holder not in (owner_uid, None))
 
         if os.environ.get("PHALANX_FAILPOINT_EXIT_AFTER_PODS") or len(pods) < 2:
             return [create(pod) for pod in pods]  # one by one: the failpoint counts them in order
@@ -527,6 +538,28 @@ class Controller:
         )  # fmt: skip
         if first_time:
             self._record_event(job, "Warning", "NameConflict", message, iso(now))
+
+    def _report_refused_creation(
+        self,
+        job: dict[str, Any],
+        status: dict[str, Any],
+        refused: list[CreateOutcome],
+        replicas: int,
+        now: float,
+    ) -> None:
+        """The API server refused pods (quota, admission policy, an invalid template): say so with its
+        words in the status about to be written and, the first time, in a Warning event. Creation is
+        retried; a gang left half-created is torn down after its gang timeout (lifecycle.py)."""
+        first = refused[0]
+        message = f"{len(refused)}/{replicas} pod(s) refused by the API server: {first.refused}"
+        previous = get_condition((job.get("status") or {}).get("conditions") or [], "PodsCreated")
+        status["message"] = message
+        status["conditions"] = set_condition(
+            status.get("conditions") or [], "PodsCreated", "False", REASON_CREATE_REFUSED, message, iso(now),
+            job["metadata"].get("generation"),
+        )  # fmt: skip
+        if previous is None or previous.get("message") != message:
+            self._record_event(job, "Warning", REASON_CREATE_REFUSED, message, iso(now))
 
     def _observe(self, namespace: str, name: str, old: dict[str, Any], new: dict[str, Any]) -> None:
         if old.get("phase") != new.get("phase") and new.get("phase"):
@@ -792,6 +825,19 @@ class Controller:
 
 
 _pods_created_here = 0
+
+
+# 403: ResourceQuota, Pod Security or another admission policy; 422: a template the pod API rejects.
+REFUSED_CREATE_STATUSES = frozenset((403, 422))
+
+
+@dataclass(frozen=True)
+class CreateOutcome:
+    """What became of one pod creation."""
+
+    pod: str
+    taken: bool = False  # another owner's pod holds the name
+    refused: str | None = None  # the API server's message when it refused the pod
 
 
 def _controlled_by(pod: dict[str, Any], uid: str) -> bool:

@@ -43,6 +43,15 @@ def short_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def api_message(exc: ApiException) -> str:
+    """The message of the API server's Status body (what kubectl prints), else the HTTP reason."""
+    try:
+        message = json.loads(exc.body or "{}").get("message")
+    except (ValueError, AttributeError):
+        message = None
+    return str(message or short_error(exc))[:900]
+
+
 def count_requests(api_client: client.ApiClient) -> None:
     """Counts every request of this client in phalanx_api_requests_total (endpoint: the path template,
     so the series stay few)."""

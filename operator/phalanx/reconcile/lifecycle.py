@@ -28,9 +28,12 @@ from phalanx.policy.pod_outcome import (
     gang_verdict,
     missing_pod_outcome,
 )
-from phalanx.reconcile.conditions import set_condition
+from phalanx.reconcile.conditions import get_condition, set_condition
 
 FINISHED_PHASES = ("Succeeded", "Failed")
+# PodsCreated=False reason: the API server refused a pod (403 quota or policy, 422 invalid); the I/O
+# layer sets it with the API's message.
+REASON_CREATE_REFUSED = "CreateRefused"
 GANG_BACKOFF_BASE_SECONDS = 10.0
 
 
@@ -206,6 +209,8 @@ def decide(
         if spec.scheduling.provider != "builtin":
             status.setdefault("admittedTime", b.now_iso)
         missing = [i for i in range(spec.replicas) if i not in current]
+        if missing and _partial_gang_timed_out(b, spec, current):
+            return b.plan
         if missing:
             b.plan.create_indices.extend(missing)
             if attempt == 0 or status.get("phase") not in ("Restarting",):
@@ -278,6 +283,39 @@ def decide(
             message += f"; the scheduler says: {why}"
         b.phase("Admitted", "GangAdmitted", message)
     return b.plan
+
+
+def _partial_gang_timed_out(b: _Builder, spec: TrainingJobSpec, current: dict[int, dict[str, Any]]) -> bool:
+    """The API server refused some of the attempt's pods (quota, admission policy) for longer than the
+    gang timeout while others exist: those hold their nodes for nothing. Tears the attempt down and
+    requeues it with backoff, as a gang timeout after admission does (builtin provider only)."""
+    refused = get_condition(b.status["conditions"], "PodsCreated")
+    timeout = spec.scheduling.gang.timeout_seconds
+    if (
+        not current
+        or spec.scheduling.provider != "builtin"
+        or timeout <= 0
+        or refused is None
+        or refused.get("status") != "False"
+        or refused.get("reason") != REASON_CREATE_REFUSED
+    ):
+        return False
+    since = parse_iso(refused.get("lastTransitionTime")) or b.now
+    if b.now < since + timeout:
+        b.recheck(since + timeout - b.now)
+        return False
+    timeouts = int(b.status.get("gangTimeouts") or 0) + 1
+    b.status["gangTimeouts"] = timeouts
+    b.status["requeueAfter"] = iso(requeue_at(b.now, timeouts, base=GANG_BACKOFF_BASE_SECONDS))
+    # The next attempt's refusal, if any, starts its own clock.
+    b.status["conditions"] = [x for x in b.status["conditions"] if x.get("type") != "PodsCreated"]
+    message = (
+        f"only {len(current)}/{spec.replicas} pod(s) could be created in {timeout}s "
+        f"({refused.get('message', '')}); gang torn down, retrying after {b.status['requeueAfter']}"
+    )
+    _new_attempt(b, current)
+    b.phase("Pending", "GangTimeout", message, "Warning")
+    return True
 
 
 def _unschedulable_message(pods: Any) -> str:
