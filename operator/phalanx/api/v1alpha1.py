@@ -22,18 +22,18 @@ _RESERVED_LIST = "[" + ", ".join(f"'{n}'" for n in c.RESERVED_ENV_NAMES) + "]"
 
 @dataclass
 class EnvVar:
-    """An environment variable of a container (the rest of Kubernetes' EnvVar is kept as given)."""
+    """An environment variable of a container (Kubernetes' EnvVar)."""
 
-    __preserve_unknown__ = True
+    __kubernetes_type__ = "io.k8s.api.core.v1.EnvVar"
     name: str = api_field("Variable name.", required=True, max_length=256)
     value: str | None = api_field("Variable value.", max_length=32768)
 
 
 @dataclass
 class Container:
-    """A container of the pod template. Fields beyond those listed are kept and passed to the pod."""
+    """A container of the pod template (Kubernetes' Container), checked at admission."""
 
-    __preserve_unknown__ = True
+    __kubernetes_type__ = "io.k8s.api.core.v1.Container"
     __rules__ = (
         Rule(
             f"!has(self.env) || self.env.all(e, !(e.name in {_RESERVED_LIST}))",
@@ -51,9 +51,10 @@ class Container:
 
 @dataclass
 class PodSpecTemplate:
-    """The pod spec of the template. Fields beyond those listed are kept and passed to the pods."""
+    """The pod spec of the template: Kubernetes' PodSpec (1.36), checked at admission; the operator
+    adds what gang scheduling and rendezvous need."""
 
-    __preserve_unknown__ = True
+    __kubernetes_type__ = "io.k8s.api.core.v1.PodSpec"
     __rules__ = (
         Rule(
             "self.containers.exists(x, x.name == 'trainer')",
@@ -75,10 +76,19 @@ class PodSpecTemplate:
 
 
 @dataclass
+class EmbeddedMetadata:
+    """Metadata of the pods made from the template: labels and annotations only (names, owners and
+    the rest are the operator's)."""
+
+    labels: dict[str, str] | None = api_field("Labels, added to the operator's own.")
+    annotations: dict[str, str] | None = api_field("Annotations.")
+
+
+@dataclass
 class PodTemplate:
     """The pod template every worker is made from (a PodTemplateSpec)."""
 
-    metadata: dict[str, Any] | None = api_field("Labels and annotations for the pods.")
+    metadata: EmbeddedMetadata | None = api_field("Labels and annotations for the pods.")
     spec: PodSpecTemplate = api_field("The pod spec.", required=True, factory=PodSpecTemplate)
 
 
