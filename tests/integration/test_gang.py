@@ -290,6 +290,64 @@ def test_higher_priority_gang_preempts_a_lower_one_which_resumes_as_the_next_att
     assert job_status(cluster, namespace, "high")["restarts"] == {"failures": 0, "preemptions": 0}
 
 
+HOLD = "phalanx.dev/test-hold"
+
+
+def test_preemption_evicts_the_victims_pods_and_tells_the_victim_who_preempted_it(
+    cluster: Cluster, namespace: str, operator: OperatorProcess, private_nodes: Any,
+    priority_classes: tuple[str, str],
+) -> None:  # fmt: skip
+    low_class, high_class = priority_classes
+    private_nodes.add(1, gpus=8)
+    placement = private_nodes.placement()
+    low = training_job("low", replicas=1, gpus=8, placement=placement,
+                       scheduling={"priorityClassName": low_class},
+                       runPolicy={"terminationGracePeriodSeconds": 5})  # fmt: skip
+    cluster.apply(low, namespace)
+    wait_phase(cluster, namespace, "low", "Running", timeout=30)
+    # A finalizer keeps the evicted pod visible (kwok removes a deleted pod at once otherwise).
+    cluster.kubectl("patch", "pod", "low-worker-0", "-n", namespace, "--type=merge",
+                    "-p", json.dumps({"metadata": {"finalizers": [HOLD]}}))  # fmt: skip
+    try:
+        high = training_job("high", replicas=1, gpus=8, run_for="4s", placement=placement,
+                            scheduling={"priorityClassName": high_class})  # fmt: skip
+        cluster.apply(high, namespace)
+        pod = wait_for(
+            lambda: (
+                (p := cluster.get_json("pod", "low-worker-0", "-n", namespace))["metadata"].get(
+                    "deletionTimestamp"
+                )
+                and p
+            ),
+            timeout=30,
+            what="the victim's pod being deleted",
+        )
+        # The Eviction API marks the pod, so the trainer and anyone watching know why it stops.
+        disruption = condition(pod, "DisruptionTarget")
+        assert disruption.get("status") == "True" and disruption.get("reason") == "EvictionByEvictionAPI", (
+            pod["status"].get("conditions")
+        )
+        said = f"preempted by {namespace}/high, priority 1000"
+        victim = wait_for(
+            lambda: (
+                condition(s := job_status(cluster, namespace, "low"), "Preempted").get("status") == "True"
+                and s
+            ),
+            timeout=30,
+            what="a Preempted condition on the victim",
+        )
+        assert said in condition(victim, "Preempted")["message"], victim
+        events = cluster.get_json("events", "-n", namespace, "--field-selector", "involvedObject.name=low")
+        assert any(said in e["message"] for e in events["items"] if e["reason"] == "PreemptedByPriority")
+    finally:
+        cluster.kubectl("patch", "pod", "low-worker-0", "-n", namespace, "--type=json",
+                        "-p", '[{"op": "remove", "path": "/metadata/finalizers"}]', check=False)  # fmt: skip
+    wait_phase(cluster, namespace, "high", "Running", timeout=30)
+    resumed = wait_phase(cluster, namespace, "low", "Running", timeout=60)
+    assert resumed["restarts"] == {"failures": 0, "preemptions": 1}
+    assert condition(resumed, "Preempted").get("status") == "False", "running again: no longer preempted"
+
+
 # -- node loss --------------------------------------------------------------------------------
 def test_node_deleted_under_a_running_gang_restarts_it_on_other_nodes(
     cluster: Cluster, namespace: str, operator: OperatorProcess, private_nodes: Any

@@ -32,6 +32,7 @@ NEEDED_IN_WATCHED_NAMESPACE = (
     ("patch", "trainingjobs.phalanx.dev", ("--subresource=status",)),
     ("create", "pods", ()),
     ("delete", "pods", ()),
+    ("create", "pods", ("--subresource=eviction",)),  # preemption goes through the Eviction API
     ("create", "services", ()),
     ("create", "events", ()),
     ("create", "events.events.k8s.io", ()),

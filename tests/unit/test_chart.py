@@ -356,6 +356,7 @@ def test_rbac_grants_what_the_operator_needs(value_set: str) -> None:
         ("phalanx.dev", "trainingjobs", ("get", "list", "watch", "patch", "update", "delete")),
         ("phalanx.dev", "trainingjobs/status", ("get", "patch", "update")),
         ("", "pods", ("get", "list", "watch", "create", "delete", "patch")),
+        ("", "pods/eviction", ("create",)),
         ("", "services", ("get", "list", "watch", "create", "delete")),
         ("", "events", ("create", "patch")),
         ("events.k8s.io", "events", ("create", "patch")),

@@ -278,3 +278,17 @@ def test_a_refused_creation_with_nothing_created_holds_nothing_and_keeps_trying(
     status = {"attempt": 0, "phase": "Pending", "conditions": [refused_at(NOW - 3600)]}
     plan = decide(job(status, scheduling={"gang": {"timeoutSeconds": 10}}), [], NODES, NOW)
     assert plan.create_indices == [0, 1] and plan.status["attempt"] == 0
+
+
+def test_a_preempted_job_running_again_is_no_longer_marked_preempted() -> None:
+    preempted = {"type": "Preempted", "status": "True", "reason": "PreemptedByPriority",
+                 "message": "preempted by ns/high, priority 1000", "lastTransitionTime": iso(NOW - 30)}  # fmt: skip
+    status = {**RUNNING, "phase": "Admitted", "attempt": 1, "createdAttempt": 1, "conditions": [preempted]}
+    plan = decide(job(status), [pod(0, attempt=1), pod(1, attempt=1)], NODES, NOW)
+    assert plan.status["phase"] == "Running"
+    cleared = next(c for c in plan.status["conditions"] if c["type"] == "Preempted")
+    assert cleared["status"] == "False" and cleared["reason"] == "Running"
+    # While it waits, the condition still says who preempted it.
+    plan = decide(job(status), [pod(0, attempt=1, phase="Pending"), pod(1, attempt=1)], NODES, NOW)
+    kept = next(c for c in plan.status["conditions"] if c["type"] == "Preempted")
+    assert kept["status"] == "True" and "ns/high" in kept["message"]
