@@ -44,7 +44,7 @@ from phalanx.cache import (
 from phalanx.gang.admission import GangRequest, admission_order, plan_admission
 from phalanx.gang.capacity import NodeInfo, NodeInfoCache, PodDemand, Resources
 from phalanx.gang.on_creation import plan_on_creation
-from phalanx.gang.preemption import RunningGang, choose_victims
+from phalanx.gang.preemption import RunningGang, choose_victims, preemption_message
 from phalanx.gang.usage import UsageIndex
 from phalanx.k8s import KubeApi, StatusConflict, api_message, short_error
 from phalanx.policy.pod_outcome import node_is_ready
@@ -52,6 +52,7 @@ from phalanx.reconcile.conditions import get_condition, set_condition
 from phalanx.reconcile.lifecycle import (
     FINISHED_PHASES,
     REASON_CREATE_REFUSED,
+    REASON_PREEMPTED_BY_PRIORITY,
     Plan,
     decide,
     is_gated,
@@ -799,23 +800,36 @@ class Controller:
         if choice is None:
             return
         for victim in choice.victims:
-            namespace, name = victim.split("/", 1)
             log.info("preempting %s for higher-priority %s", victim, head.key)
             self.preempting[victim] = now
-            job = next(
-                j for j in jobs if j["metadata"]["namespace"] == namespace and j["metadata"]["name"] == name
-            )
-            grace = parse(TrainingJobSpec, job["spec"]).run_policy.termination_grace_period_seconds
-            for pod in self.pods.indexed(victim):
-                self.api.delete_pod(namespace, pod["metadata"]["name"], pod["metadata"]["uid"], grace)
-            self._record_event(
-                job,
-                "Warning",
-                "PreemptedByPriority",
-                f"stopped to make room for higher-priority {head.key}",
-                iso(time.time()),
-            )
+            job = next(j for j in jobs if object_key(j) == victim)
+            self._stop_victim(job, preemption_message(head.key, head.priority))
             self._enqueue_threadsafe(victim)
+
+    def _stop_victim(self, job: dict[str, Any], message: str) -> None:
+        """Says on the victim who preempted it (a Preempted condition, then an event), then evicts its
+        pods with their grace period: the pods carry DisruptionTarget, the trainer checkpoints on
+        SIGTERM, and the victim's reconcile restarts it as a preemption."""
+        namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
+        key = object_key(job)
+        now_iso = iso(time.time())
+        conditions = set_condition((job.get("status") or {}).get("conditions") or [], "Preempted", "True",
+                                   REASON_PREEMPTED_BY_PRIORITY, message, now_iso, job["metadata"].get("generation"))  # fmt: skip
+        try:
+            self._write_status(key, job, {}, {"conditions": conditions})
+        except StatusConflict:
+            fresh = self.api.get_job(namespace, name)
+            if fresh is None:
+                return
+            self.jobs.upsert(fresh)
+            return  # the next pass decides again on what the job is now
+        self._record_event(job, "Warning", REASON_PREEMPTED_BY_PRIORITY, message, now_iso)
+        grace = parse(TrainingJobSpec, job["spec"]).run_policy.termination_grace_period_seconds
+        for pod in self.pods.indexed(key):
+            if not self.api.evict_pod(namespace, pod["metadata"]["name"], pod["metadata"]["uid"], grace):
+                log.warning(
+                    "eviction of %s/%s refused by a PodDisruptionBudget", namespace, pod["metadata"]["name"]
+                )
 
     def _enqueue_threadsafe(self, key: str) -> None:
         loop = self.loop

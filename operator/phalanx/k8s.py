@@ -249,6 +249,26 @@ class KubeApi:
             if exc.status not in (404, 409):
                 raise
 
+    def evict_pod(self, namespace: str, name: str, uid: str | None, grace_seconds: int | None) -> bool:
+        """Asks the Eviction API to stop the pod: the API server marks it DisruptionTarget
+        (EvictionByEvictionAPI) and honours PodDisruptionBudgets. False when a budget refuses it now
+        (429); a pod already gone counts as evicted."""
+        body = client.V1Eviction(
+            metadata=client.V1ObjectMeta(name=name, namespace=namespace),
+            delete_options=client.V1DeleteOptions(
+                grace_period_seconds=grace_seconds,
+                preconditions=client.V1Preconditions(uid=uid) if uid else None,
+            ),
+        )
+        try:
+            release(self.core.create_namespaced_pod_eviction(name, namespace, body, _preload_content=False))
+        except ApiException as exc:
+            if exc.status == 429:
+                return False
+            if exc.status not in (404, 409):
+                raise
+        return True
+
     def admit_pod(self, namespace: str, name: str, admitted_spec: dict[str, Any]) -> dict[str, Any] | None:
         """Writes the nodeSelector and gates of `admitted_spec` (builders.pods.admitted_pod) onto the
         gated pod in one JSON patch; returns the pod as stored, None when it is gone."""

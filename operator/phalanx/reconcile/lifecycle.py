@@ -34,6 +34,8 @@ FINISHED_PHASES = ("Succeeded", "Failed")
 # PodsCreated=False reason: the API server refused a pod (403 quota or policy, 422 invalid); the I/O
 # layer sets it with the API's message.
 REASON_CREATE_REFUSED = "CreateRefused"
+# Preempted=True reason, set by the admission pass on a victim before it evicts the victim's pods.
+REASON_PREEMPTED_BY_PRIORITY = "PreemptedByPriority"
 GANG_BACKOFF_BASE_SECONDS = 10.0
 
 
@@ -258,6 +260,9 @@ def decide(
     b.condition("Admitted", "True", "GangAdmitted", f"all {spec.replicas} pod(s) admitted together")
     if running >= spec.replicas:
         status.setdefault("startTime", b.now_iso)
+        preempted = get_condition(status["conditions"], "Preempted")
+        if preempted is not None and preempted.get("status") == "True":
+            b.condition("Preempted", "False", "Running", f"running again as attempt {attempt}")
         b.phase("Running", "AllWorkersRunning", f"{spec.replicas} worker(s) running, attempt {attempt}")
         return b.plan
 
