@@ -190,26 +190,70 @@ def squatter_pod(name: str, labels: dict[str, str]) -> dict[str, Any]:
     }
 
 
-def test_unowned_pod_with_the_jobs_labels_and_another_attempt_is_deleted_as_stale_then_the_job_runs(
+def name_conflict(cluster: Cluster, ns: str, job: str) -> dict[str, Any]:
+    status = job_status(cluster, ns, job)
+    found = next((c for c in status.get("conditions") or [] if c["type"] == "PodsCreated"), {})
+    return found if found.get("reason") == "NameConflict" else {}
+
+
+def test_unowned_pod_with_the_jobs_labels_is_a_name_conflict_never_adopted_or_deleted(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:
-    labels = {"phalanx.dev/job-name": "held", "phalanx.dev/attempt": "7", "phalanx.dev/replica-index": "0"}
+    # One rule everywhere: what this TrainingJob does not control is not its own, whatever its labels
+    # (a job of the same name deleted with --cascade=orphan leaves such pods, with another job's uid
+    # in their env). It is reported as a name conflict and left alone.
+    labels = {"phalanx.dev/job-name": "held", "phalanx.dev/attempt": "0", "phalanx.dev/replica-index": "0"}
     cluster.apply(squatter_pod("held-worker-0", labels), namespace)
     squatter_uid = cluster.get_json("pod", "held-worker-0", "-n", namespace)["metadata"]["uid"]
 
     cluster.apply(training_job("held", replicas=2, gpus=NO_GPUS), namespace)
-    # The pod carries the job's selector label, so the operator treats it as a leftover attempt:
-    # it deletes it (like a ReplicaSet adopting an orphan that matches its selector), then creates.
-    wait_phase(cluster, namespace, "held", "Running")
+    conflict = wait_for(lambda: name_conflict(cluster, namespace, "held"), timeout=30, what="a name conflict")
+    assert "held-worker-0" in conflict["message"], conflict
+    assert any("held-worker-0" in e["message"] for e in events_of(cluster, namespace, "held")
+               if e["reason"] == "NameConflict")  # fmt: skip
+    time.sleep(3)
+    assert cluster.get_json("pod", "held-worker-0", "-n", namespace)["metadata"]["uid"] == squatter_uid
+    assert job_status(cluster, namespace, "held").get("phase") in (None, "Pending")
+
+    cluster.kubectl("delete", "pod", "held-worker-0", "-n", namespace, "--wait=true")
+    status = wait_phase(cluster, namespace, "held", "Running", timeout=30)
     job_uid = cluster.get_json("tj", "held", "-n", namespace)["metadata"]["uid"]
-    pods = {p["metadata"]["name"]: p for p in job_pods(cluster, namespace, "held")}
-    assert sorted(pods) == ["held-worker-0", "held-worker-1"]
-    worker0 = pods["held-worker-0"]["metadata"]
+    worker0 = cluster.get_json("pod", "held-worker-0", "-n", namespace)["metadata"]
     assert worker0["uid"] != squatter_uid and worker0["ownerReferences"][0]["uid"] == job_uid
-    status = job_status(cluster, namespace, "held")
     assert status["attempt"] == 0 and status["restarts"] == {"failures": 0, "preemptions": 0}
-    said = [e["message"] for e in events_of(cluster, namespace, "held") if e["reason"] == "Restarting"]
-    assert any("previous attempt" in m for m in said), f"an event says why it waited: {said}"
+
+
+def test_a_service_another_owner_controls_is_a_name_conflict_not_adopted(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    owner = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "someone-else"}}
+    cluster.apply(owner, namespace)
+    owner_uid = cluster.get_json("configmap", "someone-else", "-n", namespace)["metadata"]["uid"]
+    service = {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "svc", "ownerReferences": [
+            {"apiVersion": "v1", "kind": "ConfigMap", "name": "someone-else", "uid": owner_uid, "controller": True}
+        ]},
+        "spec": {"selector": {"app": "someone-else"}, "ports": [{"port": 80}]},
+    }  # fmt: skip
+    cluster.apply(service, namespace)
+    cluster.apply(training_job("svc", replicas=2, gpus=NO_GPUS), namespace)
+
+    # Its selector is not the job's: the workers' names would never resolve through it.
+    conflict = wait_for(lambda: name_conflict(cluster, namespace, "svc"), timeout=30, what="a name conflict")
+    assert "service svc" in conflict["message"], conflict
+    assert any("service svc" in e["message"] for e in events_of(cluster, namespace, "svc")
+               if e["reason"] == "NameConflict")  # fmt: skip
+    assert not job_pods(cluster, namespace, "svc"), "no pod is created before the job has its Service"
+    kept = cluster.get_json("service", "svc", "-n", namespace)
+    assert kept["metadata"]["ownerReferences"][0]["uid"] == owner_uid
+
+    cluster.kubectl("delete", "service", "svc", "-n", namespace, "--wait=true")
+    wait_phase(cluster, namespace, "svc", "Running", timeout=30)
+    job_uid = cluster.get_json("tj", "svc", "-n", namespace)["metadata"]["uid"]
+    ours = cluster.get_json("service", "svc", "-n", namespace)
+    assert ours["metadata"]["ownerReferences"][0]["uid"] == job_uid
+    assert ours["spec"]["selector"] == {"phalanx.dev/job-name": "svc"}
 
 
 def test_foreign_pod_holding_a_worker_name_blocks_only_until_it_is_deleted(
