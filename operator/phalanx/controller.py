@@ -47,6 +47,7 @@ from phalanx.gang.on_creation import plan_on_creation
 from phalanx.gang.preemption import RunningGang, choose_victims, preemption_message
 from phalanx.gang.usage import UsageIndex
 from phalanx.k8s import KubeApi, StatusConflict, api_message, short_error
+from phalanx.policy.ownership import is_owned_by
 from phalanx.policy.pod_outcome import node_is_ready
 from phalanx.reconcile.conditions import get_condition, set_condition
 from phalanx.reconcile.lifecycle import (
@@ -312,7 +313,7 @@ class Controller:
         listed = (
             self.pods.indexed(key) if self.pods.synced.is_set() else self.api.list_job_pods(namespace, name)
         )
-        pods = [p for p in listed if _controlled_by(p, job["metadata"]["uid"])]
+        pods = [p for p in listed if is_owned_by(p, job["metadata"]["uid"])]
         now = time.time()
         old_status = dict(job.get("status") or {})
         if not old_status:
@@ -362,7 +363,7 @@ class Controller:
                 # The pods exist now (the store holds the API's replies): decide once more on them,
                 # so one status write says what this reconcile and the next would have written
                 # (all pods created; admitted, when admitted at creation).
-                pods = [p for p in self.pods.indexed(key) if _controlled_by(p, job["metadata"]["uid"])]
+                pods = [p for p in self.pods.indexed(key) if is_owned_by(p, job["metadata"]["uid"])]
                 then = decide({**job, "status": plan.status}, pods, nodes, now)
                 if not (then.create_indices or then.delete_pods or then.force_delete_pods or then.delete_job):
                     then.events = merged_events([*plan.events, *then.events])
@@ -424,10 +425,14 @@ class Controller:
     ) -> list[CreateOutcome]:
         """Creates the Service, the PodGroup (external schedulers) and the missing pods of the
         attempt; says, per pod, whether another owner's pod holds its name or the API refused it."""
-        self.api.create_if_absent(build_headless_service(ref, spec))
-        podgroup = build_podgroup(ref, spec)
-        if podgroup is not None:
-            self.api.create_if_absent(podgroup)
+        for manifest in (build_headless_service(ref, spec), build_podgroup(ref, spec)):
+            if manifest is None or self.api.create_if_absent(manifest) is not None:
+                continue
+            held = self.api.read_like(manifest)  # it existed: ours, or someone else's (ownership.py)
+            if held is not None and not is_owned_by(held, ref.uid):
+                return [
+                    CreateOutcome(f"{manifest['kind'].lower()} {manifest['metadata']['name']}", taken=True)
+                ]
         attempt = int(plan.status["attempt"])
         template = job["spec"].get("template") or {}
         pods_to_create = [
@@ -502,8 +507,10 @@ class Controller:
                 metrics.observe_pods_created()
                 _failpoint_after_pod_create()
                 return CreateOutcome(meta["name"])
-            holder = self.api.pod_controller_uid(meta["namespace"], meta["name"])
-            return CreateOutcome(meta["name"], taken=holder not in (owner_uid, None))
+            held = self.api.read_like(pod)  # None: gone meanwhile, created on the next pass
+            return CreateOutcome(
+                f"pod {meta['name']}", taken=held is not None and not is_owned_by(held, owner_uid)
+            )
 
         if os.environ.get("PHALANX_FAILPOINT_EXIT_AFTER_PODS") or len(pods) < 2:
             return [create(pod) for pod in pods]  # one by one: the failpoint counts them in order
@@ -525,11 +532,12 @@ class Controller:
     def _report_name_conflict(
         self, job: dict[str, Any], status: dict[str, Any], taken: list[str], now: float
     ) -> None:
-        """A pod not owned by this job holds a worker's name: say so in the status about to be written
-        and, the first time, in an Event; then wait for it to go."""
+        """An object this job does not control holds a name it needs (a worker pod's, its Service's,
+        its PodGroup's; policy/ownership.py): say so in the status about to be written and, the first
+        time, in an Event; then wait for it to go."""
         message = (
-            f"pod(s) {', '.join(taken)} exist but do not belong to this TrainingJob; delete or rename them "
-            "and the job continues"
+            f"{', '.join(taken)} hold(s) a name this TrainingJob needs but belong(s) to someone else; "
+            "delete or rename it and the job continues"
         )
         first_time = (job.get("status") or {}).get("message") != message
         status["message"] = message
@@ -658,6 +666,11 @@ class Controller:
         """The value of the job's PriorityClass as the last admission pass read it."""
         return self.priorities.get(spec.scheduling.priority_class_name or "", 0)
 
+    def own_pods(self, job: dict[str, Any]) -> list[dict[str, Any]]:
+        """The job's pods in the store: labelled for it and controlled by it (policy/ownership.py)."""
+        uid = job["metadata"].get("uid", "")
+        return [p for p in self.pods.indexed(object_key(job)) if is_owned_by(p, uid)]
+
     def _stores_synced(self) -> bool:
         return all(store.synced.is_set() for store in (self.jobs, self.pods, self.nodes))
 
@@ -687,7 +700,7 @@ class Controller:
                 key = object_key(job)
                 spec = parse(TrainingJobSpec, job["spec"])
                 attempt = (job.get("status") or {}).get("attempt", 0)
-                current = [p for p in self.pods.indexed(key) if pod_attempt(p) == attempt]
+                current = [p for p in self.own_pods(job) if pod_attempt(p) == attempt]
                 pods = [p for p in current if is_gated(p)]
                 if len(current) < spec.replicas or not pods:
                     continue  # still being created (or torn down): never admit half a gang
@@ -789,7 +802,7 @@ class Controller:
             spec = parse(TrainingJobSpec, job["spec"])
             bound = [
                 (p["metadata"]["name"], p["spec"]["nodeName"], PodDemand.from_pod_spec(p["spec"]))
-                for p in self.pods.indexed(key)
+                for p in self.own_pods(job)
                 if pod_attempt(p) == status.get("attempt", 0) and p.get("spec", {}).get("nodeName")
             ]
             if bound:
@@ -825,7 +838,7 @@ class Controller:
             return  # the next pass decides again on what the job is now
         self._record_event(job, "Warning", REASON_PREEMPTED_BY_PRIORITY, message, now_iso)
         grace = parse(TrainingJobSpec, job["spec"]).run_policy.termination_grace_period_seconds
-        for pod in self.pods.indexed(key):
+        for pod in self.own_pods(job):
             if not self.api.evict_pod(namespace, pod["metadata"]["name"], pod["metadata"]["uid"], grace):
                 log.warning(
                     "eviction of %s/%s refused by a PodDisruptionBudget", namespace, pod["metadata"]["name"]
@@ -852,12 +865,6 @@ class CreateOutcome:
     pod: str
     taken: bool = False  # another owner's pod holds the name
     refused: str | None = None  # the API server's message when it refused the pod
-
-
-def _controlled_by(pod: dict[str, Any], uid: str) -> bool:
-    owners = pod.get("metadata", {}).get("ownerReferences") or []
-    controller = next((o for o in owners if o.get("controller")), None)
-    return controller is None or controller.get("uid") == uid
 
 
 def _failpoint_after_pod_create() -> None:

@@ -227,16 +227,28 @@ class KubeApi:
         created: dict[str, Any] = self._json(response)
         return created
 
-    def pod_controller_uid(self, namespace: str, name: str) -> str | None:
-        """The uid of the pod's controlling owner; "" when it has none, None when the pod is absent."""
+    def read_like(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
+        """The stored object of the manifest's kind, namespace and name; None when absent."""
+        meta = manifest["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        response: Any
         try:
-            pod = self._json(self.core.read_namespaced_pod(name, namespace, _preload_content=False))
+            if manifest["kind"] == "Pod":
+                response = self.core.read_namespaced_pod(name, namespace, _preload_content=False)
+            elif manifest["kind"] == "Service":
+                response = self.core.read_namespaced_service(name, namespace, _preload_content=False)
+            else:
+                group, version = manifest["apiVersion"].split("/")
+                plural = manifest["kind"].lower() + "s"
+                response = self.custom.get_namespaced_custom_object(
+                    group, version, namespace, plural, name, _preload_content=False
+                )
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
-        owners = pod.get("metadata", {}).get("ownerReferences") or []
-        return next((str(o.get("uid")) for o in owners if o.get("controller")), "")
+        stored: dict[str, Any] = self._json(response)
+        return stored
 
     def delete_pod(self, namespace: str, name: str, uid: str | None, grace_seconds: int | None) -> None:
         body = client.V1DeleteOptions(
