@@ -404,7 +404,7 @@ class TrainingJobStatus:
         enum=("Pending", "Admitted", "Running", "Restarting", "Succeeded", "Failed", "Suspended"),
     )
     conditions: list[Condition] | None = api_field(
-        "Admitted, Running, Restarting, Succeeded, Failed, Suspended with reasons.",
+        "Admitted, PodsCreated, Preempted, Running, Restarting, Succeeded, Failed, Suspended, with reasons.",
         extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     attempt: int | None = api_field("Current attempt: 0 first, +1 on every gang restart.")
