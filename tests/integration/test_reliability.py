@@ -448,7 +448,12 @@ def test_a_gang_the_resource_quota_admits_only_half_of_is_reported_and_torn_down
         what="the partial gang torn down",
     )
     assert torn["attempt"] == 1 and torn["restarts"] == {"failures": 0, "preemptions": 0}, torn
-    assert "exceeded quota" in torn["message"], torn["message"]
+    said = wait_for(
+        lambda: [e["message"] for e in events_of(cluster, namespace, "half") if e["reason"] == "GangTimeout"],
+        timeout=10,
+        what="a GangTimeout event",
+    )
+    assert any("only 1/2 pod(s) could be created" in m and "exceeded quota" in m for m in said), said
     wait_for(
         lambda: created["metadata"]["uid"] not in pod_uids(cluster, namespace, "half").values(),
         timeout=30,
