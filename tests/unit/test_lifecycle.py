@@ -270,6 +270,7 @@ def test_a_gang_created_only_in_part_is_torn_down_after_the_gang_timeout() -> No
     assert plan.status["requeueAfter"] == iso(NOW + 10)
     assert plan.status["restarts"] == {"failures": 0, "preemptions": 0}
     assert "exceeded quota" in plan.status["message"]
+    assert [(e.type, e.reason) for e in plan.events] == [("Warning", "GangTimeout")]
     # The next attempt's refusal starts its own clock.
     assert not any(c["type"] == "PodsCreated" for c in plan.status["conditions"])
 

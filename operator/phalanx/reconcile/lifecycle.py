@@ -319,6 +319,8 @@ def _partial_gang_timed_out(b: _Builder, spec: TrainingJobSpec, current: dict[in
         f"({refused.get('message', '')}); gang torn down, retrying after {b.status['requeueAfter']}"
     )
     _new_attempt(b, current)
+    if b.old.get("phase") == "Pending":  # no phase change, so phase() tells no one: a teardown is news
+        b.plan.events.append(Event("Warning", "GangTimeout", message))
     b.phase("Pending", "GangTimeout", message, "Warning")
     return True
 
