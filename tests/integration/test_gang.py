@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -290,7 +291,40 @@ def test_higher_priority_gang_preempts_a_lower_one_which_resumes_as_the_next_att
     assert job_status(cluster, namespace, "high")["restarts"] == {"failures": 0, "preemptions": 0}
 
 
-HOLD = "phalanx.dev/test-hold"
+class PodHistory:
+    """Every version of the namespace's pods a watch delivers, kept after the pods are gone (kwok
+    removes a deleted pod at once, so a condition set just before deletion is seen only this way)."""
+
+    def __init__(self, cluster: Cluster, namespace: str) -> None:
+        from kubernetes import client, watch
+
+        self.versions: list[Any] = []
+        self._watch = watch.Watch()
+        core = client.CoreV1Api(cluster.api())
+
+        def record() -> None:
+            try:
+                for event in self._watch.stream(core.list_namespaced_pod, namespace, timeout_seconds=120):
+                    self.versions.append(event["object"])
+            except Exception:  # noqa: BLE001 - the stream ends when stopped; what it saw is kept
+                pass
+
+        self._thread = threading.Thread(target=record, daemon=True)
+
+    def __enter__(self) -> PodHistory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._watch.stop()
+
+    def conditions(self, pod: str) -> set[tuple[str, str, str]]:
+        return {
+            (c.type, c.status, c.reason or "")
+            for v in list(self.versions)
+            if v.metadata.name == pod
+            for c in (v.status.conditions or [])
+        }
 
 
 def test_preemption_evicts_the_victims_pods_and_tells_the_victim_who_preempted_it(
@@ -305,43 +339,29 @@ def test_preemption_evicts_the_victims_pods_and_tells_the_victim_who_preempted_i
                        runPolicy={"terminationGracePeriodSeconds": 5})  # fmt: skip
     cluster.apply(low, namespace)
     wait_phase(cluster, namespace, "low", "Running", timeout=30)
-    # A finalizer keeps the evicted pod visible (kwok removes a deleted pod at once otherwise).
-    cluster.kubectl("patch", "pod", "low-worker-0", "-n", namespace, "--type=merge",
-                    "-p", json.dumps({"metadata": {"finalizers": [HOLD]}}))  # fmt: skip
-    try:
+    with PodHistory(cluster, namespace) as history:
         high = training_job("high", replicas=1, gpus=8, run_for="4s", placement=placement,
                             scheduling={"priorityClassName": high_class})  # fmt: skip
         cluster.apply(high, namespace)
-        pod = wait_for(
-            lambda: (
-                (p := cluster.get_json("pod", "low-worker-0", "-n", namespace))["metadata"].get(
-                    "deletionTimestamp"
-                )
-                and p
-            ),
-            timeout=30,
-            what="the victim's pod being deleted",
-        )
         # The Eviction API marks the pod, so the trainer and anyone watching know why it stops.
-        disruption = condition(pod, "DisruptionTarget")
-        assert disruption.get("status") == "True" and disruption.get("reason") == "EvictionByEvictionAPI", (
-            pod["status"].get("conditions")
-        )
-        said = f"preempted by {namespace}/high, priority 1000"
-        victim = wait_for(
+        wait_for(
             lambda: (
-                condition(s := job_status(cluster, namespace, "low"), "Preempted").get("status") == "True"
-                and s
+                ("DisruptionTarget", "True", "EvictionByEvictionAPI") in history.conditions("low-worker-0")
             ),
             timeout=30,
-            what="a Preempted condition on the victim",
+            what="the victim's pod marked DisruptionTarget by the Eviction API",
         )
-        assert said in condition(victim, "Preempted")["message"], victim
-        events = cluster.get_json("events", "-n", namespace, "--field-selector", "involvedObject.name=low")
-        assert any(said in e["message"] for e in events["items"] if e["reason"] == "PreemptedByPriority")
-    finally:
-        cluster.kubectl("patch", "pod", "low-worker-0", "-n", namespace, "--type=json",
-                        "-p", '[{"op": "remove", "path": "/metadata/finalizers"}]', check=False)  # fmt: skip
+    said = f"preempted by {namespace}/high, priority 1000"
+    victim = wait_for(
+        lambda: (
+            condition(s := job_status(cluster, namespace, "low"), "Preempted").get("status") == "True" and s
+        ),
+        timeout=30,
+        what="a Preempted condition on the victim",
+    )
+    assert said in condition(victim, "Preempted")["message"], victim
+    events = cluster.get_json("events", "-n", namespace, "--field-selector", "involvedObject.name=low")
+    assert any(said in e["message"] for e in events["items"] if e["reason"] == "PreemptedByPriority")
     wait_phase(cluster, namespace, "high", "Running", timeout=30)
     resumed = wait_phase(cluster, namespace, "low", "Running", timeout=60)
     assert resumed["restarts"] == {"failures": 0, "preemptions": 1}
