@@ -289,6 +289,9 @@ def test_a_preempted_job_running_again_is_no_longer_marked_preempted() -> None:
     assert plan.status["phase"] == "Running"
     cleared = next(c for c in plan.status["conditions"] if c["type"] == "Preempted")
     assert cleared["status"] == "False" and cleared["reason"] == "Running"
+    # Between the condition and the eviction the victim still runs: the condition stays.
+    plan = decide(job({**status, "phase": "Running"}), [pod(0, attempt=1), pod(1, attempt=1)], NODES, NOW)
+    assert next(c for c in plan.status["conditions"] if c["type"] == "Preempted")["status"] == "True"
     # While it waits, the condition still says who preempted it.
     plan = decide(job(status), [pod(0, attempt=1, phase="Pending"), pod(1, attempt=1)], NODES, NOW)
     kept = next(c for c in plan.status["conditions"] if c["type"] == "Preempted")

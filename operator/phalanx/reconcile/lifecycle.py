@@ -260,8 +260,10 @@ def decide(
     b.condition("Admitted", "True", "GangAdmitted", f"all {spec.replicas} pod(s) admitted together")
     if running >= spec.replicas:
         status.setdefault("startTime", b.now_iso)
+        # Only on the way back to Running: the victim is still Running between the condition and
+        # the eviction of its pods.
         preempted = get_condition(status["conditions"], "Preempted")
-        if preempted is not None and preempted.get("status") == "True":
+        if b.old.get("phase") != "Running" and preempted is not None and preempted.get("status") == "True":
             b.condition("Preempted", "False", "Running", f"running again as attempt {attempt}")
         b.phase("Running", "AllWorkersRunning", f"{spec.replicas} worker(s) running, attempt {attempt}")
         return b.plan
