@@ -22,8 +22,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from kubernetes.client import ApiException
-
 from phalanx import constants as c
 from phalanx import metrics
 from phalanx.api.schema import parse
@@ -46,7 +44,7 @@ from phalanx.gang.capacity import NodeInfo, NodeInfoCache, PodDemand, Resources
 from phalanx.gang.on_creation import plan_on_creation
 from phalanx.gang.preemption import RunningGang, choose_victims, preemption_message
 from phalanx.gang.usage import UsageIndex
-from phalanx.k8s import KubeApi, StatusConflict, api_message, short_error
+from phalanx.k8s import CreationRefused, KubeApi, StatusConflict, short_error
 from phalanx.policy.ownership import is_owned_by
 from phalanx.policy.pod_outcome import node_is_ready
 from phalanx.reconcile.conditions import get_condition, set_condition
@@ -426,8 +424,14 @@ class Controller:
         """Creates the Service, the PodGroup (external schedulers) and the missing pods of the
         attempt; says, per pod, whether another owner's pod holds its name or the API refused it."""
         for manifest in (build_headless_service(ref, spec), build_podgroup(ref, spec)):
-            if manifest is None or self.api.create_if_absent(manifest) is not None:
+            if manifest is None:
                 continue
+            try:
+                if self.api.create_if_absent(manifest) is not None:
+                    continue
+            except CreationRefused as refusal:  # reported as a refused pod is: nothing runs without it
+                return [CreateOutcome(f"{manifest['kind'].lower()} {manifest['metadata']['name']}",
+                                      refused=refusal.message)]  # fmt: skip
             held = self.api.read_like(manifest)  # it existed: ours, or someone else's (ownership.py)
             if held is not None and not is_owned_by(held, ref.uid):
                 return [
@@ -498,10 +502,8 @@ class Controller:
             meta = pod["metadata"]
             try:
                 created = self.api.create_if_absent(pod)
-            except ApiException as exc:
-                if exc.status not in REFUSED_CREATE_STATUSES:
-                    raise
-                return CreateOutcome(meta["name"], refused=api_message(exc))
+            except CreationRefused as refusal:
+                return CreateOutcome(meta["name"], refused=refusal.message)
             if created is not None:
                 self.pods.upsert(created)
                 metrics.observe_pods_created()
@@ -852,10 +854,6 @@ class Controller:
 
 
 _pods_created_here = 0
-
-
-# 403: ResourceQuota, Pod Security or another admission policy; 422: a template the pod API rejects.
-REFUSED_CREATE_STATUSES = frozenset((403, 422))
 
 
 @dataclass(frozen=True)

@@ -100,6 +100,19 @@ def _status_of(response: Any) -> int | None:
     return status if isinstance(status, int) else None
 
 
+class CreationRefused(Exception):
+    """The API server refused to create an object: 403 (ResourceQuota, Pod Security or another
+    admission policy) or 422 (invalid). `message` is the API server's own."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+REFUSED_CREATE_STATUSES = frozenset((403, 422))
+
+
 class StatusConflict(Exception):
     """A conditional status write found a newer job than the one the decision was made on."""
 
@@ -202,7 +215,7 @@ class KubeApi:
 
     def create_if_absent(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
         """Creates a namespaced object and returns it as stored; None when it already exists
-        (idempotent retries)."""
+        (idempotent retries); CreationRefused when the API server will not have it."""
         namespace = manifest["metadata"]["namespace"]
         response: Any
         try:
@@ -223,6 +236,8 @@ class KubeApi:
         except ApiException as exc:
             if exc.status == 409:
                 return None
+            if exc.status in REFUSED_CREATE_STATUSES:
+                raise CreationRefused(exc.status, api_message(exc)) from exc
             raise
         created: dict[str, Any] = self._json(response)
         return created
