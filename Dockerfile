@@ -14,8 +14,13 @@ COPY requirements-dev.txt ./
 COPY operator/ ./operator/
 # requirements-dev.txt serves as a constraints file: it pins the operator's runtime dependencies
 # to the versions the tests ran with, without installing the development tools it also lists.
+# The development cluster, development node and demo (phalanx.devcluster, phalanx.devnode,
+# phalanx.demo) are tools for a developer's machine: the production image does not ship them.
 RUN python -m venv /opt/phalanx \
-    && /opt/phalanx/bin/pip install --no-cache-dir --constraint requirements-dev.txt ./operator
+    && /opt/phalanx/bin/pip install --no-cache-dir --constraint requirements-dev.txt ./operator \
+    && rm -r /opt/phalanx/lib/python3.11/site-packages/phalanx/devcluster \
+             /opt/phalanx/lib/python3.11/site-packages/phalanx/devnode \
+             /opt/phalanx/lib/python3.11/site-packages/phalanx/demo.py
 
 FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="phalanx-operator" \

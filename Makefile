@@ -7,7 +7,7 @@ PYTEST := $(BIN)/pytest
 STAMP := $(VENV)/.installed
 
 .PHONY: help system-deps venv cluster-bin lint typecheck test test-unit test-integration test-e2e test-trainer \
-        crd crd-check docs chart-lint kind-up demo bench bench-trainer bench-checkpoint bench-gang bench-recovery dev-up dev-down clean
+        crd crd-check docs chart-lint kind-up demo bench bench-trainer bench-checkpoint bench-gang bench-recovery bench-failover dev-up dev-down clean
 
 help:
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -27,8 +27,9 @@ venv: $(STAMP) ## create the development virtualenv (.venv) with pinned dependen
 cluster-bin: ## build (or reuse from ~/.cache/phalanx) etcd, kube-*, kubectl, kwok, helm
 	bash hack/cluster-bin.sh
 
-lint: $(STAMP) ## ruff
+lint: $(STAMP) ## ruff and the import layering (.importlinter)
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 	$(BIN)/ruff format --check operator trainer-image tests bench hack
 
 typecheck: $(STAMP) ## mypy --strict on the product code
@@ -70,7 +71,7 @@ dev-down: $(STAMP) ## stop the local cluster
 demo: system-deps $(STAMP) cluster-bin ## the main job on a local cluster: train, preempt, recover
 	$(BIN)/python -m phalanx.demo
 
-bench: bench-trainer bench-checkpoint bench-gang bench-recovery ## all benchmarks (results in bench/results/)
+bench: bench-trainer bench-checkpoint bench-gang bench-recovery bench-failover ## all benchmarks (results in bench/results/)
 
 bench-checkpoint: $(STAMP)
 	$(BIN)/python -m phalanx_trainer.checkpoint.bench
@@ -80,6 +81,9 @@ bench-trainer: $(STAMP)
 
 bench-gang: $(STAMP) cluster-bin
 	$(BIN)/python bench/gang_bench.py
+
+bench-failover: $(STAMP) cluster-bin ## leader failover: SIGKILL and SIGTERM the leader, 5 rounds each
+	$(BIN)/python bench/failover_bench.py
 
 bench-recovery: system-deps $(STAMP) cluster-bin
 	$(BIN)/python bench/recovery_bench.py

@@ -39,13 +39,33 @@ K8S_MINOR=$(echo "${K8S_VERSION#v}" | cut -d. -f2)
 HELM_KUBE_STAMP="${BIN}/.helm-kube-1.${K8S_MINOR}"
 missing=()
 for b in "${BINARIES[@]}"; do [[ -x "${BIN}/$b" ]] || missing+=("$b"); done
-if [[ -x "${BIN}/helm" && ! -e "${HELM_KUBE_STAMP}" ]]; then rm -f "${BIN}/helm"; missing+=(helm); fi
+if [[ -x "${BIN}/helm" && ! -e "${HELM_KUBE_STAMP}" ]]; then missing+=(helm); fi
 if [[ ${#missing[@]} -eq 0 ]]; then echo "cluster binaries cached in ${BIN}" >&2; echo "${BIN}"; exit 0; fi
 
 command -v go >/dev/null || { echo "go is required to build the cluster binaries (or set PHALANX_CLUSTER_BIN)" >&2; exit 1; }
 mkdir -p "${BIN}" "${WORK}"
+# One build at a time per cache: a second `make` (another checkout, a parallel test run) waits here,
+# then finds the binaries and builds nothing.
+exec 9>"${CACHE}/${KEY}/.lock"
+if ! flock -n 9; then
+  echo "[cluster-bin] another build into ${BIN} is running; waiting for it" >&2
+  flock 9
+fi
+missing=()
+for b in "${BINARIES[@]}"; do [[ -x "${BIN}/$b" ]] || missing+=("$b"); done
+if [[ -x "${BIN}/helm" && ! -e "${HELM_KUBE_STAMP}" ]]; then missing+=(helm); fi
+if [[ ${#missing[@]} -eq 0 ]]; then echo "cluster binaries cached in ${BIN}" >&2; echo "${BIN}"; exit 0; fi
+# Each binary is linked into OUT and moved into BIN only once whole, so BIN never holds a partial one.
+OUT="${WORK}/out"
+rm -rf "${OUT}" && mkdir -p "${OUT}"
 export GOFLAGS="-mod=mod -buildvcs=false" CGO_ENABLED=0
 START=$(date +%s)
+
+# Moves a freshly linked binary into BIN; fails (and stops the script) when the build produced none.
+install_bin() {
+  [[ -x "${OUT}/$1" ]] || { log "FAILED: go build produced no ${1}"; exit 1; }
+  mv -f "${OUT}/$1" "${BIN}/$1"
+}
 
 log() { printf '[cluster-bin %4ss] %s\n' "$(( $(date +%s) - START ))" "$*" >&2; }
 
@@ -92,9 +112,10 @@ build_kubernetes() {
   done
   (cd "$dir" && echo 'package clusterbin' > doc.go && go mod download 2>&1 | tail -3 >&2 || true)
   log "compiling kube-apiserver kube-scheduler kube-controller-manager kubectl (the long part)"
-  (cd "$dir" && go build -v -trimpath -ldflags "$ldflags" -o "${BIN}/" \
+  (cd "$dir" && go build -v -trimpath -ldflags "$ldflags" -o "${OUT}/" \
       k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler \
       k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kubectl 2>&1) | progress kubernetes
+  for b in kube-apiserver kube-scheduler kube-controller-manager kubectl; do install_bin "$b"; done
 }
 
 build_etcd() {
@@ -106,7 +127,8 @@ build_etcd() {
     echo "replace go.etcd.io/etcd/$m => go.etcd.io/etcd/$m ${ETCD_VERSION}" >> "$dir/go.mod"
   done
   (cd "$dir" && echo 'package clusterbin' > doc.go)
-  (cd "$dir" && go build -v -trimpath -ldflags "-s -w" -o "${BIN}/etcd" go.etcd.io/etcd/server/v3 2>&1) | progress etcd
+  (cd "$dir" && go build -v -trimpath -ldflags "-s -w" -o "${OUT}/etcd" go.etcd.io/etcd/server/v3 2>&1) | progress etcd
+  install_bin etcd
 }
 
 build_plain() {  # build_plain NAME MODULE PACKAGE VERSION
@@ -118,19 +140,22 @@ build_plain() {  # build_plain NAME MODULE PACKAGE VERSION
   if [[ $name == helm ]]; then
     # as helm's own Makefile does, so `helm template` and `helm lint` default to the cluster's version
     ldflags+=" -X helm.sh/helm/v3/internal/version.version=${version}"
-    for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
-      ldflags+=" -X ${pkg}.k8sVersionMajor=1 -X ${pkg}.k8sVersionMinor=${K8S_MINOR}"
+    local versioned
+    for versioned in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
+      ldflags+=" -X ${versioned}.k8sVersionMajor=1 -X ${versioned}.k8sVersionMinor=${K8S_MINOR}"
     done
   fi
   [[ $name == kwok ]] && ldflags+=" -X sigs.k8s.io/kwok/pkg/consts.Version=${version}"
-  (cd "$dir" && go build -v -trimpath -ldflags "$ldflags" -o "${BIN}/$name" "$pkg" 2>&1) | progress "$name"
+  (cd "$dir" && go build -v -trimpath -ldflags "$ldflags" -o "${OUT}/$name" "$pkg" 2>&1) | progress "$name"
+  install_bin "$name"
 }
 
 log "building into ${BIN} (missing: ${missing[*]})"
 [[ -x "${BIN}/etcd" ]] || build_etcd
 [[ -x "${BIN}/kwok" ]] || build_plain kwok sigs.k8s.io/kwok sigs.k8s.io/kwok/cmd/kwok "${KWOK_VERSION}"
-if [[ ! -x "${BIN}/helm" ]]; then
-  build_plain helm helm.sh/helm/v3 helm.sh/helm/v3/cmd/helm "${HELM_VERSION}" && touch "${HELM_KUBE_STAMP}"
+if [[ ! -x "${BIN}/helm" || ! -e "${HELM_KUBE_STAMP}" ]]; then
+  build_plain helm helm.sh/helm/v3 helm.sh/helm/v3/cmd/helm "${HELM_VERSION}"
+  touch "${HELM_KUBE_STAMP}"
 fi
 if [[ ! -x "${BIN}/kube-apiserver" || ! -x "${BIN}/kubectl" || ! -x "${BIN}/kube-scheduler" || ! -x "${BIN}/kube-controller-manager" ]]; then
   build_kubernetes

@@ -173,15 +173,32 @@ class OperatorProcess:
         self.log_dir = log_dir
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
+        # As a pod's name: a restart (after kill()) renews its own lease at once.
+        self.identity = f"test-operator-{uuid.uuid4().hex[:6]}"
 
-    def start(self, extra_env: dict[str, str] | None = None) -> None:
+    def start(self, extra_env: dict[str, str] | None = None, extra_args: Sequence[str] = ()) -> None:
         import sys
 
         self.starts += 1
         log = (self.log_dir / f"operator-{self.starts}.log").open("wb")
-        env = {**os.environ, "KUBECONFIG": self.cluster.kubeconfig, **(extra_env or {})}
+        env = {
+            **os.environ,
+            "KUBECONFIG": self.cluster.kubeconfig,
+            "POD_NAME": self.identity,
+            **(extra_env or {}),
+        }
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "phalanx.cli", "operator", "--metrics-port", "0", "--health-port", "0"],
+            [
+                sys.executable,
+                "-m",
+                "phalanx.cli",
+                "operator",
+                "--metrics-port",
+                "0",
+                "--health-port",
+                "0",
+                *extra_args,
+            ],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
@@ -263,8 +280,10 @@ def real_node(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Ite
     import signal
     import sys
 
+    from phalanx.devcluster.realnode import check_real_node_preflight
     from phalanx.devnode.network import default_ip_prefix
 
+    check_real_node_preflight()  # one line naming the missing library and the fix, before any wait
     name = f"real-{uuid.uuid4().hex[:6]}"
     state_dir = tmp_path_factory.mktemp("devnode")
     log = (state_dir / "agent.log").open("ab")

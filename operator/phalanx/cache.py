@@ -168,15 +168,28 @@ class Store:
         self._deleted: dict[str, int] = {}
         self.synced = threading.Event()
 
-    def replace(self, items: Iterable[Mapping[str, Any]], list_version: int) -> None:
-        """A full list at list_version: the truth for every object not written after it."""
+    def replace(
+        self, items: Iterable[Mapping[str, Any]], list_version: int, namespace: str | None = None
+    ) -> None:
+        """A full list at list_version: the truth for every object not written after it.
+
+        `namespace`: the list covers that namespace only (one reflector per watched namespace feeds
+        one store), so objects of other namespaces are kept as they are.
+        """
         fresh = {object_key(o): compact(self._slim(o)) for o in items}
+        prefix = f"{namespace}/" if namespace is not None else ""
+
+        def covered(key: str) -> bool:
+            return key.startswith(prefix)
+
         with self._lock:
             for key, obj in self._objects.items():
-                if key not in fresh and resource_version(obj) > list_version:
-                    fresh[key] = obj  # created (and assumed) after the list was taken
+                if key in fresh:
+                    continue
+                if not covered(key) or resource_version(obj) > list_version:
+                    fresh[key] = obj  # another namespace's, or created (and assumed) after the list
             self._objects = fresh
-            self._deleted = {k: v for k, v in self._deleted.items() if v > list_version}
+            self._deleted = {k: v for k, v in self._deleted.items() if v > list_version or not covered(k)}
             self._index = {}
             for key, obj in fresh.items():
                 self._index_add(key, obj)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -38,12 +40,24 @@ def _dev(args: argparse.Namespace) -> int:
 
 def _operator(args: argparse.Namespace) -> int:
     from phalanx.runner import run_operator
+    from phalanx.settings import LeaderElection, OperatorSettings
 
+    election = LeaderElection(enabled=args.leader_elect, lease_name=args.leader_election_id,
+                              lease_duration_seconds=args.lease_duration_seconds)  # fmt: skip
+    if args.leader_election_namespace:
+        election = dataclasses.replace(election, namespace=args.leader_election_namespace)
+    settings = OperatorSettings(
+        namespaces=tuple(args.namespace or ()),
+        cluster_domain=os.environ.get("PHALANX_CLUSTER_DOMAIN", "cluster.local"),
+        leader_election=election,
+    )
     run_operator(
-        namespaces=args.namespace or [],
+        settings,
         metrics_port=args.metrics_port,
         health_port=args.health_port,
         verbose=args.verbose,
+        metrics_bind_address=args.metrics_bind_address,
+        health_bind_address=args.health_bind_address,
     )
     return 0
 
@@ -56,7 +70,25 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("--namespace", action="append", help="watch this namespace (repeatable; default: all)")
     op.add_argument("--metrics-port", type=int, default=8080, help="Prometheus metrics port (0: off)")
     op.add_argument("--health-port", type=int, default=8081, help="liveness endpoint /healthz port (0: off)")
+    op.add_argument(
+        "--metrics-bind-address",
+        default="0.0.0.0",
+        help="address /metrics listens on (127.0.0.1: behind a proxy)",
+    )
+    op.add_argument("--health-bind-address", default="0.0.0.0", help="address /healthz listens on")
     op.add_argument("--verbose", action="store_true")
+    op.add_argument(
+        "--leader-elect", action=argparse.BooleanOptionalAction, default=True,
+        help="hold a coordination.k8s.io Lease before writing; others stand by with warm caches (default: on)",
+    )  # fmt: skip
+    op.add_argument(
+        "--leader-election-namespace", help="the Lease's namespace (default: $POD_NAMESPACE or default)"
+    )
+    op.add_argument("--leader-election-id", default="phalanx-operator", help="the Lease's name")
+    op.add_argument(
+        "--lease-duration-seconds", type=int, default=15,
+        help="a standby takes over this long after the leader's last renewal (renewals every 2 s)",
+    )  # fmt: skip
     op.set_defaults(func=_operator)
 
     dev = sub.add_parser("dev", help="a local control plane for development and tests")

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import functools
 import json
 import logging
 import os
 import threading
 import time
 import urllib.request
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +45,8 @@ from phalanx.gang.on_creation import plan_on_creation
 from phalanx.gang.preemption import RunningGang, choose_victims, preemption_message
 from phalanx.gang.usage import UsageIndex
 from phalanx.k8s import CreationRefused, KubeApi, StatusConflict, short_error
+from phalanx.leader import LeaderElector
+from phalanx.policy.job_events import event_marker
 from phalanx.policy.ownership import is_owned_by
 from phalanx.policy.pod_outcome import node_is_ready
 from phalanx.reconcile.conditions import get_condition, set_condition
@@ -60,7 +62,7 @@ from phalanx.reconcile.lifecycle import (
     parse_iso,
     pod_attempt,
 )
-from phalanx.reflector import Reflector
+from phalanx.reflector import Reflector, per_namespace
 
 log = logging.getLogger("phalanx.controller")
 
@@ -95,8 +97,9 @@ def status_diff(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
 
 class Controller:
     def __init__(self, api: KubeApi, namespaces: list[str], cluster_domain: str = "cluster.local",
-                 workers: int = 8) -> None:  # fmt: skip
+                 workers: int = 8, leader: LeaderElector | None = None) -> None:  # fmt: skip
         self.api = api
+        self.leader = leader  # None: this process alone writes (leader election off)
         self.namespaces = namespaces
         self.cluster_domain = cluster_domain
         self.workers = workers
@@ -104,6 +107,7 @@ class Controller:
         self.queued: set[str] = set()
         self.active: set[str] = set()
         self.again: set[str] = set()
+        self.job_markers: dict[str, tuple[Any, ...]] = {}  # the last kopf event's marker per job
         self.batching: set[str] = set()
         # Pod events arrive on the reflector's thread many per second; they are handed to the loop in
         # bunches (one wake-up per bunch instead of one per event).
@@ -151,6 +155,14 @@ class Controller:
             self.queued.add(key)
             self.queue.put_nowait(key)
 
+    def job_event(self, key: str, body: Mapping[str, Any]) -> None:
+        """kopf's event for a job (on the loop): reconcile unless only its status changed."""
+        marker = event_marker(body)
+        if self.job_markers.get(key) == marker:
+            return  # a status write (ours, mostly): nothing the reconcile decides on changed
+        self.job_markers[key] = marker
+        self.enqueue(key)
+
     def enqueue_batched(self, key: str) -> None:
         """Reconcile once POD_EVENT_BATCH_SECONDS from the first of a burst of events."""
         if key in self.batching or key in self.queued:
@@ -165,6 +177,7 @@ class Controller:
 
     def forget(self, key: str) -> None:
         self.known_jobs.discard(key)
+        self.job_markers.pop(key, None)
         for table in (
             self.progress_targets,
             self.progress_next_poll,
@@ -182,15 +195,20 @@ class Controller:
             Reflector("pods", self.api.pods_request, self.pods, self._on_pod_change).start(),
             Reflector("nodes", self.api.nodes_request, self.nodes, self._on_node_change).start(),
             *(
-                Reflector(
-                    f"trainingjobs/{ns or '*'}",
-                    functools.partial(self.api.jobs_request, ns),
-                    self.jobs,
-                    self._on_job_change,
-                ).start()
-                for ns in ([*self.namespaces] if self.namespaces else [None])
+                reflector.start()
+                for reflector in per_namespace(
+                    "trainingjobs", self.api.jobs_request, self.jobs, [*self.namespaces], self._on_job_change
+                )
             ),
         ]
+        # The stores fill from here on whether or not this process leads: a standby takes over warm.
+        self.tasks.append(asyncio.create_task(self._run_when_leading(), name="leading"))
+
+    async def _run_when_leading(self) -> None:
+        if self.leader is not None:
+            while not self.leader.leading.is_set():
+                await asyncio.sleep(0.2)
+            log.info("leading: reconciles, admission and progress polls start")
         for i in range(self.workers):
             self.tasks.append(asyncio.create_task(self._worker(), name=f"reconcile-{i}"))
         self.tasks.append(asyncio.create_task(self._admission_loop(), name="admission"))
@@ -211,6 +229,9 @@ class Controller:
         while True:
             key = await self.queue.get()
             self.queued.discard(key)
+            if key in self.active:  # never two reconciles of one key at once
+                self.again.add(key)
+                continue
             self.active.add(key)
             try:
                 with metrics.reconcile_timer("trainingjob"):
@@ -379,6 +400,10 @@ class Controller:
             self._write_status(key, job, recorded, plan.status)
         except StatusConflict:
             return self._refreshed(key)  # what was done is read back from the pods next time
+        if status_diff(old_status, plan.status):
+            # Decide once more on what was just written (a finished job's TTL, say, is timed from
+            # the completionTime this write set): the job's own status events no longer enqueue it.
+            followups.append(0.0)
         self._observe(namespace, name, recorded, plan.status)
         for event in plan.events:
             self._record_event(job, event.type, event.reason, event.message, iso(now))

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from phalanx.devnode.preflight import PreflightError
 from phalanx.ports import free_port
 
 ATTEMPT_HEADER = "--- pod uid "  # the dev node writes one before each container start
@@ -206,13 +207,20 @@ class Demo:
         self.operator: subprocess.Popen[bytes] | None = None
         self.kubectl: list[str] = []
         self.api: Any = None
+        self.evicted_steps: list[int] = []  # rank 0's step at each eviction, for the plot
 
     # -- set-up and tear-down ------------------------------------------------------------------
     def up(self) -> None:
         from kubernetes import config
 
-        from phalanx.devcluster.realnode import start_real_nodes, stop_real_nodes, wait_real_nodes_ready
+        from phalanx.devcluster.realnode import (
+            check_real_node_preflight,
+            start_real_nodes,
+            stop_real_nodes,
+            wait_real_nodes_ready,
+        )
 
+        check_real_node_preflight()  # before the control plane: a node that cannot resolve names is useless
         if self.cluster.running_components():
             self.say("a demo cluster from an earlier run is still up: stopping it first")
             stop_real_nodes(self.cluster.state_dir)
@@ -340,6 +348,7 @@ class Demo:
                          "(as a drain or a spot reclaim would)")  # fmt: skip
                 self.evict(EVICTED_POD)
                 evicted_at = time.monotonic()
+                self.evicted_steps.append(current.last_step)
             if evicted_at is not None and len(attempts) >= 2 and attempts[-1].steps and not shown_resume:
                 recover_seconds.append(time.monotonic() - evicted_at)
                 lost = lost_steps(attempts)[-1]
@@ -366,8 +375,37 @@ class Demo:
             print(flush=True)
 
 
-def plot_losses(attempts: Sequence[Attempt], out: Path, title: str) -> None:
-    """The loss curve, one colour per attempt, the preemption and the resume point marked."""
+@dataclass(frozen=True)
+class PlotMark:
+    step: int
+    label: str
+    kind: str  # "eviction" or "resume"
+
+
+def disruption_marks(attempts: Sequence[Attempt], evicted_steps: Sequence[int]) -> list[PlotMark]:
+    """Where each disruption came and where training picked up again, as two marks per restart.
+
+    The eviction step is rank 0's step when the pod was evicted (`evicted_steps`, one per restart,
+    when known); the trainer keeps training through its grace period and saves at SIGTERM, so the
+    resume step is later than the eviction, or earlier when it resumed from a periodic checkpoint.
+    """
+    marks = []
+    for index, (before, after) in enumerate(zip(attempts, attempts[1:], strict=False)):
+        evicted = (
+            evicted_steps[index] if index < len(evicted_steps) else before.preempted_at or before.last_step
+        )
+        marks.append(PlotMark(evicted, f"evicted at step {evicted}", "eviction"))
+        resumed = after.resumed_from or 0
+        saved_at_sigterm = before.preempted_at is not None and before.preempted_at == resumed
+        source = "its SIGTERM checkpoint" if saved_at_sigterm else "the newest checkpoint"
+        marks.append(PlotMark(resumed, f"resumed from {source} at step {resumed}", "resume"))
+    return marks
+
+
+def plot_losses(
+    attempts: Sequence[Attempt], out: Path, title: str, evicted_steps: Sequence[int] = ()
+) -> None:
+    """The loss curve, one colour per attempt, the eviction and the resume step marked apart."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -380,15 +418,16 @@ def plot_losses(attempts: Sequence[Attempt], out: Path, title: str) -> None:
             f" (resumed at step {attempt.resumed_from})" if attempt.resumed_from else ""
         )
         axes.plot(steps, [attempt.steps[s].loss for s in steps], label=label, linewidth=1.2)
-    for before, after in zip(attempts, attempts[1:], strict=False):
-        stop = before.preempted_at or before.last_step
-        axes.axvline(stop, color="red", linestyle="--", linewidth=1)
+    styles = {"eviction": ("red", "--", -30), "resume": ("green", ":", -60)}
+    for mark in disruption_marks(attempts, evicted_steps):
+        color, linestyle, offset = styles[mark.kind]
+        axes.axvline(mark.step, color=color, linestyle=linestyle, linewidth=1)
         axes.annotate(
-            f"evicted at step {stop}\nresumed from {after.resumed_from or 0}",
-            xy=(stop, axes.get_ylim()[1]),
-            xytext=(5, -30),
+            mark.label,
+            xy=(mark.step, axes.get_ylim()[1]),
+            xytext=(5, offset),
             textcoords="offset points",
-            color="red",
+            color=color,
             fontsize=9,
         )
     axes.set_xlabel("step")
@@ -426,7 +465,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             json.dumps({"phase": phase, **summary.to_dict()}, indent=2) + "\n"
         )
         (out_dir / "rank0.log").write_text(demo.rank0_log())
-        plot_losses(attempts, out_dir / "loss.png", f"{JOB}: {summary.steps} steps, evicted once, {phase}")
+        plot_losses(
+            attempts,
+            out_dir / "loss.png",
+            f"{JOB}: {summary.steps} steps, evicted once, {phase}",
+            demo.evicted_steps,
+        )
         print(
             f"\n== {JOB} {phase} ==\n"
             f"  steps            {summary.steps} (final loss {summary.final_loss})\n"
@@ -441,6 +485,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             flush=True,
         )
         return 0 if phase == "Succeeded" else 1
+    except PreflightError as exc:
+        print(f"make demo: {exc}", file=sys.stderr, flush=True)
+        return 1
     finally:
         if args.keep:
             print(f"cluster kept: kubectl --kubeconfig {demo.cluster.kubeconfig} get tj -A; "

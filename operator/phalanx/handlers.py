@@ -13,7 +13,11 @@ import kopf
 
 from phalanx import constants as c
 from phalanx.controller import Controller
-from phalanx.k8s import KubeApi, load_api_client
+from phalanx.k8s import KubeApi, LeaseApi, load_api_client
+from phalanx.leader import LeaderElector
+from phalanx.settings import LeaderElection, OperatorSettings
+
+LEADERSHIP_LOST_EXIT_CODE = 3
 
 
 @kopf.on.startup()
@@ -29,12 +33,40 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.watching.client_timeout = 330
     settings.watching.connect_timeout = 30
     settings.networking.error_backoffs = [1, 2, 5, 10]
-    namespaces = [n for n in os.environ.get("PHALANX_NAMESPACES", "").split(",") if n]
-    domain = os.environ.get("PHALANX_CLUSTER_DOMAIN", "cluster.local")
-    controller = Controller(KubeApi(load_api_client()), namespaces, cluster_domain=domain)
+    operator_settings: OperatorSettings = getattr(memo, "settings", None) or OperatorSettings()
+    elector = start_election(operator_settings.leader_election)
+    api = KubeApi(load_api_client(), write_fence=elector.fence if elector else None)
+    controller = Controller(
+        api,
+        list(operator_settings.namespaces),
+        cluster_domain=operator_settings.cluster_domain,
+        leader=elector,
+    )
     controller.loop = asyncio.get_running_loop()
     await controller.start()
     memo.controller = controller
+    memo.elector = elector
+
+
+def start_election(election: LeaderElection) -> LeaderElector | None:
+    if not election.enabled:
+        return None
+
+    def lost() -> None:
+        # As client-go's operators do: a leader that cannot renew stops; its pod restarts as a standby.
+        logging.getLogger("phalanx.leader").error("leadership lost: exiting so that no stale leader writes")
+        os._exit(LEADERSHIP_LOST_EXIT_CODE)
+
+    return LeaderElector(
+        LeaseApi(load_api_client()),
+        election.namespace,
+        election.lease_name,
+        election.identity,
+        on_lost=lost,
+        duration_seconds=election.lease_duration_seconds,
+        renew_deadline_seconds=min(election.renew_deadline_seconds, election.lease_duration_seconds * 2 / 3),
+        retry_period_seconds=election.retry_period_seconds,
+    ).start()
 
 
 @kopf.on.cleanup()
@@ -42,14 +74,21 @@ async def shutdown(memo: kopf.Memo, **_: Any) -> None:
     controller: Controller | None = getattr(memo, "controller", None)
     if controller is not None:
         await controller.stop()
+    elector: LeaderElector | None = getattr(memo, "elector", None)
+    if elector is not None:
+        await asyncio.to_thread(elector.stop)  # releases the lease: a standby takes over at once
 
 
 @kopf.on.event(c.GROUP, c.VERSION, c.PLURAL)
-def trainingjob_event(event: kopf.RawEvent, namespace: str | None, name: str, memo: Any, **_: Any) -> None:
+async def trainingjob_event(
+    event: kopf.RawEvent, namespace: str | None, name: str, memo: Any, **_: Any
+) -> None:
+    # async on purpose: kopf runs it on its event loop, the thread that owns the controller's queue
+    # and sets (a plain def would run in kopf's thread pool and race the workers).
     controller: Controller = memo.controller
     key = f"{namespace}/{name}"
     if event.get("type") == "DELETED":
         controller.forget(key)
         controller.admission_dirty.set()
         return
-    controller.enqueue(key)
+    controller.job_event(key, event.get("object") or {})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any, cast
 from urllib.parse import urlsplit
 
@@ -52,12 +53,18 @@ def api_message(exc: ApiException) -> str:
     return str(message or short_error(exc))[:900]
 
 
-def count_requests(api_client: client.ApiClient) -> None:
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def count_requests(api_client: client.ApiClient, write_fence: Callable[[], None] | None = None) -> None:
     """Counts every request of this client in phalanx_api_requests_total (endpoint: the path template,
-    so the series stay few)."""
+    so the series stay few). `write_fence` runs before every write and may refuse it (leader.py):
+    one place, so no writer can forget it."""
     send = api_client.call_api
 
     def counted(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        if write_fence is not None and method.upper() not in READ_METHODS:
+            write_fence()
         endpoint = endpoint_template(url)
         try:
             response = send(method, url, *args, **kwargs)
@@ -118,9 +125,9 @@ class StatusConflict(Exception):
 
 
 class KubeApi:
-    def __init__(self, api_client: client.ApiClient) -> None:
+    def __init__(self, api_client: client.ApiClient, write_fence: Callable[[], None] | None = None) -> None:
         self.api_client = api_client
-        count_requests(api_client)
+        count_requests(api_client, write_fence)
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
         self.scheduling = client.SchedulingV1Api(api_client)
@@ -343,3 +350,32 @@ class KubeApi:
         except ApiException as exc:
             if exc.status not in (404, 409, 403):
                 raise
+
+
+class LeaseApi:
+    """coordination.k8s.io/v1 Leases for leader.LeaderElector, on a client of their own: the write
+    fence of the operator's other requests must not stop the lease renewals themselves."""
+
+    def __init__(self, api_client: client.ApiClient) -> None:
+        # Untyped on purpose: bodies go out as plain dicts and answers come back as raw JSON.
+        self.coordination: Any = client.CoordinationV1Api(api_client)
+
+    def read(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            response = self.coordination.read_namespaced_lease(name, namespace, _preload_content=False)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        lease: dict[str, Any] = json.loads(response.data)
+        return lease
+
+    def create(self, namespace: str, body: dict[str, Any]) -> None:
+        release(self.coordination.create_namespaced_lease(namespace, body, _preload_content=False))
+
+    def replace(self, namespace: str, name: str, body: dict[str, Any]) -> None:
+        release(
+            self.coordination.replace_namespaced_lease(
+                name, namespace, cast(Any, body), _preload_content=False
+            )
+        )

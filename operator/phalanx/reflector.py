@@ -7,11 +7,13 @@ Lists are paged so a large cluster never sits in memory twice.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +42,7 @@ class Reflector:
     request: Request
     store: Store
     on_change: Change | None = None
+    namespace: str | None = None  # the one namespace `request` lists; None: every namespace
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
@@ -52,12 +55,20 @@ class Reflector:
 
     def stop(self) -> None:
         self._stop.set()
+        self._interrupt_watch()
+
+    def _interrupt_watch(self) -> None:
+        """Ends the watch's blocking read from another thread. Closing the response here would wait
+        for the lock the reading thread holds (a shutdown that hung until the watch timed out);
+        shutting the socket down makes that read return at once, and the reader closes it."""
         response = self._response
-        if response is not None:
-            try:
-                response.close()  # unblocks the read
-            except Exception:  # noqa: BLE001 - closing a half-broken stream may fail any way
-                pass
+        sock = getattr(getattr(response, "connection", None), "sock", None)
+        if sock is None:
+            return
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # already closed
 
     def _run(self) -> None:
         failures = 0
@@ -90,7 +101,7 @@ class Reflector:
                 version = str(page["metadata"]["resourceVersion"])
                 break
         before = self.store.as_dict()
-        self.store.replace(items, int(version))
+        self.store.replace(items, int(version), self.namespace)
         if self.on_change is not None:
             after = self.store.as_dict()
             for key in before.keys() | after.keys():
@@ -133,6 +144,24 @@ class Reflector:
         if time.monotonic() - started < 1.0 and not self._stop.is_set():
             self._stop.wait(1.0)  # a server that ends watches at once must not be hammered
         return version
+
+
+def per_namespace(
+    kind: str,
+    request: Callable[..., Any],
+    store: Store,
+    namespaces: Sequence[str],
+    on_change: Change | None = None,
+) -> list[Reflector]:
+    """One reflector per watched namespace (or one for all when `namespaces` is empty), one store.
+
+    `request(namespace, **params)` lists or watches one namespace (None: every namespace).
+    """
+    scopes: list[str | None] = [*namespaces] if namespaces else [None]
+    return [
+        Reflector(f"{kind}/{ns or '*'}", functools.partial(request, ns), store, on_change, namespace=ns)
+        for ns in scopes
+    ]
 
 
 def _lines(response: Any) -> Iterator[bytes]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import logging
-import os
+
+from phalanx.settings import OperatorSettings
 
 GLIBC_M_ARENA_MAX = -8  # mallopt's parameter number (malloc.h)
 MALLOC_ARENAS = 2
@@ -23,7 +24,14 @@ def limit_malloc_arenas(count: int = MALLOC_ARENAS) -> bool:
         return False
 
 
-def run_operator(namespaces: list[str], metrics_port: int, health_port: int, verbose: bool) -> None:
+def run_operator(
+    settings: OperatorSettings,
+    metrics_port: int,
+    health_port: int,
+    verbose: bool,
+    metrics_bind_address: str = "0.0.0.0",
+    health_bind_address: str = "0.0.0.0",
+) -> None:
     limit_malloc_arenas()
     import kopf
 
@@ -36,15 +44,16 @@ def run_operator(namespaces: list[str], metrics_port: int, health_port: int, ver
     )
     # kopf's own per-object logs are noisy at INFO for a busy cluster.
     logging.getLogger("kopf").setLevel(logging.DEBUG if verbose else logging.WARNING)
-    os.environ["PHALANX_NAMESPACES"] = ",".join(namespaces)
     if metrics_port:
-        metrics.start_metrics_server(metrics_port)
-    liveness = f"http://0.0.0.0:{health_port}/healthz" if health_port else None
+        metrics.start_metrics_server(metrics_port, metrics_bind_address)
+    liveness = f"http://{health_bind_address}:{health_port}/healthz" if health_port else None
+    namespaces = list(settings.namespaces)
     asyncio.run(
         kopf.operator(
             clusterwide=not namespaces,
             namespaces=namespaces,
-            standalone=True,
+            standalone=True,  # no kopf peering: our own Lease decides who writes (leader.py)
             liveness_endpoint=liveness,
+            memo=kopf.Memo(settings=settings),
         )
     )

@@ -314,3 +314,68 @@ def _alive(pid: int) -> bool:
             return stat.read().split()[2] != "Z"
     except OSError:
         return False
+
+
+def test_a_shell_command_line_sees_its_mount_paths(
+    cluster: Cluster, namespace: str, real_node: RealNode, tmp_path: Path
+) -> None:
+    """`sh -c "cp /scripts/x.py /work && cd /work && python x.py"`, as user manifests write it."""
+    config_map = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "scripts"},
+        "data": {"hello.py": "import os; print('ran from', os.getcwd(), 'with', sorted(os.listdir('.')))"},
+    }
+    manifest = pod(
+        "shell-line",
+        real_node,
+        "",
+        volumes=[{"name": "scripts", "configMap": {"name": "scripts"}}, {"name": "work", "emptyDir": {}}],
+        mounts=[{"name": "scripts", "mountPath": "/scripts"}, {"name": "work", "mountPath": "/work"}],
+    )
+    container = manifest["spec"]["containers"][0]
+    container["command"] = ["sh", "-c"]
+    container["args"] = [
+        "cp /scripts/hello.py /work && cd /work && python hello.py && test -f '/work/hello.py'"
+    ]
+    cluster.apply(config_map, namespace)
+    cluster.apply(manifest, namespace)
+    phase = wait_phase(cluster, namespace, "shell-line", ("Succeeded", "Failed"))
+    log = real_node.log(namespace, "shell-line", "main")
+    assert phase == "Succeeded", log
+    assert terminated(cluster, namespace, "shell-line")["exitCode"] == 0
+    assert "with ['hello.py']" in log  # copied from the configMap volume into the emptyDir, then run there
+
+
+@pytest.mark.parametrize("library", ["missing", "broken"])
+def test_a_node_whose_resolver_library_is_missing_or_broken_refuses_to_start(
+    cluster: Cluster, namespace: str, tmp_path: Path, library: str
+) -> None:
+    """One line naming the library and the fix; no Node registered, so no pod can ever start there."""
+    import subprocess
+    import sys
+    import uuid
+
+    name = f"nonss-{uuid.uuid4().hex[:6]}"
+    nss_wrapper = tmp_path / "libnss_wrapper.so"
+    if library == "broken":
+        nss_wrapper.write_text("not a shared object\n")
+    state_dir = tmp_path / "agent"
+    # A pod already bound to the node's name: a node that started anyway would run it.
+    bound = pod("bound-early", RealNode(name, state_dir), "print('started')")
+    bound["spec"]["nodeName"] = name
+    cluster.apply(bound, namespace)
+    argv = [sys.executable, "-m", "phalanx.devnode", "--kubeconfig", cluster.kubeconfig, "--name", name,
+            "--state-dir", str(state_dir), "--ip-prefix", "127.251.9", "--nss-wrapper", str(nss_wrapper)]  # fmt: skip
+    try:
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 3, result.stderr
+        assert len(lines) == 1, result.stderr
+        assert str(nss_wrapper) in lines[0] and "apt-get install -y libnss-wrapper" in lines[0]
+        assert ("is missing" if library == "missing" else "does not resolve") in lines[0]
+        assert cluster.kubectl("get", "node", name, check=False).returncode != 0  # never registered
+        assert not (state_dir / "pods").exists()  # nothing was started
+        assert phase_of(cluster, namespace, "bound-early") == "Pending"
+    finally:
+        cluster.kubectl("delete", "node", name, "--wait=false", "--ignore-not-found", check=False)

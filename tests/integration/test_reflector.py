@@ -70,3 +70,57 @@ def test_nodes_store_matches_the_cluster(cluster: Cluster) -> None:
             assert held is not None and held["status"]["allocatable"], name
     finally:
         watcher.stop()
+
+
+def test_one_job_store_fed_by_two_namespaces_keeps_both_across_a_relist(
+    cluster: Cluster, namespace: str, crd_installed: None
+) -> None:
+    """The operator watching namespaces a and b: one reflector each, one store. Each list (the first,
+    and the one after a dropped watch) is the truth for its own namespace only."""
+    import uuid
+
+    from phalanx.cache import slim_job
+    from tests.conftest import create_namespace
+    from tests.jobs import training_job
+
+    other = create_namespace(cluster, f"{namespace[:50]}-b{uuid.uuid4().hex[:3]}")
+    try:
+        cluster.apply(training_job("job-a", gpus=None), namespace)
+        cluster.apply(training_job("job-b", gpus=None), other)
+        api = KubeApi(cluster.api())
+        store = Store(slim_job)
+        # Built as the operator builds them (Controller.start).
+        watchers = [
+            w.start()
+            for w in reflector.per_namespace("trainingjobs", api.jobs_request, store, [namespace, other])
+        ]
+        both = {f"{namespace}/job-a", f"{other}/job-b"}
+        try:
+            wait_for(lambda: both <= store.as_dict().keys(), timeout=30, what="both namespaces listed")
+            relists = store_replacements(store)
+            # A dropped connection: b's watch fails and b lists again (the reflector's error path).
+            wait_for(lambda: watchers[1]._response is not None, timeout=30, what="b watching")
+            watchers[1]._interrupt_watch()
+            wait_for(lambda: relists() >= 1, timeout=30, what="b to list again")
+            assert both <= store.as_dict().keys(), sorted(store.as_dict())
+            cluster.apply(training_job("job-a2", gpus=None), namespace)
+            wait_for(lambda: store.get(f"{namespace}/job-a2") is not None, timeout=30, what="a still watched")
+            assert both <= store.as_dict().keys(), sorted(store.as_dict())
+        finally:
+            for watcher in watchers:
+                watcher.stop()
+    finally:
+        cluster.kubectl("delete", "namespace", other, "--wait=false", check=False)
+
+
+def store_replacements(store: Store) -> Any:
+    """Counts the store's full lists from now on (wraps Store.replace on this one instance)."""
+    calls = [0]
+    original = store.replace
+
+    def counting(*args: Any, **kwargs: Any) -> None:
+        original(*args, **kwargs)
+        calls[0] += 1
+
+    store.replace = counting  # type: ignore[method-assign]
+    return lambda: calls[0]

@@ -1,14 +1,18 @@
-"""Runs the real Trainer in spawned gloo processes and records losses and full gradients.
+"""Runs the real Trainer in forked gloo processes and records losses and full gradients.
 
-Each spawned group runs several layouts one after another in the same processes (starting Python
-and importing torch costs more than the tiny runs themselves on a 2-core machine).
+Each group of ranks runs several layouts one after another in the same processes, and the ranks are
+forked from the test process, which has imported torch already (starting Python and importing torch
+costs more than the tiny runs themselves on a 2-core machine).
 """
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import os
 import tempfile
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +42,7 @@ TINY = [
     "checkpoint.dir=''",
 ]
 GLOBAL_BATCH = 8
+COLLECTIVE_TIMEOUT_S = 120
 
 
 def _clean(name: str) -> str:
@@ -60,6 +65,23 @@ def full_gradients(trainer: Trainer) -> dict[str, torch.Tensor]:
     for part in gathered:
         merged.update(part or {})
     return merged
+
+
+@contextlib.contextmanager
+def counting_reduce_scatters() -> Iterator[list[int]]:
+    """Counts this rank's reduce-scatters (FSDP2 reduces gradients with dist.reduce_scatter_single)."""
+    counted = [0]
+    original = dist.reduce_scatter_single
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        counted[0] += 1
+        return original(*args, **kwargs)
+
+    dist.reduce_scatter_single = counting  # type: ignore[assignment]
+    try:
+        yield counted
+    finally:
+        dist.reduce_scatter_single = original  # type: ignore[assignment]
 
 
 def constant_stride_source(data: DataConfig, model: ModelConfig) -> SyntheticSource:
@@ -87,16 +109,20 @@ def run_trainer(
         return {"exit_code": code}
     losses: list[float] = []
     grads: dict[str, torch.Tensor] = {}
+    reduce_scatters = 0
     for step in range(steps):
-        local_loss = trainer.forward_backward()
+        with counting_reduce_scatters() as counted:
+            local_loss = trainer.forward_backward()
         if step == 0:
             grads = full_gradients(trainer)
+            reduce_scatters = counted[0]
         losses.append(trainer.reduce_loss(local_loss))
         trainer.optimizer_step()
     trainer.close()
     return {
         "losses": losses,
         "grads": grads,
+        "reduce_scatters": reduce_scatters,
         "loss_scale": trainer.scaler.scale,
         "skipped": trainer.scaler.skipped_steps,
     }
@@ -107,7 +133,11 @@ def _worker(
 ) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    # A layout that fails on one rank only leaves the others in a collective: fail them within
+    # minutes rather than at pytest's timeout, with the failing rank's traceback in the results.
+    dist.init_process_group(
+        "gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S)
+    )
     results: dict[str, Any] = {}
     for name, overrides in layouts.items():
         try:
@@ -120,13 +150,14 @@ def _worker(
     dist.destroy_process_group()
 
 
-def run_spawned(layouts: dict[str, list[str]], world_size: int, steps: int) -> dict[str, Any]:
+def run_ranks(layouts: dict[str, list[str]], world_size: int, steps: int) -> dict[str, Any]:
+    """Runs every layout on `world_size` forked ranks; returns rank 0's results by layout name."""
     with tempfile.TemporaryDirectory() as out:
         mp.start_processes(
             _worker,
             args=(world_size, free_port(), layouts, steps, out),
             nprocs=world_size,
-            start_method="spawn",
+            start_method="fork",
         )
         results: dict[str, Any] = torch.load(Path(out) / "results.pt", weights_only=False)
     return results

@@ -126,3 +126,14 @@ def test_podgroups_for_volcano_and_coscheduling() -> None:
     assert cosched is not None and cosched["apiVersion"] == "scheduling.x-k8s.io/v1alpha1"
     assert cosched["spec"]["minMember"] == 2
     assert build_podgroup(JOB, spec()) is None
+
+
+def test_every_variable_the_contract_sets_is_reserved() -> None:
+    """A template may not set what the operator sets (only the NCCL defaults are the user's to change)."""
+    from phalanx import constants as c
+    from phalanx.builders.pods import contract_env
+
+    with_checkpoints = spec(checkpoint={"path": "/ckpt", "intervalSteps": 10,
+                                        "volume": {"emptyDir": {}}})  # fmt: skip
+    names = {item["name"] for item in contract_env(JOB, with_checkpoints, 0, 0)}
+    assert names - set(c.NCCL_DEFAULTS) - set(c.RESERVED_ENV_NAMES) == set()

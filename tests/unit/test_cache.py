@@ -150,6 +150,26 @@ def test_a_list_replaces_everything_except_objects_written_after_it() -> None:
     assert sorted(store.as_dict()) == ["ns/assumed", "ns/listed"]
 
 
+def in_namespace(obj: dict[str, Any], namespace: str) -> dict[str, Any]:
+    obj["metadata"]["namespace"] = namespace
+    return obj
+
+
+def test_a_namespaces_list_replaces_that_namespace_only() -> None:
+    """Reflectors for namespaces a and b share one store; b's list says nothing about a's objects."""
+    store = Store(slim_pod)
+    store.replace([in_namespace(pod("x", 10), "a")], list_version=10, namespace="a")
+    store.upsert(in_namespace(pod("gone", 11), "b"))
+    store.replace([in_namespace(pod("y", 12), "b")], list_version=12, namespace="b")
+    assert sorted(store.as_dict()) == ["a/x", "b/y"]
+    store.delete(in_namespace(pod("x", 13), "a"))
+    store.replace([in_namespace(pod("y", 12), "b")], list_version=14, namespace="b")
+    assert store.get("a/x") is None  # a's deletion is remembered until a's own list
+    assert store.upsert(in_namespace(pod("x", 12), "a")) is None  # a late reply stays deleted
+    store.replace([in_namespace(pod("z", 15), "ab")], list_version=15, namespace="ab")
+    assert sorted(store.as_dict()) == ["ab/z", "b/y"]  # "a" is not a prefix of "ab"
+
+
 def test_capacity_changes_that_wake_admission() -> None:
     pending, running = slim_pod(pod("w", 1)), slim_pod(pod("w", 2, phase="Running", node="n1"))
     done = slim_pod(pod("w", 3, phase="Succeeded", node="n1"))

@@ -249,6 +249,21 @@ def brackets_balance(expr: str) -> bool:
     return not stack
 
 
+def test_the_built_helm_renders_the_chart_for_the_clusters_version_without_flags(tmp_path: Path) -> None:
+    """hack/cluster-bin.sh links helm with the local cluster's Kubernetes version (not helm's 1.20)."""
+    result = helm("template", "t", str(CHART), "--show-only", "templates/deployment.yaml")
+    assert result.returncode == 0, result.stderr
+    capabilities = tmp_path / "capabilities"
+    (capabilities / "templates").mkdir(parents=True)
+    (capabilities / "Chart.yaml").write_text("apiVersion: v2\nname: c\nversion: 0.1.0\n")
+    (capabilities / "templates" / "v.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: v}\ndata: {v: '{{ .Capabilities.KubeVersion.Minor }}'}\n"
+    )
+    rendered_version = helm("template", "c", str(capabilities))
+    assert rendered_version.returncode == 0, rendered_version.stderr
+    assert yaml.safe_load(rendered_version.stdout)["data"]["v"] == KUBE_VERSION.split(".")[1]
+
+
 def test_helm_lint_is_clean_for_every_value_set(tmp_path: Path) -> None:
     # helm lint has no --api-versions: the monitoring objects are linted through `helm template` below.
     for name, (values, _) in VALUE_SETS.items():
@@ -288,7 +303,9 @@ def test_every_templated_object_carries_the_helm_convention_labels(value_set: st
 def test_operator_pod_meets_pod_security_restricted() -> None:
     pod = the_deployment(rendered("default"))["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
-    assert pod["securityContext"]["runAsUser"] != 0
+    # No fixed UID (the image's USER is non-root), so a platform that assigns UIDs can run it.
+    assert "runAsUser" not in pod["securityContext"] and "fsGroup" not in pod["securityContext"]
+    assert all("runAsUser" not in container["securityContext"] for container in pod["containers"])
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert not pod.get("hostNetwork") and not pod.get("hostPID") and not pod.get("hostIPC")
     for container in pod["containers"]:
@@ -301,10 +318,13 @@ def test_operator_pod_meets_pod_security_restricted() -> None:
         assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
 
 
-def test_operator_runs_one_replica_recreated_with_probes_on_the_health_port() -> None:
+def test_operator_runs_one_leader_elected_replica_with_probes_on_the_health_port() -> None:
     deployment = the_deployment(rendered("default"))
     assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    # Only the Lease holder writes, so a rolling update never runs two writers at once.
+    assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--leader-elect" in args and "--leader-election-namespace=phalanx-system" in args
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     ports = {port["name"]: port["containerPort"] for port in container["ports"]}
     assert f"--health-port={ports['health']}" in container["args"]
@@ -334,8 +354,10 @@ def test_namespaced_install_watches_only_the_listed_namespaces() -> None:
     assert [arg for arg in container["args"] if arg.startswith("--namespace")] == [
         f"--namespace={ns}" for ns in NAMESPACED_WATCH
     ]
-    roles = of_kind(docs, "Role")
-    bindings = of_kind(docs, "RoleBinding")
+    roles = [r for r in of_kind(docs, "Role") if not r["metadata"]["name"].endswith("-leader-election")]
+    bindings = [
+        b for b in of_kind(docs, "RoleBinding") if not b["metadata"]["name"].endswith("-leader-election")
+    ]
     assert sorted(role["metadata"]["namespace"] for role in roles) == NAMESPACED_WATCH
     assert sorted(binding["metadata"]["namespace"] for binding in bindings) == NAMESPACED_WATCH
     for binding in bindings:
@@ -365,10 +387,27 @@ def test_rbac_grants_what_the_operator_needs(value_set: str) -> None:
         ("scheduling.volcano.sh", "podgroups", ("get", "list", "watch", "create", "delete")),
         ("scheduling.x-k8s.io", "podgroups", ("get", "list", "watch", "create", "delete")),
         ("apiextensions.k8s.io", "customresourcedefinitions", ("get", "list", "watch")),
+        ("coordination.k8s.io", "leases", ("get", "create", "update")),
     ]
     for group, resource, verbs in needed:
         for verb in verbs:
             assert grants(docs, group, resource, verb), f"{value_set}: cannot {verb} {group}/{resource}"
+
+
+def test_leader_election_rbac_is_one_lease_in_the_release_namespace() -> None:
+    docs = rendered("default")
+    (role,) = [r for r in of_kind(docs, "Role") if r["metadata"]["name"].endswith("-leader-election")]
+    assert role["metadata"]["namespace"] == "phalanx-system"
+    assert {tuple(rule["verbs"]) for rule in role["rules"]} == {("create",), ("get", "update")}
+    assert all(
+        rule.get("resourceNames") == ["phalanx-operator"] for rule in role["rules"] if "get" in rule["verbs"]
+    )
+
+
+def test_two_replicas_without_leader_election_are_refused(tmp_path: Path) -> None:
+    values = {"replicaCount": 2, "leaderElection": {"enabled": False}}
+    result = helm("template", "rel", str(CHART), "--kube-version", KUBE_VERSION, values=values, tmp=tmp_path)
+    assert result.returncode != 0 and "needs leaderElection.enabled" in result.stderr
 
 
 @pytest.mark.parametrize("value_set", ["default", "namespaced"])

@@ -99,6 +99,56 @@ def test_mount_paths_are_rewritten_where_a_path_starts(tmp_path: Path) -> None:
     assert command.cwd == "/local/ckpt"
 
 
+def test_mount_paths_inside_a_shell_command_line_are_rewritten(tmp_path: Path) -> None:
+    """The form user manifests often take: one `sh -c` string that names mount paths as words."""
+    ctx = context(tmp_path, {"scripts": "/local/scripts", "work": "/local/work"})
+    container = {
+        "name": "trainer",
+        "command": ["sh", "-c"],
+        "args": [
+            "cp /scripts/multinode.py /work && cd /work;python multinode.py --out='/work/out' "
+            '>"/work/log" 2>&1|tee /workshop/x (ls /scripts)'
+        ],
+        "volumeMounts": [
+            {"name": "scripts", "mountPath": "/scripts"},
+            {"name": "work", "mountPath": "/work"},
+        ],
+    }
+    command = build_local_command(POD, container, ctx, {})
+    assert command.argv[2] == (
+        "cp /local/scripts/multinode.py /local/work && cd /local/work;python multinode.py --out='/local/work/out' "
+        '>"/local/work/log" 2>&1|tee /workshop/x (ls /local/scripts)'
+    )
+
+
+def test_the_agents_own_variables_keep_their_paths_when_a_mount_shadows_them(tmp_path: Path) -> None:
+    """A pod mounting /work on a machine whose virtualenv lives under /work: PATH must still find it."""
+    ctx = context(tmp_path, {"work": "/local/work"})
+    container = {
+        "name": "trainer",
+        "command": ["sh", "-c", "python /work/x.py"],
+        "env": [{"name": "OUT", "value": "/work/out"}],
+        "volumeMounts": [{"name": "work", "mountPath": "/work"}],
+    }
+    base = {"PATH": "/work/main/.venv/bin:/usr/bin", "HOME": "/work/home"}
+    command = build_local_command(POD, container, ctx, base)
+    assert command.env["PATH"] == "/work/main/.venv/bin:/usr/bin"
+    assert command.env["HOME"] == "/work/home"
+    assert command.env["OUT"] == "/local/work/out"  # the container's own value is the pod's path
+    assert command.argv[2] == "python /local/work/x.py"
+
+
+def test_a_mount_path_inside_a_longer_word_is_left_alone() -> None:
+    rewrites = [("/data", "/l/data")]
+    assert rewrite_paths("http://host/data /database x/data", rewrites) == "http://host/data /database x/data"
+
+
+def test_a_rewritten_path_is_never_rewritten_again() -> None:
+    """One pass: a local directory that itself starts with another mount path stays as it is."""
+    rewrites = [("/work", "/tmp/state/w"), ("/tmp", "/l/tmp")]
+    assert rewrite_paths("/work/a /tmp/b", rewrites) == "/tmp/state/w/a /l/tmp/b"
+
+
 def test_nested_mounts_win_over_their_parents() -> None:
     rewrites = [("/data/cache", "/l/cache"), ("/data", "/l/data")]
     assert rewrite_paths("/data/cache/x:/data/y", rewrites) == "/l/cache/x:/l/data/y"

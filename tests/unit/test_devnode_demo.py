@@ -8,7 +8,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from phalanx.demo import format_eta, kept_steps, lost_steps, parse_trainer_log, progress_line, summarize
+from phalanx.demo import (
+    PlotMark,
+    disruption_marks,
+    format_eta,
+    kept_steps,
+    lost_steps,
+    parse_trainer_log,
+    progress_line,
+    summarize,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -78,3 +87,24 @@ def test_the_demo_jobs_inline_trainer_config_matches_the_example_file() -> None:
     assert (
         job["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"] == config_map["metadata"]["name"]
     )
+
+
+def test_the_plot_marks_the_eviction_and_the_resume_step_apart() -> None:
+    """Evicted at step 153, saved at SIGTERM at 167, resumed from 167: two marks, two steps."""
+    log = log_of(
+        [progress(152, 2.0), progress(153, 2.0), progress(167, 1.9), '{"event": "preempted", "step": 167}'],
+        ['{"event": "resumed", "step": 167}', progress(168, 1.9)],
+    )
+    assert disruption_marks(parse_trainer_log(log), evicted_steps=[153]) == [
+        PlotMark(153, "evicted at step 153", "eviction"),
+        PlotMark(167, "resumed from its SIGTERM checkpoint at step 167", "resume"),
+    ]
+
+
+def test_a_resume_from_an_older_checkpoint_is_named_so() -> None:
+    """No SIGTERM save (killed): training picks up at the periodic checkpoint before the eviction."""
+    attempts = parse_trainer_log(PREEMPTED_AT_3.replace('{"event": "preempted", "step": 3}', ""))
+    assert disruption_marks(attempts, evicted_steps=[3]) == [
+        PlotMark(3, "evicted at step 3", "eviction"),
+        PlotMark(2, "resumed from the newest checkpoint at step 2", "resume"),
+    ]

@@ -97,6 +97,33 @@ def test_operator_image_is_multi_stage_with_runtime_only_final_stage() -> None:
     assert copies == ["--from=build /opt/phalanx /opt/phalanx"]
 
 
+DEV_ONLY = ("devcluster", "devnode", "demo.py")
+
+
+def test_the_operator_image_leaves_out_the_development_tools() -> None:
+    build = " ".join(rest for keyword, rest in instructions(OPERATOR_DOCKERFILE) if keyword == "RUN")
+    for part in DEV_ONLY:
+        assert f"site-packages/phalanx/{part}" in build.split("rm -r", 1)[1], part
+
+
+def test_the_operator_runs_without_the_development_tools(tmp_path: Path) -> None:
+    """What the image holds: the operator's package less DEV_ONLY. Every module the entry point and
+    the kopf handlers import must load from that alone."""
+    shutil.copytree(REPO_ROOT / "operator" / "phalanx", tmp_path / "phalanx",
+                    ignore=shutil.ignore_patterns(*DEV_ONLY, "__pycache__"))  # fmt: skip
+    script = (
+        "import phalanx, phalanx.handlers, phalanx.cli, pkgutil, importlib;"
+        f"assert phalanx.__file__.startswith({str(tmp_path)!r}), phalanx.__file__;"
+        "[importlib.import_module(m.name) for m in pkgutil.walk_packages(phalanx.__path__, 'phalanx.')];"
+        "phalanx.cli.build_parser().parse_args(['operator'])"
+    )
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", script], env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+
+
 def test_trainer_image_uses_an_official_pytorch_cuda_runtime_base() -> None:
     (base,) = base_images(TRAINER_DOCKERFILE)
     assert re.fullmatch(r"pytorch/pytorch:\d+\.\d+\.\d+-cuda[\d.]+-cudnn\d+-runtime", base), base
@@ -123,3 +150,30 @@ def test_trainer_entrypoint_is_a_runnable_module() -> None:
     spec = importlib.util.find_spec(f"{module}.__main__")
     assert spec is not None and spec.origin is not None, f"`python -m {module}` needs {module}/__main__.py"
     assert Path(spec.origin).is_relative_to(REPO_ROOT / "trainer-image"), spec.origin
+
+
+def test_trainer_image_torch_is_the_torch_every_test_runs() -> None:
+    """One torch: the range in trainer-image/pyproject.toml admits one minor series, and both the
+    image's base (which brings torch: pip installs the trainer with --no-deps) and the pinned
+    development environment (every test and benchmark) fall inside it."""
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    dependencies = tomllib.loads((REPO_ROOT / "trainer-image" / "pyproject.toml").read_text())["project"][
+        "dependencies"
+    ]
+    [torch_range] = [Requirement(d).specifier for d in dependencies if Requirement(d).name == "torch"]
+    (base,) = base_images(TRAINER_DOCKERFILE)
+    image_torch = Version(base.partition(":")[2].split("-")[0])
+    [dev_pin] = [
+        line.split("==")[1].strip()
+        for line in (REPO_ROOT / "requirements-dev.txt").read_text().splitlines()
+        if line.startswith("torch==")
+    ]
+    dev_torch = Version(dev_pin)
+    assert image_torch in torch_range, f"image torch {image_torch} outside the trainer's range {torch_range}"
+    assert dev_torch in torch_range, f"requirements-dev.txt torch {dev_torch} outside {torch_range}"
+    next_minor = Version(f"{dev_torch.major}.{dev_torch.minor + 1}")
+    assert next_minor not in torch_range, (
+        f"{torch_range} admits more than the {dev_torch.major}.{dev_torch.minor} series"
+    )

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from phalanx_trainer.__main__ import apply_env_defaults, main, metrics_port
-from phalanx_trainer.config import ConfigError, TrainerConfig, load_config
+from phalanx_trainer.config import ConfigError, TrainerConfig, deterministic_enabled, load_config
 
 pytestmark = pytest.mark.unit
 
@@ -106,8 +106,9 @@ def test_entry_point_reports_a_bad_config_without_traceback(
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert err.strip().splitlines() == [
-        "phalanx-trainer: config error: parallelism.tp > 1 with dp > 1 needs dp_mode = fsdp or zero2",
         "phalanx-trainer: config error: dp x tp x pp = 2 x 2 x 1 = 4 != world size 1",
+        "phalanx-trainer: config error: parallelism.dp_mode = 'ddp': tp = 2 with dp = 2 needs sharded data"
+        ' parallelism: use dp_mode = "fsdp" or "zero2", or dp = 1',
     ]
 
 
@@ -139,3 +140,20 @@ def test_metrics_port_per_local_rank() -> None:
     assert metrics_port(0, {"PHALANX_METRICS_PORT": "9500"}, 1) == 0
     assert metrics_port(-1, {"PHALANX_METRICS_PORT": "0"}, 1) == 0
     assert metrics_port(8000, {}, 1) == 8001
+
+
+def test_deterministic_algorithms_default_on_for_cpu_and_off_on_cuda() -> None:
+    # On CUDA deterministic mode fills every new allocation with NaN and picks slow kernels.
+    job = load_config(None, [], 1).job
+    assert deterministic_enabled(job, "cpu") is True
+    assert deterministic_enabled(job, "cuda") is False
+    forced_on = load_config(None, ["job.deterministic=on"], 1).job
+    assert deterministic_enabled(forced_on, "cuda") is True
+    forced_off = load_config(None, ["job.deterministic=off"], 1).job
+    assert deterministic_enabled(forced_off, "cpu") is False
+
+
+def test_deterministic_setting_names_its_choices() -> None:
+    assert problems_of(None, ["job.deterministic=true"]) == [
+        "job.deterministic: expected a string, got True (one of auto, on, off)"
+    ]

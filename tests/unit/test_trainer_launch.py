@@ -107,7 +107,7 @@ def test_rendezvous_times_out_with_a_clear_message() -> None:
 
 
 def test_parallel_dims_coordinates_are_row_major_pp_dp_tp() -> None:
-    dims = ParallelDims(dp=2, tp=2, pp=2, world_size=8)
+    dims = ParallelDims(dp=2, tp=2, pp=2, world_size=8, dp_mode="fsdp")
     assert [dims.coordinates(rank) for rank in range(8)] == [
         (0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1), (1, 0, 0), (1, 0, 1), (1, 1, 0), (1, 1, 1),
     ]  # fmt: skip

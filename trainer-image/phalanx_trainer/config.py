@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from phalanx_trainer.checkpoint import CheckpointConfig
+from phalanx_trainer.parallel_dims import layout_problems
 
 
 class ConfigError(Exception):
@@ -34,7 +35,9 @@ class JobConfig:
     steps: int = 100  # optimizer steps
     device: str = "auto"  # auto | cpu | cuda
     torch_threads: int = 0  # 0: torch's default
-    deterministic: bool = True  # bitwise repeatable losses on CPU for a fixed seed
+    # auto: on for CPU (bitwise repeatable losses for a fixed seed), off on CUDA, where it fills every
+    # new allocation with NaN and picks slow kernels | on | off
+    deterministic: str = "auto"
 
 
 @dataclass
@@ -139,6 +142,7 @@ _SECTION_TYPES = typing.get_type_hints(TrainerConfig)
 
 _CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
     ("job", "device"): ("auto", "cpu", "cuda"),
+    ("job", "deterministic"): ("auto", "on", "off"),
     ("model", "kind"): ("gpt", "mlp", "custom"),
     ("data", "source"): ("text", "synthetic", "custom"),
     ("optimizer", "name"): ("adamw", "lamb", "lars", "sgd"),
@@ -242,6 +246,8 @@ def build_config(raw: dict[str, Any]) -> tuple[TrainerConfig, list[str]]:
                 problems.append(f"{section}.{key}: unknown key (known: {', '.join(hints)})")
                 continue
             coerced, problem = _coerce(value, hints[key], f"{section}.{key}")
+            if problem and (section, key) in _CHOICES:
+                problem += f" (one of {', '.join(_CHOICES[section, key])})"
             if problem:
                 problems.append(problem)
             else:
@@ -307,38 +313,23 @@ def validate(config: TrainerConfig, world_size: int | None = None) -> list[str]:
             f"data.batch_size = {config.data.batch_size} must be divisible by "
             f"parallelism.pp_microbatches = {par.pp_microbatches}"
         )
-    if par.pp > 1 and par.dp_mode in ("ddp", "zero1") and par.dp not in (1, -1):
-        problems.append("parallelism.pp > 1 with dp > 1 needs dp_mode = fsdp or zero2")
-    if par.tp > 1 and par.dp_mode in ("ddp", "zero1") and par.dp not in (1, -1):
-        problems.append("parallelism.tp > 1 with dp > 1 needs dp_mode = fsdp or zero2")
     if config.data.num_workers == 0 and config.data.persistent_workers:
         problems.append("data.persistent_workers = true needs data.num_workers > 0")
     if config.checkpoint.keep < 2:
         pass  # reported by positive() above
 
-    if world_size is not None:
-        problems.extend(validate_layout(par, world_size))
+    if par.tp >= 1 and par.pp >= 1 and par.dp >= -1 and par.dp != 0:
+        # Before the launch (no world size yet), check the smallest world this layout allows.
+        launch_size = world_size if world_size is not None else max(par.dp, 1) * par.tp * par.pp
+        problems.extend(layout_problems(par, launch_size))
     return problems
 
 
-def resolve_dp(par: ParallelismConfig, world_size: int) -> int:
-    return world_size // (par.tp * par.pp) if par.dp == -1 else par.dp
-
-
-def validate_layout(par: ParallelismConfig, world_size: int) -> list[str]:
-    if par.tp < 1 or par.pp < 1:
-        return []
-    if par.dp == -1:
-        if world_size % (par.tp * par.pp):
-            return [
-                f"world size {world_size} is not divisible by tp x pp = "
-                f"{par.tp} x {par.pp} = {par.tp * par.pp}"
-            ]
-        return []
-    product = par.dp * par.tp * par.pp
-    if product != world_size:
-        return [f"dp x tp x pp = {par.dp} x {par.tp} x {par.pp} = {product} != world size {world_size}"]
-    return []
+def deterministic_enabled(job: JobConfig, device_type: str) -> bool:
+    """Whether to call torch.use_deterministic_algorithms for this device."""
+    if job.deterministic == "auto":
+        return device_type != "cuda"
+    return job.deterministic == "on"
 
 
 def load_config(path: Path | None, overrides: list[str], world_size: int | None = None) -> TrainerConfig:

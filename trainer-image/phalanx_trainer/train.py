@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import random
 import resource
 import sys
 import time
@@ -14,6 +15,7 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -27,33 +29,18 @@ from torch.nn.parallel import DistributedDataParallel
 
 from phalanx_trainer import contract
 from phalanx_trainer.checkpoint import CheckpointManager, PreemptionWatcher
-from phalanx_trainer.config import TrainerConfig
+from phalanx_trainer.checkpoint.rng import RngState
+from phalanx_trainer.config import TrainerConfig, deterministic_enabled
 from phalanx_trainer.dataset import DataStream, build_source
 from phalanx_trainer.distenv import DistEnv
 from phalanx_trainer.logs import EventLog
 from phalanx_trainer.metrics import MetricsServer, StepReport, TrainerMetrics
-from phalanx_trainer.models import build_model, model_flops_per_token
-from phalanx_trainer.models.gpt import GPT, split_for_stage
+from phalanx_trainer.models import build_model, model_flops_per_token, parallelize_plan
 from phalanx_trainer.optim import optimizer_class_and_kwargs
-from phalanx_trainer.parallel_dims import ParallelDims, device_for
-from phalanx_trainer.parallelize import apply_compile, apply_ddp, apply_fsdp, apply_tensor_parallel
+from phalanx_trainer.parallel_dims import SHARDED_DP_MODES, ParallelDims, device_for
+from phalanx_trainer.parallelize import apply_ddp, apply_fsdp
 from phalanx_trainer.precision import AUTOCAST_DTYPES, DynamicLossScaler, local_tensor
 from phalanx_trainer.schedule import build_scheduler
-
-
-class RNGState:
-    """This rank's generator states (CPU and, when present, the current CUDA device)."""
-
-    def state_dict(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"cpu": torch.get_rng_state()}
-        if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
-            state["cuda"] = torch.cuda.get_rng_state()
-        return state
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        torch.set_rng_state(state_dict["cpu"])
-        if "cuda" in state_dict and torch.cuda.is_available():
-            torch.cuda.set_rng_state(state_dict["cuda"])
 
 
 class ProgressState:
@@ -67,6 +54,13 @@ class ProgressState:
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.step = int(state_dict["step"])
         self.tokens = int(state_dict["tokens"])
+
+
+def seed_generators(seed: int) -> None:
+    """Python, NumPy and torch (CPU and every CUDA device): the generators RngState saves."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
 
 
 def cross_entropy_fp32(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -105,7 +99,7 @@ class Trainer:
         self.device = device_for(dist_env.local_rank, job.device)
         if job.torch_threads:
             torch.set_num_threads(job.torch_threads)
-        if job.deterministic:
+        if deterministic_enabled(job, self.device.type):
             torch.use_deterministic_algorithms(True, warn_only=True)
         self.mesh: DeviceMesh | None = (
             self.dims.build_mesh(self.device.type) if self.dims.distributed else None
@@ -120,32 +114,31 @@ class Trainer:
         self.flops_per_token = model_flops_per_token(model)
         if hasattr(model, "autocast_dtype"):
             setattr(model, "autocast_dtype", AUTOCAST_DTYPES[config.precision.dtype])  # noqa: B010
-        if self.dims.pp > 1:
-            assert isinstance(model, GPT)
-            split_for_stage(model, self.pp_rank, self.dims.pp)
-        if self.dims.tp > 1:
-            assert isinstance(model, GPT) and self.mesh is not None
-            apply_tensor_parallel(model, self.mesh["tp"])
-        if config.model.compile and isinstance(model, GPT):
-            apply_compile(model)
+        plan = parallelize_plan(model)  # the model's own split / TP / FSDP / compile plan
+        if self.dims.pp_enabled:
+            plan.split_for_stage(self.pp_rank, self.dims.pp)
+        if self.dims.tp_enabled:
+            assert self.mesh is not None
+            plan.apply_tensor_parallel(self.mesh["tp"])
+        if config.model.compile:
+            plan.apply_compile()
         self.model = model  # unwrapped: parameter names match a one-process model
         self.train_module: nn.Module = model
         self.dp_group: Any = None
-        if self.mesh is not None and self.dims.dp > 1:
+        if self.mesh is not None and self.dims.dp_enabled:
             dp_mesh = self.mesh["dp"]
             self.dp_group = dp_mesh.get_group()
-            if par.dp_mode in ("fsdp", "zero2"):
-                apply_fsdp(model, dp_mesh, reshard_after_forward=par.dp_mode == "fsdp")
+            if par.dp_mode in SHARDED_DP_MODES:
+                apply_fsdp(model, plan.fsdp_units(), dp_mesh, reshard_after_forward=par.dp_mode == "fsdp")
             else:
-                self.train_module = apply_ddp(
-                    model, dp_mesh, par.ddp_bucket_mb, self.device, static_graph=self.dims.pp == 1
-                )
+                self.train_module = apply_ddp(model, dp_mesh, par.ddp_bucket_mb, self.device)
         self.pp_group: Any = (
-            self.mesh["pp"].get_group() if self.mesh is not None and self.dims.pp > 1 else None
+            self.mesh["pp"].get_group() if self.mesh is not None and self.dims.pp_enabled else None
         )
         # Different streams per rank for anything random from here on (none of the shipped models
-        # draws during training, but users' models may).
-        torch.manual_seed(job.seed + 1 + dist_env.rank)
+        # draws during training, but users' models may). Every generator the checkpoint saves is
+        # seeded, so an uninterrupted run and a resumed one end in the same state.
+        seed_generators(job.seed + 1 + dist_env.rank)
 
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         optimizer_class, optimizer_kwargs = optimizer_class_and_kwargs(config.optimizer, self.device)
@@ -162,12 +155,17 @@ class Trainer:
         self.stage: PipelineStage | None = None
         self.schedule: ScheduleGPipe | Schedule1F1B | None = None
         self._pipeline_losses: list[torch.Tensor] = []
-        if self.dims.pp > 1:
+        if self.dims.pp_enabled:
             self.stage = PipelineStage(
                 self.train_module, self.pp_rank, self.dims.pp, self.device, group=self.pp_group
             )
             schedule_class = ScheduleGPipe if par.pp_schedule == "gpipe" else Schedule1F1B
-            self.schedule = schedule_class(self.stage, par.pp_microbatches, loss_fn=self._pipeline_loss)
+            # scale_grads=False: the schedule's own scaling divides every .grad at the end of each
+            # step(), gradients kept from earlier accumulation micro-steps included; the loss is
+            # divided instead (see _pipeline_loss).
+            self.schedule = schedule_class(
+                self.stage, par.pp_microbatches, loss_fn=self._pipeline_loss, scale_grads=False
+            )
 
         self.data = DataStream(
             build_source(config.data, config.model, job.seed),
@@ -177,7 +175,7 @@ class Trainer:
             self.device,
         )
         self.progress = ProgressState()
-        self.rng = RNGState()
+        self.rng = RngState()
         self.tokens_per_step = (
             config.data.batch_size * config.model.seq_len * self.dims.dp * self.accumulation
         )
@@ -204,40 +202,52 @@ class Trainer:
         yield
 
     def _pipeline_loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """One pipeline micro-batch's share of the step's mean loss."""
         loss = cross_entropy_fp32(output, targets)
         self._pipeline_losses.append(loss.detach())
-        return self.scaler.scale_loss(loss / self.accumulation)
+        shares = self.accumulation * self.config.parallelism.pp_microbatches
+        return self.scaler.scale_loss(loss / shares)
 
     def forward_backward(self) -> torch.Tensor:
         """Runs the accumulation micro-steps; returns this rank's mean loss (NaN on non-last stages)."""
         total = torch.zeros((), device=self.device)
         for micro in range(self.accumulation):
             inputs, targets = self.data.next_batch()
-            with self._gradient_sync(micro == self.accumulation - 1):
-                if self.schedule is not None and self.stage is not None:
-                    self._pipeline_step(inputs, targets)
-                    continue
+            sync = micro == self.accumulation - 1  # reduce gradients on the last micro-step only
+            if self.schedule is not None:
+                self._pipeline_step(inputs, targets, sync)
+                continue
+            with self._gradient_sync(sync):
                 loss = cross_entropy_fp32(self.train_module(inputs), targets)
                 self.scaler.scale_loss(loss / self.accumulation).backward()  # type: ignore[no-untyped-call]
-                total += loss.detach()
+            total += loss.detach()
         if self.schedule is not None:
-            if not self._pipeline_losses:
-                return torch.full((), math.nan)
-            # The first schedule step also calls the loss once while it infers shapes: keep only the
-            # losses of the real micro-batches, the last ones recorded.
-            real = self.accumulation * self.config.parallelism.pp_microbatches
-            total = torch.stack(self._pipeline_losses[-real:]).mean() * self.accumulation
-            self._pipeline_losses.clear()
+            return self._pipeline_mean_loss()
         return total / self.accumulation
 
-    def _pipeline_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> None:
+    def _pipeline_mean_loss(self) -> torch.Tensor:
+        """The mean of this step's micro-batch losses on the last stage; NaN on the others."""
+        if not self._pipeline_losses:
+            return torch.full((), math.nan)
+        # The first schedule step also calls the loss once while it infers shapes: keep only the
+        # losses of the real micro-batches, the last ones recorded.
+        real = self.accumulation * self.config.parallelism.pp_microbatches
+        mean = torch.stack(self._pipeline_losses[-real:]).mean()
+        self._pipeline_losses.clear()
+        return mean
+
+    def _pipeline_step(self, inputs: torch.Tensor, targets: torch.Tensor, sync: bool) -> None:
+        """One schedule step over pp_microbatches; the schedule drives FSDP's gradient sync itself,
+        so the accumulation switch goes to it as finalize_gradients."""
         assert self.schedule is not None and self.stage is not None
         if self.stage.is_first:
-            self.schedule.step(inputs, target=targets if self.stage.is_last else None)
+            self.schedule.step(
+                inputs, target=targets if self.stage.is_last else None, finalize_gradients=sync
+            )
         elif self.stage.is_last:
-            self.schedule.step(target=targets, losses=[])
+            self.schedule.step(target=targets, losses=[], finalize_gradients=sync)
         else:
-            self.schedule.step()
+            self.schedule.step(finalize_gradients=sync)
 
     def optimizer_step(self) -> tuple[float, bool]:
         """Unscale, check overflow, clip, step, schedule; returns (grad norm before clipping, skipped)."""

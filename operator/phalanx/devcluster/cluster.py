@@ -137,6 +137,14 @@ class LocalCluster:
             raise ClusterError(
                 f"a cluster is already running from {self.state_dir}; run `phalanx dev down` first"
             )
+        if real_nodes:
+            from phalanx.devcluster.realnode import check_real_node_preflight
+            from phalanx.devnode.preflight import PreflightError
+
+            try:
+                check_real_node_preflight()
+            except PreflightError as exc:
+                raise ClusterError(str(exc)) from exc
         bin_dir = resolve_bin_dir()
         for sub in ("run", "logs"):
             (self.state_dir / sub).mkdir(parents=True, exist_ok=True)

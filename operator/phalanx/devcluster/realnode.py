@@ -15,6 +15,7 @@ from pathlib import Path
 
 from phalanx.devcluster.processes import process_alive
 from phalanx.devnode.network import default_ip_prefix
+from phalanx.devnode.preflight import check_name_resolution, default_nss_wrapper
 
 REAL_NODE_PREFIX = "real-node"
 
@@ -31,10 +32,16 @@ def _pid_file(cluster_state_dir: Path, node_name: str) -> Path:
     return cluster_state_dir / "run" / f"devnode-{node_name}.pid"
 
 
+def check_real_node_preflight() -> None:
+    """Raises PreflightError (one line: what is missing and the fix) before anything long starts."""
+    check_name_resolution(default_nss_wrapper(), sys.executable)
+
+
 def start_real_nodes(
     cluster_state_dir: Path, kubeconfig: Path, count: int, cpu: str | None = None, workdir: Path | None = None
 ) -> list[str]:
     """Starts `count` agents in the background (logs in <state>/logs/devnode-<name>.log)."""
+    check_real_node_preflight()
     names = real_node_names(count)
     for index, name in enumerate(names):
         state_dir = agent_state_dir(cluster_state_dir, name)
@@ -107,4 +114,10 @@ def stop_real_nodes(cluster_state_dir: Path, grace: float = 15.0) -> list[str]:
     return stopped
 
 
-__all__ = ["start_real_nodes", "stop_real_nodes", "wait_real_nodes_ready", "real_node_names"]
+__all__ = [
+    "check_real_node_preflight",
+    "start_real_nodes",
+    "stop_real_nodes",
+    "wait_real_nodes_ready",
+    "real_node_names",
+]

@@ -12,6 +12,8 @@ from types import FrameType
 
 from phalanx.devnode.network import default_ip_prefix
 
+PREFLIGHT_FAILED = 3  # exit code: the node cannot run pods here and did not register
+
 
 def default_state_dir(node_name: str) -> Path:
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
@@ -40,6 +42,10 @@ def parse_run_args(argv: Sequence[str]) -> argparse.Namespace:
     )
     parser.add_argument(
         "--workdir", default=os.getcwd(), help="working directory of containers that set none"
+    )
+    parser.add_argument(
+        "--nss-wrapper",
+        help="libnss_wrapper.so that pods preload to resolve cluster names (default: Debian's)",
     )
     return parser.parse_args(argv)
 
@@ -86,6 +92,7 @@ def run_agent(argv: Sequence[str]) -> int:
 
     from phalanx.devnode.agent import Agent, AgentConfig
     from phalanx.devnode.node import NodeShape
+    from phalanx.devnode.preflight import PreflightError, default_nss_wrapper
 
     args = parse_run_args(argv)
     state_dir = (args.state_dir or default_state_dir(args.name)).resolve()
@@ -95,6 +102,7 @@ def run_agent(argv: Sequence[str]) -> int:
         state_dir=state_dir,
         ip_prefix=args.ip_prefix or default_ip_prefix(f"{state_dir}:{args.name}"),
         default_workdir=str(Path(args.workdir).resolve()),
+        nss_wrapper=args.nss_wrapper or default_nss_wrapper(),
     )
     api_client = config.new_client_from_config(config_file=args.kubeconfig)  # type: ignore[no-untyped-call]
     agent = Agent(api_client, agent_config)
@@ -105,7 +113,11 @@ def run_agent(argv: Sequence[str]) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    agent.run()
+    try:
+        agent.run()
+    except PreflightError as exc:
+        print(exc, file=sys.stderr, flush=True)
+        return PREFLIGHT_FAILED
     return 0
 
 

@@ -29,12 +29,12 @@ from phalanx.devnode.containers import (
     build_local_command,
     prepend_path_list,
 )
-from phalanx.devnode.network import IpPool, PodAddress, render_hosts
+from phalanx.devnode.network import IpPool, PodAddress, render_hosts, resolver_env
 from phalanx.devnode.podstatus import ContainerState, exit_code_of, orphan_status, pod_status
+from phalanx.devnode.preflight import check_name_resolution, default_nss_wrapper
 from phalanx.devnode.processes import POD_UID_ENV, ContainerProcess, kill_leftover_group, log_path, spawn
 from phalanx.devnode.volumes import materialize, plan_volumes
 
-NSS_WRAPPER = "/usr/lib/x86_64-linux-gnu/libnss_wrapper.so"
 PYHOOK_DIR = Path(__file__).with_name("pyhook")
 POD_IP_ENV = "PHALANX_DEVNODE_POD_IP"
 STRATEGIC_MERGE = "application/strategic-merge-patch+json"
@@ -49,7 +49,7 @@ class AgentConfig:
     ip_prefix: str
     python: str = sys.executable
     default_workdir: str = os.getcwd()
-    nss_wrapper: str = NSS_WRAPPER
+    nss_wrapper: str = field(default_factory=default_nss_wrapper)
     cluster_domain: str = "cluster.local"
     heartbeat_seconds: float = 10.0
     resync_seconds: float = 2.0
@@ -143,6 +143,8 @@ class Agent:
 
     # -- loop ------------------------------------------------------------------------------
     def run(self) -> None:
+        # Before the Node exists: a node that cannot resolve pod names must never be given a pod.
+        check_name_resolution(self.config.nss_wrapper, self.config.python)
         self.kill_leftovers()
         self.register()
         threading.Thread(target=self._watch_pods, name="devnode-watch", daemon=True).start()
@@ -391,10 +393,7 @@ class Agent:
             "HOSTNAME": runtime.address.hostname,
             "LANG": "C.UTF-8",
             "PYTHONUNBUFFERED": "1",  # logs appear as written, as with a container's pipe
-            "NSS_WRAPPER_HOSTS": str(self.config.hosts_file),
-            "NSS_WRAPPER_PASSWD": "/etc/passwd",
-            "NSS_WRAPPER_GROUP": "/etc/group",
-            "NSS_WRAPPER_HOSTNAME": runtime.address.hostname,
+            **resolver_env(self.config.hosts_file, runtime.address.hostname),
             "GLOO_SOCKET_IFNAME": "lo",
             POD_IP_ENV: runtime.address.ip,
             POD_UID_ENV: runtime.uid,

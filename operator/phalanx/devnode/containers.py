@@ -2,8 +2,9 @@
 
 The image is ignored: the agent's Python environment stands in for it. Bare command names are looked
 up in the agent's virtualenv first (so `python`, `torchrun` and `phalanx` are the repo's), and volume
-mount paths in the command, args, env values and workingDir are rewritten to the local directories
-that back the volumes (docs/dev-node.md explains why rewriting rather than mounting).
+mount paths in the command, args (shell command lines included), env values and workingDir are
+rewritten to the local directories that back the volumes (docs/dev-node.md explains why rewriting
+rather than mounting).
 """
 
 from __future__ import annotations
@@ -95,12 +96,21 @@ def mount_rewrites(container: Mapping[str, Any], volume_dirs: Mapping[str, str])
     return sorted(pairs, key=lambda pair: len(pair[0]), reverse=True)
 
 
+# Where a path can start: the beginning of a value, after '=', ':' or ',' (NAME=/p, a:/p, a,/p), and,
+# for shell command lines (`sh -c "cp /scripts/x /work && cd /work"`), after a space, a quote or a
+# shell operator. It must end the value or go on with '/' or one of the same delimiters.
+_PATH_START = r"(?:^|(?<=[=:,\s'\"`;|&(<>]))"
+_PATH_END = r"(?=$|[/:,\s'\"`;|&)<>])"
+
+
 def rewrite_paths(text: str, rewrites: Sequence[tuple[str, str]]) -> str:
-    """Replaces a mount path where a path can start: the whole value, or after '=', ':' or ','."""
-    for mount_path, local in rewrites:
-        pattern = re.compile(r"(^|(?<=[=:,]))" + re.escape(mount_path) + r"(?=$|[/:,])")
-        text = pattern.sub(local.replace("\\", "\\\\"), text)
-    return text
+    """Replaces each mount path where a path starts (see _PATH_START), in one pass, longest first."""
+    if not rewrites:
+        return text
+    local_of = dict(rewrites)
+    alternatives = "|".join(re.escape(path) for path in sorted(local_of, key=len, reverse=True))
+    pattern = re.compile(_PATH_START + "(" + alternatives + ")" + _PATH_END)
+    return pattern.sub(lambda match: local_of[match.group(1)], text)
 
 
 def resolve_executable(name: str, context: PodContext, path_dirs: Sequence[str]) -> str:
@@ -151,7 +161,10 @@ def build_local_command(
         )
     rewrites = mount_rewrites(container, context.volume_dirs)
     env = container_env(pod, container, context, base_env)
-    env = {name: rewrite_paths(value, rewrites) for name, value in env.items()}
+    # Only what the container sets holds the pod's paths; the agent's own variables (PATH to its
+    # virtualenv, HOME) are host paths, even where a mount path is a prefix of them.
+    own = {str(item["name"]) for item in container.get("env") or []}
+    env = {name: rewrite_paths(value, rewrites) if name in own else value for name, value in env.items()}
     argv = [rewrite_paths(expand_references(part, env), rewrites) for part in (*command, *args)]
     path_dirs = [d for d in env.get("PATH", "").split(":") if d]
     argv[0] = resolve_executable(argv[0], context, path_dirs)

@@ -6,6 +6,7 @@ import hashlib
 import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 
 def default_ip_prefix(seed: str) -> str:
@@ -89,3 +90,14 @@ def render_hosts(
         lines.append(f"{pod.ip} {names}")
         lines.append(f"::ffff:{pod.ip} {names}")
     return "\n".join(lines) + "\n"
+
+
+def resolver_env(hosts_file: Path, hostname: str) -> dict[str, str]:
+    """What nss_wrapper reads (the agent preloads the library itself): the pods' hosts file, the
+    machine's users and groups, and the pod's own hostname."""
+    return {
+        "NSS_WRAPPER_HOSTS": str(hosts_file),
+        "NSS_WRAPPER_PASSWD": "/etc/passwd",
+        "NSS_WRAPPER_GROUP": "/etc/group",
+        "NSS_WRAPPER_HOSTNAME": hostname,
+    }

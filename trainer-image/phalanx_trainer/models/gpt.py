@@ -3,6 +3,7 @@
 Written for parallelism: q/k/v/o and the MLP are separate Linear layers so tensor parallelism can
 split them column- and row-wise; blocks live in a ModuleDict keyed by index so a pipeline stage can
 drop the blocks, embeddings or head it does not own and keep the others' names (checkpoints match).
+The plan that does so lives beside this file, in gpt_parallel.py.
 """
 
 from __future__ import annotations
@@ -137,20 +138,3 @@ class GPT(nn.Module):
         per_block = 4 * cfg.d_model * cfg.d_model + 2 * cfg.d_model * d_ff
         dense = cfg.n_layers * per_block + cfg.d_model * cfg.vocab_size
         return 6.0 * dense + 12.0 * cfg.n_layers * cfg.d_model * cfg.seq_len
-
-
-def split_for_stage(model: GPT, stage: int, num_stages: int) -> GPT:
-    """Keeps the blocks (and embeddings / head) that pipeline stage `stage` of `num_stages` owns."""
-    names = list(model.layers.keys())
-    per_stage, extra = divmod(len(names), num_stages)
-    start = stage * per_stage + min(stage, extra)
-    stop = start + per_stage + (1 if stage < extra else 0)
-    for name in names[:start] + names[stop:]:
-        del model.layers[name]
-    if stage > 0:
-        model.tok_emb = None
-        model.pos_emb = None
-    if stage < num_stages - 1:
-        model.ln_f = None
-        model.head = None
-    return model

@@ -9,7 +9,9 @@ from torch import nn
 
 from phalanx_trainer.config import ModelConfig
 from phalanx_trainer.models.gpt import GPT
+from phalanx_trainer.models.gpt_parallel import GPTParallelizePlan
 from phalanx_trainer.models.mlp import MLP
+from phalanx_trainer.parallelize import ParallelizePlan
 
 
 def load_object(spec: str) -> Any:
@@ -31,6 +33,13 @@ def build_model(config: ModelConfig) -> nn.Module:
     if not isinstance(model, nn.Module):
         raise TypeError(f"{config.custom} returned {type(model).__name__}, not an nn.Module")
     return model
+
+
+def parallelize_plan(model: nn.Module) -> ParallelizePlan:
+    """The model's own TP / PP / FSDP / compile plan; data parallelism alone for other models."""
+    if isinstance(model, GPT):
+        return GPTParallelizePlan(model)
+    return ParallelizePlan(model)
 
 
 def model_flops_per_token(model: nn.Module) -> float:

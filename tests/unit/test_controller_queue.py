@@ -1,0 +1,138 @@
+"""The hand-off from kopf's handler to the controller's queue, under threads.
+
+kopf runs a plain `def` handler in a thread pool and an `async def` one on its event loop. Either
+way, the controller must never reconcile one key in two workers at once, and every enqueued key must
+be reconciled after its enqueue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import random
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from phalanx import handlers
+from phalanx.controller import Controller
+
+pytestmark = pytest.mark.unit
+
+
+class Recorder:
+    """Stands in for Controller.reconcile: notes overlaps per key and when each reconcile began."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.clock = 0
+        self.running: dict[str, int] = {}
+        self.overlaps: list[str] = []
+        self.started: dict[str, list[int]] = {}
+
+    def tick(self) -> int:
+        with self.lock:
+            self.clock += 1
+            return self.clock
+
+    def reconcile(self, key: str) -> list[float]:
+        with self.lock:
+            self.clock += 1
+            self.started.setdefault(key, []).append(self.clock)
+            self.running[key] = self.running.get(key, 0) + 1
+            if self.running[key] > 1:
+                self.overlaps.append(key)
+        time.sleep(random.uniform(0, 0.003))
+        with self.lock:
+            self.running[key] -= 1
+        return []
+
+
+@pytest.fixture
+def fast_switching() -> Iterator[None]:
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads interleave as often as they can
+    yield
+    sys.setswitchinterval(before)
+
+
+def deliver_like_kopf(
+    loop: asyncio.AbstractEventLoop, pool: ThreadPoolExecutor, recorder: Recorder, **kwargs: Any
+) -> int:
+    """kopf awaits an async handler on its loop and runs a sync one in its thread pool. Returns the
+    recorder's clock read on the loop once the handler returned: a reconcile must start after it."""
+    handler = handlers.trainingjob_event
+
+    async def invoke() -> int:
+        if inspect.iscoroutinefunction(handler):
+            await handler(**kwargs)
+        else:
+            await loop.run_in_executor(pool, lambda: handler(**kwargs))
+        return recorder.tick()
+
+    return asyncio.run_coroutine_threadsafe(invoke(), loop).result(timeout=10)
+
+
+def test_events_from_many_threads_never_run_one_key_twice_at_once_and_none_is_lost(
+    fast_switching: None,
+) -> None:
+    keys = [f"ns/job-{i}" for i in range(6)]
+    recorder = Recorder()
+    loop = asyncio.new_event_loop()
+    controller = Controller(api=None, namespaces=[], workers=8)  # type: ignore[arg-type]
+    controller.reconcile = recorder.reconcile  # type: ignore[method-assign]
+    memo = type("Memo", (), {"controller": controller})()
+    kopf_pool = ThreadPoolExecutor(8)
+    last_enqueue: dict[str, int] = {}
+    generations = {key: 0 for key in keys}
+    lock = threading.Lock()
+
+    def worker() -> None:
+        for _ in range(200):
+            key = random.choice(keys)
+            with lock:
+                generations[key] += 1  # a spec change each time: never a status-only event
+                generation = generations[key]
+            namespace, name = key.split("/")
+            body = {"metadata": {"namespace": namespace, "name": name, "uid": "u", "generation": generation}}
+            stamp = deliver_like_kopf(loop, kopf_pool, recorder, event={"type": "MODIFIED", "object": body},
+                                      namespace=namespace, name=name, memo=memo)  # fmt: skip
+            with lock:
+                last_enqueue[key] = max(last_enqueue.get(key, 0), stamp)
+
+    workers: list[Any] = []
+    runner = threading.Thread(target=loop.run_forever, daemon=True)
+    runner.start()
+    try:
+        controller.loop = loop
+        workers = [
+            asyncio.run_coroutine_threadsafe(controller._worker(), loop) for _ in range(controller.workers)
+        ]
+        senders = [threading.Thread(target=worker) for _ in range(12)]
+        for sender in senders:
+            sender.start()
+        for sender in senders:
+            sender.join()
+        deadline = time.monotonic() + 10
+        lost = keys
+        while time.monotonic() < deadline:
+            with recorder.lock:
+                lost = [k for k in keys if not any(s > last_enqueue[k] for s in recorder.started.get(k, []))]
+            if not lost:
+                break
+            time.sleep(0.05)
+        assert recorder.overlaps == [], f"reconciled twice at once: {sorted(set(recorder.overlaps))}"
+        assert lost == [], f"enqueued but never reconciled afterwards: {lost}"
+    finally:
+        for running in workers:
+            running.cancel()
+        time.sleep(0.1)
+        loop.call_soon_threadsafe(loop.stop)
+        runner.join(timeout=5)
+        kopf_pool.shutdown(wait=False, cancel_futures=True)
+        controller.reconcile_pool.shutdown(wait=False, cancel_futures=True)
