@@ -10,6 +10,7 @@ from the API's replies; a reconcile asks the API for a job the store does not ha
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import logging
 import os
@@ -18,6 +19,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from phalanx import constants as c
@@ -40,16 +42,19 @@ from phalanx.cache import (
 from phalanx.gang.admission import GangRequest, admission_order, plan_admission
 from phalanx.gang.capacity import NodeInfo, NodeInfoCache, PodDemand, Resources
 from phalanx.gang.on_creation import plan_on_creation
-from phalanx.gang.preemption import RunningGang, choose_victims
+from phalanx.gang.preemption import RunningGang, choose_victims, preemption_message
 from phalanx.gang.usage import UsageIndex
-from phalanx.k8s import KubeApi, short_error
+from phalanx.k8s import CreationRefused, KubeApi, StatusConflict, short_error
 from phalanx.leader import LeaderElector
 from phalanx.policy.job_events import event_marker
 from phalanx.policy.node_loss import DEFAULT_NODE_LOST_AFTER_SECONDS
+from phalanx.policy.ownership import is_owned_by
 from phalanx.policy.pod_outcome import node_is_ready
-from phalanx.reconcile.conditions import set_condition
+from phalanx.reconcile.conditions import get_condition, set_condition
 from phalanx.reconcile.lifecycle import (
     FINISHED_PHASES,
+    REASON_CREATE_REFUSED,
+    REASON_PREEMPTED_BY_PRIORITY,
     Plan,
     decide,
     is_gated,
@@ -71,6 +76,7 @@ PROGRESS_TIMEOUT_SECONDS = 2.0  # a trainer busy on every core answers slowly
 PROGRESS_POLL_SECONDS = 1.0
 PREEMPTION_COOLDOWN_SECONDS = 15.0
 NAME_CONFLICT_RETRY_SECONDS = 10.0
+CREATE_REFUSED_RETRY_SECONDS = 5.0
 RETRY_BASE_SECONDS = 2.0
 # On shutdown, how long running reconciles and admission writes may take to finish (well within the
 # pod's 30 s grace period); the lease is released only if they did.
@@ -344,7 +350,7 @@ class Controller:
         listed = (
             self.pods.indexed(key) if self.pods.synced.is_set() else self.api.list_job_pods(namespace, name)
         )
-        pods = [p for p in listed if _controlled_by(p, job["metadata"]["uid"])]
+        pods = [p for p in listed if is_owned_by(p, job["metadata"]["uid"])]
         now = self.clock()
         old_status = dict(job.get("status") or {})
         if not old_status:
@@ -354,6 +360,25 @@ class Controller:
         spec = parse(TrainingJobSpec, job["spec"])
         ref = JobRef.of(job)
 
+        # Decide, record, then act: a deletion is explained in status before it is made, and only if
+        # the job is still the version decided on. Otherwise a lost write would leave the next pass
+        # reading the operator's own deletions as someone else's (a preemption, not the failure it was).
+        recorded = old_status
+        if plan.delete_pods or plan.force_delete_pods:
+            try:
+                stored = self._write_status(key, job, old_status, plan.status)
+            except StatusConflict:
+                return self._refreshed(key)
+            if stored is None:
+                self.forget(key)
+                return followups
+            # Told now: should a deletion below fail, the next pass starts from this status and
+            # would see no transition left to report.
+            self._observe(namespace, name, old_status, plan.status)
+            for event in plan.events:
+                self._record_event(job, event.type, event.reason, event.message, iso(now))
+            job, recorded, plan.events = stored, copy.deepcopy(plan.status), []
+
         uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
         grace = spec.run_policy.termination_grace_period_seconds
         for pod_name in plan.force_delete_pods:
@@ -362,20 +387,25 @@ class Controller:
             if pod_name not in plan.force_delete_pods:
                 self.api.delete_pod(namespace, pod_name, uids.get(pod_name), grace)
         if plan.create_indices:
-            taken = self._create_gang(key, job, ref, spec, plan, now)
+            outcomes = self._create_gang(key, job, ref, spec, plan, now)
+            taken = [o.pod for o in outcomes if o.taken]
+            refused = [o for o in outcomes if o.refused is not None]
             if taken:
                 self._report_name_conflict(job, plan.status, taken, now)
                 followups.append(NAME_CONFLICT_RETRY_SECONDS)
+            elif refused:
+                self._report_refused_creation(job, plan.status, refused, spec.replicas, now)
+                followups.append(CREATE_REFUSED_RETRY_SECONDS)
             elif self.pods.synced.is_set():
                 # The pods exist now (the store holds the API's replies): decide once more on them,
                 # so one status write says what this reconcile and the next would have written
                 # (all pods created; admitted, when admitted at creation).
-                pods = [p for p in self.pods.indexed(key) if _controlled_by(p, job["metadata"]["uid"])]
+                pods = [p for p in self.pods.indexed(key) if is_owned_by(p, job["metadata"]["uid"])]
                 then = decide({**job, "status": plan.status}, pods, nodes, now, self.node_lost_after)
                 if not (then.create_indices or then.delete_pods or then.force_delete_pods or then.delete_job):
                     then.events = merged_events([*plan.events, *then.events])
                     plan = then
-            if not taken:
+            if not taken and not refused:
                 followups.append(0.5)
 
         self._track_progress_target(key, pods, plan.status)
@@ -384,13 +414,15 @@ class Controller:
             plan.status["progress"] = {**done, "step": done["totalSteps"], "percent": 100, "etaSeconds": 0}
         if plan.status.get("phase") in FINISHED_PHASES:
             self.known_jobs.discard(key)  # nothing left to resync; TTL rides on recheck_after
-        patch = status_diff(old_status, plan.status)
-        if patch:
-            self._patch_job_status(namespace, name, patch)
+        try:
+            self._write_status(key, job, recorded, plan.status)
+        except StatusConflict:
+            return self._refreshed(key)  # what was done is read back from the pods next time
+        if status_diff(old_status, plan.status):
             # Decide once more on what was just written (a finished job's TTL, say, is timed from
             # the completionTime this write set): the job's own status events no longer enqueue it.
             followups.append(0.0)
-        self._observe(namespace, name, old_status, plan.status)
+        self._observe(namespace, name, recorded, plan.status)
         for event in plan.events:
             self._record_event(job, event.type, event.reason, event.message, iso(now))
         if plan.delete_job:
@@ -403,15 +435,51 @@ class Controller:
             followups.append(1.0)
         return followups
 
+    def _write_status(
+        self, key: str, job: dict[str, Any], old: dict[str, Any], new: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """Writes what changed from `old` to `new`, on condition that the job is still the version
+        read; returns the job as stored (unchanged when there was nothing to write), None when gone."""
+        patch = status_diff(old, new)
+        if not patch:
+            return job
+        _failpoint_lose_status_write(key, patch)
+        meta = job["metadata"]
+        stored = self.api.patch_job_status(
+            meta["namespace"], meta["name"], patch, meta.get("resourceVersion")
+        )
+        if stored is not None:
+            self.jobs.upsert(stored)
+        return stored
+
+    def _refreshed(self, key: str) -> list[float]:
+        """Someone wrote the job after it was read: read it again and decide once more, at once."""
+        namespace, name = key.split("/", 1)
+        fresh = self.api.get_job(namespace, name)
+        if fresh is not None:
+            self.jobs.upsert(fresh)
+        log.info("%s changed while it was being reconciled; deciding again", key)
+        return [0.0]
+
     def _create_gang(
         self, key: str, job: dict[str, Any], ref: JobRef, spec: TrainingJobSpec, plan: Plan, now: float
-    ) -> list[str]:
+    ) -> list[CreateOutcome]:
         """Creates the Service, the PodGroup (external schedulers) and the missing pods of the
-        attempt; returns the names held by pods another owner has."""
-        self.api.create_if_absent(build_headless_service(ref, spec))
-        podgroup = build_podgroup(ref, spec)
-        if podgroup is not None:
-            self.api.create_if_absent(podgroup)
+        attempt; says, per pod, whether another owner's pod holds its name or the API refused it."""
+        for manifest in (build_headless_service(ref, spec), build_podgroup(ref, spec)):
+            if manifest is None:
+                continue
+            try:
+                if self.api.create_if_absent(manifest) is not None:
+                    continue
+            except CreationRefused as refusal:  # reported as a refused pod is: nothing runs without it
+                return [CreateOutcome(f"{manifest['kind'].lower()} {manifest['metadata']['name']}",
+                                      refused=refusal.message)]  # fmt: skip
+            held = self.api.read_like(manifest)  # it existed: ours, or someone else's (ownership.py)
+            if held is not None and not is_owned_by(held, ref.uid):
+                return [
+                    CreateOutcome(f"{manifest['kind'].lower()} {manifest['metadata']['name']}", taken=True)
+                ]
         attempt = int(plan.status["attempt"])
         template = job["spec"].get("template") or {}
         pods_to_create = [
@@ -430,13 +498,13 @@ class Controller:
         if len(pods_to_create) == spec.replicas:
             pods_to_create = self._admit_on_creation(key, spec, pods_to_create, now)
         try:
-            taken = [name for name in self._create_pods(pods_to_create, ref.uid) if name is not None]
+            outcomes = self._create_pods(pods_to_create, ref.uid)
         finally:
             with self.admission_lock:
                 for pod in pods_to_create:
                     self.assumed.pop(f"{ref.namespace}/{pod['metadata']['name']}", None)
         self._admission_dirty_threadsafe()
-        return taken
+        return outcomes
 
     def _admit_on_creation(
         self, key: str, spec: TrainingJobSpec, pods: list[dict[str, Any]], now: float
@@ -479,22 +547,23 @@ class Controller:
         (the caller holds admission_lock, which guards self.assumed)."""
         return self.usage.used(self.assumed)
 
-    def _create_pods(self, pods: list[dict[str, Any]], owner_uid: str) -> list[str | None]:
-        """Creates the pods a few at a time (a 32-pod gang one by one waits on 32 round trips);
-        returns, per pod, its name when another owner's pod already holds it, else None."""
+    def _create_pods(self, pods: list[dict[str, Any]], owner_uid: str) -> list[CreateOutcome]:
+        """Creates the pods a few at a time (a 32-pod gang one by one waits on 32 round trips)."""
 
-        def create(pod: dict[str, Any]) -> str | None:
-            created = self.api.create_if_absent(pod)
+        def create(pod: dict[str, Any]) -> CreateOutcome:
+            meta = pod["metadata"]
+            try:
+                created = self.api.create_if_absent(pod)
+            except CreationRefused as refusal:
+                return CreateOutcome(meta["name"], refused=refusal.message)
             if created is not None:
                 self.pods.upsert(created)
                 metrics.observe_pods_created()
                 _failpoint_after_pod_create()
-                return None
-            meta = pod["metadata"]
-            return (
-                meta["name"]
-                if self.api.pod_controller_uid(meta["namespace"], meta["name"]) not in (owner_uid, None)
-                else None
+                return CreateOutcome(meta["name"])
+            held = self.api.read_like(pod)  # None: gone meanwhile, created on the next pass
+            return CreateOutcome(
+                f"pod {meta['name']}", taken=held is not None and not is_owned_by(held, owner_uid)
             )
 
         if os.environ.get("PHALANX_FAILPOINT_EXIT_AFTER_PODS") or len(pods) < 2:
@@ -517,11 +586,12 @@ class Controller:
     def _report_name_conflict(
         self, job: dict[str, Any], status: dict[str, Any], taken: list[str], now: float
     ) -> None:
-        """A pod not owned by this job holds a worker's name: say so in the status about to be written
-        and, the first time, in an Event; then wait for it to go."""
+        """An object this job does not control holds a name it needs (a worker pod's, its Service's,
+        its PodGroup's; policy/ownership.py): say so in the status about to be written and, the first
+        time, in an Event; then wait for it to go."""
         message = (
-            f"pod(s) {', '.join(taken)} exist but do not belong to this TrainingJob; delete or rename them "
-            "and the job continues"
+            f"{', '.join(taken)} hold(s) a name this TrainingJob needs but belong(s) to someone else; "
+            "delete or rename it and the job continues"
         )
         first_time = (job.get("status") or {}).get("message") != message
         status["message"] = message
@@ -531,6 +601,28 @@ class Controller:
         )  # fmt: skip
         if first_time:
             self._record_event(job, "Warning", "NameConflict", message, iso(now))
+
+    def _report_refused_creation(
+        self,
+        job: dict[str, Any],
+        status: dict[str, Any],
+        refused: list[CreateOutcome],
+        replicas: int,
+        now: float,
+    ) -> None:
+        """The API server refused pods (quota, admission policy, an invalid template): say so with its
+        words in the status about to be written and, the first time, in a Warning event. Creation is
+        retried; a gang left half-created is torn down after its gang timeout (lifecycle.py)."""
+        first = refused[0]
+        message = f"{len(refused)}/{replicas} pod(s) refused by the API server: {first.refused}"
+        previous = get_condition((job.get("status") or {}).get("conditions") or [], "PodsCreated")
+        status["message"] = message
+        status["conditions"] = set_condition(
+            status.get("conditions") or [], "PodsCreated", "False", REASON_CREATE_REFUSED, message, iso(now),
+            job["metadata"].get("generation"),
+        )  # fmt: skip
+        if previous is None or previous.get("message") != message:
+            self._record_event(job, "Warning", REASON_CREATE_REFUSED, message, iso(now))
 
     def _observe(self, namespace: str, name: str, old: dict[str, Any], new: dict[str, Any]) -> None:
         if old.get("phase") != new.get("phase") and new.get("phase"):
@@ -628,6 +720,11 @@ class Controller:
         """The value of the job's PriorityClass as the last admission pass read it."""
         return self.priorities.get(spec.scheduling.priority_class_name or "", 0)
 
+    def own_pods(self, job: dict[str, Any]) -> list[dict[str, Any]]:
+        """The job's pods in the store: labelled for it and controlled by it (policy/ownership.py)."""
+        uid = job["metadata"].get("uid", "")
+        return [p for p in self.pods.indexed(object_key(job)) if is_owned_by(p, uid)]
+
     def _stores_synced(self) -> bool:
         return all(store.synced.is_set() for store in (self.jobs, self.pods, self.nodes))
 
@@ -657,7 +754,7 @@ class Controller:
                 key = object_key(job)
                 spec = parse(TrainingJobSpec, job["spec"])
                 attempt = (job.get("status") or {}).get("attempt", 0)
-                current = [p for p in self.pods.indexed(key) if pod_attempt(p) == attempt]
+                current = [p for p in self.own_pods(job) if pod_attempt(p) == attempt]
                 pods = [p for p in current if is_gated(p)]
                 if len(current) < spec.replicas or not pods:
                     continue  # still being created (or torn down): never admit half a gang
@@ -760,7 +857,7 @@ class Controller:
             # Pods already being deleted count in `freeing` below, not as room a victim would free.
             bound = [
                 (p["metadata"]["name"], p["spec"]["nodeName"], PodDemand.from_pod_spec(p["spec"]))
-                for p in self.pods.indexed(key)
+                for p in self.own_pods(job)
                 if pod_attempt(p) == status.get("attempt", 0)
                 and p.get("spec", {}).get("nodeName")
                 and not p["metadata"].get("deletionTimestamp")
@@ -774,23 +871,36 @@ class Controller:
         if choice is None:
             return
         for victim in choice.victims:
-            namespace, name = victim.split("/", 1)
             log.info("preempting %s for higher-priority %s", victim, head.key)
             self.preempting[victim] = now
-            job = next(
-                j for j in jobs if j["metadata"]["namespace"] == namespace and j["metadata"]["name"] == name
-            )
-            grace = parse(TrainingJobSpec, job["spec"]).run_policy.termination_grace_period_seconds
-            for pod in self.pods.indexed(victim):
-                self.api.delete_pod(namespace, pod["metadata"]["name"], pod["metadata"]["uid"], grace)
-            self._record_event(
-                job,
-                "Warning",
-                "PreemptedByPriority",
-                f"stopped to make room for higher-priority {head.key}",
-                iso(time.time()),
-            )
+            job = next(j for j in jobs if object_key(j) == victim)
+            self._stop_victim(job, preemption_message(head.key, head.priority))
             self._enqueue_threadsafe(victim)
+
+    def _stop_victim(self, job: dict[str, Any], message: str) -> None:
+        """Says on the victim who preempted it (a Preempted condition, then an event), then evicts its
+        pods with their grace period: the pods carry DisruptionTarget, the trainer checkpoints on
+        SIGTERM, and the victim's reconcile restarts it as a preemption."""
+        namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
+        key = object_key(job)
+        now_iso = iso(time.time())
+        conditions = set_condition((job.get("status") or {}).get("conditions") or [], "Preempted", "True",
+                                   REASON_PREEMPTED_BY_PRIORITY, message, now_iso, job["metadata"].get("generation"))  # fmt: skip
+        try:
+            self._write_status(key, job, {}, {"conditions": conditions})
+        except StatusConflict:
+            fresh = self.api.get_job(namespace, name)
+            if fresh is None:
+                return
+            self.jobs.upsert(fresh)
+            return  # the next pass decides again on what the job is now
+        self._record_event(job, "Warning", REASON_PREEMPTED_BY_PRIORITY, message, now_iso)
+        grace = parse(TrainingJobSpec, job["spec"]).run_policy.termination_grace_period_seconds
+        for pod in self.own_pods(job):
+            if not self.api.evict_pod(namespace, pod["metadata"]["name"], pod["metadata"]["uid"], grace):
+                log.warning(
+                    "eviction of %s/%s refused by a PodDisruptionBudget", namespace, pod["metadata"]["name"]
+                )
 
     def _enqueue_threadsafe(self, key: str) -> None:
         loop = self.loop
@@ -802,10 +912,13 @@ class Controller:
 _pods_created_here = 0
 
 
-def _controlled_by(pod: dict[str, Any], uid: str) -> bool:
-    owners = pod.get("metadata", {}).get("ownerReferences") or []
-    controller = next((o for o in owners if o.get("controller")), None)
-    return controller is None or controller.get("uid") == uid
+@dataclass(frozen=True)
+class CreateOutcome:
+    """What became of one pod creation."""
+
+    pod: str
+    taken: bool = False  # another owner's pod holds the name
+    refused: str | None = None  # the API server's message when it refused the pod
 
 
 def _failpoint_after_pod_create() -> None:
@@ -845,6 +958,22 @@ def node_lost_after_from_env() -> float:
     if value < 0:
         raise ValueError(f"{c.ENV_NODE_LOST_AFTER}={raw!r}: give a number of seconds >= 0, for example 20")
     return value
+
+
+_status_writes_lost: set[tuple[str, str]] = set()
+
+
+def _failpoint_lose_status_write(key: str, patch: dict[str, Any]) -> None:
+    """Test hook: PHALANX_FAILPOINT_LOSE_STATUS_WRITE=Failed,Restarting makes the first reconcile
+    status write per job that moves it to one of those phases fail before it reaches the API server,
+    as a dropped connection would (tests/integration/test_reliability.py)."""
+    phases = os.environ.get("PHALANX_FAILPOINT_LOSE_STATUS_WRITE")
+    phase = patch.get("phase")
+    if not phases or phase not in phases.split(",") or (key, phase) in _status_writes_lost:
+        return
+    _status_writes_lost.add((key, phase))
+    log.error("failpoint: status write of %s to %s lost", key, phase)
+    raise ConnectionResetError(f"failpoint: status write of {key} to {phase} lost")
 
 
 def _waits_for_admission(job: dict[str, Any]) -> bool:

@@ -44,6 +44,15 @@ def short_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def api_message(exc: ApiException) -> str:
+    """The message of the API server's Status body (what kubectl prints), else the HTTP reason."""
+    try:
+        message = json.loads(exc.body or "{}").get("message")
+    except (ValueError, AttributeError):
+        message = None
+    return str(message or short_error(exc))[:900]
+
+
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 REQUEST_TIMEOUT = (10.0, 60.0)  # connect, read: seconds
 LEASE_REQUEST_TIMEOUT = (2.0, 4.0)  # within a renew deadline of 10 s: a renewal gets two tries
@@ -104,6 +113,23 @@ def _status_of(response: Any) -> int | None:
     return status if isinstance(status, int) else None
 
 
+class CreationRefused(Exception):
+    """The API server refused to create an object: 403 (ResourceQuota, Pod Security or another
+    admission policy) or 422 (invalid). `message` is the API server's own."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+REFUSED_CREATE_STATUSES = frozenset((403, 422))
+
+
+class StatusConflict(Exception):
+    """A conditional status write found a newer job than the one the decision was made on."""
+
+
 class KubeApi:
     def __init__(self, api_client: client.ApiClient, write_fence: Callable[[], None] | None = None) -> None:
         self.api_client = api_client
@@ -149,8 +175,14 @@ class KubeApi:
                 return None
             raise
 
-    def patch_job_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any] | None:
-        """Merge-patches status; returns the job as stored, None when it is gone."""
+    def patch_job_status(
+        self, namespace: str, name: str, status: dict[str, Any], resource_version: str | None = None
+    ) -> dict[str, Any] | None:
+        """Merge-patches status; returns the job as stored, None when it is gone. With
+        `resource_version`, only if the job is still that version (else StatusConflict)."""
+        body: dict[str, Any] = {"status": status}
+        if resource_version is not None:
+            body["metadata"] = {"resourceVersion": resource_version}  # the API server's precondition
         try:
             job: dict[str, Any] = self._json(
                 self.custom.patch_namespaced_custom_object_status(
@@ -159,13 +191,15 @@ class KubeApi:
                     namespace,
                     c.PLURAL,
                     name,
-                    {"status": status},
+                    body,
                     _content_type="application/merge-patch+json",
                     _preload_content=False,
                 )
             )
             return job
         except ApiException as exc:
+            if exc.status == 409 and resource_version is not None:
+                raise StatusConflict(f"{namespace}/{name} changed since version {resource_version}") from exc
             if exc.status != 404:
                 raise
             return None
@@ -194,7 +228,7 @@ class KubeApi:
 
     def create_if_absent(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
         """Creates a namespaced object and returns it as stored; None when it already exists
-        (idempotent retries)."""
+        (idempotent retries); CreationRefused when the API server will not have it."""
         namespace = manifest["metadata"]["namespace"]
         response: Any
         try:
@@ -215,20 +249,34 @@ class KubeApi:
         except ApiException as exc:
             if exc.status == 409:
                 return None
+            if exc.status in REFUSED_CREATE_STATUSES:
+                raise CreationRefused(exc.status, api_message(exc)) from exc
             raise
         created: dict[str, Any] = self._json(response)
         return created
 
-    def pod_controller_uid(self, namespace: str, name: str) -> str | None:
-        """The uid of the pod's controlling owner; "" when it has none, None when the pod is absent."""
+    def read_like(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
+        """The stored object of the manifest's kind, namespace and name; None when absent."""
+        meta = manifest["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        response: Any
         try:
-            pod = self._json(self.core.read_namespaced_pod(name, namespace, _preload_content=False))
+            if manifest["kind"] == "Pod":
+                response = self.core.read_namespaced_pod(name, namespace, _preload_content=False)
+            elif manifest["kind"] == "Service":
+                response = self.core.read_namespaced_service(name, namespace, _preload_content=False)
+            else:
+                group, version = manifest["apiVersion"].split("/")
+                plural = manifest["kind"].lower() + "s"
+                response = self.custom.get_namespaced_custom_object(
+                    group, version, namespace, plural, name, _preload_content=False
+                )
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
-        owners = pod.get("metadata", {}).get("ownerReferences") or []
-        return next((str(o.get("uid")) for o in owners if o.get("controller")), "")
+        stored: dict[str, Any] = self._json(response)
+        return stored
 
     def delete_pod(self, namespace: str, name: str, uid: str | None, grace_seconds: int | None) -> None:
         body = client.V1DeleteOptions(
@@ -240,6 +288,26 @@ class KubeApi:
         except ApiException as exc:
             if exc.status not in (404, 409):
                 raise
+
+    def evict_pod(self, namespace: str, name: str, uid: str | None, grace_seconds: int | None) -> bool:
+        """Asks the Eviction API to stop the pod: the API server marks it DisruptionTarget
+        (EvictionByEvictionAPI) and honours PodDisruptionBudgets. False when a budget refuses it now
+        (429); a pod already gone counts as evicted."""
+        body = client.V1Eviction(
+            metadata=client.V1ObjectMeta(name=name, namespace=namespace),
+            delete_options=client.V1DeleteOptions(
+                grace_period_seconds=grace_seconds,
+                preconditions=client.V1Preconditions(uid=uid) if uid else None,
+            ),
+        )
+        try:
+            release(self.core.create_namespaced_pod_eviction(name, namespace, body, _preload_content=False))
+        except ApiException as exc:
+            if exc.status == 429:
+                return False
+            if exc.status not in (404, 409):
+                raise
+        return True
 
     def admit_pod(self, namespace: str, name: str, admitted_spec: dict[str, Any]) -> dict[str, Any] | None:
         """Writes the node pin (affinity) and gates of `admitted_spec` (builders.pods.admitted_pod)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -64,3 +66,47 @@ def test_shape_fields_are_immutable_unless_suspended(
     cluster.kubectl("patch", "tj", "frozen", "-n", namespace, "--type=merge",
                     "-p", '{"spec":{"replicas":3,"runPolicy":{"suspend":true}}}')  # fmt: skip
     assert cluster.get_json("tj", "frozen", "-n", namespace)["spec"]["replicas"] == 3
+
+
+def patch_job(cluster: Cluster, namespace: str, name: str, patch: dict[str, Any]) -> Any:
+    return cluster.kubectl(
+        "patch", "tj", name, "-n", namespace, "--type=merge", "-p", json.dumps(patch), check=False
+    )
+
+
+SCHEDULING = {
+    "nodeSelector": {"cloud.example.com/flavor": "a100"},
+    "tolerations": [{"key": "flavor", "operator": "Equal", "value": "a100", "effect": "NoSchedule"}],
+    "affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 1, "preference": {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}}
+    ]}},
+    "schedulingGates": [{"name": "example.com/quota"}],
+}  # fmt: skip
+
+
+def test_one_update_that_unsuspends_and_injects_scheduling_fields_is_accepted(
+    cluster: Cluster, crd_installed: None, namespace: str
+) -> None:
+    # What Kueue does on admission: suspend false and the flavor's node selector in a single update.
+    cluster.apply(training_job("queued", replicas=2, runPolicy={"suspend": True}), namespace)
+    result = patch_job(cluster, namespace, "queued",
+                       {"spec": {"runPolicy": {"suspend": False}, "template": {"spec": SCHEDULING}}})  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    spec = cluster.get_json("tj", "queued", "-n", namespace)["spec"]
+    assert spec["runPolicy"]["suspend"] is False
+    assert spec["template"]["spec"]["nodeSelector"] == SCHEDULING["nodeSelector"]
+    # Eviction by a queue: suspend again in one update that takes the injected fields away.
+    result = patch_job(cluster, namespace, "queued",
+                       {"spec": {"runPolicy": {"suspend": True}, "template": {"spec": {"nodeSelector": None}}}})  # fmt: skip
+    assert result.returncode == 0, result.stderr
+
+
+def test_scheduling_fields_of_a_running_job_stay_fixed(
+    cluster: Cluster, crd_installed: None, namespace: str
+) -> None:
+    cluster.apply(training_job("active", replicas=2), namespace)
+    result = patch_job(
+        cluster, namespace, "active", {"spec": {"template": {"spec": {"nodeSelector": {"a": "b"}}}}}
+    )
+    assert result.returncode != 0
+    assert "spec.template can change only while the job is suspended" in result.stderr

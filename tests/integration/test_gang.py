@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -371,6 +372,83 @@ def test_one_victim_per_preemption_while_its_pods_take_their_grace_period(
                 name,
                 statuses[name],
             )
+
+
+class PodHistory:
+    """Every version of the namespace's pods a watch delivers, kept after the pods are gone (kwok
+    removes a deleted pod at once, so a condition set just before deletion is seen only this way)."""
+
+    def __init__(self, cluster: Cluster, namespace: str) -> None:
+        from kubernetes import client, watch
+
+        self.versions: list[Any] = []
+        self._watch = watch.Watch()
+        core = client.CoreV1Api(cluster.api())
+
+        def record() -> None:
+            try:
+                for event in self._watch.stream(core.list_namespaced_pod, namespace, timeout_seconds=120):
+                    self.versions.append(event["object"])
+            except Exception:  # noqa: BLE001 - the stream ends when stopped; what it saw is kept
+                pass
+
+        self._thread = threading.Thread(target=record, daemon=True)
+
+    def __enter__(self) -> PodHistory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._watch.stop()
+
+    def conditions(self, pod: str) -> set[tuple[str, str, str]]:
+        return {
+            (c.type, c.status, c.reason or "")
+            for v in list(self.versions)
+            if v.metadata.name == pod
+            for c in (v.status.conditions or [])
+        }
+
+
+def test_preemption_evicts_the_victims_pods_and_tells_the_victim_who_preempted_it(
+    cluster: Cluster, namespace: str, operator: OperatorProcess, private_nodes: Any,
+    priority_classes: tuple[str, str],
+) -> None:  # fmt: skip
+    low_class, high_class = priority_classes
+    private_nodes.add(1, gpus=8)
+    placement = private_nodes.placement()
+    low = training_job("low", replicas=1, gpus=8, placement=placement,
+                       scheduling={"priorityClassName": low_class},
+                       runPolicy={"terminationGracePeriodSeconds": 5})  # fmt: skip
+    cluster.apply(low, namespace)
+    wait_phase(cluster, namespace, "low", "Running", timeout=30)
+    with PodHistory(cluster, namespace) as history:
+        high = training_job("high", replicas=1, gpus=8, run_for="4s", placement=placement,
+                            scheduling={"priorityClassName": high_class})  # fmt: skip
+        cluster.apply(high, namespace)
+        # The Eviction API marks the pod, so the trainer and anyone watching know why it stops.
+        wait_for(
+            lambda: (
+                ("DisruptionTarget", "True", "EvictionByEvictionAPI") in history.conditions("low-worker-0")
+            ),
+            timeout=30,
+            what="the victim's pod marked DisruptionTarget by the Eviction API",
+        )
+    said = f"preempted by {namespace}/high, priority 1000"
+    victim = wait_for(
+        lambda: (
+            condition(s := job_status(cluster, namespace, "low"), "Preempted").get("status") == "True" and s
+        ),
+        timeout=30,
+        what="a Preempted condition on the victim",
+    )
+    assert said in condition(victim, "Preempted")["message"], victim
+    events = cluster.get_json("events", "-n", namespace, "--field-selector", "involvedObject.name=low")
+    assert any(said in e["message"] for e in events["items"] if e["reason"] == "PreemptedByPriority")
+    wait_phase(cluster, namespace, "high", "Running", timeout=30)
+    resumed = wait_phase(cluster, namespace, "low", "Running", timeout=60)
+    assert resumed["restarts"] == {"failures": 0, "preemptions": 1}
+    assert condition(resumed, "Preempted").get("status") == "False", "running again: no longer preempted"
 
 
 # -- node loss --------------------------------------------------------------------------------

@@ -75,15 +75,15 @@ def test_coscheduling_job_gets_a_podgroup_label_and_scheduler_name(
     cluster: Cluster, namespace: str, operator: OperatorProcess, podgroup_crds: None
 ) -> None:
     job = training_job("co", replicas=4, gpus=2,
-                       scheduling={"provider": "coscheduling", "gang": {"minAvailable": 3, "timeoutSeconds": 90}})  # fmt: skip
+                       scheduling={"provider": "coscheduling", "gang": {"minAvailable": 4, "timeoutSeconds": 90}})  # fmt: skip
     cluster.apply(job, namespace)
     group = wait_for(lambda: podgroup(cluster, "podgroups.scheduling.x-k8s.io", namespace, "co"),
                      timeout=30, what="coscheduling PodGroup")  # fmt: skip
     assert group["apiVersion"] == "scheduling.x-k8s.io/v1alpha1"
     assert group["spec"] == {
-        "minMember": 3,
+        "minMember": 4,
         "scheduleTimeoutSeconds": 90,
-        "minResources": {"nvidia.com/gpu": "6"},
+        "minResources": {"nvidia.com/gpu": "8"},
     }
     assert group["metadata"]["ownerReferences"][0]["name"] == "co"
 

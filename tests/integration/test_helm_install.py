@@ -34,6 +34,7 @@ NEEDED_IN_WATCHED_NAMESPACE = (
     ("update", "trainingjobs.phalanx.dev", ("--subresource=finalizers",)),
     ("create", "pods", ()),
     ("delete", "pods", ()),
+    ("create", "pods", ("--subresource=eviction",)),  # preemption goes through the Eviction API
     ("create", "services", ()),
     ("create", "events", ()),
     ("create", "events.events.k8s.io", ()),

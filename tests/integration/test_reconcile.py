@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tests.conftest import Cluster, OperatorProcess, wait_for
@@ -207,3 +209,51 @@ def test_admitted_pods_the_scheduler_cannot_place_say_why_in_status(
         what="status message naming the scheduler's reason",
     )
     assert status["phase"] == "Admitted"
+
+
+def test_a_job_suspended_longer_than_its_deadline_runs_again_when_resumed(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    deadline = 12
+    cluster.apply(training_job("nap", replicas=2, runPolicy={"activeDeadlineSeconds": deadline}), namespace)
+    wait_phase(cluster, namespace, "nap", "Running")
+    cluster.kubectl(
+        "patch", "tj", "nap", "-n", namespace, "--type=merge", "-p", '{"spec":{"runPolicy":{"suspend":true}}}'
+    )
+    wait_phase(cluster, namespace, "nap", "Suspended")
+    time.sleep(deadline + 2)  # suspended past the deadline: the clock is stopped meanwhile
+    cluster.kubectl(
+        "patch",
+        "tj",
+        "nap",
+        "-n",
+        namespace,
+        "--type=merge",
+        "-p",
+        '{"spec":{"runPolicy":{"suspend":false}}}',
+    )
+    status = wait_phase(cluster, namespace, "nap", "Running", timeout=30)
+    assert status["attempt"] == 1
+    resumed_at = time.monotonic()
+    # Then the deadline counts from the new start and ends the job, as batch/v1 Job does.
+    status = wait_phase(cluster, namespace, "nap", "Failed", timeout=deadline + 30)
+    assert time.monotonic() - resumed_at >= deadline - 4, "failed long before its deadline since resuming"
+    assert any(c["reason"] == "DeadlineExceeded" for c in status["conditions"])
+
+
+def test_gang_timeout_does_not_tear_down_pods_an_external_scheduler_holds_in_its_queue(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    # provider none: the default scheduler places the pods whenever it can; Phalanx admitted nothing.
+    unplaceable = {"nodeSelector": {"phalanx.dev/no-such-node": "true"}}
+    job = training_job("queue", replicas=2, placement=unplaceable,
+                       scheduling={"provider": "none", "gang": {"timeoutSeconds": 10}})  # fmt: skip
+    cluster.apply(job, namespace)
+    pods = wait_for(
+        lambda: len(p := job_pods(cluster, namespace, "queue")) == 2 and p, timeout=30, what="pods"
+    )
+    uids = sorted(p["metadata"]["uid"] for p in pods)
+    time.sleep(20)  # twice the gang timeout
+    status = job_status(cluster, namespace, "queue")
+    assert sorted(p["metadata"]["uid"] for p in job_pods(cluster, namespace, "queue")) == uids
+    assert status["attempt"] == 0 and not status.get("gangTimeouts"), status

@@ -190,26 +190,70 @@ def squatter_pod(name: str, labels: dict[str, str]) -> dict[str, Any]:
     }
 
 
-def test_unowned_pod_with_the_jobs_labels_and_another_attempt_is_deleted_as_stale_then_the_job_runs(
+def name_conflict(cluster: Cluster, ns: str, job: str) -> dict[str, Any]:
+    status = job_status(cluster, ns, job)
+    found = next((c for c in status.get("conditions") or [] if c["type"] == "PodsCreated"), {})
+    return found if found.get("reason") == "NameConflict" else {}
+
+
+def test_unowned_pod_with_the_jobs_labels_is_a_name_conflict_never_adopted_or_deleted(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:
-    labels = {"phalanx.dev/job-name": "held", "phalanx.dev/attempt": "7", "phalanx.dev/replica-index": "0"}
+    # One rule everywhere: what this TrainingJob does not control is not its own, whatever its labels
+    # (a job of the same name deleted with --cascade=orphan leaves such pods, with another job's uid
+    # in their env). It is reported as a name conflict and left alone.
+    labels = {"phalanx.dev/job-name": "held", "phalanx.dev/attempt": "0", "phalanx.dev/replica-index": "0"}
     cluster.apply(squatter_pod("held-worker-0", labels), namespace)
     squatter_uid = cluster.get_json("pod", "held-worker-0", "-n", namespace)["metadata"]["uid"]
 
     cluster.apply(training_job("held", replicas=2, gpus=NO_GPUS), namespace)
-    # The pod carries the job's selector label, so the operator treats it as a leftover attempt:
-    # it deletes it (like a ReplicaSet adopting an orphan that matches its selector), then creates.
-    wait_phase(cluster, namespace, "held", "Running")
+    conflict = wait_for(lambda: name_conflict(cluster, namespace, "held"), timeout=30, what="a name conflict")
+    assert "held-worker-0" in conflict["message"], conflict
+    assert any("held-worker-0" in e["message"] for e in events_of(cluster, namespace, "held")
+               if e["reason"] == "NameConflict")  # fmt: skip
+    time.sleep(3)
+    assert cluster.get_json("pod", "held-worker-0", "-n", namespace)["metadata"]["uid"] == squatter_uid
+    assert job_status(cluster, namespace, "held").get("phase") in (None, "Pending")
+
+    cluster.kubectl("delete", "pod", "held-worker-0", "-n", namespace, "--wait=true")
+    status = wait_phase(cluster, namespace, "held", "Running", timeout=30)
     job_uid = cluster.get_json("tj", "held", "-n", namespace)["metadata"]["uid"]
-    pods = {p["metadata"]["name"]: p for p in job_pods(cluster, namespace, "held")}
-    assert sorted(pods) == ["held-worker-0", "held-worker-1"]
-    worker0 = pods["held-worker-0"]["metadata"]
+    worker0 = cluster.get_json("pod", "held-worker-0", "-n", namespace)["metadata"]
     assert worker0["uid"] != squatter_uid and worker0["ownerReferences"][0]["uid"] == job_uid
-    status = job_status(cluster, namespace, "held")
     assert status["attempt"] == 0 and status["restarts"] == {"failures": 0, "preemptions": 0}
-    said = [e["message"] for e in events_of(cluster, namespace, "held") if e["reason"] == "Restarting"]
-    assert any("previous attempt" in m for m in said), f"an event says why it waited: {said}"
+
+
+def test_a_service_another_owner_controls_is_a_name_conflict_not_adopted(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    owner = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "someone-else"}}
+    cluster.apply(owner, namespace)
+    owner_uid = cluster.get_json("configmap", "someone-else", "-n", namespace)["metadata"]["uid"]
+    service = {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "svc", "ownerReferences": [
+            {"apiVersion": "v1", "kind": "ConfigMap", "name": "someone-else", "uid": owner_uid, "controller": True}
+        ]},
+        "spec": {"selector": {"app": "someone-else"}, "ports": [{"port": 80}]},
+    }  # fmt: skip
+    cluster.apply(service, namespace)
+    cluster.apply(training_job("svc", replicas=2, gpus=NO_GPUS), namespace)
+
+    # Its selector is not the job's: the workers' names would never resolve through it.
+    conflict = wait_for(lambda: name_conflict(cluster, namespace, "svc"), timeout=30, what="a name conflict")
+    assert "service svc" in conflict["message"], conflict
+    assert any("service svc" in e["message"] for e in events_of(cluster, namespace, "svc")
+               if e["reason"] == "NameConflict")  # fmt: skip
+    assert not job_pods(cluster, namespace, "svc"), "no pod is created before the job has its Service"
+    kept = cluster.get_json("service", "svc", "-n", namespace)
+    assert kept["metadata"]["ownerReferences"][0]["uid"] == owner_uid
+
+    cluster.kubectl("delete", "service", "svc", "-n", namespace, "--wait=true")
+    wait_phase(cluster, namespace, "svc", "Running", timeout=30)
+    job_uid = cluster.get_json("tj", "svc", "-n", namespace)["metadata"]["uid"]
+    ours = cluster.get_json("service", "svc", "-n", namespace)
+    assert ours["metadata"]["ownerReferences"][0]["uid"] == job_uid
+    assert ours["spec"]["selector"] == {"phalanx.dev/job-name": "svc"}
 
 
 def test_foreign_pod_holding_a_worker_name_blocks_only_until_it_is_deleted(
@@ -280,3 +324,138 @@ def test_stale_status_written_by_someone_else_is_corrected_on_the_next_pass(
     assert restored["readySummary"] == "2/2" and restored["message"] == truthful["message"]
     assert restored["attempt"] == 0 and restored["restarts"] == {"failures": 0, "preemptions": 0}
     assert pod_uids(cluster, namespace, "truth") == uids
+
+
+# -- 6. decide, record, then act: a status write lost after a decision --------------------------------
+
+
+@pytest.fixture
+def operator_losing_status_writes(operator: OperatorProcess) -> Iterator[OperatorProcess]:
+    """The shared operator, restarted so that its first status write per job to Failed or Restarting
+    is lost before it reaches the API server."""
+    operator.stop()
+    operator.start(extra_env={"PHALANX_FAILPOINT_LOSE_STATUS_WRITE": "Failed,Restarting"})
+    try:
+        yield operator
+    finally:
+        operator.stop()
+        operator.start()
+
+
+def make_pod_exit(cluster: Cluster, ns: str, pod: str, code: int) -> None:
+    """kwok ends the pod a second later with `code`, as if its trainer had exited."""
+    cluster.kubectl("annotate", "pod", pod, "-n", ns, "--overwrite",
+                    "phalanx.dev/sim-run-for=1s", f"phalanx.dev/sim-exit-code={code}")  # fmt: skip
+
+
+def test_a_permanent_failure_whose_status_write_is_lost_still_fails_the_job(
+    cluster: Cluster, namespace: str, operator_losing_status_writes: OperatorProcess
+) -> None:
+    job = training_job("doomed", replicas=2, gpus=NO_GPUS, runPolicy={"terminationGracePeriodSeconds": 1})
+    cluster.apply(job, namespace)
+    wait_phase(cluster, namespace, "doomed", "Running")
+    make_pod_exit(cluster, namespace, "doomed-worker-0", 1)
+    # Had the operator stopped worker-1 before recording why, the next pass would read the missing
+    # pod as someone else's deletion: a preemption, and a restart around the failure.
+    status = wait_phase(cluster, namespace, "doomed", "Failed", timeout=60)
+    assert status["attempt"] == 0 and status["restarts"] == {"failures": 0, "preemptions": 0}, status
+    assert "exited with code 1" in status["message"], status["message"]
+    assert "failpoint: status write of" in current_log(operator_losing_status_writes), "the write was lost"
+
+
+def test_a_retryable_failure_whose_status_write_is_lost_is_still_counted_as_a_failure(
+    cluster: Cluster, namespace: str, operator_losing_status_writes: OperatorProcess
+) -> None:
+    job = training_job("flaky", replicas=2, gpus=NO_GPUS,
+                       runPolicy={"terminationGracePeriodSeconds": 1, "retryableExitCodes": [42]})  # fmt: skip
+    cluster.apply(job, namespace)
+    wait_phase(cluster, namespace, "flaky", "Running")
+    make_pod_exit(cluster, namespace, "flaky-worker-0", 42)
+    status = wait_for(
+        lambda: (s := job_status(cluster, namespace, "flaky")).get("attempt") == 1 and s,
+        timeout=60,
+        what="the gang restarted as attempt 1",
+    )
+    assert status["restarts"] == {"failures": 1, "preemptions": 0}, status
+    status = wait_phase(cluster, namespace, "flaky", "Running", timeout=60)
+    assert status["attempt"] == 1 and status["restarts"] == {"failures": 1, "preemptions": 0}, status
+    assert "failpoint: status write of" in current_log(operator_losing_status_writes), "the write was lost"
+
+
+# -- 7. pod creations the API server refuses -----------------------------------------------------------
+
+
+def condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next((c for c in status.get("conditions") or [] if c["type"] == type_), {})
+
+
+def test_a_pod_template_the_api_server_refuses_is_reported_in_status_and_an_event(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    # Passes the CRD's schema, fails pod validation (422): requests above limits.
+    job = training_job("invalid", replicas=2, gpus=NO_GPUS)
+    job["spec"]["template"]["spec"]["containers"][0]["resources"] = {
+        "requests": {"cpu": "2"}, "limits": {"cpu": "1"}
+    }  # fmt: skip
+    cluster.apply(job, namespace)
+    status = wait_for(
+        lambda: (
+            condition(s := job_status(cluster, namespace, "invalid"), "PodsCreated").get("status") == "False"
+            and s
+        ),
+        timeout=30,
+        what="PodsCreated=False",
+    )
+    refused = condition(status, "PodsCreated")
+    assert refused["reason"] == "CreateRefused", refused
+    assert "must be less than or equal to cpu limit" in refused["message"], refused["message"]
+    warnings = [e for e in events_of(cluster, namespace, "invalid") if e["type"] == "Warning"]
+    assert any(e["reason"] == "CreateRefused" and "cpu limit" in e["message"] for e in warnings), warnings
+    assert not job_pods(cluster, namespace, "invalid")
+
+
+def test_a_gang_the_resource_quota_admits_only_half_of_is_reported_and_torn_down_after_the_gang_timeout(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    quota = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "one-pod"},
+             "spec": {"hard": {"pods": "1"}}}  # fmt: skip
+    cluster.apply(quota, namespace)
+    # The quota admission plugin refuses every pod until the quota controller has counted usage.
+    wait_for(lambda: cluster.get_json("resourcequota", "one-pod", "-n", namespace).get("status", {}).get("used"),
+             timeout=30, what="quota usage counted")  # fmt: skip
+    timeout = 10
+    job = training_job("half", replicas=2, gpus=1, scheduling={"gang": {"timeoutSeconds": timeout}})
+    cluster.apply(job, namespace)
+    status = wait_for(
+        lambda: (
+            condition(s := job_status(cluster, namespace, "half"), "PodsCreated").get("status") == "False"
+            and s
+        ),
+        timeout=30,
+        what="PodsCreated=False",
+    )
+    refused = condition(status, "PodsCreated")
+    assert refused["reason"] == "CreateRefused" and "exceeded quota" in refused["message"], refused
+    (created,) = job_pods(cluster, namespace, "half")
+    assert any(
+        e["reason"] == "CreateRefused" and "exceeded quota" in e["message"]
+        for e in events_of(cluster, namespace, "half")
+    )
+    # The half that exists holds its GPU for nothing: gone after the gang timeout, and retried later.
+    torn = wait_for(
+        lambda: (s := job_status(cluster, namespace, "half")).get("gangTimeouts") and s,
+        timeout=timeout + 30,
+        what="the partial gang torn down",
+    )
+    assert torn["attempt"] == 1 and torn["restarts"] == {"failures": 0, "preemptions": 0}, torn
+    said = wait_for(
+        lambda: [e["message"] for e in events_of(cluster, namespace, "half") if e["reason"] == "GangTimeout"],
+        timeout=10,
+        what="a GangTimeout event",
+    )
+    assert any("only 1/2 pod(s) could be created" in m and "exceeded quota" in m for m in said), said
+    wait_for(
+        lambda: created["metadata"]["uid"] not in pod_uids(cluster, namespace, "half").values(),
+        timeout=30,
+        what="the created pod deleted",
+    )

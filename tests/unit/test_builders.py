@@ -117,11 +117,11 @@ def test_headless_service_publishes_not_ready_addresses() -> None:
 
 def test_podgroups_for_volcano_and_coscheduling() -> None:
     volcano = build_podgroup(
-        JOB, spec(scheduling={"provider": "volcano", "queue": "q", "gang": {"minAvailable": 1}})
+        JOB, spec(scheduling={"provider": "volcano", "queue": "q", "gang": {"minAvailable": 2}})
     )
     assert volcano is not None and volcano["apiVersion"] == "scheduling.volcano.sh/v1beta1"
-    assert volcano["spec"]["minMember"] == 1 and volcano["spec"]["queue"] == "q"
-    assert volcano["spec"]["minResources"] == {"nvidia.com/gpu": "4"}
+    assert volcano["spec"]["minMember"] == 2 and volcano["spec"]["queue"] == "q"
+    assert volcano["spec"]["minResources"] == {"nvidia.com/gpu": "8"}
     cosched = build_podgroup(JOB, spec(scheduling={"provider": "coscheduling"}))
     assert cosched is not None and cosched["apiVersion"] == "scheduling.x-k8s.io/v1alpha1"
     assert cosched["spec"]["minMember"] == 2

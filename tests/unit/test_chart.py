@@ -379,6 +379,7 @@ def test_rbac_grants_what_the_operator_needs(value_set: str) -> None:
         ("phalanx.dev", "trainingjobs/status", ("get", "patch", "update")),
         ("phalanx.dev", "trainingjobs/finalizers", ("update",)),
         ("", "pods", ("get", "list", "watch", "create", "delete", "patch")),
+        ("", "pods/eviction", ("create",)),
         ("", "services", ("get", "list", "watch", "create", "delete")),
         ("", "events", ("create", "patch")),
         ("events.k8s.io", "events", ("create", "patch")),

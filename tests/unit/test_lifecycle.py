@@ -157,18 +157,15 @@ def test_gated_pods_wait_with_the_admission_message() -> None:
     assert admitted["status"] == "False" and "needs 2 pods" in admitted["message"]
 
 
-def test_min_available_admits_the_gang_while_spare_pods_keep_their_gate() -> None:
+def test_a_gang_with_any_pod_still_gated_waits_even_when_others_are_placed() -> None:
+    # An operator stopped half-way through lifting the gates: the gang is not admitted until all are.
     gate = {"nodeName": "", "schedulingGates": [{"name": "phalanx.dev/gang"}]}
     pods = [pod(0), pod(1), pod(2, phase="Pending", spec=gate)]
     status = {"attempt": 0, "createdAttempt": 0, "admissionMessage": "needs 1 pod x 8 nvidia.com/gpu"}
-    plan = decide(job(status, replicas=3, scheduling={"gang": {"minAvailable": 2}}), pods, NODES, NOW)
+    plan = decide(job(status, replicas=3), pods, NODES, NOW)
     admitted = next(c for c in plan.status["conditions"] if c["type"] == "Admitted")
-    assert admitted["status"] == "True" and "2/3 pod(s) admitted (minAvailable 2)" in admitted["message"]
-    assert plan.status["phase"] == "Admitted" and plan.status["admittedTime"]
-    # Below the minimum it still waits.
-    short = [pod(0), pod(1, phase="Pending", spec=gate), pod(2, phase="Pending", spec=gate)]
-    plan = decide(job(status, replicas=3, scheduling={"gang": {"minAvailable": 2}}), short, NODES, NOW)
-    assert plan.status["phase"] == "Pending"
+    assert admitted["status"] == "False" and plan.status["phase"] == "Pending"
+    assert "admittedTime" not in plan.status
 
 
 def test_deadline_fails_the_job() -> None:
@@ -273,3 +270,84 @@ def test_a_pod_stuck_terminating_on_a_lost_node_does_not_hold_the_next_attempt_b
     assert plan.attempt_in_names is True
     assert plan.avoid_nodes == ["silent"]  # and the new attempt stays off the lost node
     assert plan.status["restarts"] == {"failures": 0, "preemptions": 1}
+
+
+def test_resume_resets_the_start_time_so_the_deadline_counts_from_the_next_run() -> None:
+    # Suspended for an hour with a 60 s deadline: resuming must not fail the job at once (batch/v1 Job).
+    suspended = {**RUNNING, "phase": "Suspended", "startTime": iso(NOW - 3600)}
+    deadline = {"activeDeadlineSeconds": 60}
+    plan = decide(job(suspended, runPolicy=deadline), [], NODES, NOW)
+    assert plan.status["phase"] == "Pending" and plan.status["attempt"] == 1
+    assert "startTime" not in plan.status
+    resumed = {**plan.status, "createdAttempt": 1, "admittedTime": iso(NOW)}
+    plan = decide(job(resumed, runPolicy=deadline), [pod(0, attempt=1), pod(1, attempt=1)], NODES, NOW + 5)
+    assert plan.status["phase"] == "Running" and plan.status["startTime"] == iso(NOW + 5)
+    plan = decide(job(dict(plan.status), runPolicy=deadline), [pod(0, attempt=1), pod(1, attempt=1)],
+                  NODES, NOW + 66)  # fmt: skip
+    assert plan.status["phase"] == "Failed", "the deadline still counts from the new start"
+
+
+@pytest.mark.parametrize("provider", ["volcano", "coscheduling", "none"])
+def test_gang_timeout_is_left_to_the_external_scheduler(provider: str) -> None:
+    # Their queue wait may be longer than the gang timeout; Phalanx did not admit these pods.
+    admitted = {"attempt": 0, "createdAttempt": 0, "phase": "Admitted", "admittedTime": iso(NOW - 400)}
+    pending = [pod(i, phase="Pending", spec={"nodeName": ""}) for i in (0, 1)]
+    plan = decide(job(admitted, scheduling={"provider": provider}), pending, NODES, NOW)
+    assert plan.delete_pods == [] and plan.status["attempt"] == 0 and "gangTimeouts" not in plan.status
+    assert plan.status["phase"] == "Admitted"
+
+
+def test_gang_timeout_zero_turns_the_teardown_off() -> None:
+    admitted = {"attempt": 0, "createdAttempt": 0, "phase": "Admitted", "admittedTime": iso(NOW - 86400)}
+    pending = [pod(0), pod(1, phase="Pending", spec={"nodeName": ""})]
+    plan = decide(job(admitted, scheduling={"gang": {"timeoutSeconds": 0}}), pending, NODES, NOW)
+    assert plan.delete_pods == [] and plan.status["attempt"] == 0 and plan.status["phase"] == "Admitted"
+
+
+def refused_at(ts: float) -> dict[str, Any]:
+    return {"type": "PodsCreated", "status": "False", "reason": "CreateRefused",
+            "message": 'pods "j-worker-1" is forbidden: exceeded quota', "lastTransitionTime": iso(ts)}  # fmt: skip
+
+
+def test_a_gang_created_only_in_part_keeps_trying_until_the_gang_timeout() -> None:
+    status = {"attempt": 0, "phase": "Pending", "conditions": [refused_at(NOW - 4)]}
+    plan = decide(job(status, scheduling={"gang": {"timeoutSeconds": 10}}), [pod(0)], NODES, NOW)
+    assert plan.create_indices == [1] and plan.delete_pods == []
+    assert plan.recheck_after is not None and plan.recheck_after <= 6
+
+
+def test_a_gang_created_only_in_part_is_torn_down_after_the_gang_timeout() -> None:
+    # The pod that was created holds its node's GPUs for nothing while its peer is refused.
+    status = {"attempt": 0, "phase": "Pending", "conditions": [refused_at(NOW - 11)]}
+    plan = decide(job(status, scheduling={"gang": {"timeoutSeconds": 10}}), [pod(0)], NODES, NOW)
+    assert plan.create_indices == [] and plan.delete_pods == ["j-worker-0"]
+    assert plan.status["attempt"] == 1 and plan.status["gangTimeouts"] == 1
+    assert plan.status["requeueAfter"] == iso(NOW + 10)
+    assert plan.status["restarts"] == {"failures": 0, "preemptions": 0}
+    assert "exceeded quota" in plan.status["message"]
+    assert [(e.type, e.reason) for e in plan.events] == [("Warning", "GangTimeout")]
+    # The next attempt's refusal starts its own clock.
+    assert not any(c["type"] == "PodsCreated" for c in plan.status["conditions"])
+
+
+def test_a_refused_creation_with_nothing_created_holds_nothing_and_keeps_trying() -> None:
+    status = {"attempt": 0, "phase": "Pending", "conditions": [refused_at(NOW - 3600)]}
+    plan = decide(job(status, scheduling={"gang": {"timeoutSeconds": 10}}), [], NODES, NOW)
+    assert plan.create_indices == [0, 1] and plan.status["attempt"] == 0
+
+
+def test_a_preempted_job_running_again_is_no_longer_marked_preempted() -> None:
+    preempted = {"type": "Preempted", "status": "True", "reason": "PreemptedByPriority",
+                 "message": "preempted by ns/high, priority 1000", "lastTransitionTime": iso(NOW - 30)}  # fmt: skip
+    status = {**RUNNING, "phase": "Admitted", "attempt": 1, "createdAttempt": 1, "conditions": [preempted]}
+    plan = decide(job(status), [pod(0, attempt=1), pod(1, attempt=1)], NODES, NOW)
+    assert plan.status["phase"] == "Running"
+    cleared = next(c for c in plan.status["conditions"] if c["type"] == "Preempted")
+    assert cleared["status"] == "False" and cleared["reason"] == "Running"
+    # Between the condition and the eviction the victim still runs: the condition stays.
+    plan = decide(job({**status, "phase": "Running"}), [pod(0, attempt=1), pod(1, attempt=1)], NODES, NOW)
+    assert next(c for c in plan.status["conditions"] if c["type"] == "Preempted")["status"] == "True"
+    # While it waits, the condition still says who preempted it.
+    plan = decide(job(status), [pod(0, attempt=1, phase="Pending"), pod(1, attempt=1)], NODES, NOW)
+    kept = next(c for c in plan.status["conditions"] if c["type"] == "Preempted")
+    assert kept["status"] == "True" and "ns/high" in kept["message"]

@@ -49,17 +49,20 @@ def test_volcano_podgroup_leaves_out_unset_queue_and_priority() -> None:
     assert group is not None and set(group["spec"]) == {"minMember", "minResources"}
 
 
-def test_coscheduling_podgroup_uses_min_available_and_the_gang_timeout() -> None:
-    group = build_podgroup(
-        JOB, spec_of(provider="coscheduling", gang={"minAvailable": 2, "timeoutSeconds": 120})
-    )
+def test_coscheduling_podgroup_gangs_every_replica_with_the_gang_timeout() -> None:
+    group = build_podgroup(JOB, spec_of(provider="coscheduling", gang={"timeoutSeconds": 120}))
     assert group is not None
     assert (group["apiVersion"], group["kind"]) == ("scheduling.x-k8s.io/v1alpha1", "PodGroup")
     assert group["spec"] == {
-        "minMember": 2,
+        "minMember": 4,
         "scheduleTimeoutSeconds": 120,
-        "minResources": {"nvidia.com/gpu": "16"},
+        "minResources": {"nvidia.com/gpu": "32"},
     }
+
+
+def test_coscheduling_podgroup_without_a_gang_timeout_leaves_the_schedulers_default() -> None:
+    group = build_podgroup(JOB, spec_of(provider="coscheduling", gang={"timeoutSeconds": 0}))
+    assert group is not None and "scheduleTimeoutSeconds" not in group["spec"]
 
 
 def test_mig_jobs_count_the_mig_resource_in_min_resources() -> None:

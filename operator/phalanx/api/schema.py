@@ -176,13 +176,26 @@ def _merge(into: dict[str, Any], extra: Mapping[str, Any]) -> None:
 
 
 def model_schema(cls: type) -> dict[str, Any]:
+    """The schema of a model. A model that names `__kubernetes_type__` refines that Kubernetes type:
+    its schema is Kubernetes' own (api/k8s_schema.py), with the model's fields laid over it."""
     hints = get_type_hints(cls)
-    properties: dict[str, Any] = {}
-    required: list[str] = []
+    base: dict[str, Any] = {}
+    kubernetes_type = getattr(cls, "__kubernetes_type__", None)
+    if kubernetes_type:
+        from phalanx.api.k8s_schema import kubernetes_schema  # CRD generation only
+
+        base = kubernetes_schema(kubernetes_type)
+    properties: dict[str, Any] = dict(base.get("properties") or {})
+    required: list[str] = list(base.get("required") or [])
     for f in dataclasses.fields(cls):
         info = field_info(f)
-        properties[json_name(f)] = openapi_schema(hints[f.name], info)
-        if info.required:
+        own = openapi_schema(hints[f.name], info)
+        if json_name(f) in properties:
+            merged = dict(properties[json_name(f)])
+            _merge(merged, own)
+            own = merged
+        properties[json_name(f)] = own
+        if info.required and json_name(f) not in required:
             required.append(json_name(f))
     schema: dict[str, Any] = {"type": "object", "properties": properties}
     if cls.__doc__:

@@ -22,18 +22,18 @@ _RESERVED_LIST = "[" + ", ".join(f"'{n}'" for n in c.RESERVED_ENV_NAMES) + "]"
 
 @dataclass
 class EnvVar:
-    """An environment variable of a container (the rest of Kubernetes' EnvVar is kept as given)."""
+    """An environment variable of a container (Kubernetes' EnvVar)."""
 
-    __preserve_unknown__ = True
+    __kubernetes_type__ = "io.k8s.api.core.v1.EnvVar"
     name: str = api_field("Variable name.", required=True, max_length=256)
     value: str | None = api_field("Variable value.", max_length=32768)
 
 
 @dataclass
 class Container:
-    """A container of the pod template. Fields beyond those listed are kept and passed to the pod."""
+    """A container of the pod template (Kubernetes' Container), checked at admission."""
 
-    __preserve_unknown__ = True
+    __kubernetes_type__ = "io.k8s.api.core.v1.Container"
     __rules__ = (
         Rule(
             f"!has(self.env) || self.env.all(e, !(e.name in {_RESERVED_LIST}))",
@@ -51,9 +51,10 @@ class Container:
 
 @dataclass
 class PodSpecTemplate:
-    """The pod spec of the template. Fields beyond those listed are kept and passed to the pods."""
+    """The pod spec of the template: Kubernetes' PodSpec (1.36), checked at admission; the operator
+    adds what gang scheduling and rendezvous need."""
 
-    __preserve_unknown__ = True
+    __kubernetes_type__ = "io.k8s.api.core.v1.PodSpec"
     __rules__ = (
         Rule(
             "self.containers.exists(x, x.name == 'trainer')",
@@ -75,10 +76,19 @@ class PodSpecTemplate:
 
 
 @dataclass
+class EmbeddedMetadata:
+    """Metadata of the pods made from the template: labels and annotations only (names, owners and
+    the rest are the operator's)."""
+
+    labels: dict[str, str] | None = api_field("Labels, added to the operator's own.")
+    annotations: dict[str, str] | None = api_field("Annotations.")
+
+
+@dataclass
 class PodTemplate:
     """The pod template every worker is made from (a PodTemplateSpec)."""
 
-    metadata: dict[str, Any] | None = api_field("Labels and annotations for the pods.")
+    metadata: EmbeddedMetadata | None = api_field("Labels and annotations for the pods.")
     spec: PodSpecTemplate = api_field("The pod spec.", required=True, factory=PodSpecTemplate)
 
 
@@ -193,11 +203,15 @@ class Gang:
     """All-or-nothing admission of the job's pods."""
 
     min_available: int | None = api_field(
-        "Pods that must be placeable together (default: replicas).", minimum=1
+        "Pods that must be placeable together; must equal replicas when set (every rank is needed: "
+        "WORLD_SIZE is fixed). Smaller gangs wait for elastic training.",
+        minimum=1,
     )
     timeout_seconds: int = api_field(
-        "Admitted pods that are not all Running by then are torn down and requeued with backoff.",
-        default=300, minimum=10, maximum=86400,
+        "builtin provider: admitted pods that are not all Running by then are torn down and requeued "
+        "with backoff; 0 turns this off. volcano and coscheduling: the PodGroup's own timeout.",
+        default=300, minimum=0, maximum=86400,
+        rules=(Rule("self == 0 || self >= 10", "must be 0 (off) or at least 10 seconds"),),
     )  # fmt: skip
 
 
@@ -225,7 +239,9 @@ class RunPolicy:
         default=3, minimum=0, maximum=1000,
     )  # fmt: skip
     active_deadline_seconds: int | None = api_field(
-        "Fail the job after this long since it started.", minimum=1
+        "Fail the job after running this long (status.startTime; the clock stops while suspended and "
+        "restarts on resume, as for batch/v1 Job).",
+        minimum=1,
     )
     ttl_seconds_after_finished: int | None = api_field(
         "Delete the job this long after it finished.", minimum=0
@@ -241,26 +257,33 @@ class RunPolicy:
     )  # fmt: skip
 
 
+# A shape field may change in an update that starts from, or goes to, a suspended job: the pods of the
+# running attempt are deleted on suspension, and a resumed job starts a new attempt from the new spec.
+# Testing oldSelf is what lets a queue (Kueue) unsuspend and inject node selectors, tolerations,
+# affinity or scheduling gates into the template in one update, as batch/v1 Job and JobSet allow.
+_SUSPENDED_BEFORE_OR_AFTER = "oldSelf.runPolicy.suspend || self.runPolicy.suspend"
 _IMMUTABLE_WHILE_ACTIVE = (
     Rule(
-        "!has(oldSelf.replicas) || self.replicas == oldSelf.replicas || self.runPolicy.suspend",
+        f"!has(oldSelf.replicas) || self.replicas == oldSelf.replicas || {_SUSPENDED_BEFORE_OR_AFTER}",
         "spec.replicas can change only while the job is suspended (set spec.runPolicy.suspend: true first)",
         field_path=".replicas",
     ),
     Rule(
         "(has(self.procsPerReplica) == has(oldSelf.procsPerReplica) && "
-        "(!has(self.procsPerReplica) || self.procsPerReplica == oldSelf.procsPerReplica)) || self.runPolicy.suspend",
+        "(!has(self.procsPerReplica) || self.procsPerReplica == oldSelf.procsPerReplica)) || "
+        f"{_SUSPENDED_BEFORE_OR_AFTER}",
         "spec.procsPerReplica can change only while the job is suspended",
         field_path=".procsPerReplica",
     ),
     Rule(
-        "self.resources == oldSelf.resources || self.runPolicy.suspend",
+        f"self.resources == oldSelf.resources || {_SUSPENDED_BEFORE_OR_AFTER}",
         "spec.resources can change only while the job is suspended",
         field_path=".resources",
     ),
     Rule(
-        "self.template == oldSelf.template || self.runPolicy.suspend",
-        "spec.template can change only while the job is suspended",
+        f"self.template == oldSelf.template || {_SUSPENDED_BEFORE_OR_AFTER}",
+        "spec.template can change only while the job is suspended (nodeSelector, tolerations, affinity "
+        "and schedulingGates too: a queue sets them in the update that unsuspends it)",
         field_path=".template",
     ),
     Rule(
@@ -277,8 +300,10 @@ class TrainingJobSpec:
 
     __rules__ = (
         Rule(
-            "!has(self.scheduling.gang.minAvailable) || self.scheduling.gang.minAvailable <= self.replicas",
-            "spec.scheduling.gang.minAvailable must be <= spec.replicas",
+            "!has(self.scheduling.gang.minAvailable) || self.scheduling.gang.minAvailable == self.replicas",
+            "spec.scheduling.gang.minAvailable must equal spec.replicas or be left out: WORLD_SIZE is "
+            "fixed, so a smaller gang would hold GPUs it cannot train on; elastic training is not "
+            "supported yet",
             field_path=".scheduling.gang.minAvailable",
             reason="FieldValueInvalid",
         ),
@@ -312,7 +337,9 @@ class TrainingJobSpec:
 
     @property
     def min_available(self) -> int:
-        return self.scheduling.gang.min_available or self.replicas
+        """Every replica: admission refuses a smaller minAvailable (a job stored before that rule
+        existed is still ganged whole, since its trainer needs every rank)."""
+        return self.replicas
 
 
 @dataclass
@@ -377,14 +404,16 @@ class TrainingJobStatus:
         enum=("Pending", "Admitted", "Running", "Restarting", "Succeeded", "Failed", "Suspended"),
     )
     conditions: list[Condition] | None = api_field(
-        "Admitted, Running, Restarting, Succeeded, Failed, Suspended with reasons.",
+        "Admitted, PodsCreated, Preempted, Running, Restarting, Succeeded, Failed, Suspended, with reasons.",
         extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     attempt: int | None = api_field("Current attempt: 0 first, +1 on every gang restart.")
     restarts: Restarts | None = api_field("Restarts by cause.")
     replicas: ReplicaCounts | None = api_field("Pods of the current attempt by state.")
     ready_summary: str | None = api_field("ready/replicas, for `kubectl get`.")
-    start_time: str | None = api_field("When the first attempt was admitted.")
+    start_time: str | None = api_field(
+        "When the job started running; reset on resume. activeDeadlineSeconds counts from it."
+    )
     completion_time: str | None = api_field("When the job finished.")
     admitted_time: str | None = api_field("When the current attempt was admitted.")
     requeue_after: str | None = api_field(

@@ -31,10 +31,9 @@ def build_podgroup(job: JobRef, spec: TrainingJobSpec) -> dict[str, Any] | None:
         return {"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup", "metadata": meta,
                 "spec": volcano_spec}  # fmt: skip
     if provider == "coscheduling":
-        cosched_spec: dict[str, Any] = {
-            "minMember": min_member,
-            "scheduleTimeoutSeconds": spec.scheduling.gang.timeout_seconds,
-        }
+        cosched_spec: dict[str, Any] = {"minMember": min_member}
+        if spec.scheduling.gang.timeout_seconds > 0:  # 0: the scheduler's own default
+            cosched_spec["scheduleTimeoutSeconds"] = spec.scheduling.gang.timeout_seconds
         if min_resources:
             cosched_spec["minResources"] = min_resources
         return {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup", "metadata": meta,

@@ -99,3 +99,8 @@ def choose_victims(
 def head_of_line_blocked(plan_waiting: Mapping[str, str], order: Sequence[GangRequest]) -> GangRequest | None:
     """The first gang in admission order that the plan left waiting (the candidate preemptor)."""
     return next((gang for gang in order if gang.key in plan_waiting), None)
+
+
+def preemption_message(head_key: str, head_priority: int) -> str:
+    """What the victim's condition and event say: who took its room, and at what priority."""
+    return f"preempted by {head_key}, priority {head_priority}"

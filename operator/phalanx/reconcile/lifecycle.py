@@ -36,9 +36,14 @@ from phalanx.policy.pod_outcome import (
     gang_verdict,
     missing_pod_outcome,
 )
-from phalanx.reconcile.conditions import set_condition
+from phalanx.reconcile.conditions import get_condition, set_condition
 
 FINISHED_PHASES = ("Succeeded", "Failed")
+# PodsCreated=False reason: the API server refused a pod (403 quota or policy, 422 invalid); the I/O
+# layer sets it with the API's message.
+REASON_CREATE_REFUSED = "CreateRefused"
+# Preempted=True reason, set by the admission pass on a victim before it evicts the victim's pods.
+REASON_PREEMPTED_BY_PRIORITY = "PreemptedByPriority"
 GANG_BACKOFF_BASE_SECONDS = 10.0
 
 
@@ -193,8 +198,10 @@ def decide(
         b.phase("Suspended", "Suspended", "spec.runPolicy.suspend is true: pods deleted, status kept")
         return b.plan
     if status.get("phase") == "Suspended":
-        # Resumed: a fresh attempt, counted neither as failure nor as preemption.
+        # Resumed: a fresh attempt, counted neither as failure nor as preemption. The deadline's clock
+        # starts again when it runs (batch/v1 Job resets startTime on resume too).
         status["attempt"] = attempt + 1
+        status.pop("startTime", None)
         b.phase("Pending", "Resumed", "resumed after suspension; creating a new attempt")
         b.plan.delete_pods.extend(p["metadata"]["name"] for p in current.values() if not _deleting(p))
         return b.plan
@@ -224,6 +231,8 @@ def decide(
         if spec.scheduling.provider != "builtin":
             status.setdefault("admittedTime", b.now_iso)
         missing = [i for i in range(spec.replicas) if i not in current]
+        if missing and _partial_gang_timed_out(b, spec, current):
+            return b.plan
         if missing:
             b.plan.create_indices.extend(missing)
             b.plan.attempt_in_names = attempt_in_names(current.values(), stale, attempt)
@@ -264,32 +273,31 @@ def decide(
         return b.plan
 
     running = sum(o.kind in (OutcomeKind.RUNNING, OutcomeKind.SUCCEEDED) for o in outcomes)
-    gated = sum(is_gated(p) for p in current.values())
-    # minAvailable < replicas: the gang is admitted once that many pods are; the others keep their
-    # gate until there is room. The trainer needs every rank, so Running still means all of them.
-    if gated and len(current) - gated < spec.min_available:
+    # One pod still gated: the gang is not admitted (the trainer needs every rank). A pass stopped
+    # half-way through lifting the gates is finished by the next one.
+    if any(is_gated(p) for p in current.values()):
         message = status.get("admissionMessage") or "waiting for the whole gang to fit"
         b.condition("Admitted", "False", "WaitingForCapacity", message)
         b.phase("Pending", "WaitingForCapacity", message)
         return b.plan
     if not status.get("admittedTime"):
         status["admittedTime"] = b.now_iso
-    if gated:
-        admitted_message = (
-            f"{len(current) - gated}/{spec.replicas} pod(s) admitted (minAvailable {spec.min_available}); "
-            f"{gated} wait for room: {status.get('admissionMessage') or 'the next admission pass places them'}"
-        )
-    else:
-        status.pop("admissionMessage", None)
-        admitted_message = f"all {spec.replicas} pod(s) admitted together"
-    b.condition("Admitted", "True", "GangAdmitted", admitted_message)
+    status.pop("admissionMessage", None)
+    b.condition("Admitted", "True", "GangAdmitted", f"all {spec.replicas} pod(s) admitted together")
     if running >= spec.replicas:
         status.setdefault("startTime", b.now_iso)
+        # Only on the way back to Running: the victim is still Running between the condition and
+        # the eviction of its pods.
+        preempted = get_condition(status["conditions"], "Preempted")
+        if b.old.get("phase") != "Running" and preempted is not None and preempted.get("status") == "True":
+            b.condition("Preempted", "False", "Running", f"running again as attempt {attempt}")
         b.phase("Running", "AllWorkersRunning", f"{spec.replicas} worker(s) running, attempt {attempt}")
         return b.plan
 
     admitted_at = parse_iso(status.get("admittedTime")) or now
-    timeout = spec.scheduling.gang.timeout_seconds
+    # Only where Phalanx admitted the gang: an external scheduler's queue wait may be longer, and its
+    # PodGroup carries its own timeout.
+    timeout = spec.scheduling.gang.timeout_seconds if spec.scheduling.provider == "builtin" else 0
     if gang_timed_out(admitted_at, now, timeout, running, spec.replicas):
         timeouts = int(status.get("gangTimeouts") or 0) + 1
         status["gangTimeouts"] = timeouts
@@ -299,7 +307,8 @@ def decide(
         _new_attempt(b, current)
         b.phase("Pending", "GangTimeout", message, "Warning")
         return b.plan
-    b.recheck(admitted_at + timeout - now)
+    if timeout > 0:
+        b.recheck(admitted_at + timeout - now)
     if status.get("phase") != "Restarting" or running:
         message = f"{running}/{spec.replicas} worker(s) running"
         why = _unschedulable_message(current.values())
@@ -307,6 +316,41 @@ def decide(
             message += f"; the scheduler says: {why}"
         b.phase("Admitted", "GangAdmitted", message)
     return b.plan
+
+
+def _partial_gang_timed_out(b: _Builder, spec: TrainingJobSpec, current: dict[int, dict[str, Any]]) -> bool:
+    """The API server refused some of the attempt's pods (quota, admission policy) for longer than the
+    gang timeout while others exist: those hold their nodes for nothing. Tears the attempt down and
+    requeues it with backoff, as a gang timeout after admission does (builtin provider only)."""
+    refused = get_condition(b.status["conditions"], "PodsCreated")
+    timeout = spec.scheduling.gang.timeout_seconds
+    if (
+        not current
+        or spec.scheduling.provider != "builtin"
+        or timeout <= 0
+        or refused is None
+        or refused.get("status") != "False"
+        or refused.get("reason") != REASON_CREATE_REFUSED
+    ):
+        return False
+    since = parse_iso(refused.get("lastTransitionTime")) or b.now
+    if b.now < since + timeout:
+        b.recheck(since + timeout - b.now)
+        return False
+    timeouts = int(b.status.get("gangTimeouts") or 0) + 1
+    b.status["gangTimeouts"] = timeouts
+    b.status["requeueAfter"] = iso(requeue_at(b.now, timeouts, base=GANG_BACKOFF_BASE_SECONDS))
+    # The next attempt's refusal, if any, starts its own clock.
+    b.status["conditions"] = [x for x in b.status["conditions"] if x.get("type") != "PodsCreated"]
+    message = (
+        f"only {len(current)}/{spec.replicas} pod(s) could be created in {timeout}s "
+        f"({refused.get('message', '')}); gang torn down, retrying after {b.status['requeueAfter']}"
+    )
+    _new_attempt(b, current)
+    if b.old.get("phase") == "Pending":  # no phase change, so phase() tells no one: a teardown is news
+        b.plan.events.append(Event("Warning", "GangTimeout", message))
+    b.phase("Pending", "GangTimeout", message, "Warning")
+    return True
 
 
 def _unschedulable_message(pods: Any) -> str:
