@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from phalanx.devcluster.cluster import LocalCluster
+from phalanx.devcluster.crds import wait_established
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULTS = REPO_ROOT / "bench" / "results" / "failover.json"
@@ -100,9 +101,8 @@ def main() -> int:
         kubeconfig = cluster.up(pools=())
         candidates = [Candidate(kubeconfig, Path(scratch), i) for i in range(2)]
         try:
-            subprocess.run([str(Path(cluster.state().bin_dir) / "kubectl"), f"--kubeconfig={kubeconfig}",  # type: ignore[union-attr]
-                            "apply", "--server-side", "-f", str(REPO_ROOT / "crds")], check=True,
-                           capture_output=True)  # fmt: skip
+            cluster.kubectl("apply", "--server-side", "-f", str(REPO_ROOT / "crds"))
+            wait_established(cluster.kubectl_argv(), ["trainingjobs.phalanx.dev"])
             for candidate in candidates:
                 candidate.start()
             killed = rounds(candidates, args.rounds, signal.SIGKILL, "SIGKILL")

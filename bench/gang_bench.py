@@ -46,6 +46,7 @@ from phalanx.builders.pods import JobRef, build_headless_service, build_worker_p
 from phalanx.constants import GANG_SCHEDULING_GATE
 from phalanx.controller import WRITE_CONCURRENCY
 from phalanx.devcluster.cluster import LocalCluster
+from phalanx.devcluster.crds import wait_established
 from phalanx.devcluster.nodes import NodePool, node_manifests
 from phalanx.k8s import release
 from phalanx.ports import free_port
@@ -787,9 +788,7 @@ def main() -> int:
         create_nodes(core, [bench_pool("main", args.nodes), bench_pool("contention", args.contention_nodes)])
         wait_nodes_ready(core, args.nodes + args.contention_nodes)
         cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
-        cluster.kubectl(
-            "wait", "--for=condition=Established", "crd/trainingjobs.phalanx.dev", "--timeout=60s"
-        )
+        wait_established(cluster.kubectl_argv(), ["trainingjobs.phalanx.dev"])
         operator = Operator(kubeconfig, state_dir / "operator.log")
         log(
             f"cluster ready ({time.time() - started:.0f}s); operator pid {operator.proc.pid}, log {state_dir}/operator.log"

@@ -301,7 +301,10 @@ class OperatorProcess:
 @pytest.fixture(scope="session")
 def crd_installed(cluster: Cluster) -> None:
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO_ROOT / "crds"))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/trainingjobs.phalanx.dev", "--timeout=60s")
+    from phalanx.devcluster.crds import wait_established
+
+    wait_established([str(cluster.bin_dir / "kubectl"), f"--kubeconfig={cluster.kubeconfig}"],
+                     ["trainingjobs.phalanx.dev"])  # fmt: skip
 
 
 @pytest.fixture(scope="session")

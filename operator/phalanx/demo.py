@@ -213,6 +213,7 @@ class Demo:
     def up(self) -> None:
         from kubernetes import config
 
+        from phalanx.devcluster.crds import wait_established
         from phalanx.devcluster.realnode import (
             check_real_node_preflight,
             start_real_nodes,
@@ -234,7 +235,7 @@ class Demo:
         wait_real_nodes_ready(self.kubectl, names)
         self.api = config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
         self._run("apply", "--server-side", "-f", str(REPO_ROOT / "crds"))
-        self._run("wait", "--for=condition=Established", "crd/trainingjobs.phalanx.dev", "--timeout=60s")
+        wait_established(self.kubectl, ["trainingjobs.phalanx.dev"])
         log = (self.out_dir / "operator.log").open("wb")
         env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
         argv = [sys.executable, "-m", "phalanx.cli", "operator", "--metrics-port", "0", "--health-port", "0"]

@@ -21,8 +21,10 @@ CRDS = Path(__file__).resolve().parents[1] / "data" / "crds"
 @pytest.fixture(scope="module")
 def podgroup_crds(cluster: Cluster) -> None:
     cluster.kubectl("apply", "-f", str(CRDS))
-    for crd in ("podgroups.scheduling.volcano.sh", "podgroups.scheduling.x-k8s.io"):
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
+    from phalanx.devcluster.crds import wait_established
+
+    wait_established([str(cluster.bin_dir / "kubectl"), f"--kubeconfig={cluster.kubeconfig}"],
+                     ["podgroups.scheduling.volcano.sh", "podgroups.scheduling.x-k8s.io"])  # fmt: skip
 
 
 def podgroup(cluster: Cluster, resource: str, ns: str, name: str) -> dict[str, Any] | None:

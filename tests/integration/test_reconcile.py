@@ -215,7 +215,8 @@ def test_a_job_suspended_longer_than_its_deadline_runs_again_when_resumed(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:
     deadline = 12
-    cluster.apply(training_job("nap", replicas=2, runPolicy={"activeDeadlineSeconds": deadline}), namespace)
+    job = training_job("nap", replicas=2, terminate_after="1s", runPolicy={"activeDeadlineSeconds": deadline})
+    cluster.apply(job, namespace)  # pods that stop within 1 s of their deletion, as trainers that exit
     wait_phase(cluster, namespace, "nap", "Running")
     cluster.kubectl(
         "patch", "tj", "nap", "-n", namespace, "--type=merge", "-p", '{"spec":{"runPolicy":{"suspend":true}}}'

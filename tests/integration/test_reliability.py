@@ -424,7 +424,8 @@ def test_a_gang_the_resource_quota_admits_only_half_of_is_reported_and_torn_down
     wait_for(lambda: cluster.get_json("resourcequota", "one-pod", "-n", namespace).get("status", {}).get("used"),
              timeout=30, what="quota usage counted")  # fmt: skip
     timeout = 10
-    job = training_job("half", replicas=2, gpus=1, scheduling={"gang": {"timeoutSeconds": timeout}})
+    job = training_job("half", replicas=2, gpus=1, terminate_after="1s",
+                       scheduling={"gang": {"timeoutSeconds": timeout}})  # fmt: skip
     cluster.apply(job, namespace)
     status = wait_for(
         lambda: (

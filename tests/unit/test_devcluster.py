@@ -117,3 +117,12 @@ def test_a_component_that_dies_at_start_is_reported_with_its_log(
     with pytest.raises(ClusterError, match="etcd exited during start-up(.|\n)*address already in use"):
         cluster.up(timeout=20)
     assert cluster.running_components() == {}
+
+
+def test_a_crd_without_conditions_yet_is_not_established() -> None:
+    from phalanx.devcluster.crds import established
+
+    assert not established({"status": {}})
+    assert not established({"status": {"conditions": [{"type": "Established", "status": "False"}]}})
+    assert established({"status": {"conditions": [{"type": "NamesAccepted", "status": "True"},
+                                                  {"type": "Established", "status": "True"}]}})  # fmt: skip

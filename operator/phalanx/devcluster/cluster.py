@@ -225,13 +225,17 @@ class LocalCluster:
         }
 
     # -- nodes -----------------------------------------------------------------------------
-    def kubectl(
-        self, *args: str, input: str | None = None, check: bool = True
-    ) -> subprocess.CompletedProcess[str]:
+    def kubectl_argv(self) -> list[str]:
+        """The kubectl binary and --kubeconfig for this cluster (the prefix of every kubectl call)."""
         state = self.state()
         if state is None:
             raise ClusterError("no cluster state; run `phalanx dev up` first")
-        cmd = [str(Path(state.bin_dir) / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args]
+        return [str(Path(state.bin_dir) / "kubectl"), f"--kubeconfig={self.kubeconfig}"]
+
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        cmd = [*self.kubectl_argv(), *args]
         result = subprocess.run(cmd, input=input, capture_output=True, text=True)
         if check and result.returncode != 0:
             raise ClusterError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
