@@ -67,6 +67,14 @@ def full_gradients(trainer: Trainer) -> dict[str, torch.Tensor]:
     return merged
 
 
+def alias_groups(model: torch.nn.Module) -> list[list[str]]:
+    """Names that share one parameter object (tied weights), each group in registration order."""
+    by_id: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        by_id.setdefault(id(param), []).append(_clean(name))
+    return [names for names in by_id.values() if len(names) > 1]
+
+
 def gathered_objects(value: Any) -> list[Any]:
     """`value` from every rank, in rank order (just this one without a process group)."""
     if not dist.is_initialized():
@@ -192,6 +200,7 @@ def run_trainer(
         "linear_dtypes": linear_dtypes,
         "grad_dtypes": grad_dtypes,
         "fsdp_units": fsdp_unit_names(trainer.model),
+        "alias_groups": alias_groups(trainer.model),
         "local_shapes": first_local_shapes,
         "local_shapes_by_rank": gathered_objects(first_local_shapes),
         "loss_scale": trainer.scaler.scale,
