@@ -112,8 +112,19 @@ def case_id(name: str, accumulation: int, dtype: str) -> str:
     return f"{name}-accum{accumulation}-{dtype}"
 
 
-def run_matrix(layouts: dict[str, tuple[int, int, list[str]]], dtypes: tuple[str, ...]) -> dict[str, Any]:
-    """All cases: one group of forked ranks per world size, every case in it in turn."""
+FSDP_LAYOUTS = ("zero2", "fsdp", "fsdp_x_tp", "pp_x_fsdp")
+DEFER_REDUCE = "parallelism.fsdp_defer_reduce=true"
+
+
+def deferred_case_id(name: str) -> str:
+    return f"{name}-accum2-fp32-deferred"
+
+
+def run_matrix(
+    layouts: dict[str, tuple[int, int, list[str]]], dtypes: tuple[str, ...], deferred: bool = False
+) -> dict[str, Any]:
+    """All cases: one group of forked ranks per world size, every case in it in turn; with `deferred`
+    also the FSDP layouts with accumulation 2 in fp32 under the opt-in deferred reduce-scatter."""
     results: dict[str, Any] = {}
     for world_size in sorted({ranks for ranks, _, _ in layouts.values()}):
         cases = {
@@ -123,6 +134,14 @@ def run_matrix(layouts: dict[str, tuple[int, int, list[str]]], dtypes: tuple[str
             for accumulation in ACCUMULATIONS
             for dtype in dtypes
         }
+        if deferred:
+            cases.update(
+                {
+                    deferred_case_id(name): [*layout_overrides(layouts, name, 2, "fp32"), DEFER_REDUCE]
+                    for name in FSDP_LAYOUTS
+                    if layouts[name][0] == world_size
+                }
+            )
         results.update(run_ranks(cases, world_size=world_size, steps=STEPS))
     return results
 
@@ -162,7 +181,7 @@ def assert_case(runs: dict[str, Any], name: str, accumulation: int, dtype: str) 
 
 @pytest.fixture(scope="module")
 def default_runs() -> dict[str, Any]:
-    return run_matrix(LAYOUTS, supported("fp32", "bf16"))
+    return run_matrix(LAYOUTS, supported("fp32", "bf16"), deferred=True)
 
 
 @pytest.fixture(scope="module")
@@ -215,13 +234,28 @@ def test_three_dimensional_layouts_match_one_process(
     assert_case(slow_runs, layout, accumulation, dtype)
 
 
-@pytest.mark.parametrize("layout", ["zero2", "fsdp", "fsdp_x_tp", "pp_x_fsdp"])
-def test_fsdp_reduces_gradients_once_per_optimizer_step(layout: str, default_runs: dict[str, Any]) -> None:
-    """Accumulation micro-steps before the last skip the reduce-scatter, pipelined or not."""
+@pytest.mark.parametrize("layout", FSDP_LAYOUTS)
+def test_fsdp_reduce_scatters_every_accumulation_micro_step_by_default(
+    layout: str, default_runs: dict[str, Any]
+) -> None:
+    """Keeps only sharded gradients between micro-steps (ZeRO-2/3's memory saving), pipelined or not."""
     once = default_runs[case_id(layout, 1, "fp32")]["reduce_scatters"]
     accumulated = default_runs[case_id(layout, 2, "fp32")]["reduce_scatters"]
     assert once > 0
-    assert accumulated == once
+    assert accumulated == 2 * once
+
+
+@pytest.mark.parametrize("layout", FSDP_LAYOUTS)
+def test_fsdp_defer_reduce_reduces_gradients_once_per_optimizer_step(
+    layout: str, default_runs: dict[str, Any]
+) -> None:
+    """The opt-in: micro-steps before the last skip the reduce-scatter, and it still trains right."""
+    once = default_runs[case_id(layout, 1, "fp32")]["reduce_scatters"]
+    deferred = default_runs[deferred_case_id(layout)]
+    assert "error" not in deferred, deferred.get("error")
+    assert once > 0
+    assert deferred["reduce_scatters"] == once
+    assert_matches(deferred, one_process("fp32"), *TOLERANCES["fp32"])
 
 
 def test_loss_decreases_so_the_comparison_is_not_vacuous() -> None:
