@@ -34,7 +34,7 @@ import torch.multiprocessing as mp
 
 from phalanx.ports import free_port
 from phalanx_trainer.config import load_config
-from phalanx_trainer.distenv import DistEnv
+from phalanx_trainer.distenv import DistEnv, process_group_backend
 from phalanx_trainer.logs import EventLog
 from phalanx_trainer.metrics import mfu, seconds_per_step_between
 from phalanx_trainer.train import Trainer
@@ -166,15 +166,21 @@ def cpu_runs_bf16() -> bool:
         return False
 
 
+def process_group_backend_for(dry_run: bool) -> str:
+    """The trainer's own backend choice: on GPUs gloo serves the CPU tensors it reduces too."""
+    return process_group_backend(use_cuda=not dry_run)
+
+
 def worker(rank: int, world_size: int, port: int, args: argparse.Namespace, scratch: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     timeout = datetime.timedelta(seconds=120)
+    backend = process_group_backend_for(args.dry_run)
     if args.dry_run:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        device, backend = torch.device("cpu"), "gloo"
+        device = torch.device("cpu")
         dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout)
     else:
-        device, backend = torch.device("cuda", rank), "nccl"
+        device = torch.device("cuda", rank)
         torch.cuda.set_device(device)
         dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout, device_id=device)
     say(rank, f"{backend} process group up: {world_size} ranks")

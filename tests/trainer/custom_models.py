@@ -65,3 +65,15 @@ def tiny_lm_without_init(config: ModelConfig) -> TinyLMWithoutInit:
     model = TinyLMWithoutInit(config)
     BUILT_ON.append(next(model.parameters()).device.type)
     return model
+
+
+class TinyLMTied(TinyLM):
+    """The same model with its output head tied to the embedding (one parameter, two modules)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
+        self.head.weight = self.embed.weight
+
+
+def tiny_lm_tied(config: ModelConfig) -> TinyLMTied:
+    return TinyLMTied(config)

@@ -7,6 +7,7 @@ to a JSON file that the test reads.
 
 from __future__ import annotations
 
+import errno
 import json
 import multiprocessing
 import os
@@ -80,14 +81,28 @@ def fsdp_save(rank: int, folder: Path, options: dict[str, Any]) -> dict[str, Any
     hashed: list[str] = []
     if options.get("restore"):
         original = manifest_module.sha256_file
+        failing = options.get("read_error_on_rank_1") if rank == 1 else None
 
         def recording(path: Path) -> str:
             hashed.append(Path(path).name)
+            if failing == "hash" and Path(path).parent.name == "step-00000002":
+                raise OSError(errno.EIO, "Input/output error", str(path))
             return original(path)
 
+        original_read_bytes = Path.read_bytes
+
+        def read_bytes(path: Path) -> bytes:
+            if failing == "read" and path.parent.name == "step-00000002" and path.suffix == ".pt":
+                raise OSError(errno.ESTALE, "Stale file handle", str(path))
+            return original_read_bytes(path)
+
         manifest_module.sha256_file = recording
-        restored = manager.restore(state)
-        manifest_module.sha256_file = original
+        Path.read_bytes = read_bytes  # type: ignore[method-assign]
+        try:
+            restored = manager.restore(state)
+        finally:
+            manifest_module.sha256_file = original
+            Path.read_bytes = original_read_bytes  # type: ignore[method-assign]
         return {"restored": restored, "hashed": hashed, "step": progress.step}
     for step in (1, 2):
         _train(model, optimizer, 1, rank)
@@ -256,6 +271,19 @@ def test_restore_verification_is_split_across_the_ranks_that_read(tmp_path: Path
     data[len(data) // 2] ^= 0xFF
     damaged.write_bytes(bytes(data))
     results = run_ranks(WORLD, "fsdp_save", tmp_path, restore=True, tag="fallback")
+    assert [result["restored"] for result in results] == [1, 1]
+    assert [result["step"] for result in results] == [1, 1]
+
+
+@pytest.mark.trainer
+@pytest.mark.parametrize("where", ["hash", "read"])
+def test_a_read_error_on_one_rank_rejects_the_folder_on_every_rank(tmp_path: Path, where: str) -> None:
+    """EIO / ESTALE while one rank verifies (hashing) or loads its per-rank file is the folder's
+    damage: every rank falls back to the older checkpoint together, none dies in a collective."""
+    run_ranks(WORLD, "fsdp_save", tmp_path)
+    results = run_ranks(
+        WORLD, "fsdp_save", tmp_path, restore=True, read_error_on_rank_1=where, tag=f"eio-{where}"
+    )
     assert [result["restored"] for result in results] == [1, 1]
     assert [result["step"] for result in results] == [1, 1]
 

@@ -19,6 +19,7 @@ pytestmark = pytest.mark.trainer
 STEPS = 3
 CUSTOM = ["model.kind=custom", "model.custom=tests.trainer.custom_models:tiny_lm"]
 CUSTOM_WHOLE = ["model.kind=custom", "model.custom=tests.trainer.custom_models:tiny_lm_without_init"]
+TIED = ["model.kind=custom", "model.custom=tests.trainer.custom_models:tiny_lm_tied"]
 
 
 def one_process(overrides: list[str]) -> dict[str, Any]:
@@ -56,6 +57,12 @@ def test_a_model_without_a_per_tensor_init_is_built_whole_on_the_device() -> Non
     assert custom_models.BUILT_ON[-1] == "cpu"
 
 
+def test_a_tied_model_built_on_the_meta_device_stays_tied() -> None:
+    """to_empty gives every module its own tensor: the head must be re-pointed at the embedding."""
+    run = one_process(TIED)
+    assert run["alias_groups"] == [["embed.weight", "head.weight"]]
+
+
 def two_rank_cases() -> dict[str, list[str]]:
     half = f"data.batch_size={GLOBAL_BATCH // 2}"
     cases = {
@@ -69,6 +76,8 @@ def two_rank_cases() -> dict[str, list[str]]:
         for model, overrides in (("gpt", []), ("custom", CUSTOM), ("custom_whole", CUSTOM_WHOLE))
         for dtype in ("fp32", "bf16")
     }
+    for mode in ("fsdp", "zero2"):
+        cases[f"{mode}-tied-fp32"] = [*TIED, f"parallelism.dp_mode={mode}", half]
     return cases
 
 
@@ -106,6 +115,17 @@ def test_a_sharded_custom_model_trains_like_one_process(
     reference = one_process_cached((*overrides, f"precision.dtype={dtype}"))
     layout = [f"parallelism.dp_mode={mode}"]
     assert_matches(two_ranks[f"{mode}-{model}-{dtype}"], reference, *tolerances(layout, dtype))
+
+
+@pytest.mark.parametrize("mode", ["fsdp", "zero2"])
+def test_a_sharded_tied_model_stays_tied_and_trains_like_one_process(
+    mode: str, two_ranks: dict[str, Any]
+) -> None:
+    run = two_ranks[f"{mode}-tied-fp32"]
+    assert "error" not in run, run.get("error")
+    assert run["alias_groups"] == [["embed.weight", "head.weight"]]
+    reference = one_process_cached((*TIED, "precision.dtype=fp32"))
+    assert_matches(run, reference, *tolerances([f"parallelism.dp_mode={mode}"], "fp32"))
 
 
 @needs_cpu("bf16")

@@ -21,6 +21,7 @@ from phalanx_trainer.distenv import (
     EnvError,
     RendezvousTimeout,
     needs_local_launch,
+    process_group_backend,
     read_dist_env,
     wait_for_rendezvous,
 )
@@ -87,7 +88,7 @@ def run_worker(config: TrainerConfig, dist_env: DistEnv, env: Mapping[str, str])
         os.environ.setdefault(contract.ENV_MASTER_ADDR, dist_env.master_addr)
         os.environ.setdefault(contract.ENV_MASTER_PORT, str(dist_env.master_port))
         dist.init_process_group(
-            backend="cpu:gloo,cuda:nccl" if use_cuda else "gloo",
+            backend=process_group_backend(use_cuda),
             init_method="env://",
             rank=dist_env.rank,
             world_size=dist_env.world_size,

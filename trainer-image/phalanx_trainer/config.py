@@ -100,6 +100,10 @@ class ParallelismConfig:
     pp_microbatches: int = 2
     grad_accumulation_steps: int = 1
     ddp_bucket_mb: float = 25.0
+    # zero2 / fsdp with grad_accumulation_steps > 1: false reduce-scatters every micro-step and keeps
+    # only sharded gradients; true reduces once per step but holds every unsharded fp32 gradient
+    # until the last micro-step (docs/trainer.md).
+    fsdp_defer_reduce: bool = False
 
 
 @dataclass

@@ -36,6 +36,12 @@ class DistEnv:
         return self.world_size > 1
 
 
+def process_group_backend(use_cuda: bool) -> str:
+    """The torch.distributed backend: NCCL for CUDA tensors plus gloo for the CPU ones the trainer
+    also reduces (the step's loss in Trainer.reduce_loss); an NCCL-only group fails on those."""
+    return "cpu:gloo,cuda:nccl" if use_cuda else "gloo"
+
+
 def _int(env: Mapping[str, str], name: str, default: int) -> int:
     raw = env.get(name, "")
     if raw == "":

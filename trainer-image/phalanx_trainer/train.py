@@ -1,6 +1,7 @@
 """The training loop. Read `Trainer.train` top to bottom: data -> forward/backward (gradient sync on
-the last micro-step only) -> unscale / overflow check -> global-norm clip -> optimizer -> LR ->
-metrics -> checkpoint -> preemption check. `__init__` builds everything in the order TP -> PP -> DP.
+the last micro-step under DDP, on every one under FSDP / ZeRO-2 unless deferred) -> unscale /
+overflow check -> global-norm clip -> optimizer -> LR -> metrics -> checkpoint -> preemption check.
+`__init__` builds everything in the order TP -> PP -> DP.
 """
 
 from __future__ import annotations
@@ -216,9 +217,17 @@ class Trainer:
 
     # ---- one step ---------------------------------------------------------------------------
 
+    def _syncs_on(self, micro: int) -> bool:
+        """Whether accumulation micro-step `micro` reduces gradients: DDP only on the last; FSDP and
+        ZeRO-2 on every one unless fsdp_defer_reduce (deferring keeps every unsharded gradient)."""
+        sharded = isinstance(self.train_module, FSDPModule)
+        if sharded and not self.config.parallelism.fsdp_defer_reduce:
+            return True
+        return micro == self.accumulation - 1
+
     @contextlib.contextmanager
     def _gradient_sync(self, enabled: bool) -> Iterator[None]:
-        """Accumulation micro-steps before the last skip the gradient all-reduce / reduce-scatter."""
+        """Micro-steps that do not sync skip the gradient all-reduce / reduce-scatter."""
         module = self.train_module
         if isinstance(module, DistributedDataParallel) and not enabled:
             with module.no_sync():
@@ -244,7 +253,7 @@ class Trainer:
         total = torch.zeros((), device=self.device)
         for micro in range(self.accumulation):
             inputs, targets = self.data.next_batch()
-            sync = micro == self.accumulation - 1  # reduce gradients on the last micro-step only
+            sync = self._syncs_on(micro)
             if self.schedule is not None:
                 self._pipeline_step(inputs, targets, sync)
                 continue

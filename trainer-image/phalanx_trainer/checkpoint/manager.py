@@ -302,13 +302,15 @@ class CheckpointManager:
                 load_problem = f"DCP load failed: {type(error).__name__}: {first_line[:300]}"
             try:
                 hashed.result()
-            except ValueError as error:  # ManifestError: the digest names the damage best
+            # ManifestError (the digest names the damage best) or a read error (EIO, ESTALE): the
+            # folder's problem, so every rank rejects it together rather than one leaving the collective.
+            except (OSError, ValueError) as error:
                 problem = f"{error} (found by rank {self.rank})"
         small: dict[str, Any] | None = None
         if problem is None and load_problem is None:
             try:
                 small = load_small_state((folder / own_file).read_bytes())
-            except ValueError as error:  # UnsafeCheckpointError and damaged archives
+            except (OSError, ValueError) as error:  # read errors, UnsafeCheckpointError, damaged archives
                 problem = f"{own_file}: {error} (found by rank {self.rank})"
         problems = [found for found in self._all_gather(problem or load_problem) if found]
         if problems:

@@ -5,7 +5,8 @@ buffer (named as in a one-process model). The trainer builds it on the meta devi
 applies PP / TP / FSDP, allocates only each rank's part (`to_empty`) and then, one tensor at a time,
 generates the whole tensor on the device from a generator seeded by (seed, name) and keeps this
 rank's part of it. The values do not depend on the layout, so every layout starts from the
-one-process weights; the peak extra memory is the largest single tensor.
+one-process weights; the peak extra memory is the largest single tensor. Tied parameters (an
+embedding shared with the output head) stay one parameter, initialised once under the first name.
 
 A model without the hook is built whole on the device under the seed, as its constructor
 initialises it: it has to fit on one device before sharding. (Its builder runs twice, first on the
@@ -42,10 +43,31 @@ def one_process_name(name: str) -> str:
     return name.replace("_orig_mod.", "")  # torch.compile's wrapper
 
 
+def tied_parameter_names(model: nn.Module) -> list[list[str]]:
+    """Names that share one parameter (tied weights), each group in registration order."""
+    by_id: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        by_id.setdefault(id(param), []).append(name)
+    return [names for names in by_id.values() if len(names) > 1]
+
+
+def retie(model: nn.Module, groups: list[list[str]]) -> None:
+    """Points every name of each group at the parameter of its first name."""
+    for first, *others in groups:
+        shared = model.get_parameter(first)
+        for name in others:
+            owner, _, attribute = name.rpartition(".")
+            setattr(model.get_submodule(owner), attribute, shared)
+
+
 def initialise_after_sharding(model: nn.Module, device: torch.device, seed: int) -> None:
     """Allocates this rank's parts of a meta model on `device` and fills them (see the module doc)."""
     init = getattr(model, "init_parameter")  # noqa: B009 - checked by initialises_per_tensor
+    # to_empty replaces each module's parameters on its own, so a tied embedding and head would come
+    # back as two tensors and train untied: record the ties and restore them before initialising.
+    tied = tied_parameter_names(model)
     model.to_empty(device=device)
+    retie(model, tied)
     tensors = [*model.named_parameters(), *model.named_buffers()]
     with torch.no_grad():
         for name, tensor in tensors:
