@@ -518,3 +518,19 @@ def test_chart_crd_is_the_generated_crd() -> None:
     assert yaml.safe_load(copy.read_text()) == yaml.safe_load(source.read_text())
     (crd,) = of_kind(rendered("default"), "CustomResourceDefinition")
     assert crd["metadata"]["name"] == "trainingjobs.phalanx.dev"
+
+
+def test_host_path_checkpoints_are_refused_unless_the_value_allows_them(tmp_path: Path) -> None:
+    from phalanx.cli import build_parser
+
+    def operator_args(values: dict[str, Any]) -> Any:
+        result = helm(
+            "template", "rel", str(CHART), "--kube-version", KUBE_VERSION, values=values, tmp=tmp_path
+        )
+        assert result.returncode == 0, result.stderr
+        deployment = next(d for d in yaml.safe_load_all(result.stdout) if d and d["kind"] == "Deployment")
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        return build_parser().parse_args([*container["command"][1:], *container["args"]])
+
+    assert operator_args({}).allow_host_path_checkpoints is False
+    assert operator_args({"operator": {"allowHostPathCheckpoints": True}}).allow_host_path_checkpoints is True
