@@ -57,6 +57,7 @@ def _operator(args: argparse.Namespace) -> int:
         namespaces=tuple(args.namespace or ()),
         cluster_domain=os.environ.get("PHALANX_CLUSTER_DOMAIN", "cluster.local"),
         leader_election=election,
+        allow_host_path_checkpoints=args.allow_host_path_checkpoints,
     )
     run_operator(
         settings,
@@ -95,6 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument(
         "--lease-duration-seconds", type=int, default=15,
         help="a standby takes over this long after the leader's last renewal (renewals every 2 s)",
+    )  # fmt: skip
+    op.add_argument(
+        "--allow-host-path-checkpoints", action=argparse.BooleanOptionalAction, default=False,
+        help="create pods whose spec.checkpoint.volume is a hostPath (single-node development; default: refused)",
     )  # fmt: skip
     op.set_defaults(func=_operator)
 

@@ -41,6 +41,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
         list(operator_settings.namespaces),
         cluster_domain=operator_settings.cluster_domain,
         leader=elector,
+        allow_host_path_checkpoints=operator_settings.allow_host_path_checkpoints,
     )
     controller.loop = asyncio.get_running_loop()
     await controller.start()
