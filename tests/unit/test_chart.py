@@ -332,8 +332,9 @@ def test_operator_runs_one_leader_elected_replica_with_probes_on_the_health_port
     dockerfile = (REPO_ROOT / "Dockerfile").read_text()
     entrypoint = json.loads(dockerfile.split("ENTRYPOINT", 1)[1].splitlines()[0])
     assert container["command"] == entrypoint == ["phalanx", "operator"]
-    for probe in ("livenessProbe", "readinessProbe"):
-        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
+    # Alive is not ready: /readyz says whether the stores are synced and the operator leads or stands by.
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
     assert not any(arg.startswith("--namespace") for arg in container["args"])
 
 
