@@ -264,7 +264,7 @@ def test_chart_operator_on_the_dev_node_reconciles_a_job_to_succeeded(
         wait_for(
             lambda: _answers(f"http://{pod_ip}:8081/healthz"),
             timeout=60,
-            what="kopf's /healthz on the operator pod",
+            what="the operator pod's /healthz",
         )
 
         job = training_job("helm-e2e", replicas=2, gpus=1, run_for="3s")

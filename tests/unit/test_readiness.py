@@ -84,5 +84,7 @@ def test_the_health_server_answers_readyz_from_the_predicate_and_healthz_from_th
         loop.call_soon_threadsafe(time.sleep, 2.0)  # the event loop stops answering for a while
         time.sleep(0.1)
         assert get(f"{base}/healthz")[0] == 503
+        time.sleep(2.0)
+        assert get(f"{base}/healthz")[0] == 200  # and answers again once the loop does
     finally:
         server.stop()
