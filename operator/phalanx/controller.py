@@ -20,7 +20,7 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from phalanx import constants as c
 from phalanx import metrics
@@ -144,7 +144,7 @@ class Controller:
         self.reservations: dict[str, tuple[str, ...]] = {}
         self.admission_dirty = asyncio.Event()
         self.known_jobs: set[str] = set()
-        self.progress_targets: dict[str, str] = {}
+        self.progress_targets: dict[str, ProgressTarget] = {}
         self.progress_next_poll: dict[str, float] = {}
         self.progress_failures: dict[str, int] = {}
         self.last_progress: dict[str, dict[str, Any]] = {}
@@ -408,7 +408,7 @@ class Controller:
             if not taken and not refused:
                 followups.append(0.5)
 
-        self._track_progress_target(key, pods, plan.status)
+        self._track_progress_target(key, job["metadata"]["uid"], pods, plan.status)
         if plan.status.get("phase") == "Succeeded" and plan.status.get("progress", {}).get("totalSteps"):
             done = dict(plan.status["progress"])
             plan.status["progress"] = {**done, "step": done["totalSteps"], "percent": 100, "etaSeconds": 0}
@@ -426,7 +426,7 @@ class Controller:
         for event in plan.events:
             self._record_event(job, event.type, event.reason, event.message, iso(now))
         if plan.delete_job:
-            self.api.delete_job(namespace, name)
+            self.api.delete_job(namespace, name, job["metadata"]["uid"])
             self.forget(key)
             return followups
         if plan.recheck_after is not None:
@@ -445,9 +445,7 @@ class Controller:
             return job
         _failpoint_lose_status_write(key, patch)
         meta = job["metadata"]
-        stored = self.api.patch_job_status(
-            meta["namespace"], meta["name"], patch, meta.get("resourceVersion")
-        )
+        stored = self.api.patch_job_status(meta["namespace"], meta["name"], patch, meta["resourceVersion"])
         if stored is not None:
             self.jobs.upsert(stored)
         return stored
@@ -634,8 +632,11 @@ class Controller:
         if (new.get("gangTimeouts") or 0) > (old.get("gangTimeouts") or 0):
             metrics.observe_gang_timeout(namespace, name)
 
-    def _track_progress_target(self, key: str, pods: list[dict[str, Any]], status: dict[str, Any]) -> None:
-        """Remembers where global rank 0 serves /progress while the job runs (the progress loop polls it)."""
+    def _track_progress_target(
+        self, key: str, uid: str, pods: list[dict[str, Any]], status: dict[str, Any]
+    ) -> None:
+        """Remembers where global rank 0 of the job with `uid` serves /progress while the job runs
+        (the progress loop polls it and writes what it reads to that job only)."""
         if status.get("phase") != "Running":
             self.progress_targets.pop(key, None)
             return
@@ -645,8 +646,8 @@ class Controller:
              and p["metadata"]["labels"].get(c.LABEL_REPLICA_INDEX) == "0"), None,
         )  # fmt: skip
         ip = (rank0 or {}).get("status", {}).get("podIP")
-        if ip and self.progress_targets.get(key) != ip:
-            self.progress_targets[key] = ip
+        if ip and self.progress_targets.get(key) != (target := ProgressTarget(uid, ip)):
+            self.progress_targets[key] = target
             self.progress_next_poll.pop(key, None)
             self.progress_failures.pop(key, None)
 
@@ -668,11 +669,11 @@ class Controller:
 
     def _poll_progress(self, key: str) -> None:
         """Copies the trainer's /progress into status.progress and status.lastCheckpoint when they change."""
-        ip = self.progress_targets.get(key)
-        if ip is None:
+        target = self.progress_targets.get(key)
+        if target is None:
             return
         try:
-            url = f"http://{ip}:{c.DEFAULT_METRICS_PORT}{c.PROGRESS_PATH}"
+            url = f"http://{target.ip}:{c.DEFAULT_METRICS_PORT}{c.PROGRESS_PATH}"
             with urllib.request.urlopen(url, timeout=PROGRESS_TIMEOUT_SECONDS) as response:
                 report = json.loads(response.read())
         except (OSError, ValueError):
@@ -698,7 +699,11 @@ class Controller:
         if isinstance(total, int) and isinstance(step, int) and total > 0:
             metrics.observe_progress(namespace, name, step, total)
         if self.last_progress.get(key) != patch:
-            self._patch_job_status(namespace, name, patch)
+            if not self._write_facts(key, target.uid, patch):
+                # Its job is gone (or re-created under the name: that one gets its own target).
+                if self.progress_targets.get(key) == target:
+                    self.progress_targets.pop(key, None)
+                return
             self.last_progress[key] = patch
 
     # -- gang admission (provider: builtin) ------------------------------------------------------
@@ -728,10 +733,18 @@ class Controller:
     def _stores_synced(self) -> bool:
         return all(store.synced.is_set() for store in (self.jobs, self.pods, self.nodes))
 
-    def _patch_job_status(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
-        stored = self.api.patch_job_status(namespace, name, patch)
+    def _write_facts(self, key: str, uid: str, patch: dict[str, Any]) -> bool:
+        """Copies facts (progress, an admission message) into the status of the job with `uid`;
+        False when that job is gone, whether or not another was created under its name."""
+        namespace, name = key.split("/", 1)
+        cached = self.jobs.get(key)
+        if cached is not None and cached["metadata"].get("uid") != uid:
+            return False  # the watch already saw its successor
+        version = cached["metadata"].get("resourceVersion") if cached is not None else None
+        stored = self.api.patch_job_facts(namespace, name, patch, uid, version)
         if stored is not None:
             self.jobs.upsert(stored)  # the next admission pass must not read an older status
+        return stored is not None
 
     def admission_pass(self) -> None:
         if not self._stores_synced():
@@ -809,7 +822,7 @@ class Controller:
                 namespace, name = key.split("/", 1)
                 waiting_since = parse_iso(job["metadata"].get("creationTimestamp")) or now
                 metrics.observe_admission_wait_started(namespace, name, waiting_since)
-                self._patch_job_status(namespace, name, {"admissionMessage": reason})
+                self._write_facts(key, job["metadata"]["uid"], {"admissionMessage": reason})
                 self._enqueue_threadsafe(key)
 
     def _admit_pods(self, patches: list[tuple[str, str, dict[str, Any]]]) -> None:
@@ -910,6 +923,11 @@ class Controller:
 
 
 _pods_created_here = 0
+
+
+class ProgressTarget(NamedTuple):
+    uid: str  # the job this address serves: its progress is written to that job only
+    ip: str
 
 
 @dataclass(frozen=True)

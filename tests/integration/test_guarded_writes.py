@@ -18,7 +18,7 @@ import pytest
 
 from phalanx import constants as c
 from phalanx.controller import Controller
-from phalanx.k8s import KubeApi
+from phalanx.k8s import KubeApi, StatusConflict
 from tests.conftest import Cluster, OperatorProcess, wait_for
 from tests.jobs import job_pods, job_status, training_job, wait_phase
 
@@ -71,6 +71,7 @@ def test_a_progress_report_read_for_a_deleted_job_never_lands_on_its_successor(
 ) -> None:
     job = training_job("reborn", replicas=1, gpus=None)
     cluster.apply(job, namespace)
+    old_uid = uid_of(cluster, namespace, "reborn")
     key = f"{namespace}/reborn"
     controller = Controller(KubeApi(cluster.api()), [namespace])
     rank0 = {
@@ -78,7 +79,7 @@ def test_a_progress_report_read_for_a_deleted_job_never_lands_on_its_successor(
         "status": {"podIP": "127.0.0.1"},
     }
     # The old job's rank 0 is being polled: the poll has its address when the job is replaced.
-    controller._track_progress_target(key, [rank0], {"attempt": 0, "phase": "Running"})
+    controller._track_progress_target(key, old_uid, [rank0], {"attempt": 0, "phase": "Running"})
     recreate(cluster, namespace, job)
 
     controller._poll_progress(key)
@@ -94,13 +95,26 @@ def test_a_status_write_for_a_deleted_job_is_refused_on_its_successor(
 ) -> None:
     job = training_job("twin", replicas=1, gpus=None)
     cluster.apply(job, namespace)
-    old_uid = uid_of(cluster, namespace, "twin")
-    recreate(cluster, namespace, job)
+    old = cluster.get_json("tj", "twin", "-n", namespace)["metadata"]
+    new_uid = recreate(cluster, namespace, job)
     api = KubeApi(cluster.api())
 
-    assert api.patch_job_status(namespace, "twin", {"admissionMessage": "for the old one"}, old_uid) is None
-
+    # A decision made on the old job: its version is a precondition the successor never meets.
+    with pytest.raises(StatusConflict):
+        api.patch_job_status(namespace, "twin", {"phase": "Failed"}, old["resourceVersion"])
+    # Facts read for the old job, with the old version or none known: refused by uid.
+    for version in (old["resourceVersion"], None):
+        assert (
+            api.patch_job_facts(namespace, "twin", {"admissionMessage": "old"}, old["uid"], version) is None
+        )
     assert "admissionMessage" not in job_status(cluster, namespace, "twin")
+    assert job_status(cluster, namespace, "twin").get("phase") != "Failed"
+
+    # The successor's own facts land, whatever version the writer had.
+    assert api.patch_job_facts(
+        namespace, "twin", {"admissionMessage": "new"}, new_uid, old["resourceVersion"]
+    )
+    assert job_status(cluster, namespace, "twin")["admissionMessage"] == "new"
 
 
 def test_a_deletion_decided_for_a_deleted_job_never_deletes_its_successor(
