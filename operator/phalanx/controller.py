@@ -46,6 +46,7 @@ from phalanx.gang.preemption import RunningGang, choose_victims, preemption_mess
 from phalanx.gang.usage import UsageIndex
 from phalanx.k8s import CreationRefused, KubeApi, StatusConflict, short_error
 from phalanx.leader import LeaderElector
+from phalanx.policy import recovery_timeline
 from phalanx.policy.job_events import event_marker
 from phalanx.policy.node_loss import DEFAULT_NODE_LOST_AFTER_SECONDS
 from phalanx.policy.ownership import is_owned_by
@@ -55,6 +56,7 @@ from phalanx.reconcile.lifecycle import (
     FINISHED_PHASES,
     REASON_CREATE_REFUSED,
     REASON_PREEMPTED_BY_PRIORITY,
+    Event,
     Plan,
     decide,
     is_gated,
@@ -148,6 +150,8 @@ class Controller:
         self.progress_next_poll: dict[str, float] = {}
         self.progress_failures: dict[str, int] = {}
         self.last_progress: dict[str, dict[str, Any]] = {}
+        # The newest start-up times rank 0 reported, with the uid of its job (the progress poll's).
+        self.trainer_reports: dict[str, tuple[str, dict[str, Any]]] = {}
         self.preempting: dict[str, float] = {}
         self.tasks: list[asyncio.Task[None]] = []
 
@@ -191,6 +195,7 @@ class Controller:
             self.progress_next_poll,
             self.progress_failures,
             self.last_progress,
+            self.trainer_reports,
         ):
             table.pop(key, None)
         self.reservations.pop(key, None)
@@ -356,7 +361,7 @@ class Controller:
         if not old_status:
             metrics.observe_job_created(namespace, name)
         nodes = self.current_nodes()
-        plan = decide(job, pods, nodes, now, self.node_lost_after)
+        plan = self._decide(job, pods, nodes, now)
         spec = parse(TrainingJobSpec, job["spec"])
         ref = JobRef.of(job)
 
@@ -401,7 +406,7 @@ class Controller:
                 # so one status write says what this reconcile and the next would have written
                 # (all pods created; admitted, when admitted at creation).
                 pods = [p for p in self.pods.indexed(key) if is_owned_by(p, job["metadata"]["uid"])]
-                then = decide({**job, "status": plan.status}, pods, nodes, now, self.node_lost_after)
+                then = self._decide({**job, "status": plan.status}, pods, nodes, now)
                 if not (then.create_indices or then.delete_pods or then.force_delete_pods or then.delete_job):
                     then.events = merged_events([*plan.events, *then.events])
                     plan = then
@@ -434,6 +439,26 @@ class Controller:
         if plan.delete_pods or plan.force_delete_pods:
             followups.append(1.0)
         return followups
+
+    def _decide(
+        self, job: dict[str, Any], pods: list[dict[str, Any]], nodes: dict[str, dict[str, Any]], now: float
+    ) -> Plan:
+        """decide(), then the recovery timeline: what this pass and the trainer's latest report add
+        to status.lastRecovery (policy/recovery_timeline.py), and an Event once it is complete."""
+        plan = decide(job, pods, nodes, now, self.node_lost_after)
+        old = job.get("status") or {}
+        recovery = recovery_timeline.after_reconcile(old, plan.status, now)
+        if recovery is not None:
+            plan.status["lastRecovery"] = recovery
+        reported = self.trainer_reports.get(object_key(job))
+        if reported is not None and reported[0] == job["metadata"].get("uid"):
+            recovery = recovery_timeline.after_trainer_report(plan.status.get("lastRecovery"), reported[1])
+            if recovery is not None:
+                plan.status["lastRecovery"] = recovery
+        done = plan.status.get("lastRecovery")
+        if recovery_timeline.is_complete(done) and not recovery_timeline.is_complete(old.get("lastRecovery")):
+            plan.events.append(Event("Normal", "Recovered", str(done["summary"])))
+        return plan
 
     def _write_status(
         self, key: str, job: dict[str, Any], old: dict[str, Any], new: dict[str, Any]
@@ -631,6 +656,16 @@ class Controller:
                 metrics.observe_restart(namespace, name, reason)  # type: ignore[arg-type]
         if (new.get("gangTimeouts") or 0) > (old.get("gangTimeouts") or 0):
             metrics.observe_gang_timeout(namespace, name)
+        recovery = new.get("lastRecovery")
+        if recovery_timeline.is_complete(recovery) and not recovery_timeline.is_complete(
+            old.get("lastRecovery")
+        ):
+            metrics.observe_recovery(
+                str(recovery.get("reason")),
+                str(recovery.get("path")),
+                recovery["phasesMilliseconds"]["firstStep"] / 1000,
+                recovery_timeline.phase_durations(recovery),
+            )
 
     def _track_progress_target(
         self, key: str, uid: str, pods: list[dict[str, Any]], status: dict[str, Any]
@@ -688,6 +723,11 @@ class Controller:
             return
         self.progress_failures.pop(key, None)
         namespace, name = key.split("/", 1)
+        startup = {"attempt": report.get("attempt"), "startup": report.get("startup") or {}}
+        if startup["startup"] and self.trainer_reports.get(key) != (target.uid, startup):
+            # Start-up times end a recovery's timeline: the reconcile writes it, under its version.
+            self.trainer_reports[key] = (target.uid, startup)
+            self._enqueue_threadsafe(key)
         patch: dict[str, Any] = {"progress": progress_status(report)}
         checkpoint = report.get("last_checkpoint") or None
         if checkpoint and checkpoint.get("step") is not None:

@@ -40,6 +40,8 @@ JOB_LABELS: Final = ("namespace", "trainingjob")
 
 # Scheduling waits range from seconds (free cluster) to hours (busy queue, Kueue-style backoff).
 ADMISSION_WAIT_BUCKETS: Final = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0)
+# A recovery takes seconds in place and minutes for a cold gang restart on a busy cluster.
+RECOVERY_BUCKETS: Final = (0.5, 1.0, 2.0, 3.0, 5.0, 8.0, 12.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 RECONCILE_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 # Created series (`*_created`) double every counter's series count for little use on dashboards.
@@ -103,6 +105,23 @@ JOB_PROGRESS: Final = Gauge(
     "phalanx_job_progress_ratio",
     "Fraction of a TrainingJob's total steps completed (0 to 1), as reported by its trainer.",
     JOB_LABELS,
+    registry=REGISTRY,
+)
+
+RECOVERY_SECONDS: Final = Histogram(
+    "phalanx_recovery_seconds",
+    "Time from a gang disruption being seen to the first training step after it, by restart reason "
+    "and recovery path.",
+    ["reason", "path"],
+    buckets=RECOVERY_BUCKETS,
+    registry=REGISTRY,
+)
+RECOVERY_PHASE_SECONDS: Final = Histogram(
+    "phalanx_recovery_phase_seconds",
+    "Time each phase of a recovery took (podsStopped, podsRunning, rendezvousDone, stateRestored, "
+    "firstStep), from the end of the phase before it.",
+    ["phase"],
+    buckets=RECOVERY_BUCKETS,
     registry=REGISTRY,
 )
 
@@ -199,6 +218,8 @@ METRIC_NAMES: Final = (
     "phalanx_api_requests_total",
     "phalanx_job_checkpoint_age_seconds",
     "phalanx_job_progress_ratio",
+    "phalanx_recovery_seconds",
+    "phalanx_recovery_phase_seconds",
 )
 
 
@@ -287,6 +308,13 @@ def observe_progress(namespace: str, name: str, completed_steps: int, total_step
         raise ValueError(f"total_steps must be positive, got {total_steps}")
     ratio = min(1.0, max(0.0, completed_steps / total_steps))
     JOB_PROGRESS.labels(namespace=namespace, trainingjob=name).set(ratio)
+
+
+def observe_recovery(reason: str, path: str, total_seconds: float, phase_seconds: dict[str, float]) -> None:
+    """A recovery finished: its total and the time each phase took (policy/recovery_timeline.py)."""
+    RECOVERY_SECONDS.labels(reason=reason, path=path).observe(total_seconds)
+    for phase, seconds in phase_seconds.items():
+        RECOVERY_PHASE_SECONDS.labels(phase=phase).observe(seconds)
 
 
 @contextmanager

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from phalanx.policy.recovery_timeline import PHASES
 from tests.conftest import Cluster, OperatorProcess, RealNode, create_namespace
 from tests.e2e.runs import (
     Run,
@@ -141,6 +142,22 @@ def test_an_evicted_job_resumes_from_checkpoint_with_the_same_losses(
         if abs(loss - reference[step]) > 1.5e-5
     }
     assert mismatched == {}
+    assert_recovery_timeline(cluster, e2e_namespace, name, status, attempt=1, reason="Preempted")
+
+
+def assert_recovery_timeline(
+    cluster: Cluster, namespace: str, name: str, status: dict[str, Any], attempt: int, reason: str
+) -> None:
+    """status.lastRecovery holds every phase, in order, and a Recovered event tells the total."""
+    recovery = status["lastRecovery"]
+    assert (recovery["attempt"], recovery["reason"], recovery["path"]) == (attempt, reason, "FullRestart")
+    phases = recovery["phasesMilliseconds"]
+    assert set(phases) == set(PHASES), recovery
+    ordered = [phases[phase] for phase in PHASES]
+    assert ordered == sorted(ordered) and ordered[0] >= 0 and ordered[-1] > 0, recovery
+    assert recovery["summary"].startswith(f"recovered in {phases['firstStep'] / 1000:.1f}s ({reason}")
+    events = cluster.get_json("events", "-n", namespace, "--field-selector", f"involvedObject.name={name}")
+    assert recovery["summary"] in [e["message"] for e in events["items"] if e["reason"] == "Recovered"]
 
 
 def test_a_sigkilled_worker_resumes_from_the_last_periodic_checkpoint(
@@ -170,6 +187,7 @@ def test_a_sigkilled_worker_resumes_from_the_last_periodic_checkpoint(
     # that checkpoint is at most two intervals behind the last step trained.
     assert second.resumed_from >= committed_at_kill
     assert 0 <= first.last_step - second.resumed_from < 2 * INTERVAL
+    assert_recovery_timeline(cluster, e2e_namespace, name, status, attempt=1, reason="FailureRestart")
 
 
 def test_a_job_whose_command_exits_1_fails_after_its_backoff_limit(

@@ -21,6 +21,7 @@ pytestmark = pytest.mark.unit
 
 # The keys of the example in docs/environment.md ("Progress"), which the operator parses.
 DOCUMENTED_PROGRESS_KEYS = {
+    "startup",
     "step",
     "total_steps",
     "loss",

@@ -16,6 +16,7 @@ from typing import Any
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from phalanx_trainer import startup
 from phalanx_trainer.contract import PROGRESS_PATH
 
 PREFIX = "phalanx_trainer_"
@@ -102,9 +103,11 @@ def build_progress(
     last_checkpoint: tuple[int, str] | None,
     attempt: int,
     updated: str,
+    startup_times: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """The /progress document of docs/environment.md."""
     return {
+        "startup": startup_times or {},
         "step": step,
         "total_steps": total_steps,
         "loss": loss,
@@ -213,8 +216,14 @@ class TrainerMetrics:
             last_checkpoint,
             self.attempt,
             utc_now(),
+            startup.marks(),
         )
         return self.progress
+
+    def note_startup(self, startup_times: dict[str, str]) -> None:
+        """Serves the start-up times at once, not at the next logged step: a recovery ends at the
+        first step, and a person watching it should not wait `log_every` steps to see that."""
+        self.progress = {**self.progress, "attempt": self.attempt, "startup": startup_times}
 
 
 class MetricsServer:

@@ -101,6 +101,23 @@ ROWS: tuple[Row, ...] = (
                 stacked=True,
             ),
             Panel(
+                "Recovery time",
+                "From a gang disruption being seen to the first training step after it, by path.",
+                (
+                    Query(quantile(0.5, "phalanx_recovery_seconds", by="path"), "p50 {{path}}"),
+                    Query(quantile(0.95, "phalanx_recovery_seconds", by="path"), "p95 {{path}}"),
+                ),
+                unit="s",
+            ),
+            Panel(
+                "Recovery phases",
+                "Median time of each recovery phase: old pods stopped, new pods running, rendezvous, "
+                "state restored, first step.",
+                (Query(quantile(0.5, "phalanx_recovery_phase_seconds", by="phase"), "{{phase}}"),),
+                unit="s",
+                stacked=True,
+            ),
+            Panel(
                 "Gang admissions and timeouts",
                 "Gangs admitted whole, and gangs requeued after missing their admission timeout.",
                 (
