@@ -41,12 +41,13 @@ from phalanx.cache import (
 )
 from phalanx.gang.admission import GangRequest, admission_order, plan_admission
 from phalanx.gang.capacity import NodeInfo, NodeInfoCache, PodDemand, Resources
+from phalanx.gang.devices import gang_devices
 from phalanx.gang.on_creation import plan_on_creation
 from phalanx.gang.preemption import RunningGang, choose_victims, preemption_message
 from phalanx.gang.usage import UsageIndex
 from phalanx.k8s import CreationRefused, KubeApi, StatusConflict, short_error
 from phalanx.leader import LeaderElector
-from phalanx.policy import recovery_timeline
+from phalanx.policy import goodput, recovery_timeline
 from phalanx.policy.job_events import event_marker
 from phalanx.policy.node_loss import DEFAULT_NODE_LOST_AFTER_SECONDS
 from phalanx.policy.ownership import is_owned_by
@@ -458,7 +459,34 @@ class Controller:
         done = plan.status.get("lastRecovery")
         if recovery_timeline.is_complete(done) and not recovery_timeline.is_complete(old.get("lastRecovery")):
             plan.events.append(Event("Normal", "Recovered", str(done["summary"])))
+        self._account_goodput(job, old, plan.status, now, reported)
         return plan
+
+    def _account_goodput(
+        self,
+        job: dict[str, Any],
+        old: dict[str, Any],
+        new: dict[str, Any],
+        now: float,
+        reported: tuple[str, dict[str, Any]] | None,
+    ) -> None:
+        """Books the time since the last pass into status.goodput (policy/goodput.py)."""
+        spec = parse(TrainingJobSpec, job["spec"])
+        unit, count = gang_devices(spec, job["spec"].get("template", {}).get("spec") or {})
+        facts = None
+        if reported is not None and reported[0] == job["metadata"].get("uid"):
+            report = reported[1]
+            first_step = recovery_timeline.parse_time((report.get("startup") or {}).get("first_step"))
+            facts = goodput.TrainerFacts(
+                attempt=int(report.get("attempt") or 0),
+                first_step_at=first_step,
+                seconds_per_step=_number(report.get("seconds_per_step")),
+                checkpoint_stall_seconds=_number(report.get("checkpoint_stall_seconds")),
+            )
+        created = parse_iso(job["metadata"].get("creationTimestamp")) or now
+        ledger = goodput.account(old, new, created, now, goodput.Devices(unit, count), facts)
+        if ledger is not None:
+            new["goodput"] = ledger
 
     def _write_status(
         self, key: str, job: dict[str, Any], old: dict[str, Any], new: dict[str, Any]
@@ -656,6 +684,8 @@ class Controller:
                 metrics.observe_restart(namespace, name, reason)  # type: ignore[arg-type]
         if (new.get("gangTimeouts") or 0) > (old.get("gangTimeouts") or 0):
             metrics.observe_gang_timeout(namespace, name)
+        if new.get("goodput") and new.get("goodput") != old.get("goodput"):
+            metrics.observe_goodput(namespace, name, new["goodput"])
         recovery = new.get("lastRecovery")
         if recovery_timeline.is_complete(recovery) and not recovery_timeline.is_complete(
             old.get("lastRecovery")
@@ -723,10 +753,15 @@ class Controller:
             return
         self.progress_failures.pop(key, None)
         namespace, name = key.split("/", 1)
-        startup = {"attempt": report.get("attempt"), "startup": report.get("startup") or {}}
-        if startup["startup"] and self.trainer_reports.get(key) != (target.uid, startup):
-            # Start-up times end a recovery's timeline: the reconcile writes it, under its version.
-            self.trainer_reports[key] = (target.uid, startup)
+        facts = {
+            k: report.get(k) for k in ("attempt", "startup", "seconds_per_step", "checkpoint_stall_seconds")
+        }
+        known = self.trainer_reports.get(key)
+        self.trainer_reports[key] = (target.uid, facts)
+        news = ("attempt", "startup", "checkpoint_stall_seconds")
+        if facts["startup"] and (known is None or any(known[1].get(k) != facts[k] for k in news)):
+            # Start-up times end a recovery, stalls cost goodput: the reconcile books them, under
+            # the version it decides on.
             self._enqueue_threadsafe(key)
         patch: dict[str, Any] = {"progress": progress_status(report)}
         checkpoint = report.get("last_checkpoint") or None
@@ -1045,6 +1080,10 @@ def _waits_for_admission(job: dict[str, Any]) -> bool:
     # current attempt exists, and the reconcile that records createdAttempt can sit behind many
     # others in the queue during a burst, delaying admission for nothing.
     return status.get("phase") not in (*FINISHED_PHASES, "Suspended")
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def progress_status(report: dict[str, Any]) -> dict[str, Any]:

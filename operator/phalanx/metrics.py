@@ -108,6 +108,23 @@ JOB_PROGRESS: Final = Gauge(
     registry=REGISTRY,
 )
 
+JOB_GOODPUT: Final = Gauge(
+    "phalanx_job_goodput_ratio",
+    "Productive device time over device time since the job was created (status.goodput.ratio).",
+    JOB_LABELS,
+    registry=REGISTRY,
+)
+JOB_DEVICE_SECONDS: Final = Gauge(
+    "phalanx_job_device_seconds",
+    "Device-seconds of a job's gang (GPUs, MIG slices, or CPU cores: see `unit`) by kind: allocated, "
+    "productive, and lost to waitingForAdmission, startup, recovery, redoneSteps, checkpointStalls. "
+    "A gauge: productive goes down when steps are lost and redone.",
+    (*JOB_LABELS, "kind", "unit"),
+    registry=REGISTRY,
+)
+DEVICE_SECONDS_KINDS: Final = (
+    "allocated", "productive", "waitingForAdmission", "startup", "recovery", "redoneSteps", "checkpointStalls",
+)  # fmt: skip
 RECOVERY_SECONDS: Final = Histogram(
     "phalanx_recovery_seconds",
     "Time from a gang disruption being seen to the first training step after it, by restart reason "
@@ -134,6 +151,7 @@ class _JobState:
     last_checkpoint_at: float | None = None
     waiting_since: float | None = None
     restart_reasons: set[str] = field(default_factory=set)
+    device_unit: str | None = None
 
 
 class _JobCollector(Collector):
@@ -220,6 +238,8 @@ METRIC_NAMES: Final = (
     "phalanx_job_progress_ratio",
     "phalanx_recovery_seconds",
     "phalanx_recovery_phase_seconds",
+    "phalanx_job_goodput_ratio",
+    "phalanx_job_device_seconds",
 )
 
 
@@ -317,6 +337,24 @@ def observe_recovery(reason: str, path: str, total_seconds: float, phase_seconds
         RECOVERY_PHASE_SECONDS.labels(phase=phase).observe(seconds)
 
 
+def observe_goodput(namespace: str, name: str, ledger: dict[str, object]) -> None:
+    """The job's status.goodput as written (policy/goodput.py)."""
+    try:
+        JOB_GOODPUT.labels(namespace=namespace, trainingjob=name).set(float(str(ledger["ratio"])))
+    except (KeyError, ValueError):
+        return
+    unit = str(ledger.get("unit") or "")
+    for kind in DEVICE_SECONDS_KINDS:
+        value = ledger.get(f"{kind}Seconds")
+        if isinstance(value, (int, float)):
+            JOB_DEVICE_SECONDS.labels(namespace=namespace, trainingjob=name, kind=kind, unit=unit).set(value)
+
+    def remember_unit(state: _JobState) -> None:
+        state.device_unit = unit
+
+    _JOBS.update(namespace, name, remember_unit)
+
+
 @contextmanager
 def reconcile_timer(handler: str) -> Iterator[None]:
     """Time one handler call; count it as an error when it raises (the exception propagates)."""
@@ -344,6 +382,16 @@ def forget_job(namespace: str, name: str) -> None:
         JOB_PROGRESS.remove(namespace, name)
     except KeyError:
         pass
+    try:
+        JOB_GOODPUT.remove(namespace, name)
+    except KeyError:
+        pass
+    if state is not None and state.device_unit is not None:
+        for kind in DEVICE_SECONDS_KINDS:
+            try:
+                JOB_DEVICE_SECONDS.remove(namespace, name, kind, state.device_unit)
+            except KeyError:
+                pass
     _refresh_phase_gauge(before)
 
 

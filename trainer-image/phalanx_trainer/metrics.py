@@ -104,10 +104,14 @@ def build_progress(
     attempt: int,
     updated: str,
     startup_times: dict[str, str] | None = None,
+    seconds_per_step: float = 0.0,
+    checkpoint_stall_seconds: float = 0.0,
 ) -> dict[str, Any]:
     """The /progress document of docs/environment.md."""
     return {
         "startup": startup_times or {},
+        "seconds_per_step": seconds_per_step,
+        "checkpoint_stall_seconds": checkpoint_stall_seconds,
         "step": step,
         "total_steps": total_steps,
         "loss": loss,
@@ -129,6 +133,8 @@ class TrainerMetrics:
     attempt: int = 0
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     progress: dict[str, Any] = field(default_factory=dict)
+    # Seconds the training loop waited for checkpoint saves in this process (goodput's stalls).
+    checkpoint_stall_seconds: float = 0.0
     # Rates come from the step starts since the last report (smoothed, so one slow step does not
     # swing them); the phase sums serve only until two steps have started.
     _step_starts: list[float] = field(default_factory=list)
@@ -217,6 +223,8 @@ class TrainerMetrics:
             self.attempt,
             utc_now(),
             startup.marks(),
+            self._seconds_per_step,
+            self.checkpoint_stall_seconds,
         )
         return self.progress
 

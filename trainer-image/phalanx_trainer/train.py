@@ -399,6 +399,7 @@ class Trainer:
             self.progress.step = restored
             self.log("resumed", step=restored)
         startup.mark(startup.RESTORED)  # from a checkpoint, or ready to start from step 0
+        self.metrics.note_startup(startup.marks())  # start-up is still going: no step yet
         self.watcher.install()
         self.log(
             "start",
@@ -444,7 +445,9 @@ class Trainer:
                     optimizer_s=round(report.optimizer_seconds, 5),
                 )
             if step < config.job.steps and self.checkpoints.should_save(step):
+                saving = time.perf_counter()
                 self.checkpoints.save(step, app_state)
+                self.metrics.checkpoint_stall_seconds += time.perf_counter() - saving
             if self.watcher.agreed_stop():
                 self.log("preempted", step=step)
                 self.checkpoints.save(step, app_state, emergency=True)

@@ -419,6 +419,36 @@ class LastRecovery:
 
 
 @dataclass
+class Goodput:
+    """Device time of the gang since the job was created, and the share of it that trained."""
+
+    ratio: str | None = api_field(
+        "Productive device time / (devices x wall time since creation), 0 to 1 (as text)."
+    )
+    unit: str | None = api_field(
+        "What is counted: the accelerator resource, or cpu when the pods ask for none."
+    )
+    devices: str | None = api_field("How many of `unit` the whole gang holds (replicas x per pod).")
+    allocated_seconds: int | None = api_field("Device-seconds the gang's pods held their devices.")
+    productive_seconds: int | None = api_field("Device-seconds of kept training steps.")
+    waiting_for_admission_seconds: int | None = api_field("Device-seconds waited before the first admission.")
+    startup_seconds: int | None = api_field(
+        "Device-seconds from admission to the first step of the first attempt."
+    )
+    recovery_seconds: int | None = api_field(
+        "Device-seconds from each disruption to the first step after it."
+    )
+    redone_steps_seconds: int | None = api_field(
+        "Device-seconds of steps trained, lost at a restart, and redone."
+    )
+    checkpoint_stalls_seconds: int | None = api_field("Device-seconds the training loop waited for saves.")
+    accounted_time: str | None = api_field("Booked up to this time (RFC 3339, milliseconds).")
+    stalls_reported: str | None = api_field(
+        "attempt:seconds of checkpoint stalls already booked (bookkeeping)."
+    )
+
+
+@dataclass
 class TrainingJobStatus:
     """Observed state, written by the operator only."""
 
@@ -448,6 +478,7 @@ class TrainingJobStatus:
     last_checkpoint: LastCheckpoint | None = api_field("Newest checkpoint reported by the trainer.")
     progress: Progress | None = api_field("Training progress.")
     last_recovery: LastRecovery | None = api_field("Timeline of the newest gang restart.")
+    goodput: Goodput | None = api_field("Goodput and device time by cause (kept up to date while it runs).")
     observed_generation: int | None = api_field("spec generation last acted on.")
     message: str | None = api_field("The latest condition's message, for a quick look.")
 

@@ -63,6 +63,13 @@ def is_complete(recovery: Mapping[str, Any] | None) -> TypeGuard[Mapping[str, An
     return isinstance(recovery, Mapping) and "firstStep" in (recovery.get("phasesMilliseconds") or {})
 
 
+def restart_counted(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """The attempt moved on and a restart was counted (not a resume, not a gang timeout)."""
+    return int(new.get("attempt") or 0) > int(old.get("attempt") or 0) and _restarts_total(
+        new
+    ) > _restarts_total(old)
+
+
 def after_reconcile(old: Mapping[str, Any], new: Mapping[str, Any], now: float) -> dict[str, Any] | None:
     """The lastRecovery the new status should carry, or None to leave it as it is.
 
