@@ -151,10 +151,13 @@ KUBE_API_CALLS: dict[str, Callable[[k8s.KubeApi, str | None], Iterable[Any]]] = 
     "jobs_request": lambda api, ns: [api.jobs_request(ns, watch=w) for w in (False, True)],
     "get_job": lambda api, _: [api.get_job(JOB.namespace, JOB.name)],
     "patch_job_status": lambda api, _: [
-        api.patch_job_status(JOB.namespace, JOB.name, {"phase": "Pending"}, resource_version=rv)
-        for rv in (None, "7")
+        api.patch_job_status(JOB.namespace, JOB.name, {"phase": "Pending"}, "7")
     ],
-    "delete_job": lambda api, _: [api.delete_job(JOB.namespace, JOB.name)],
+    # With a version: the patch; without: the read of the current version first.
+    "patch_job_facts": lambda api, _: [
+        api.patch_job_facts(JOB.namespace, JOB.name, {"progress": {}}, JOB.uid, rv) for rv in ("7", None)
+    ],
+    "delete_job": lambda api, _: [api.delete_job(JOB.namespace, JOB.name, JOB.uid)],
     "list_job_pods": lambda api, _: [api.list_job_pods(JOB.namespace, JOB.name)],
     "priority_values": lambda api, _: [api.priority_values()],
     "create_if_absent": lambda api, _: [api.create_if_absent(m) for m in created_manifests()],
