@@ -48,6 +48,7 @@ from phalanx.gang.usage import UsageIndex
 from phalanx.k8s import CreationRefused, KubeApi, StatusConflict, short_error
 from phalanx.leader import LeaderElector
 from phalanx.policy import goodput, recovery_timeline
+from phalanx.policy.host_path import REASON_HOST_PATH_NOT_ALLOWED, host_path_refusal
 from phalanx.policy.job_events import event_marker
 from phalanx.policy.node_loss import DEFAULT_NODE_LOST_AFTER_SECONDS
 from phalanx.policy.ownership import is_owned_by
@@ -105,8 +106,10 @@ def status_diff(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
 class Controller:
     def __init__(self, api: KubeApi, namespaces: list[str], cluster_domain: str = "cluster.local",
                  workers: int = 8, clock: Callable[[], float] = time.time,
-                 node_lost_after: float | None = None, leader: LeaderElector | None = None) -> None:  # fmt: skip
+                 node_lost_after: float | None = None, leader: LeaderElector | None = None,
+                 allow_host_path_checkpoints: bool = False) -> None:  # fmt: skip
         self.api = api
+        self.allow_host_path_checkpoints = allow_host_path_checkpoints  # policy/host_path.py
         self.leader = leader  # None: this process alone writes (leader election off)
         self.clock = clock  # wall clock (API timestamps are wall time); injectable for tests
         # Seconds a node may be not Ready before the gangs with pods there restart (policy/node_loss.py).
@@ -392,6 +395,10 @@ class Controller:
         for pod_name in plan.delete_pods:
             if pod_name not in plan.force_delete_pods:
                 self.api.delete_pod(namespace, pod_name, uids.get(pod_name), grace)
+        refusal = host_path_refusal(spec, self.allow_host_path_checkpoints) if plan.create_indices else None
+        if refusal is not None:  # nothing is created; a restart with the flag, or a new job, moves on
+            plan.create_indices, plan.events = [], []
+            self._report_spec_refused(job, plan.status, REASON_HOST_PATH_NOT_ALLOWED, refusal, now)
         if plan.create_indices:
             outcomes = self._create_gang(key, job, ref, spec, plan, now)
             taken = [o.pod for o in outcomes if o.taken]
@@ -674,6 +681,21 @@ class Controller:
         )  # fmt: skip
         if previous is None or previous.get("message") != message:
             self._record_event(job, "Warning", REASON_CREATE_REFUSED, message, iso(now))
+
+    def _report_spec_refused(
+        self, job: dict[str, Any], status: dict[str, Any], reason: str, message: str, now: float
+    ) -> None:
+        """The operator will not create this job's pods (its spec asks for what the operator's
+        settings refuse): PodsCreated=False in the status about to be written, and, the first time,
+        a Warning event."""
+        previous = get_condition((job.get("status") or {}).get("conditions") or [], "PodsCreated")
+        status["message"] = message
+        status["conditions"] = set_condition(
+            status.get("conditions") or [], "PodsCreated", "False", reason, message, iso(now),
+            job["metadata"].get("generation"),
+        )  # fmt: skip
+        if previous is None or previous.get("message") != message:
+            self._record_event(job, "Warning", reason, message, iso(now))
 
     def _observe(self, namespace: str, name: str, old: dict[str, Any], new: dict[str, Any]) -> None:
         if old.get("phase") != new.get("phase") and new.get("phase"):
