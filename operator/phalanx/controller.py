@@ -78,6 +78,8 @@ PROGRESS_PATIENT_ATTEMPTS = 60
 ADMISSION_INTERVAL_SECONDS = 1.0
 PROGRESS_TIMEOUT_SECONDS = 2.0  # a trainer busy on every core answers slowly
 PROGRESS_POLL_SECONDS = 1.0
+# What the reconcile books from rank 0's /progress (recovery timeline, goodput).
+TRAINER_FACTS = ("attempt", "startup", "seconds_per_step", "checkpoint_stall_seconds", "resumed_from_step")
 PREEMPTION_COOLDOWN_SECONDS = 15.0
 NAME_CONFLICT_RETRY_SECONDS = 10.0
 CREATE_REFUSED_RETRY_SECONDS = 5.0
@@ -775,12 +777,10 @@ class Controller:
             return
         self.progress_failures.pop(key, None)
         namespace, name = key.split("/", 1)
-        facts = {
-            k: report.get(k) for k in ("attempt", "startup", "seconds_per_step", "checkpoint_stall_seconds")
-        }
+        facts = {k: report.get(k) for k in TRAINER_FACTS}
         known = self.trainer_reports.get(key)
         self.trainer_reports[key] = (target.uid, facts)
-        news = ("attempt", "startup", "checkpoint_stall_seconds")
+        news = ("attempt", "startup", "checkpoint_stall_seconds", "resumed_from_step")
         if facts["startup"] and (known is None or any(known[1].get(k) != facts[k] for k in news)):
             # Start-up times end a recovery, stalls cost goodput: the reconcile books them, under
             # the version it decides on.

@@ -399,6 +399,7 @@ class Trainer:
             self.progress.step = restored
             self.log("resumed", step=restored)
         startup.mark(startup.RESTORED)  # from a checkpoint, or ready to start from step 0
+        self.metrics.resumed_from_step = restored or 0
         self.metrics.note_startup(startup.marks())  # start-up is still going: no step yet
         self.watcher.install()
         self.log(
