@@ -414,6 +414,7 @@ class Trainer:
         profiler = Profiler(
             config.metrics.profile_start_step, config.metrics.profile_steps, config.metrics.profile_dir
         )
+        first_step = True
         while self.progress.step < config.job.steps:
             profiler.before_step(self.progress.step + 1)
             self.metrics.step_started(time.perf_counter())  # rates: wall time between step starts
@@ -421,6 +422,12 @@ class Trainer:
             profiler.after_step(report.step)
             self.metrics.record_step(report)
             step = report.step
+            if first_step:
+                # The end of a (re)start: restart in place times generation-accepted -> first step.
+                self.log(
+                    "first_step", step=step, unix_time=round(time.time(), 3), generation=self.env.generation
+                )
+                first_step = False
             if step % config.metrics.log_every == 0 or step == config.job.steps:
                 report.loss = self.reduce_loss(local_loss)
                 report.memory_allocated_bytes, report.memory_peak_bytes = self._memory()
