@@ -263,6 +263,26 @@ def test_sigkill_of_one_worker_fails_the_peer_within_the_collective_timeout_and_
     assert mismatches(run, reference) == {}
 
 
+def test_a_hung_peer_ends_the_survivors_collective_at_the_collective_timeout(gang: Gang) -> None:
+    gang.steps = 100_000
+    pod0 = gang.start("pod0", NODE_RANK="0")
+    pod1 = gang.start("pod1", NODE_RANK="1")
+    wait_for("step 10", lambda: pod0.last_step() >= 10, START_TIMEOUT, gang.pods)
+
+    (worker,) = pod1.get()["worker_pids"]
+    os.kill(worker, signal.SIGSTOP)  # alive, connections open, never answering: no reset to notice
+    noticed = wait_for("pod 0 waiting", lambda: state_of(pod0) == "waiting", 60, gang.pods)
+    assert COLLECTIVE_TIMEOUT_S - 1 <= noticed < COLLECTIVE_TIMEOUT_S + 10
+    assert pod0.get()["last_exit_codes"] == [76]
+    assert pod0.process.poll() is None
+
+    os.kill(worker, signal.SIGKILL)
+    wait_for("pod 1 waiting", lambda: state_of(pod1) == "waiting", 10, gang.pods)
+    for pod in (pod0, pod1):  # SIGTERM while waiting: exit at once with the workers' code
+        pod.process.send_signal(signal.SIGTERM)
+    assert pod0.process.wait(10) == 76 and pod1.process.wait(10) == 128 + signal.SIGKILL
+
+
 def test_fencing_old_generations_get_409_and_a_stale_worker_cannot_join(gang: Gang) -> None:
     gang.steps = 100_000  # runs until stopped
     pod0 = gang.start("pod0", NODE_RANK="0", PHALANX_GENERATION="3")
