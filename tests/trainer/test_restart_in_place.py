@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from phalanx.ports import free_port
+from phalanx_trainer.checkpoint.store import parse_step_dir
 
 pytestmark = pytest.mark.trainer
 
@@ -247,6 +248,7 @@ def test_sigkill_of_one_worker_fails_the_peer_within_the_collective_timeout_and_
     assert "restart generation failed" in pod0.log()
 
     # Both launchers survive; generation 1 reuses the same rendezvous port.
+    newest = max(parse_step_dir(d.name) or 0 for d in (gang.folder / "ckpt").iterdir())
     for pod in (pod0, pod1):
         code, answer = pod.post({"generation": 1})
         assert code == 202, answer
@@ -255,9 +257,9 @@ def test_sigkill_of_one_worker_fails_the_peer_within_the_collective_timeout_and_
 
     events = pod0.events()
     resumed = [e["step"] for e in events if e["event"] == "resumed"]
-    committed = sorted(int(d.name.removeprefix("step-")) for d in (gang.folder / "ckpt").glob("step-*"))
-    assert len(resumed) == 1 and resumed[0] % INTERVAL == 0 and 0 < resumed[0] <= killed_at_step + INTERVAL
-    assert resumed[0] in committed or resumed[0] < committed[-1]  # a periodic checkpoint, verified
+    # The newest periodic checkpoint committed when generation 1 started (an asynchronous save may
+    # commit just after the kill, so the newest can be a step or two past what the test saw then).
+    assert resumed == [newest] and newest % INTERVAL == 0 and 0 < newest <= killed_at_step + INTERVAL
     run = losses(pod0)
     assert sorted(run) == list(range(1, STEPS + 1))
     assert mismatches(run, reference) == {}

@@ -13,6 +13,7 @@ import datetime
 import gc
 import os
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -92,12 +93,17 @@ def run_worker(config: TrainerConfig, dist_env: DistEnv, env: Mapping[str, str])
         os.environ.setdefault(contract.ENV_MASTER_PORT, str(dist_env.master_port))
         if dist_env.restart_in_place:
             from phalanx_trainer.generation import StaleGeneration, init_generation_group
+            from phalanx_trainer.logs import EventLog
 
             try:
                 init_generation_group(dist_env, process_group_backend(use_cuda), log=_note)
             except (StaleGeneration, dist.DistError, TimeoutError) as err:
                 _destroy_group()
                 return generation_failed(err)
+            # A phase of the recovery timeline: every rank of the generation is in its group.
+            EventLog(dist_env.rank, config.metrics.json_logs)(
+                "group_ready", generation=dist_env.generation, unix_time=round(time.time(), 3)
+            )
         else:
             timeout = dist_env.collective_timeout
             dist.init_process_group(

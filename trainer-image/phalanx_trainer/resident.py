@@ -150,6 +150,7 @@ class ResidentLauncher:
         self.kill_at: float | None = None
         self.accepted_at: float | None = None  # unix time the current generation was accepted
         self.exit_code: int | None = None
+        self.close_in_child: Sequence[int] = ()  # the control server's socket: not the workers' to hold
 
     # ---- the control server's two requests ---------------------------------------------------
 
@@ -200,7 +201,7 @@ class ResidentLauncher:
         self.pending = None
         self.start_workers()
 
-    def start_workers(self, close_fds: Sequence[int] = ()) -> None:
+    def start_workers(self) -> None:
         env = {**self.base_env, **self.overrides, contract.ENV_GENERATION: str(self.generation)}
         env.pop(contract.ENV_SPARE, None)
         self.spare = False
@@ -213,10 +214,8 @@ class ResidentLauncher:
             if self.start_method == "subprocess":
                 self.workers.append(spawn_worker(self.argv, per_rank))
             else:
-                self.workers.append(fork_worker(self.argv, per_rank, close_fds or self.close_in_child))
+                self.workers.append(fork_worker(self.argv, per_rank, self.close_in_child))
         self._log("generation_started", generation=self.generation, pids=[w.pid for w in self.workers])
-
-    close_in_child: Sequence[int] = ()
 
     def on_sigterm(self) -> None:
         self.terminated = True

@@ -101,6 +101,28 @@ class BenchGang:
                     return float(event["unix_time"])
         return None
 
+    def phases(self, generation: int, accepted: float) -> dict[str, float]:
+        """The recovery's split: stop (old workers out), start (new ones in their group), Trainer build + checkpoint restore, step."""
+        started = 0.0
+        for _, _, stdout in self.pods:  # the launcher's lines are on stderr, beside the trainer's stdout
+            for line in stdout.with_suffix(".err").read_text().splitlines():
+                if '"launcher_generation_started"' in line and json.loads(line)["generation"] == generation:
+                    started = max(started, float(json.loads(line)["time"]))
+        marks = {"group_ready": 0.0, "resumed": 0.0, "first_step": 0.0}
+        for line in self.pods[0][2].read_text().splitlines():
+            if not line.startswith("{"):
+                continue
+            event = json.loads(line)
+            kind = event.get("event")
+            if kind in marks and "unix_time" in event and float(event["unix_time"]) >= started:
+                marks[kind] = marks[kind] or float(event["unix_time"])
+        return {
+            "stop": started - accepted,
+            "start_and_rendezvous": marks["group_ready"] - started,
+            "build_and_restore": marks["resumed"] - marks["group_ready"],
+            "first_step": marks["first_step"] - marks["resumed"],
+        }
+
     def wait_first_step(self, generation: int, timeout: float = 300.0) -> float:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -115,8 +137,8 @@ class BenchGang:
             time.sleep(0.05)
         raise RuntimeError(f"{self.method} gang: no first step of generation {generation} in {timeout:.0f} s")
 
-    def restart(self) -> float:
-        """POST the next generation to both pods; seconds from acceptance to its first step."""
+    def restart(self) -> tuple[float, dict[str, float]]:
+        """POST the next generation to both pods; seconds from acceptance to its first step, and phases."""
         self.generation += 1
         accepted = [
             float(
@@ -126,7 +148,8 @@ class BenchGang:
             )
             for _, control, _ in self.pods
         ]
-        return self.wait_first_step(self.generation) - max(accepted)
+        total = self.wait_first_step(self.generation) - max(accepted)
+        return total, self.phases(self.generation, max(accepted))
 
     def signal(self, signum: int) -> None:
         for process, _, _ in self.pods:
@@ -163,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             gangs["subprocess"].signal(signal.SIGSTOP)
             awake = "fork"
             samples: dict[str, list[float]] = {method: [] for method in METHODS}
+            phase_samples: dict[str, dict[str, list[float]]] = {method: {} for method in METHODS}
             for pair in range(args.pairs):
                 order = METHODS if pair % 2 == 0 else METHODS[::-1]
                 for method in order:
@@ -171,9 +195,12 @@ def main(argv: list[str] | None = None) -> int:
                         gangs[method].signal(signal.SIGCONT)
                         awake = method
                     time.sleep(1.0)  # a few steps of the woken gang before the restart
-                    seconds = gangs[method].restart()
+                    seconds, split = gangs[method].restart()
                     samples[method].append(seconds)
-                    print(f"pair {pair + 1} {method}: {seconds:.3f} s", flush=True)
+                    for phase, value in split.items():
+                        phase_samples[method].setdefault(phase, []).append(value)
+                    shown = ", ".join(f"{phase} {value:.2f}" for phase, value in split.items())
+                    print(f"pair {pair + 1} {method}: {seconds:.3f} s ({shown})", flush=True)
         finally:
             for gang in gangs.values():
                 gang.close()
@@ -184,6 +211,10 @@ def main(argv: list[str] | None = None) -> int:
         "samples": samples,
         **{method: summary(values) for method, values in samples.items()},
         "subprocess_over_fork": summary(ratios),
+        "phases_median": {
+            method: {phase: round(statistics.median(values), 3) for phase, values in split.items()}
+            for method, split in phase_samples.items()
+        },
         "cpu_count": os.cpu_count(),
     }
     print(json.dumps(result, indent=2))

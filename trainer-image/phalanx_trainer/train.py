@@ -397,7 +397,7 @@ class Trainer:
         restored = self.checkpoints.restore(app_state)
         if restored is not None:
             self.progress.step = restored
-            self.log("resumed", step=restored)
+            self.log("resumed", step=restored, unix_time=round(time.time(), 3))
         self.watcher.install()
         self.log(
             "start",
