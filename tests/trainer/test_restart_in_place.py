@@ -230,6 +230,45 @@ def test_sigterm_to_one_pod_keeps_the_survivor_resident_and_generation_1_loses_n
     assert mismatches(run, reference) == {}
 
 
+def test_a_post_to_a_running_gang_stops_it_at_one_step_and_starts_the_new_generation_in_place(
+    gang: Gang, reference: dict[int, float]
+) -> None:
+    pod0 = gang.start("pod0", NODE_RANK="0")
+    pod1 = gang.start("pod1", NODE_RANK="1")
+    wait_for("step 30", lambda: pod0.last_step() >= 30, START_TIMEOUT, gang.pods)
+    pids = {pod.name: pod.get()["worker_pids"] for pod in (pod0, pod1)}
+
+    for pod in (pod0, pod1):  # what the operator does when it moves a rank: both pods stay
+        code, answer = pod.post({"generation": 1, "stop": "checkpoint"})
+        assert code == 202 and answer["pending_generation"] == 1, answer
+    assert pod0.process.wait(START_TIMEOUT) == 0, pod0.log()
+    assert pod1.process.wait(30) == 0, pod1.log()
+
+    events = pod0.events()
+    preempted = next(e["step"] for e in events if e["event"] == "preempted")
+    assert next(e["step"] for e in events if e["event"] == "resumed") == preempted
+    assert [e["generation"] for e in events if e["event"] == "first_step"] == [0, 1]
+    started = [line for line in pod1.log().splitlines() if "launcher_generation_started" in line]
+    assert len(started) == 2 and json.loads(started[1])["pids"] != pids["pod1"]  # new workers, same launcher
+    run = losses(pod0)
+    assert sorted(run) == list(range(1, STEPS + 1))
+    assert mismatches(run, reference) == {}
+
+
+def test_a_launcher_left_waiting_exits_with_its_workers_code_when_no_generation_comes(gang: Gang) -> None:
+    gang.steps = 100_000
+    pod0 = gang.start("pod0", NODE_RANK="0", PHALANX_GENERATION_WAIT_SECONDS="3")
+    pod1 = gang.start("pod1", NODE_RANK="1")
+    wait_for("step 10", lambda: pod0.last_step() >= 10, START_TIMEOUT, gang.pods)
+
+    pod1.process.send_signal(signal.SIGTERM)
+    assert pod1.process.wait(60) == 75, pod1.log()
+    waited = wait_for("pod 0 to exit", lambda: pod0.process.poll() is not None, 30, gang.pods)
+    assert pod0.process.returncode == 75  # the full gang restart takes over from the checkpoint
+    assert 2 < waited < 15
+    assert '"launcher_generation_wait_expired"' in pod0.log()
+
+
 def test_sigkill_of_one_worker_fails_the_peer_within_the_collective_timeout_and_resumes_in_place(
     gang: Gang, reference: dict[int, float]
 ) -> None:
