@@ -20,7 +20,7 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from phalanx import constants as c
 from phalanx import metrics
@@ -41,11 +41,14 @@ from phalanx.cache import (
 )
 from phalanx.gang.admission import GangRequest, admission_order, plan_admission
 from phalanx.gang.capacity import NodeInfo, NodeInfoCache, PodDemand, Resources
+from phalanx.gang.devices import gang_devices
 from phalanx.gang.on_creation import plan_on_creation
 from phalanx.gang.preemption import RunningGang, choose_victims, preemption_message
 from phalanx.gang.usage import UsageIndex
 from phalanx.k8s import CreationRefused, KubeApi, StatusConflict, short_error
 from phalanx.leader import LeaderElector
+from phalanx.policy import goodput, recovery_timeline
+from phalanx.policy.host_path import REASON_HOST_PATH_NOT_ALLOWED, host_path_refusal
 from phalanx.policy.job_events import event_marker
 from phalanx.policy.node_loss import DEFAULT_NODE_LOST_AFTER_SECONDS
 from phalanx.policy.ownership import is_owned_by
@@ -55,6 +58,7 @@ from phalanx.reconcile.lifecycle import (
     FINISHED_PHASES,
     REASON_CREATE_REFUSED,
     REASON_PREEMPTED_BY_PRIORITY,
+    Event,
     Plan,
     decide,
     is_gated,
@@ -102,8 +106,10 @@ def status_diff(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
 class Controller:
     def __init__(self, api: KubeApi, namespaces: list[str], cluster_domain: str = "cluster.local",
                  workers: int = 8, clock: Callable[[], float] = time.time,
-                 node_lost_after: float | None = None, leader: LeaderElector | None = None) -> None:  # fmt: skip
+                 node_lost_after: float | None = None, leader: LeaderElector | None = None,
+                 allow_host_path_checkpoints: bool = False) -> None:  # fmt: skip
         self.api = api
+        self.allow_host_path_checkpoints = allow_host_path_checkpoints  # policy/host_path.py
         self.leader = leader  # None: this process alone writes (leader election off)
         self.clock = clock  # wall clock (API timestamps are wall time); injectable for tests
         # Seconds a node may be not Ready before the gangs with pods there restart (policy/node_loss.py).
@@ -144,10 +150,12 @@ class Controller:
         self.reservations: dict[str, tuple[str, ...]] = {}
         self.admission_dirty = asyncio.Event()
         self.known_jobs: set[str] = set()
-        self.progress_targets: dict[str, str] = {}
+        self.progress_targets: dict[str, ProgressTarget] = {}
         self.progress_next_poll: dict[str, float] = {}
         self.progress_failures: dict[str, int] = {}
         self.last_progress: dict[str, dict[str, Any]] = {}
+        # The newest start-up times rank 0 reported, with the uid of its job (the progress poll's).
+        self.trainer_reports: dict[str, tuple[str, dict[str, Any]]] = {}
         self.preempting: dict[str, float] = {}
         self.tasks: list[asyncio.Task[None]] = []
 
@@ -191,6 +199,7 @@ class Controller:
             self.progress_next_poll,
             self.progress_failures,
             self.last_progress,
+            self.trainer_reports,
         ):
             table.pop(key, None)
         self.reservations.pop(key, None)
@@ -356,7 +365,7 @@ class Controller:
         if not old_status:
             metrics.observe_job_created(namespace, name)
         nodes = self.current_nodes()
-        plan = decide(job, pods, nodes, now, self.node_lost_after)
+        plan = self._decide(job, pods, nodes, now)
         spec = parse(TrainingJobSpec, job["spec"])
         ref = JobRef.of(job)
 
@@ -386,6 +395,10 @@ class Controller:
         for pod_name in plan.delete_pods:
             if pod_name not in plan.force_delete_pods:
                 self.api.delete_pod(namespace, pod_name, uids.get(pod_name), grace)
+        refusal = host_path_refusal(spec, self.allow_host_path_checkpoints) if plan.create_indices else None
+        if refusal is not None:  # nothing is created; a restart with the flag, or a new job, moves on
+            plan.create_indices, plan.events = [], []
+            self._report_spec_refused(job, plan.status, REASON_HOST_PATH_NOT_ALLOWED, refusal, now)
         if plan.create_indices:
             outcomes = self._create_gang(key, job, ref, spec, plan, now)
             taken = [o.pod for o in outcomes if o.taken]
@@ -401,14 +414,14 @@ class Controller:
                 # so one status write says what this reconcile and the next would have written
                 # (all pods created; admitted, when admitted at creation).
                 pods = [p for p in self.pods.indexed(key) if is_owned_by(p, job["metadata"]["uid"])]
-                then = decide({**job, "status": plan.status}, pods, nodes, now, self.node_lost_after)
+                then = self._decide({**job, "status": plan.status}, pods, nodes, now)
                 if not (then.create_indices or then.delete_pods or then.force_delete_pods or then.delete_job):
                     then.events = merged_events([*plan.events, *then.events])
                     plan = then
             if not taken and not refused:
                 followups.append(0.5)
 
-        self._track_progress_target(key, pods, plan.status)
+        self._track_progress_target(key, job["metadata"]["uid"], pods, plan.status)
         if plan.status.get("phase") == "Succeeded" and plan.status.get("progress", {}).get("totalSteps"):
             done = dict(plan.status["progress"])
             plan.status["progress"] = {**done, "step": done["totalSteps"], "percent": 100, "etaSeconds": 0}
@@ -426,7 +439,7 @@ class Controller:
         for event in plan.events:
             self._record_event(job, event.type, event.reason, event.message, iso(now))
         if plan.delete_job:
-            self.api.delete_job(namespace, name)
+            self.api.delete_job(namespace, name, job["metadata"]["uid"])
             self.forget(key)
             return followups
         if plan.recheck_after is not None:
@@ -434,6 +447,53 @@ class Controller:
         if plan.delete_pods or plan.force_delete_pods:
             followups.append(1.0)
         return followups
+
+    def _decide(
+        self, job: dict[str, Any], pods: list[dict[str, Any]], nodes: dict[str, dict[str, Any]], now: float
+    ) -> Plan:
+        """decide(), then the recovery timeline: what this pass and the trainer's latest report add
+        to status.lastRecovery (policy/recovery_timeline.py), and an Event once it is complete."""
+        plan = decide(job, pods, nodes, now, self.node_lost_after)
+        old = job.get("status") or {}
+        recovery = recovery_timeline.after_reconcile(old, plan.status, now)
+        if recovery is not None:
+            plan.status["lastRecovery"] = recovery
+        reported = self.trainer_reports.get(object_key(job))
+        if reported is not None and reported[0] == job["metadata"].get("uid"):
+            recovery = recovery_timeline.after_trainer_report(plan.status.get("lastRecovery"), reported[1])
+            if recovery is not None:
+                plan.status["lastRecovery"] = recovery
+        done = plan.status.get("lastRecovery")
+        if recovery_timeline.is_complete(done) and not recovery_timeline.is_complete(old.get("lastRecovery")):
+            plan.events.append(Event("Normal", "Recovered", str(done["summary"])))
+        self._account_goodput(job, old, plan.status, now, reported)
+        return plan
+
+    def _account_goodput(
+        self,
+        job: dict[str, Any],
+        old: dict[str, Any],
+        new: dict[str, Any],
+        now: float,
+        reported: tuple[str, dict[str, Any]] | None,
+    ) -> None:
+        """Books the time since the last pass into status.goodput (policy/goodput.py)."""
+        spec = parse(TrainingJobSpec, job["spec"])
+        unit, count = gang_devices(spec, job["spec"].get("template", {}).get("spec") or {})
+        facts = None
+        if reported is not None and reported[0] == job["metadata"].get("uid"):
+            report = reported[1]
+            first_step = recovery_timeline.parse_time((report.get("startup") or {}).get("first_step"))
+            facts = goodput.TrainerFacts(
+                attempt=int(report.get("attempt") or 0),
+                first_step_at=first_step,
+                seconds_per_step=_number(report.get("seconds_per_step")),
+                checkpoint_stall_seconds=_number(report.get("checkpoint_stall_seconds")),
+            )
+        created = parse_iso(job["metadata"].get("creationTimestamp")) or now
+        ledger = goodput.account(old, new, created, now, goodput.Devices(unit, count), facts)
+        if ledger is not None:
+            new["goodput"] = ledger
 
     def _write_status(
         self, key: str, job: dict[str, Any], old: dict[str, Any], new: dict[str, Any]
@@ -445,9 +505,7 @@ class Controller:
             return job
         _failpoint_lose_status_write(key, patch)
         meta = job["metadata"]
-        stored = self.api.patch_job_status(
-            meta["namespace"], meta["name"], patch, meta.get("resourceVersion")
-        )
+        stored = self.api.patch_job_status(meta["namespace"], meta["name"], patch, meta["resourceVersion"])
         if stored is not None:
             self.jobs.upsert(stored)
         return stored
@@ -624,6 +682,21 @@ class Controller:
         if previous is None or previous.get("message") != message:
             self._record_event(job, "Warning", REASON_CREATE_REFUSED, message, iso(now))
 
+    def _report_spec_refused(
+        self, job: dict[str, Any], status: dict[str, Any], reason: str, message: str, now: float
+    ) -> None:
+        """The operator will not create this job's pods (its spec asks for what the operator's
+        settings refuse): PodsCreated=False in the status about to be written, and, the first time,
+        a Warning event."""
+        previous = get_condition((job.get("status") or {}).get("conditions") or [], "PodsCreated")
+        status["message"] = message
+        status["conditions"] = set_condition(
+            status.get("conditions") or [], "PodsCreated", "False", reason, message, iso(now),
+            job["metadata"].get("generation"),
+        )  # fmt: skip
+        if previous is None or previous.get("message") != message:
+            self._record_event(job, "Warning", reason, message, iso(now))
+
     def _observe(self, namespace: str, name: str, old: dict[str, Any], new: dict[str, Any]) -> None:
         if old.get("phase") != new.get("phase") and new.get("phase"):
             metrics.observe_phase_change(namespace, name, old.get("phase"), new["phase"])
@@ -633,9 +706,24 @@ class Controller:
                 metrics.observe_restart(namespace, name, reason)  # type: ignore[arg-type]
         if (new.get("gangTimeouts") or 0) > (old.get("gangTimeouts") or 0):
             metrics.observe_gang_timeout(namespace, name)
+        if new.get("goodput") and new.get("goodput") != old.get("goodput"):
+            metrics.observe_goodput(namespace, name, new["goodput"])
+        recovery = new.get("lastRecovery")
+        if recovery_timeline.is_complete(recovery) and not recovery_timeline.is_complete(
+            old.get("lastRecovery")
+        ):
+            metrics.observe_recovery(
+                str(recovery.get("reason")),
+                str(recovery.get("path")),
+                recovery["phasesMilliseconds"]["firstStep"] / 1000,
+                recovery_timeline.phase_durations(recovery),
+            )
 
-    def _track_progress_target(self, key: str, pods: list[dict[str, Any]], status: dict[str, Any]) -> None:
-        """Remembers where global rank 0 serves /progress while the job runs (the progress loop polls it)."""
+    def _track_progress_target(
+        self, key: str, uid: str, pods: list[dict[str, Any]], status: dict[str, Any]
+    ) -> None:
+        """Remembers where global rank 0 of the job with `uid` serves /progress while the job runs
+        (the progress loop polls it and writes what it reads to that job only)."""
         if status.get("phase") != "Running":
             self.progress_targets.pop(key, None)
             return
@@ -645,8 +733,8 @@ class Controller:
              and p["metadata"]["labels"].get(c.LABEL_REPLICA_INDEX) == "0"), None,
         )  # fmt: skip
         ip = (rank0 or {}).get("status", {}).get("podIP")
-        if ip and self.progress_targets.get(key) != ip:
-            self.progress_targets[key] = ip
+        if ip and self.progress_targets.get(key) != (target := ProgressTarget(uid, ip)):
+            self.progress_targets[key] = target
             self.progress_next_poll.pop(key, None)
             self.progress_failures.pop(key, None)
 
@@ -668,11 +756,11 @@ class Controller:
 
     def _poll_progress(self, key: str) -> None:
         """Copies the trainer's /progress into status.progress and status.lastCheckpoint when they change."""
-        ip = self.progress_targets.get(key)
-        if ip is None:
+        target = self.progress_targets.get(key)
+        if target is None:
             return
         try:
-            url = f"http://{ip}:{c.DEFAULT_METRICS_PORT}{c.PROGRESS_PATH}"
+            url = f"http://{target.ip}:{c.DEFAULT_METRICS_PORT}{c.PROGRESS_PATH}"
             with urllib.request.urlopen(url, timeout=PROGRESS_TIMEOUT_SECONDS) as response:
                 report = json.loads(response.read())
         except (OSError, ValueError):
@@ -687,6 +775,16 @@ class Controller:
             return
         self.progress_failures.pop(key, None)
         namespace, name = key.split("/", 1)
+        facts = {
+            k: report.get(k) for k in ("attempt", "startup", "seconds_per_step", "checkpoint_stall_seconds")
+        }
+        known = self.trainer_reports.get(key)
+        self.trainer_reports[key] = (target.uid, facts)
+        news = ("attempt", "startup", "checkpoint_stall_seconds")
+        if facts["startup"] and (known is None or any(known[1].get(k) != facts[k] for k in news)):
+            # Start-up times end a recovery, stalls cost goodput: the reconcile books them, under
+            # the version it decides on.
+            self._enqueue_threadsafe(key)
         patch: dict[str, Any] = {"progress": progress_status(report)}
         checkpoint = report.get("last_checkpoint") or None
         if checkpoint and checkpoint.get("step") is not None:
@@ -698,7 +796,11 @@ class Controller:
         if isinstance(total, int) and isinstance(step, int) and total > 0:
             metrics.observe_progress(namespace, name, step, total)
         if self.last_progress.get(key) != patch:
-            self._patch_job_status(namespace, name, patch)
+            if not self._write_facts(key, target.uid, patch):
+                # Its job is gone (or re-created under the name: that one gets its own target).
+                if self.progress_targets.get(key) == target:
+                    self.progress_targets.pop(key, None)
+                return
             self.last_progress[key] = patch
 
     # -- gang admission (provider: builtin) ------------------------------------------------------
@@ -728,10 +830,18 @@ class Controller:
     def _stores_synced(self) -> bool:
         return all(store.synced.is_set() for store in (self.jobs, self.pods, self.nodes))
 
-    def _patch_job_status(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
-        stored = self.api.patch_job_status(namespace, name, patch)
+    def _write_facts(self, key: str, uid: str, patch: dict[str, Any]) -> bool:
+        """Copies facts (progress, an admission message) into the status of the job with `uid`;
+        False when that job is gone, whether or not another was created under its name."""
+        namespace, name = key.split("/", 1)
+        cached = self.jobs.get(key)
+        if cached is not None and cached["metadata"].get("uid") != uid:
+            return False  # the watch already saw its successor
+        version = cached["metadata"].get("resourceVersion") if cached is not None else None
+        stored = self.api.patch_job_facts(namespace, name, patch, uid, version)
         if stored is not None:
             self.jobs.upsert(stored)  # the next admission pass must not read an older status
+        return stored is not None
 
     def admission_pass(self) -> None:
         if not self._stores_synced():
@@ -809,7 +919,7 @@ class Controller:
                 namespace, name = key.split("/", 1)
                 waiting_since = parse_iso(job["metadata"].get("creationTimestamp")) or now
                 metrics.observe_admission_wait_started(namespace, name, waiting_since)
-                self._patch_job_status(namespace, name, {"admissionMessage": reason})
+                self._write_facts(key, job["metadata"]["uid"], {"admissionMessage": reason})
                 self._enqueue_threadsafe(key)
 
     def _admit_pods(self, patches: list[tuple[str, str, dict[str, Any]]]) -> None:
@@ -912,6 +1022,11 @@ class Controller:
 _pods_created_here = 0
 
 
+class ProgressTarget(NamedTuple):
+    uid: str  # the job this address serves: its progress is written to that job only
+    ip: str
+
+
 @dataclass(frozen=True)
 class CreateOutcome:
     """What became of one pod creation."""
@@ -987,6 +1102,10 @@ def _waits_for_admission(job: dict[str, Any]) -> bool:
     # current attempt exists, and the reconcile that records createdAttempt can sit behind many
     # others in the queue during a burst, delaying admission for nothing.
     return status.get("phase") not in (*FINISHED_PHASES, "Suspended")
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def progress_status(report: dict[str, Any]) -> dict[str, Any]:

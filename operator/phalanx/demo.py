@@ -238,7 +238,9 @@ class Demo:
         wait_established(self.kubectl, ["trainingjobs.phalanx.dev"])
         log = (self.out_dir / "operator.log").open("wb")
         env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
-        argv = [sys.executable, "-m", "phalanx.cli", "operator", "--metrics-port", "0", "--health-port", "0"]
+        # The demo's checkpoints live in a hostPath on the one dev node: allowed here, off in the chart.
+        argv = [sys.executable, "-m", "phalanx.cli", "operator", "--metrics-port", "0", "--health-port", "0",
+                "--allow-host-path-checkpoints"]  # fmt: skip
         self.operator = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
         self.say(
             f"cluster up in {time.monotonic() - began:.0f}s: control plane, dev node {names[0]} "
@@ -465,6 +467,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         (out_dir / "summary.json").write_text(
             json.dumps({"phase": phase, **summary.to_dict()}, indent=2) + "\n"
         )
+        timeline = (demo.job_status().get("lastRecovery") or {}).get("summary") or "-"
         (out_dir / "rank0.log").write_text(demo.rank0_log())
         plot_losses(
             attempts,
@@ -479,6 +482,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"  lost steps       {summary.lost_steps} (redone after the restart)\n"
             f"  recovery         {', '.join(f'{s:.1f}s' for s in summary.recover_seconds) or '-'} "
             "(eviction -> every rank training again)\n"
+            f"  status.lastRecovery  {timeline}\n"
             f"  goodput          {summary.goodput:.1%} (step time of kept steps / {elapsed:.0f}s from submit)\n"
             f"  loss curve       {out_dir / 'loss.png'}\n"
             f"  summary          {out_dir / 'summary.json'}\n"

@@ -32,4 +32,6 @@ class LeaderElection:
 class OperatorSettings:
     namespaces: tuple[str, ...] = ()
     cluster_domain: str = "cluster.local"
+    # Pods with a hostPath checkpoint volume are created only then (policy/host_path.py).
+    allow_host_path_checkpoints: bool = False
     leader_election: LeaderElection = field(default_factory=LeaderElection)

@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from phalanx_trainer import contract
+from phalanx_trainer import contract, startup
 from phalanx_trainer.config import ConfigError, TrainerConfig, load_config
 from phalanx_trainer.distenv import (
     DistEnv,
@@ -113,6 +113,7 @@ def run_worker(config: TrainerConfig, dist_env: DistEnv, env: Mapping[str, str])
                 world_size=dist_env.world_size,
                 timeout=datetime.timedelta(seconds=timeout) if timeout else None,
             )
+    startup.mark(startup.RENDEZVOUS_DONE)
     try:
         try:
             trainer = Trainer(config, dist_env)
@@ -160,6 +161,7 @@ def _destroy_group() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    startup.mark(startup.STARTED)
     args_list = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(args_list)
     env = dict(os.environ)
