@@ -16,8 +16,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +110,7 @@ class Gang:
         self.master_port = free_port()
         self.pods: list[Pod] = []
 
-    def start(self, name: str, **env: str) -> Pod:
+    def start(self, name: str, args: Sequence[str] = (), **env: str) -> Pod:
         control_port = free_port()
         full_env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
         full_env.update(
@@ -129,7 +130,7 @@ class Gang:
         stdout, stderr = self.folder / f"{name}.out", self.folder / f"{name}.err"
         out, err = stdout.open("wb"), stderr.open("wb")
         process = subprocess.Popen(
-            [sys.executable, "-m", "phalanx_trainer", *SMALL, f"job.steps={self.steps}"],
+            [sys.executable, "-m", "phalanx_trainer", *SMALL, f"job.steps={self.steps}", *args],
             env=full_env,
             stdout=out,
             stderr=err,
@@ -267,6 +268,39 @@ def test_a_launcher_left_waiting_exits_with_its_workers_code_when_no_generation_
     assert pod0.process.returncode == 75  # the full gang restart takes over from the checkpoint
     assert 2 < waited < 15
     assert '"launcher_generation_wait_expired"' in pod0.log()
+
+
+def test_each_generation_reports_its_own_startup_times_in_progress(gang: Gang) -> None:
+    gang.steps = 100_000
+    metrics_port = free_port()
+    pod0 = gang.start("pod0", args=["metrics.port=-1"], NODE_RANK="0", PHALANX_METRICS_PORT=str(metrics_port))
+    pod1 = gang.start("pod1", NODE_RANK="1")
+    wait_for("step 10", lambda: pod0.last_step() >= 10, START_TIMEOUT, gang.pods)
+
+    for pod in (pod0, pod1):
+        code, answer = pod.post({"generation": 1})
+        assert code == 202, answer
+    accepted_at = min(pod.get()["accepted_at"] for pod in (pod0, pod1))
+
+    def startup() -> dict[str, float]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/progress", timeout=5) as response:
+            times = json.loads(response.read()).get("startup", {})
+        return {phase: datetime.fromisoformat(value).timestamp() for phase, value in times.items()}
+
+    wait_for("generation 1's first step in /progress", lambda: "first_step" in startup() and
+             startup()["first_step"] > accepted_at, 60, gang.pods)  # fmt: skip
+    times = startup()
+    # Generation 1's own start, not the resident launcher's (a fork inherits the parent's marks).
+    assert (
+        accepted_at
+        <= times["started"]
+        <= times["rendezvous_done"]
+        <= times["restored"]
+        <= times["first_step"]
+    )
+    for pod in (pod0, pod1):
+        pod.process.send_signal(signal.SIGTERM)
+    assert pod0.process.wait(60) == 75 and pod1.process.wait(60) == 75
 
 
 def test_sigkill_of_one_worker_fails_the_peer_within_the_collective_timeout_and_resumes_in_place(
