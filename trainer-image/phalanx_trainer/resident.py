@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
 from typing import Any
 
-from phalanx_trainer import contract
+from phalanx_trainer import contract, startup
 from phalanx_trainer.distenv import EnvError, _int, _seconds, flag, worker_env
 from phalanx_trainer.restart_policy import (
     Action,
@@ -105,6 +105,8 @@ def fork_worker(argv: Sequence[str], env: Mapping[str, str], close_fds: Sequence
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.environ.clear()
         os.environ.update(env)
+        # The parent's start-up marks are the launcher's; this worker's generation starts now.
+        startup.reset()
         from phalanx_trainer.__main__ import main
 
         code = main(list(argv))
