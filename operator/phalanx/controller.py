@@ -13,6 +13,7 @@ import asyncio
 import copy
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -77,9 +78,9 @@ PROGRESS_CONCURRENCY = 8
 PROGRESS_PATIENT_ATTEMPTS = 60
 ADMISSION_INTERVAL_SECONDS = 1.0
 PROGRESS_TIMEOUT_SECONDS = 2.0  # a trainer busy on every core answers slowly
+VICTIM_WRITE_ATTEMPTS = 3
 PROGRESS_POLL_SECONDS = 1.0
-# What the reconcile books from rank 0's /progress (recovery timeline, goodput).
-TRAINER_FACTS = ("attempt", "startup", "seconds_per_step", "checkpoint_stall_seconds", "resumed_from_step")
+PROGRESS_MAX_BYTES = 64 * 1024  # a /progress document is a few hundred bytes; more is not one
 PREEMPTION_COOLDOWN_SECONDS = 15.0
 NAME_CONFLICT_RETRY_SECONDS = 10.0
 CREATE_REFUSED_RETRY_SECONDS = 5.0
@@ -206,6 +207,7 @@ class Controller:
             table.pop(key, None)
         self.reservations.pop(key, None)
         self.failures.pop(key, None)
+        self.preempting.pop(key, None)
         namespace, name = key.split("/", 1)
         metrics.forget_job(namespace, name)
 
@@ -433,7 +435,7 @@ class Controller:
             self._write_status(key, job, recorded, plan.status)
         except StatusConflict:
             return self._refreshed(key)  # what was done is read back from the pods next time
-        if status_diff(old_status, plan.status):
+        if status_diff(_decided_on(old_status), _decided_on(plan.status)):
             # Decide once more on what was just written (a finished job's TTL, say, is timed from
             # the completionTime this write set): the job's own status events no longer enqueue it.
             followups.append(0.0)
@@ -764,7 +766,12 @@ class Controller:
         try:
             url = f"http://{target.ip}:{c.DEFAULT_METRICS_PORT}{c.PROGRESS_PATH}"
             with urllib.request.urlopen(url, timeout=PROGRESS_TIMEOUT_SECONDS) as response:
-                report = json.loads(response.read())
+                body = response.read(PROGRESS_MAX_BYTES + 1)
+            if len(body) > PROGRESS_MAX_BYTES:
+                raise ValueError(f"/progress answered more than {PROGRESS_MAX_BYTES} bytes")
+            report = json.loads(body)
+            if not isinstance(report, dict):
+                raise ValueError("/progress is not a JSON object")
         except (OSError, ValueError):
             # Simulated pods serve nothing and a trainer may still be starting: back off, quietly.
             failures = self.progress_failures.get(key, 0) + 1
@@ -777,17 +784,17 @@ class Controller:
             return
         self.progress_failures.pop(key, None)
         namespace, name = key.split("/", 1)
-        facts = {k: report.get(k) for k in TRAINER_FACTS}
+        facts = trainer_facts(report)
         known = self.trainer_reports.get(key)
         self.trainer_reports[key] = (target.uid, facts)
         news = ("attempt", "startup", "checkpoint_stall_seconds", "resumed_from_step")
-        if facts["startup"] and (known is None or any(known[1].get(k) != facts[k] for k in news)):
+        if facts.get("startup") and (known is None or any(known[1].get(k) != facts.get(k) for k in news)):
             # Start-up times end a recovery, stalls cost goodput: the reconcile books them, under
             # the version it decides on.
             self._enqueue_threadsafe(key)
         patch: dict[str, Any] = {"progress": progress_status(report)}
         checkpoint = report.get("last_checkpoint") or None
-        if checkpoint and checkpoint.get("step") is not None:
+        if isinstance(checkpoint, dict) and isinstance(checkpoint.get("step"), int):
             patch["lastCheckpoint"] = {"step": int(checkpoint["step"]), "time": checkpoint.get("time")}
             saved = parse_iso(checkpoint.get("time"))
             if saved is not None:
@@ -982,28 +989,38 @@ class Controller:
             return
         for victim in choice.victims:
             log.info("preempting %s for higher-priority %s", victim, head.key)
-            self.preempting[victim] = now
             job = next(j for j in jobs if object_key(j) == victim)
-            self._stop_victim(job, preemption_message(head.key, head.priority))
+            if self._stop_victim(job, preemption_message(head.key, head.priority)):
+                self.preempting[victim] = now  # the cooldown starts once its pods are told to stop
             self._enqueue_threadsafe(victim)
 
-    def _stop_victim(self, job: dict[str, Any], message: str) -> None:
+    def _stop_victim(self, job: dict[str, Any], message: str) -> bool:
         """Says on the victim who preempted it (a Preempted condition, then an event), then evicts its
         pods with their grace period: the pods carry DisruptionTarget, the trainer checkpoints on
-        SIGTERM, and the victim's reconcile restarts it as a preemption."""
+        SIGTERM, and the victim's reconcile restarts it as a preemption. False when the victim is no
+        longer the job the pass chose (gone, re-created, restarted or finished meanwhile)."""
         namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
         key = object_key(job)
         now_iso = iso(time.time())
-        conditions = set_condition((job.get("status") or {}).get("conditions") or [], "Preempted", "True",
-                                   REASON_PREEMPTED_BY_PRIORITY, message, now_iso, job["metadata"].get("generation"))  # fmt: skip
-        try:
-            self._write_status(key, job, {}, {"conditions": conditions})
-        except StatusConflict:
-            fresh = self.api.get_job(namespace, name)
-            if fresh is None:
-                return
-            self.jobs.upsert(fresh)
-            return  # the next pass decides again on what the job is now
+        for _ in range(VICTIM_WRITE_ATTEMPTS):
+            conditions = set_condition((job.get("status") or {}).get("conditions") or [], "Preempted", "True",
+                                       REASON_PREEMPTED_BY_PRIORITY, message, now_iso, job["metadata"].get("generation"))  # fmt: skip
+            try:
+                if self._write_status(key, job, {}, {"conditions": conditions}) is None:
+                    return False  # gone
+                break
+            except StatusConflict:
+                # Its progress is written about once a second: a version that moved on is no reason
+                # to give up, as long as it is still the same attempt of the same job, running.
+                fresh = self.api.get_job(namespace, name)
+                if fresh is None:
+                    return False
+                self.jobs.upsert(fresh)
+                if not _same_running_attempt(job, fresh):
+                    return False  # the next pass decides again on what the job is now
+                job = fresh
+        else:
+            return False
         self._record_event(job, "Warning", REASON_PREEMPTED_BY_PRIORITY, message, now_iso)
         grace = parse(TrainingJobSpec, job["spec"]).run_policy.termination_grace_period_seconds
         for pod in self.own_pods(job):
@@ -1011,6 +1028,7 @@ class Controller:
                 log.warning(
                     "eviction of %s/%s refused by a PodDisruptionBudget", namespace, pod["metadata"]["name"]
                 )
+        return True
 
     def _enqueue_threadsafe(self, key: str) -> None:
         loop = self.loop
@@ -1102,6 +1120,44 @@ def _waits_for_admission(job: dict[str, Any]) -> bool:
     # current attempt exists, and the reconcile that records createdAttempt can sit behind many
     # others in the queue during a burst, delaying admission for nothing.
     return status.get("phase") not in (*FINISHED_PHASES, "Suspended")
+
+
+# Status fields no decision reads: a write that changed only these needs no second look.
+BOOKKEEPING_FIELDS = ("goodput", "lastRecovery", "progress", "lastCheckpoint")
+
+
+def _decided_on(status: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in status.items() if k not in BOOKKEEPING_FIELDS}
+
+
+def trainer_facts(report: dict[str, Any]) -> dict[str, Any]:
+    """The /progress fields the reconcile books, of the types it expects; anything else is left out
+    (the document comes from user code: a string where a number belongs must not stop the job's
+    reconciles)."""
+    facts: dict[str, Any] = {}
+    attempt = report.get("attempt")
+    if isinstance(attempt, int) and not isinstance(attempt, bool):
+        facts["attempt"] = attempt
+    startup = report.get("startup")
+    if isinstance(startup, dict):
+        facts["startup"] = {k: v for k, v in startup.items() if isinstance(k, str) and isinstance(v, str)}
+    for key in ("seconds_per_step", "checkpoint_stall_seconds"):
+        number = _number(report.get(key))
+        if number is not None and math.isfinite(number) and number >= 0:
+            facts[key] = number
+    resumed = report.get("resumed_from_step")
+    if isinstance(resumed, int) and not isinstance(resumed, bool) and resumed >= 0:
+        facts["resumed_from_step"] = resumed
+    return facts
+
+
+def _same_running_attempt(chosen: dict[str, Any], fresh: dict[str, Any]) -> bool:
+    before, now = chosen.get("status") or {}, fresh.get("status") or {}
+    return (
+        fresh["metadata"].get("uid") == chosen["metadata"].get("uid")
+        and now.get("attempt") == before.get("attempt")
+        and now.get("phase") in ("Running", "Admitted")
+    )
 
 
 def _number(value: Any) -> float | None:
