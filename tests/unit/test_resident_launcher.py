@@ -4,18 +4,24 @@ failure becomes its exit code."""
 from __future__ import annotations
 
 import dataclasses
+import signal
 import traceback
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pytest
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
+import phalanx_trainer.resident
 import phalanx_trainer.train
 from phalanx_trainer import contract
 from phalanx_trainer.__main__ import run_worker
 from phalanx_trainer.config import load_config
 from phalanx_trainer.distenv import read_dist_env
 from phalanx_trainer.generation import StaleGeneration
+from phalanx_trainer.resident import ResidentLauncher, Worker
+from phalanx_trainer.restart_policy import State
 
 pytestmark = pytest.mark.unit
 
@@ -68,3 +74,96 @@ def test_a_code_error_while_the_trainer_is_built_is_not_a_lost_peer(
 ) -> None:
     with pytest.raises(type(err)):
         _run_worker_whose_trainer_raises(monkeypatch, err)
+
+
+# ---- the launcher's state machine, with fake workers and a fake clock ---------------------------
+
+
+class FakeWorker(Worker):
+    """A worker that records the signals it gets and exits when the test says."""
+
+    def __init__(self, pid: int, env: Mapping[str, str]) -> None:
+        super().__init__(pid)
+        self.env = dict(env)
+        self.signals: list[int] = []
+
+    def poll(self) -> int | None:
+        return self.exit_code
+
+    def signal(self, signum: int) -> None:
+        self.signals.append(signum)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+BASE_ENV = {
+    contract.ENV_NPROC_PER_NODE: "2",
+    contract.ENV_NNODES: "2",
+    contract.ENV_NODE_RANK: "0",
+    contract.ENV_RESTART_IN_PLACE: "true",
+}
+
+
+@pytest.fixture
+def forks(monkeypatch: pytest.MonkeyPatch) -> list[FakeWorker]:
+    """Every worker the launcher starts, in order; nothing is really forked."""
+    started: list[FakeWorker] = []
+
+    def fake_fork(argv: Sequence[str], env: Mapping[str, str], close_fds: Sequence[int]) -> Worker:
+        started.append(FakeWorker(10_000 + len(started), env))
+        return started[-1]
+
+    monkeypatch.setattr(phalanx_trainer.resident, "fork_worker", fake_fork)
+    return started
+
+
+def launcher_of(env: Mapping[str, str] | None = None) -> tuple[ResidentLauncher, FakeClock]:
+    clock = FakeClock()
+    launcher = ResidentLauncher(["--config", "x.toml"], {**BASE_ENV, **(env or {})}, clock=clock)
+    launcher.start_workers()
+    return launcher, clock
+
+
+def exit_all(workers: Sequence[FakeWorker], code: int) -> None:
+    for worker in workers:
+        worker.exit_code = code
+
+
+def post(launcher: ResidentLauncher, body: Any) -> tuple[int, dict[str, Any]]:
+    return launcher.post_generation(body)
+
+
+def test_a_post_after_the_launchers_own_sigterm_is_refused_409(forks: list[FakeWorker]) -> None:
+    launcher, _ = launcher_of()
+    launcher.on_sigterm()
+    assert launcher.step() is None  # workers still up: it waits for them
+    status, answer = post(launcher, {"generation": 1})
+    assert status == 409, answer
+    assert "terminat" in answer["error"]
+
+
+def test_each_worker_gets_sigterm_once_however_many_posts_and_signals_come(forks: list[FakeWorker]) -> None:
+    launcher, _ = launcher_of()
+    assert post(launcher, {"generation": 1})[0] == 202
+    assert post(launcher, {"generation": 2})[0] == 202  # supersedes 1 while stopping
+    launcher.on_sigterm()
+    launcher.step()
+    assert [w.signals for w in forks] == [[signal.SIGTERM], [signal.SIGTERM]]
+
+
+def test_a_superseding_request_keeps_the_env_of_the_one_it_replaces(forks: list[FakeWorker]) -> None:
+    launcher, _ = launcher_of()
+    assert post(launcher, {"generation": 1, "env": {contract.ENV_NODE_RANK: "1"}})[0] == 202
+    assert post(launcher, {"generation": 2, "env": {contract.ENV_MASTER_PORT: "29600"}})[0] == 202
+    exit_all(forks, contract.EXIT_CHECKPOINTED_ON_PREEMPTION)
+    assert launcher.step() is None
+    assert launcher.state is State.RUNNING and launcher.generation == 2
+    new = forks[2:]
+    assert [w.env[contract.ENV_NODE_RANK] for w in new] == ["1", "1"]
+    assert [w.env[contract.ENV_MASTER_PORT] for w in new] == ["29600", "29600"]
