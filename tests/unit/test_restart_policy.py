@@ -16,6 +16,7 @@ from phalanx_trainer.restart_policy import (
     on_wait_expired,
     on_workers_exited,
     parse_generation_request,
+    supersede,
 )
 
 pytestmark = pytest.mark.unit
@@ -117,3 +118,18 @@ def test_a_gloo_transport_error_counts_as_a_lost_peer_and_a_code_bug_does_not() 
     assert lost_peer(dist.DistBackendError("NCCL watchdog timeout"))
     assert not lost_peer(RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x32 and 16x8)"))
     assert not lost_peer(ValueError("Connection reset by peer"))  # only what torch raises
+
+
+def test_nothing_is_admitted_once_the_launcher_got_its_own_sigterm() -> None:
+    request = GenerationRequest(5, {}, StopMode.CHECKPOINT)
+    assert not admit(request, 1, State.RUNNING, terminated=True).accepted
+    assert "terminating" in admit(request, 1, State.STOPPING, terminated=True).reason
+
+
+def test_a_superseding_request_merges_env_and_keeps_stop_now() -> None:
+    older = GenerationRequest(1, {"NODE_RANK": "1", "MASTER_PORT": "1"}, StopMode.NOW)
+    newer = GenerationRequest(2, {"MASTER_PORT": "2"}, StopMode.CHECKPOINT)
+    assert supersede(older, newer) == GenerationRequest(
+        2, {"NODE_RANK": "1", "MASTER_PORT": "2"}, StopMode.NOW
+    )
+    assert supersede(None, newer) == newer

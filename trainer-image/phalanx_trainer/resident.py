@@ -40,6 +40,7 @@ from phalanx_trainer.restart_policy import (
     on_wait_expired,
     on_workers_exited,
     parse_generation_request,
+    supersede,
 )
 
 # Not part of the operator's contract: how workers start ("fork", the default, or "subprocess",
@@ -70,6 +71,13 @@ class Worker:
         self.pid = pid
         self.popen = popen
         self.exit_code: int | None = None
+        self.sent: set[int] = set()
+
+    def signal_once(self, signum: int) -> None:
+        """A second SIGTERM would cut short the checkpoint the first one started."""
+        if signum not in self.sent:
+            self.sent.add(signum)
+            self.signal(signum)
 
     def poll(self) -> int | None:
         if self.exit_code is not None:
@@ -176,11 +184,12 @@ class ResidentLauncher:
         except BadRequest as err:
             return 400, {"error": str(err)}
         newest = max(self.generation, self.pending.generation if self.pending else self.generation)
-        admission: Admission = admit(request, newest, self.state)
+        admission: Admission = admit(request, newest, self.state, terminated=self.terminated)
         if not admission.accepted:
             return 409, {"error": admission.reason, **self.describe()}
         self.accepted_at = time.time()
-        self.pending = request
+        self.pending = supersede(self.pending, request)
+        request = self.pending
         if self.state in (State.RUNNING, State.STOPPING):
             self._stop_workers(request.stop)
         # Waiting or spare: step() starts it, after this answer, so no worker inherits the connection.
@@ -191,7 +200,7 @@ class ResidentLauncher:
     def _stop_workers(self, mode: StopMode) -> None:
         self.state = State.STOPPING
         for worker in self.workers:
-            worker.signal(signal.SIGTERM)
+            worker.signal_once(signal.SIGTERM)
         if mode is StopMode.NOW:
             deadline = self.clock() + STOP_NOW_GRACE_SECONDS
             self.kill_at = deadline if self.kill_at is None else min(self.kill_at, deadline)
@@ -227,7 +236,7 @@ class ResidentLauncher:
         if self.terminated and not self.forwarded:
             self.forwarded = True
             for worker in self.workers:
-                worker.signal(signal.SIGTERM)
+                worker.signal_once(signal.SIGTERM)
             decision = on_launcher_terminated(self.state, self._combined())
             if decision is not None:
                 return self._apply(decision)

@@ -82,17 +82,31 @@ class Admission:
     reason: str = ""
 
 
-def admit(request: GenerationRequest, current: int, state: State) -> Admission:
-    """Fencing at the launcher: only a strictly newer generation is taken, and never once done.
+def admit(request: GenerationRequest, current: int, state: State, terminated: bool = False) -> Admission:
+    """Fencing at the launcher: only a strictly newer generation is taken, and never once done or
+    once the launcher got its own SIGTERM (its pod is going away; its workers are stopping for good).
 
     A spare has no generation of its own yet, so its first request is taken at any number above
     the one it was started with.
     """
     if state is State.DONE:
         return Admission(False, "the launcher is exiting; the operator replaces this pod")
+    if terminated:
+        return Admission(
+            False, "the launcher is terminating (its own SIGTERM); the operator replaces this pod"
+        )
     if request.generation <= current:
         return Admission(False, f"generation {request.generation} is not newer than the current {current}")
     return Admission(True)
+
+
+def supersede(pending: GenerationRequest | None, newer: GenerationRequest) -> GenerationRequest:
+    """A newer request replacing one not yet started keeps the env the older one changed (the newer
+    wins per key), and stops "now" if either asked to: nothing the operator sent is dropped."""
+    if pending is None:
+        return newer
+    stop = StopMode.NOW if StopMode.NOW in (pending.stop, newer.stop) else newer.stop
+    return GenerationRequest(newer.generation, {**pending.env, **newer.env}, stop)
 
 
 class Action(enum.StrEnum):
