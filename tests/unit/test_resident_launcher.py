@@ -167,3 +167,53 @@ def test_a_superseding_request_keeps_the_env_of_the_one_it_replaces(forks: list[
     new = forks[2:]
     assert [w.env[contract.ENV_NODE_RANK] for w in new] == ["1", "1"]
     assert [w.env[contract.ENV_MASTER_PORT] for w in new] == ["29600", "29600"]
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"generation": 1, "env": {contract.ENV_NODE_RANK: "abc"}}, "env.NODE_RANK"),
+        ({"generation": 1, "env": {contract.ENV_NODE_RANK: "2"}}, "env.NODE_RANK"),  # NNODES is 2
+        ({"generation": 1, "env": {contract.ENV_NODE_RANK: "-1"}}, "env.NODE_RANK"),
+        ({"generation": 1, "env": {contract.ENV_NNODES: "4", contract.ENV_NODE_RANK: "4"}}, "env.NODE_RANK"),
+        ({"generation": 1, "env": {contract.ENV_NODE_RANK: True}}, "env.NODE_RANK"),
+        ({"generation": 1, "env": {contract.ENV_MASTER_PORT: "70000"}}, "env.MASTER_PORT"),
+        ({"generation": 1, "env": {contract.ENV_NNODES: "0"}}, "env.NNODES"),
+        ({"generation": 2**63}, "generation"),
+        ({"generation": True}, "generation"),
+    ],
+)
+def test_bad_values_get_400_naming_the_field_and_change_nothing(
+    forks: list[FakeWorker], body: dict[str, Any], field: str
+) -> None:
+    launcher, _ = launcher_of()
+    status, answer = post(launcher, body)
+    assert status == 400, answer
+    assert answer["error"].startswith(f"{field}:")
+    assert launcher.state is State.RUNNING and launcher.pending is None
+    assert [w.signals for w in forks] == [[], []]
+
+
+def test_a_rank_below_a_larger_nnodes_in_the_same_request_is_taken(forks: list[FakeWorker]) -> None:
+    launcher, _ = launcher_of()
+    status, _ = post(
+        launcher, {"generation": 1, "env": {contract.ENV_NNODES: "4", contract.ENV_NODE_RANK: "3"}}
+    )
+    assert status == 202
+
+
+def test_a_failed_start_stops_the_workers_it_already_started(monkeypatch: pytest.MonkeyPatch) -> None:
+    started: list[FakeWorker] = []
+
+    def fork_once_then_fail(argv: Sequence[str], env: Mapping[str, str], close_fds: Sequence[int]) -> Worker:
+        if started:
+            raise BlockingIOError(11, "Resource temporarily unavailable")  # fork's EAGAIN
+        started.append(FakeWorker(10_000, env))
+        return started[-1]
+
+    monkeypatch.setattr(phalanx_trainer.resident, "fork_worker", fork_once_then_fail)
+    monkeypatch.setattr(phalanx_trainer.resident, "STOP_NOW_GRACE_SECONDS", 0.0)
+    launcher = ResidentLauncher(["--config", "x.toml"], BASE_ENV, clock=FakeClock())
+    with pytest.raises(BlockingIOError):
+        launcher.start_workers()
+    assert started[0].signals == [signal.SIGTERM, signal.SIGKILL]
