@@ -85,18 +85,20 @@ def test_nothing_is_admitted_once_done() -> None:
 
 
 def test_a_request_parses_with_defaults() -> None:
-    parsed = parse_generation_request({"generation": 4, "env": {"MASTER_PORT": 29501}}, spare=False)
+    parsed = parse_generation_request({"generation": 4, "env": {"MASTER_PORT": 29501}}, spare=False, nnodes=2)
     assert parsed == GenerationRequest(4, {"MASTER_PORT": "29501"}, StopMode.CHECKPOINT)
-    assert parse_generation_request({"generation": 1, "stop": "now"}, spare=False).stop is StopMode.NOW
+    assert (
+        parse_generation_request({"generation": 1, "stop": "now"}, spare=False, nnodes=2).stop is StopMode.NOW
+    )
 
 
 @pytest.mark.parametrize(
     ("body", "spare", "message"),
     [
         ([], False, "body: expected a JSON object"),
-        ({}, False, "generation: expected a non-negative integer"),
-        ({"generation": "1"}, False, "generation: expected a non-negative integer"),
-        ({"generation": True}, False, "generation: expected a non-negative integer"),
+        ({}, False, "generation: expected an integer 0..4611686018427387903"),
+        ({"generation": "1"}, False, "generation: expected an integer 0..4611686018427387903"),
+        ({"generation": True}, False, "generation: expected an integer 0..4611686018427387903"),
         ({"generation": 1, "env": {"RANK": "3"}}, False, "env: RANK cannot change per generation"),
         ({"generation": 1, "env": ["NODE_RANK"]}, False, "env: expected an object of strings"),
         ({"generation": 1, "stop": "later"}, False, 'stop: expected "checkpoint" or "now"'),
@@ -105,7 +107,7 @@ def test_a_request_parses_with_defaults() -> None:
 )
 def test_bad_requests_name_the_field(body: object, spare: bool, message: str) -> None:
     with pytest.raises(BadRequest, match=message.replace("(", r"\(")):
-        parse_generation_request(body, spare=spare)
+        parse_generation_request(body, spare=spare, nnodes=2)
 
 
 def test_a_gloo_transport_error_counts_as_a_lost_peer_and_a_code_bug_does_not() -> None:

@@ -180,7 +180,7 @@ class ResidentLauncher:
 
     def post_generation(self, body: Any) -> tuple[int, dict[str, Any]]:
         try:
-            request = parse_generation_request(body, spare=self.state is State.SPARE)
+            request = parse_generation_request(body, spare=self.state is State.SPARE, nnodes=self._nnodes())
         except BadRequest as err:
             return 400, {"error": str(err)}
         newest = max(self.generation, self.pending.generation if self.pending else self.generation)
@@ -194,6 +194,11 @@ class ResidentLauncher:
             self._stop_workers(request.stop)
         # Waiting or spare: step() starts it, after this answer, so no worker inherits the connection.
         return 202, self.describe()
+
+    def _nnodes(self) -> int:
+        """The NNODES the next generation starts with unless a request changes it."""
+        env = {**self.base_env, **self.overrides, **(self.pending.env if self.pending else {})}
+        return _int(env, contract.ENV_NNODES, 1)
 
     # ---- workers -----------------------------------------------------------------------------
 
@@ -220,13 +225,30 @@ class ResidentLauncher:
         self.waiting_since = None
         self.kill_at = None
         self.workers = []
-        for local_rank in range(self.nproc):
-            per_rank = worker_env(env, local_rank)
-            if self.start_method == "subprocess":
-                self.workers.append(spawn_worker(self.argv, per_rank))
-            else:
-                self.workers.append(fork_worker(self.argv, per_rank, self.close_in_child))
+        try:
+            for local_rank in range(self.nproc):
+                per_rank = worker_env(env, local_rank)
+                if self.start_method == "subprocess":
+                    self.workers.append(spawn_worker(self.argv, per_rank))
+                else:
+                    self.workers.append(fork_worker(self.argv, per_rank, self.close_in_child))
+        except BaseException:
+            # Half a generation must not outlive the launcher that cannot run it.
+            self.kill_workers()
+            raise
         self._log("generation_started", generation=self.generation, pids=[w.pid for w in self.workers])
+
+    def kill_workers(self) -> None:
+        """SIGTERM every worker, SIGKILL those still up after the short grace, and reap them: for
+        an unexpected error in the launcher itself, which must never leave live workers behind."""
+        for worker in self.workers:
+            worker.signal_once(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_NOW_GRACE_SECONDS
+        while any(worker.poll() is None for worker in self.workers) and time.monotonic() < deadline:
+            time.sleep(POLL_SECONDS)
+        for worker in self.workers:
+            worker.signal_once(signal.SIGKILL)
+        self.workers = []
 
     def on_sigterm(self) -> None:
         self.terminated = True
@@ -367,6 +389,10 @@ def run_resident_launcher(argv: Sequence[str], env: Mapping[str, str]) -> int:
             if code is not None:
                 launcher._log("exit", generation=launcher.generation, exit_code=code)
                 return code
+    except BaseException:
+        launcher._log("crashed", generation=launcher.generation, error=traceback.format_exc())
+        launcher.kill_workers()
+        raise
     finally:
         selector.close()
         server.server_close()
