@@ -4,9 +4,15 @@ failure becomes its exit code."""
 from __future__ import annotations
 
 import dataclasses
+import http.client
+import json
+import selectors
 import signal
+import socket
+import threading
+import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -15,12 +21,13 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 import phalanx_trainer.resident
 import phalanx_trainer.train
+from phalanx.ports import free_port
 from phalanx_trainer import contract
 from phalanx_trainer.__main__ import run_worker
 from phalanx_trainer.config import load_config
 from phalanx_trainer.distenv import read_dist_env
 from phalanx_trainer.generation import StaleGeneration
-from phalanx_trainer.resident import ResidentLauncher, Worker
+from phalanx_trainer.resident import ControlServer, ResidentLauncher, Worker
 from phalanx_trainer.restart_policy import State
 
 pytestmark = pytest.mark.unit
@@ -217,3 +224,81 @@ def test_a_failed_start_stops_the_workers_it_already_started(monkeypatch: pytest
     with pytest.raises(BlockingIOError):
         launcher.start_workers()
     assert started[0].signals == [signal.SIGTERM, signal.SIGKILL]
+
+
+# ---- the control server: a slow or oversized client must not stall the launcher's loop ---------
+
+
+@pytest.fixture
+def control(forks: list[FakeWorker]) -> Iterator[tuple[ControlServer, int]]:
+    launcher, _ = launcher_of()
+    port = free_port()
+    server = ControlServer(port, launcher)
+    try:
+        yield server, port
+    finally:
+        server.server_close()
+
+
+def _serve_one(server: ControlServer) -> float:
+    """Wait for a connection like the launcher's loop does, handle it, return the seconds it took."""
+    with selectors.DefaultSelector() as selector:
+        selector.register(server, selectors.EVENT_READ)
+        assert selector.select(5.0), "the client never connected"
+    started = time.monotonic()
+    server.handle_request()
+    return time.monotonic() - started
+
+
+def test_a_client_trickling_its_request_is_cut_off_at_the_request_deadline(
+    control: tuple[ControlServer, int],
+) -> None:
+    server, port = control
+    stop = threading.Event()
+
+    def trickle() -> None:
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.sendall(b"POST /generation HTTP/1.1\r\n")
+            deadline = time.monotonic() + 8.0
+            while not stop.is_set() and time.monotonic() < deadline:
+                try:
+                    sock.sendall(b"X")  # one byte at a time: no single read ever times out
+                except OSError:
+                    return  # the server gave up on us: what this test wants
+                time.sleep(0.3)
+
+    client = threading.Thread(target=trickle, daemon=True)
+    client.start()
+    try:
+        # The request deadline is 1 s; the client would go on for 8.
+        assert _serve_one(server) < 2.5
+    finally:
+        stop.set()
+        client.join(10)
+
+
+@pytest.mark.parametrize(
+    ("length", "status"), [("1000000", 413), ("65537", 413), ("-1", 400), ("0", 400), ("x", 400)]
+)
+def test_a_post_content_length_out_of_bounds_is_refused_before_reading(
+    control: tuple[ControlServer, int], length: str, status: int
+) -> None:
+    server, port = control
+    answers: list[tuple[int, dict[str, Any]]] = []
+
+    def client() -> None:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        connection.putrequest("POST", "/generation")
+        connection.putheader("Content-Length", length)
+        connection.endheaders(b'{"generation": 1}')
+        response = connection.getresponse()
+        answers.append((response.status, json.loads(response.read())))
+        connection.close()
+
+    thread = threading.Thread(target=client, daemon=True)
+    thread.start()
+    assert _serve_one(server) < 1.0
+    thread.join(10)
+    assert answers and answers[0][0] == status, answers
+    assert "Content-Length" in answers[0][1]["error"]
+    assert server.launcher.pending is None
