@@ -12,10 +12,12 @@ reaps workers, so forking never copies a lock held by another thread.
 from __future__ import annotations
 
 import http.server
+import io
 import json
 import os
 import selectors
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -48,6 +50,10 @@ from phalanx_trainer.restart_policy import (
 START_METHOD_ENV = "PHALANX_LAUNCHER_START_METHOD"
 STOP_NOW_GRACE_SECONDS = 2.0  # stop "now": SIGTERM, then SIGKILL after this
 POLL_SECONDS = 0.05
+# The control server shares the loop that reaps workers: a whole request (line, headers, body) must
+# arrive within this, however slowly a client trickles it, and a body is a small JSON object.
+REQUEST_DEADLINE_SECONDS = 1.0
+MAX_BODY_BYTES = 64 * 1024
 
 
 def preload() -> None:
@@ -314,9 +320,34 @@ class ControlServer(http.server.HTTPServer):
         super().__init__(("0.0.0.0", port), _ControlHandler)
 
 
+class _DeadlineReader(io.RawIOBase):
+    """A socket's reads, each given only what is left of one deadline for the whole request: a
+    per-read timeout alone lets a client that sends a byte at a time hold the loop for ever."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        super().__init__()
+        self.sock = sock
+        self.deadline = deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        remaining = self.deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError(f"the request took over {REQUEST_DEADLINE_SECONDS} s")
+        self.sock.settimeout(remaining)
+        return self.sock.recv_into(buffer)
+
+
 class _ControlHandler(http.server.BaseHTTPRequestHandler):
     server: ControlServer
-    timeout = 5.0  # a client that connects and sends nothing must not stall the launcher
+    timeout = REQUEST_DEADLINE_SECONDS
+
+    def setup(self) -> None:
+        super().setup()
+        deadline = time.monotonic() + REQUEST_DEADLINE_SECONDS
+        self.rfile = io.BufferedReader(_DeadlineReader(self.connection, deadline))
 
     def do_GET(self) -> None:
         if self.path.rstrip("/") != "/generation":
@@ -328,10 +359,23 @@ class _ControlHandler(http.server.BaseHTTPRequestHandler):
         if self.path.rstrip("/") != "/generation":
             self._reply(404, {"error": f"no such path {self.path}; try /generation"})
             return
-        length = int(self.headers.get("Content-Length") or 0)
+        raw_length = self.headers.get("Content-Length", "")
+        length = int(raw_length) if raw_length.strip().isdigit() else 0
+        if length <= 0:
+            self._reply(400, {"error": f"Content-Length: expected 1..{MAX_BODY_BYTES}, got {raw_length!r}; "
+                                       'send a JSON object such as {"generation": 1}'})  # fmt: skip
+            return
+        if length > MAX_BODY_BYTES:
+            self._reply(413, {"error": f"Content-Length: {length} is over {MAX_BODY_BYTES} bytes"})
+            return
         try:
-            body = json.loads(self.rfile.read(length) or b"null")
-        except json.JSONDecodeError as err:
+            data = self.rfile.read(length)
+        except TimeoutError:
+            self.close_connection = True  # the client is too slow; the loop has workers to reap
+            return
+        try:
+            body = json.loads(data)
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
             self._reply(400, {"error": f"body: not JSON ({err})"})
             return
         status, answer = self.server.launcher.post_generation(body)
@@ -339,6 +383,7 @@ class _ControlHandler(http.server.BaseHTTPRequestHandler):
 
     def _reply(self, status: int, body: Mapping[str, Any]) -> None:
         data = json.dumps(body).encode()
+        self.connection.settimeout(REQUEST_DEADLINE_SECONDS)  # the reply is small; a stuck reader is cut off
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
