@@ -25,7 +25,7 @@ from phalanx.ports import free_port
 from phalanx_trainer import contract
 from phalanx_trainer.__main__ import run_worker
 from phalanx_trainer.config import load_config
-from phalanx_trainer.distenv import read_dist_env
+from phalanx_trainer.distenv import EnvError, read_dist_env
 from phalanx_trainer.generation import StaleGeneration
 from phalanx_trainer.resident import ControlServer, ResidentLauncher, Worker
 from phalanx_trainer.restart_policy import State
@@ -302,3 +302,34 @@ def test_a_post_content_length_out_of_bounds_is_refused_before_reading(
     assert answers and answers[0][0] == status, answers
     assert "Content-Length" in answers[0][1]["error"]
     assert server.launcher.pending is None
+
+
+# ---- stopping has a deadline --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("env", "deadline"),
+    [
+        ({"PHALANX_LAUNCHER_STOP_DEADLINE_SECONDS": "40"}, 40.0),
+        ({}, 20.0 + 30.0),  # the default emergency budget plus the margin
+    ],
+)
+def test_workers_that_do_not_stop_for_a_checkpoint_are_killed_at_the_stop_deadline(
+    forks: list[FakeWorker], env: dict[str, str], deadline: float
+) -> None:
+    launcher, clock = launcher_of(env)
+    assert post(launcher, {"generation": 1})[0] == 202
+    clock.now += deadline - 1
+    launcher.step()
+    assert [w.signals for w in forks] == [[signal.SIGTERM]] * 2
+    clock.now += 2
+    launcher.step()
+    assert [w.signals for w in forks] == [[signal.SIGTERM, signal.SIGKILL]] * 2
+    exit_all(forks, 137)
+    assert launcher.step() is None
+    assert launcher.generation == 1 and launcher.state is State.RUNNING  # the new generation started
+
+
+def test_a_bad_stop_deadline_names_the_variable() -> None:
+    with pytest.raises(EnvError, match="PHALANX_LAUNCHER_STOP_DEADLINE_SECONDS"):
+        ResidentLauncher([], {**BASE_ENV, "PHALANX_LAUNCHER_STOP_DEADLINE_SECONDS": "soon"})
