@@ -188,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if needs_resident_launch(env):
         from phalanx_trainer.resident import run_resident_launcher
 
-        return run_resident_launcher(args_list, env)
+        return run_resident_launcher(args_list, env, config.checkpoint.emergency_budget_seconds)
     if needs_local_launch(env):
         from phalanx_trainer.launcher import launch_local_workers
 

@@ -27,6 +27,7 @@ from types import FrameType
 from typing import Any
 
 from phalanx_trainer import contract, startup
+from phalanx_trainer.checkpoint.records import CheckpointConfig
 from phalanx_trainer.distenv import EnvError, _int, _seconds, flag, worker_env
 from phalanx_trainer.restart_policy import (
     Action,
@@ -49,6 +50,14 @@ from phalanx_trainer.restart_policy import (
 # the cold baseline measured in docs/trainer.md).
 START_METHOD_ENV = "PHALANX_LAUNCHER_START_METHOD"
 STOP_NOW_GRACE_SECONDS = 2.0  # stop "now": SIGTERM, then SIGKILL after this
+# Stop "checkpoint": SIGTERM, then SIGKILL once the SIGTERM checkpoint (its emergency budget) plus
+# this margin (reaching the agreed step, the process's exit) has passed; a hung worker must not
+# keep the launcher stopping for ever. STOP_DEADLINE_ENV overrides the sum (not in the contract).
+STOP_DEADLINE_ENV = "PHALANX_LAUNCHER_STOP_DEADLINE_SECONDS"
+STOP_DEADLINE_MARGIN_SECONDS = 30.0
+DEFAULT_EMERGENCY_BUDGET_SECONDS = (
+    CheckpointConfig().emergency_budget_seconds
+)  # main() passes the configured one
 POLL_SECONDS = 0.05
 # The control server shares the loop that reaps workers: a whole request (line, headers, body) must
 # arrive within this, however slowly a client trickles it, and a body is a small JSON object.
@@ -144,6 +153,7 @@ class ResidentLauncher:
         env: Mapping[str, str],
         start_method: str = "fork",
         clock: Callable[[], float] = time.monotonic,
+        emergency_budget_seconds: float = DEFAULT_EMERGENCY_BUDGET_SECONDS,
     ) -> None:
         self.argv = list(argv)
         self.base_env = dict(env)
@@ -153,6 +163,9 @@ class ResidentLauncher:
         self.generation = _int(env, contract.ENV_GENERATION, 0)
         self.wait_seconds = _seconds(
             env, contract.ENV_GENERATION_WAIT, contract.DEFAULT_GENERATION_WAIT_SECONDS
+        )
+        self.stop_deadline_seconds = _seconds(
+            env, STOP_DEADLINE_ENV, emergency_budget_seconds + STOP_DEADLINE_MARGIN_SECONDS
         )
         self.spare = flag(env, contract.ENV_SPARE)
         self.state = State.SPARE if self.spare else State.RUNNING
@@ -212,9 +225,9 @@ class ResidentLauncher:
         self.state = State.STOPPING
         for worker in self.workers:
             worker.signal_once(signal.SIGTERM)
-        if mode is StopMode.NOW:
-            deadline = self.clock() + STOP_NOW_GRACE_SECONDS
-            self.kill_at = deadline if self.kill_at is None else min(self.kill_at, deadline)
+        grace = STOP_NOW_GRACE_SECONDS if mode is StopMode.NOW else self.stop_deadline_seconds
+        deadline = self.clock() + grace
+        self.kill_at = deadline if self.kill_at is None else min(self.kill_at, deadline)
 
     def _start_pending(self) -> None:
         assert self.pending is not None
@@ -394,10 +407,19 @@ class _ControlHandler(http.server.BaseHTTPRequestHandler):
         pass  # one line per poll would drown the trainer's log
 
 
-def run_resident_launcher(argv: Sequence[str], env: Mapping[str, str]) -> int:
+def run_resident_launcher(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    emergency_budget_seconds: float = DEFAULT_EMERGENCY_BUDGET_SECONDS,
+) -> int:
     try:
         port = _int(env, contract.ENV_CONTROL_PORT, contract.DEFAULT_CONTROL_PORT)
-        launcher = ResidentLauncher(argv, env, start_method=env.get(START_METHOD_ENV, "fork"))
+        launcher = ResidentLauncher(
+            argv,
+            env,
+            start_method=env.get(START_METHOD_ENV, "fork"),
+            emergency_budget_seconds=emergency_budget_seconds,
+        )
     except EnvError as err:
         print(f"phalanx-trainer: error: {err}", file=sys.stderr, flush=True)
         return contract.EXIT_PERMANENT_ERROR
