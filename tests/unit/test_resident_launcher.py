@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import http.client
 import json
+import os
 import selectors
 import signal
 import socket
@@ -13,12 +14,15 @@ import threading
 import time
 import traceback
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
+import phalanx_trainer.__main__
 import phalanx_trainer.resident
 import phalanx_trainer.train
 from phalanx.ports import free_port
@@ -333,3 +337,53 @@ def test_workers_that_do_not_stop_for_a_checkpoint_are_killed_at_the_stop_deadli
 def test_a_bad_stop_deadline_names_the_variable() -> None:
     with pytest.raises(EnvError, match="PHALANX_LAUNCHER_STOP_DEADLINE_SECONDS"):
         ResidentLauncher([], {**BASE_ENV, "PHALANX_LAUNCHER_STOP_DEADLINE_SECONDS": "soon"})
+
+
+# ---- the fork itself -----------------------------------------------------------------------------
+
+
+def test_sigterm_is_blocked_across_the_fork_and_unblocked_after_it_in_the_parent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    blocked_at_fork: list[set[int]] = []
+
+    def fake_fork() -> int:
+        blocked_at_fork.append(set(signal.pthread_sigmask(signal.SIG_BLOCK, [])))
+        return 4242  # the parent's side
+
+    monkeypatch.setattr(os, "fork", fake_fork)
+    worker = phalanx_trainer.resident.fork_worker([], {}, ())
+    assert worker.pid == 4242
+    assert {signal.SIGTERM, signal.SIGINT} <= blocked_at_fork[0]
+    assert signal.SIGTERM not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+
+def test_the_forked_child_unblocks_sigterm_with_the_default_action(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    report = tmp_path / "child.json"
+
+    def child_main(argv: list[str]) -> int:
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+        handler = signal.getsignal(signal.SIGTERM)
+        report.write_text(json.dumps({"blocked": sorted(blocked), "default": handler == signal.SIG_DFL}))
+        return 0
+
+    monkeypatch.setattr(phalanx_trainer.__main__, "main", child_main)
+    worker = phalanx_trainer.resident.fork_worker([], {}, ())
+    _, status = os.waitpid(worker.pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    seen = json.loads(report.read_text())
+    assert signal.SIGTERM not in seen["blocked"] and signal.SIGINT not in seen["blocked"]
+    assert seen["default"]
+
+
+def test_a_fork_after_cuda_was_initialised_in_the_launcher_fails_clearly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    forked: list[int] = []
+    monkeypatch.setattr(os, "fork", lambda: forked.append(1) or 4242)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    with pytest.raises(RuntimeError, match="CUDA was initialised in the resident launcher"):
+        phalanx_trainer.resident.fork_worker([], {}, ())
+    assert forked == []
