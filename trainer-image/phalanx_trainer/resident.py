@@ -114,18 +114,39 @@ class Worker:
                 pass
 
 
+_STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+
+
 def fork_worker(argv: Sequence[str], env: Mapping[str, str], close_fds: Sequence[int]) -> Worker:
+    import torch
+
+    if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        # A forked child cannot use a CUDA context its parent made; the launcher must only import.
+        raise RuntimeError(
+            "CUDA was initialised in the resident launcher before forking a worker; nothing the "
+            "launcher runs (preload, hooks imported at module level) may touch torch.cuda; or set "
+            f"{START_METHOD_ENV}=subprocess"
+        )
     sys.stdout.flush()
     sys.stderr.flush()
-    pid = os.fork()
+    # A SIGTERM between fork and the child's SIG_DFL would run the launcher's handler in the
+    # child (and be lost there): hold it until each side has its own handler.
+    signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        pid = os.fork()
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+        raise
     if pid:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
         return Worker(pid)
     code = contract.EXIT_PERMANENT_ERROR
     try:
-        for fd in close_fds:
-            os.close(fd)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+        for fd in close_fds:
+            os.close(fd)
         os.environ.clear()
         os.environ.update(env)
         # The parent's start-up marks are the launcher's; this worker's generation starts now.
