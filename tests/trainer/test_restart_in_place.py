@@ -338,6 +338,51 @@ def test_sigkill_of_one_worker_fails_the_peer_within_the_collective_timeout_and_
     assert mismatches(run, reference) == {}
 
 
+# A model hook that is the stock GPT, except that pod 1's worker of generation 1 dies (SIGKILL, as
+# a lost node) while it builds its Trainer: pod 0's worker is then inside its own Trainer build.
+DIE_WHILE_BUILDING = """
+import os
+import signal
+
+from phalanx_trainer.models.gpt import GPT
+
+
+def build(config):
+    if os.environ.get("NODE_RANK") == "1" and os.environ.get("PHALANX_GENERATION") == "1":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return GPT(config)
+"""
+
+
+def test_a_peer_lost_while_a_generation_builds_its_trainer_fails_the_survivor_with_76_not_1(
+    gang: Gang, tmp_path: Path
+) -> None:
+    gang.steps = 100_000
+    (tmp_path / "die_while_building.py").write_text(DIE_WHILE_BUILDING)
+    hook = ["model.kind=custom", "model.custom=die_while_building:build"]
+    path = f"{REPO / 'trainer-image'}{os.pathsep}{tmp_path}"
+    pod0 = gang.start("pod0", hook, NODE_RANK="0", PYTHONPATH=path)
+    pod1 = gang.start("pod1", hook, NODE_RANK="1", PYTHONPATH=path)
+    wait_for("step 3", lambda: pod0.last_step() >= 3, START_TIMEOUT, gang.pods)
+
+    for pod in (pod0, pod1):
+        code, answer = pod.post({"generation": 1, "stop": "now"})
+        assert code == 202, answer
+    wait_for("pod 1 waiting", lambda: state_of(pod1) == "waiting", 60, gang.pods)
+    assert pod1.get()["last_exit_codes"] == [128 + signal.SIGKILL]
+    wait_for(
+        "pod 0 out of generation 1",
+        lambda: pod0.process.poll() is not None or state_of(pod0) == "waiting",
+        60,
+        gang.pods,
+    )
+    assert pod0.process.poll() is None, f"pod 0's launcher exited {pod0.process.poll()}: {pod0.log()}"
+    answer = pod0.get()
+    assert answer["generation"] == 1 and answer["last_exit_codes"] == [76], pod0.log()
+    assert "restart generation failed" in pod0.log()
+    assert [e for e in pod0.events() if e["event"] == "first_step" and e.get("generation") == 1] == []
+
+
 def test_a_hung_peer_ends_the_survivors_collective_at_the_collective_timeout(gang: Gang) -> None:
     gang.steps = 100_000
     pod0 = gang.start("pod0", NODE_RANK="0")

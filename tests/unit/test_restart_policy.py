@@ -16,6 +16,7 @@ from phalanx_trainer.restart_policy import (
     on_wait_expired,
     on_workers_exited,
     parse_generation_request,
+    supersede,
 )
 
 pytestmark = pytest.mark.unit
@@ -84,18 +85,20 @@ def test_nothing_is_admitted_once_done() -> None:
 
 
 def test_a_request_parses_with_defaults() -> None:
-    parsed = parse_generation_request({"generation": 4, "env": {"MASTER_PORT": 29501}}, spare=False)
+    parsed = parse_generation_request({"generation": 4, "env": {"MASTER_PORT": 29501}}, spare=False, nnodes=2)
     assert parsed == GenerationRequest(4, {"MASTER_PORT": "29501"}, StopMode.CHECKPOINT)
-    assert parse_generation_request({"generation": 1, "stop": "now"}, spare=False).stop is StopMode.NOW
+    assert (
+        parse_generation_request({"generation": 1, "stop": "now"}, spare=False, nnodes=2).stop is StopMode.NOW
+    )
 
 
 @pytest.mark.parametrize(
     ("body", "spare", "message"),
     [
         ([], False, "body: expected a JSON object"),
-        ({}, False, "generation: expected a non-negative integer"),
-        ({"generation": "1"}, False, "generation: expected a non-negative integer"),
-        ({"generation": True}, False, "generation: expected a non-negative integer"),
+        ({}, False, "generation: expected an integer 0..4611686018427387903"),
+        ({"generation": "1"}, False, "generation: expected an integer 0..4611686018427387903"),
+        ({"generation": True}, False, "generation: expected an integer 0..4611686018427387903"),
         ({"generation": 1, "env": {"RANK": "3"}}, False, "env: RANK cannot change per generation"),
         ({"generation": 1, "env": ["NODE_RANK"]}, False, "env: expected an object of strings"),
         ({"generation": 1, "stop": "later"}, False, 'stop: expected "checkpoint" or "now"'),
@@ -104,7 +107,7 @@ def test_a_request_parses_with_defaults() -> None:
 )
 def test_bad_requests_name_the_field(body: object, spare: bool, message: str) -> None:
     with pytest.raises(BadRequest, match=message.replace("(", r"\(")):
-        parse_generation_request(body, spare=spare)
+        parse_generation_request(body, spare=spare, nnodes=2)
 
 
 def test_a_gloo_transport_error_counts_as_a_lost_peer_and_a_code_bug_does_not() -> None:
@@ -117,3 +120,18 @@ def test_a_gloo_transport_error_counts_as_a_lost_peer_and_a_code_bug_does_not() 
     assert lost_peer(dist.DistBackendError("NCCL watchdog timeout"))
     assert not lost_peer(RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x32 and 16x8)"))
     assert not lost_peer(ValueError("Connection reset by peer"))  # only what torch raises
+
+
+def test_nothing_is_admitted_once_the_launcher_got_its_own_sigterm() -> None:
+    request = GenerationRequest(5, {}, StopMode.CHECKPOINT)
+    assert not admit(request, 1, State.RUNNING, terminated=True).accepted
+    assert "terminating" in admit(request, 1, State.STOPPING, terminated=True).reason
+
+
+def test_a_superseding_request_merges_env_and_keeps_stop_now() -> None:
+    older = GenerationRequest(1, {"NODE_RANK": "1", "MASTER_PORT": "1"}, StopMode.NOW)
+    newer = GenerationRequest(2, {"MASTER_PORT": "2"}, StopMode.CHECKPOINT)
+    assert supersede(older, newer) == GenerationRequest(
+        2, {"NODE_RANK": "1", "MASTER_PORT": "2"}, StopMode.NOW
+    )
+    assert supersede(None, newer) == newer

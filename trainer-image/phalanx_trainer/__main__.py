@@ -76,30 +76,42 @@ def fail(message: str) -> int:
 
 
 def run_worker(config: TrainerConfig, dist_env: DistEnv, env: Mapping[str, str]) -> int:
+    if dist_env.distributed:
+        try:
+            wait_for_rendezvous(dist_env, log=lambda line: print(f"phalanx-trainer: {line}", file=sys.stderr))
+        except RendezvousTimeout as err:
+            return fail(str(err))
+    try:
+        return _run_generation(config, dist_env, env)
+    except BaseException as err:
+        # One classification from the group's start-up through close(): a lost peer or a fenced
+        # worker ends this generation (76, the pod is fine); anything else is the code's (1).
+        from phalanx_trainer.generation import lost_peer
+
+        if dist_env.restart_in_place and lost_peer(err):
+            return generation_failed(err)
+        raise
+    finally:
+        _destroy_group()
+
+
+def _run_generation(config: TrainerConfig, dist_env: DistEnv, env: Mapping[str, str]) -> int:
     import torch
     import torch.distributed as dist
 
     from phalanx_trainer.train import Trainer
 
     if dist_env.distributed:
-        try:
-            wait_for_rendezvous(dist_env, log=lambda line: print(f"phalanx-trainer: {line}", file=sys.stderr))
-        except RendezvousTimeout as err:
-            return fail(str(err))
         use_cuda = config.job.device == "cuda" or (config.job.device == "auto" and torch.cuda.is_available())
         if use_cuda:
             torch.cuda.set_device(dist_env.local_rank)
         os.environ.setdefault(contract.ENV_MASTER_ADDR, dist_env.master_addr)
         os.environ.setdefault(contract.ENV_MASTER_PORT, str(dist_env.master_port))
         if dist_env.restart_in_place:
-            from phalanx_trainer.generation import StaleGeneration, init_generation_group
+            from phalanx_trainer.generation import init_generation_group
             from phalanx_trainer.logs import EventLog
 
-            try:
-                init_generation_group(dist_env, process_group_backend(use_cuda), log=_note)
-            except (StaleGeneration, dist.DistError, TimeoutError) as err:
-                _destroy_group()
-                return generation_failed(err)
+            init_generation_group(dist_env, process_group_backend(use_cuda), log=_note)
             # A phase of the recovery timeline: every rank of the generation is in its group.
             EventLog(dist_env.rank, config.metrics.json_logs)(
                 "group_ready", generation=dist_env.generation, unix_time=round(time.time(), 3)
@@ -115,36 +127,30 @@ def run_worker(config: TrainerConfig, dist_env: DistEnv, env: Mapping[str, str])
             )
     startup.mark(startup.RENDEZVOUS_DONE)
     try:
-        try:
-            trainer = Trainer(config, dist_env)
-        except (ImportError, OSError, TypeError, ValueError) as err:
-            # Users' module:function hooks and data paths fail here; say which, without a traceback.
-            return fail(f"{type(err).__name__}: {err}")
-        trainer.start_metrics_server(metrics_port(config.metrics.port, env, dist_env.local_rank))
-        try:
-            return trainer.train()
-        except RuntimeError as err:
-            from phalanx_trainer.generation import lost_peer
+        trainer = Trainer(config, dist_env)
+    except (ImportError, OSError, TypeError, ValueError) as err:
+        from phalanx_trainer.generation import lost_peer
 
-            if not (dist_env.restart_in_place and lost_peer(err)):
-                raise
-            # A peer went away mid-collective: this generation is over, the pod is fine.
-            return generation_failed(err)
-        finally:
-            trainer.close()
-            # Free DDP / FSDP state while the process groups still exist: left to interpreter
-            # shutdown, its collection can block on a gloo peer that has already exited.
-            del trainer
-            gc.collect()
+        if dist_env.restart_in_place and lost_peer(err):
+            raise  # a peer's socket or timeout, not a user's hook or path: run_worker books it
+        # Users' module:function hooks and data paths fail here; say which, without a traceback.
+        return fail(f"{type(err).__name__}: {err}")
+    try:
+        trainer.start_metrics_server(metrics_port(config.metrics.port, env, dist_env.local_rank))
+        return trainer.train()
     finally:
-        _destroy_group()
+        trainer.close()
+        # Free DDP / FSDP state while the process groups still exist: left to interpreter
+        # shutdown, its collection can block on a gloo peer that has already exited.
+        del trainer
+        gc.collect()
 
 
 def _note(line: str) -> None:
     print(f"phalanx-trainer: {line}", file=sys.stderr, flush=True)
 
 
-def generation_failed(err: Exception) -> int:
+def generation_failed(err: BaseException) -> int:
     first_line = str(err).strip().splitlines()[0] if str(err).strip() else ""
     _note(f"restart generation failed: {type(err).__name__}: {first_line}")
     return contract.EXIT_GENERATION_FAILED
@@ -182,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if needs_resident_launch(env):
         from phalanx_trainer.resident import run_resident_launcher
 
-        return run_resident_launcher(args_list, env)
+        return run_resident_launcher(args_list, env, config.checkpoint.emergency_budget_seconds)
     if needs_local_launch(env):
         from phalanx_trainer.launcher import launch_local_workers
 

@@ -132,7 +132,13 @@ _LOST_PEER_MARKERS = (
 
 
 def lost_peer(err: BaseException) -> bool:
-    """Whether an exception out of training means the generation broke, not that the code did."""
-    if isinstance(err, dist.DistError):
+    """Whether an exception out of a generation (group, Trainer build, training, close) means the
+    generation broke, not that the code did: the one classifier for 76 versus 1."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    if isinstance(err, CheckpointException):
+        # DCP gathers every rank's failure into one BaseException; any lost peer among them wins.
+        return any(lost_peer(failure) for failure, _ in err.failures.values())
+    if isinstance(err, StaleGeneration | dist.DistError | ConnectionError | TimeoutError):
         return True
     return isinstance(err, RuntimeError) and any(marker in str(err) for marker in _LOST_PEER_MARKERS)

@@ -12,10 +12,12 @@ reaps workers, so forking never copies a lock held by another thread.
 from __future__ import annotations
 
 import http.server
+import io
 import json
 import os
 import selectors
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -25,6 +27,7 @@ from types import FrameType
 from typing import Any
 
 from phalanx_trainer import contract, startup
+from phalanx_trainer.checkpoint.records import CheckpointConfig
 from phalanx_trainer.distenv import EnvError, _int, _seconds, flag, worker_env
 from phalanx_trainer.restart_policy import (
     Action,
@@ -40,13 +43,26 @@ from phalanx_trainer.restart_policy import (
     on_wait_expired,
     on_workers_exited,
     parse_generation_request,
+    supersede,
 )
 
 # Not part of the operator's contract: how workers start ("fork", the default, or "subprocess",
 # the cold baseline measured in docs/trainer.md).
 START_METHOD_ENV = "PHALANX_LAUNCHER_START_METHOD"
 STOP_NOW_GRACE_SECONDS = 2.0  # stop "now": SIGTERM, then SIGKILL after this
+# Stop "checkpoint": SIGTERM, then SIGKILL once the SIGTERM checkpoint (its emergency budget) plus
+# this margin (reaching the agreed step, the process's exit) has passed; a hung worker must not
+# keep the launcher stopping for ever. STOP_DEADLINE_ENV overrides the sum (not in the contract).
+STOP_DEADLINE_ENV = "PHALANX_LAUNCHER_STOP_DEADLINE_SECONDS"
+STOP_DEADLINE_MARGIN_SECONDS = 30.0
+DEFAULT_EMERGENCY_BUDGET_SECONDS = (
+    CheckpointConfig().emergency_budget_seconds
+)  # main() passes the configured one
 POLL_SECONDS = 0.05
+# The control server shares the loop that reaps workers: a whole request (line, headers, body) must
+# arrive within this, however slowly a client trickles it, and a body is a small JSON object.
+REQUEST_DEADLINE_SECONDS = 1.0
+MAX_BODY_BYTES = 64 * 1024
 
 
 def preload() -> None:
@@ -70,6 +86,13 @@ class Worker:
         self.pid = pid
         self.popen = popen
         self.exit_code: int | None = None
+        self.sent: set[int] = set()
+
+    def signal_once(self, signum: int) -> None:
+        """A second SIGTERM would cut short the checkpoint the first one started."""
+        if signum not in self.sent:
+            self.sent.add(signum)
+            self.signal(signum)
 
     def poll(self) -> int | None:
         if self.exit_code is not None:
@@ -91,18 +114,39 @@ class Worker:
                 pass
 
 
+_STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+
+
 def fork_worker(argv: Sequence[str], env: Mapping[str, str], close_fds: Sequence[int]) -> Worker:
+    import torch
+
+    if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        # A forked child cannot use a CUDA context its parent made; the launcher must only import.
+        raise RuntimeError(
+            "CUDA was initialised in the resident launcher before forking a worker; nothing the "
+            "launcher runs (preload, hooks imported at module level) may touch torch.cuda; or set "
+            f"{START_METHOD_ENV}=subprocess"
+        )
     sys.stdout.flush()
     sys.stderr.flush()
-    pid = os.fork()
+    # A SIGTERM between fork and the child's SIG_DFL would run the launcher's handler in the
+    # child (and be lost there): hold it until each side has its own handler.
+    signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        pid = os.fork()
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+        raise
     if pid:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
         return Worker(pid)
     code = contract.EXIT_PERMANENT_ERROR
     try:
-        for fd in close_fds:
-            os.close(fd)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+        for fd in close_fds:
+            os.close(fd)
         os.environ.clear()
         os.environ.update(env)
         # The parent's start-up marks are the launcher's; this worker's generation starts now.
@@ -130,6 +174,7 @@ class ResidentLauncher:
         env: Mapping[str, str],
         start_method: str = "fork",
         clock: Callable[[], float] = time.monotonic,
+        emergency_budget_seconds: float = DEFAULT_EMERGENCY_BUDGET_SECONDS,
     ) -> None:
         self.argv = list(argv)
         self.base_env = dict(env)
@@ -139,6 +184,9 @@ class ResidentLauncher:
         self.generation = _int(env, contract.ENV_GENERATION, 0)
         self.wait_seconds = _seconds(
             env, contract.ENV_GENERATION_WAIT, contract.DEFAULT_GENERATION_WAIT_SECONDS
+        )
+        self.stop_deadline_seconds = _seconds(
+            env, STOP_DEADLINE_ENV, emergency_budget_seconds + STOP_DEADLINE_MARGIN_SECONDS
         )
         self.spare = flag(env, contract.ENV_SPARE)
         self.state = State.SPARE if self.spare else State.RUNNING
@@ -172,29 +220,35 @@ class ResidentLauncher:
 
     def post_generation(self, body: Any) -> tuple[int, dict[str, Any]]:
         try:
-            request = parse_generation_request(body, spare=self.state is State.SPARE)
+            request = parse_generation_request(body, spare=self.state is State.SPARE, nnodes=self._nnodes())
         except BadRequest as err:
             return 400, {"error": str(err)}
         newest = max(self.generation, self.pending.generation if self.pending else self.generation)
-        admission: Admission = admit(request, newest, self.state)
+        admission: Admission = admit(request, newest, self.state, terminated=self.terminated)
         if not admission.accepted:
             return 409, {"error": admission.reason, **self.describe()}
         self.accepted_at = time.time()
-        self.pending = request
+        self.pending = supersede(self.pending, request)
+        request = self.pending
         if self.state in (State.RUNNING, State.STOPPING):
             self._stop_workers(request.stop)
         # Waiting or spare: step() starts it, after this answer, so no worker inherits the connection.
         return 202, self.describe()
+
+    def _nnodes(self) -> int:
+        """The NNODES the next generation starts with unless a request changes it."""
+        env = {**self.base_env, **self.overrides, **(self.pending.env if self.pending else {})}
+        return _int(env, contract.ENV_NNODES, 1)
 
     # ---- workers -----------------------------------------------------------------------------
 
     def _stop_workers(self, mode: StopMode) -> None:
         self.state = State.STOPPING
         for worker in self.workers:
-            worker.signal(signal.SIGTERM)
-        if mode is StopMode.NOW:
-            deadline = self.clock() + STOP_NOW_GRACE_SECONDS
-            self.kill_at = deadline if self.kill_at is None else min(self.kill_at, deadline)
+            worker.signal_once(signal.SIGTERM)
+        grace = STOP_NOW_GRACE_SECONDS if mode is StopMode.NOW else self.stop_deadline_seconds
+        deadline = self.clock() + grace
+        self.kill_at = deadline if self.kill_at is None else min(self.kill_at, deadline)
 
     def _start_pending(self) -> None:
         assert self.pending is not None
@@ -211,13 +265,30 @@ class ResidentLauncher:
         self.waiting_since = None
         self.kill_at = None
         self.workers = []
-        for local_rank in range(self.nproc):
-            per_rank = worker_env(env, local_rank)
-            if self.start_method == "subprocess":
-                self.workers.append(spawn_worker(self.argv, per_rank))
-            else:
-                self.workers.append(fork_worker(self.argv, per_rank, self.close_in_child))
+        try:
+            for local_rank in range(self.nproc):
+                per_rank = worker_env(env, local_rank)
+                if self.start_method == "subprocess":
+                    self.workers.append(spawn_worker(self.argv, per_rank))
+                else:
+                    self.workers.append(fork_worker(self.argv, per_rank, self.close_in_child))
+        except BaseException:
+            # Half a generation must not outlive the launcher that cannot run it.
+            self.kill_workers()
+            raise
         self._log("generation_started", generation=self.generation, pids=[w.pid for w in self.workers])
+
+    def kill_workers(self) -> None:
+        """SIGTERM every worker, SIGKILL those still up after the short grace, and reap them: for
+        an unexpected error in the launcher itself, which must never leave live workers behind."""
+        for worker in self.workers:
+            worker.signal_once(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_NOW_GRACE_SECONDS
+        while any(worker.poll() is None for worker in self.workers) and time.monotonic() < deadline:
+            time.sleep(POLL_SECONDS)
+        for worker in self.workers:
+            worker.signal_once(signal.SIGKILL)
+        self.workers = []
 
     def on_sigterm(self) -> None:
         self.terminated = True
@@ -227,7 +298,7 @@ class ResidentLauncher:
         if self.terminated and not self.forwarded:
             self.forwarded = True
             for worker in self.workers:
-                worker.signal(signal.SIGTERM)
+                worker.signal_once(signal.SIGTERM)
             decision = on_launcher_terminated(self.state, self._combined())
             if decision is not None:
                 return self._apply(decision)
@@ -283,9 +354,34 @@ class ControlServer(http.server.HTTPServer):
         super().__init__(("0.0.0.0", port), _ControlHandler)
 
 
+class _DeadlineReader(io.RawIOBase):
+    """A socket's reads, each given only what is left of one deadline for the whole request: a
+    per-read timeout alone lets a client that sends a byte at a time hold the loop for ever."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        super().__init__()
+        self.sock = sock
+        self.deadline = deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        remaining = self.deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError(f"the request took over {REQUEST_DEADLINE_SECONDS} s")
+        self.sock.settimeout(remaining)
+        return self.sock.recv_into(buffer)
+
+
 class _ControlHandler(http.server.BaseHTTPRequestHandler):
     server: ControlServer
-    timeout = 5.0  # a client that connects and sends nothing must not stall the launcher
+    timeout = REQUEST_DEADLINE_SECONDS
+
+    def setup(self) -> None:
+        super().setup()
+        deadline = time.monotonic() + REQUEST_DEADLINE_SECONDS
+        self.rfile = io.BufferedReader(_DeadlineReader(self.connection, deadline))
 
     def do_GET(self) -> None:
         if self.path.rstrip("/") != "/generation":
@@ -297,10 +393,23 @@ class _ControlHandler(http.server.BaseHTTPRequestHandler):
         if self.path.rstrip("/") != "/generation":
             self._reply(404, {"error": f"no such path {self.path}; try /generation"})
             return
-        length = int(self.headers.get("Content-Length") or 0)
+        raw_length = self.headers.get("Content-Length", "")
+        length = int(raw_length) if raw_length.strip().isdigit() else 0
+        if length <= 0:
+            self._reply(400, {"error": f"Content-Length: expected 1..{MAX_BODY_BYTES}, got {raw_length!r}; "
+                                       'send a JSON object such as {"generation": 1}'})  # fmt: skip
+            return
+        if length > MAX_BODY_BYTES:
+            self._reply(413, {"error": f"Content-Length: {length} is over {MAX_BODY_BYTES} bytes"})
+            return
         try:
-            body = json.loads(self.rfile.read(length) or b"null")
-        except json.JSONDecodeError as err:
+            data = self.rfile.read(length)
+        except TimeoutError:
+            self.close_connection = True  # the client is too slow; the loop has workers to reap
+            return
+        try:
+            body = json.loads(data)
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
             self._reply(400, {"error": f"body: not JSON ({err})"})
             return
         status, answer = self.server.launcher.post_generation(body)
@@ -308,6 +417,7 @@ class _ControlHandler(http.server.BaseHTTPRequestHandler):
 
     def _reply(self, status: int, body: Mapping[str, Any]) -> None:
         data = json.dumps(body).encode()
+        self.connection.settimeout(REQUEST_DEADLINE_SECONDS)  # the reply is small; a stuck reader is cut off
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -318,10 +428,19 @@ class _ControlHandler(http.server.BaseHTTPRequestHandler):
         pass  # one line per poll would drown the trainer's log
 
 
-def run_resident_launcher(argv: Sequence[str], env: Mapping[str, str]) -> int:
+def run_resident_launcher(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    emergency_budget_seconds: float = DEFAULT_EMERGENCY_BUDGET_SECONDS,
+) -> int:
     try:
         port = _int(env, contract.ENV_CONTROL_PORT, contract.DEFAULT_CONTROL_PORT)
-        launcher = ResidentLauncher(argv, env, start_method=env.get(START_METHOD_ENV, "fork"))
+        launcher = ResidentLauncher(
+            argv,
+            env,
+            start_method=env.get(START_METHOD_ENV, "fork"),
+            emergency_budget_seconds=emergency_budget_seconds,
+        )
     except EnvError as err:
         print(f"phalanx-trainer: error: {err}", file=sys.stderr, flush=True)
         return contract.EXIT_PERMANENT_ERROR
@@ -358,6 +477,10 @@ def run_resident_launcher(argv: Sequence[str], env: Mapping[str, str]) -> int:
             if code is not None:
                 launcher._log("exit", generation=launcher.generation, exit_code=code)
                 return code
+    except BaseException:
+        launcher._log("crashed", generation=launcher.generation, error=traceback.format_exc())
+        launcher.kill_workers()
+        raise
     finally:
         selector.close()
         server.server_close()

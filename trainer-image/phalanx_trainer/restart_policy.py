@@ -53,27 +53,72 @@ class BadRequest(ValueError):
     """A POST body the launcher cannot act on; the message names the field and the fix."""
 
 
-def parse_generation_request(body: Any, spare: bool) -> GenerationRequest:
+# Below 2**62 so that a generation always fits torch's int64 all-reduce in fence 3 (and its negation).
+MAX_GENERATION = 2**62 - 1
+MAX_PORT = 65535
+# The integer variables, with their least value; NODE_RANK is also below the NNODES in effect.
+_INTEGER_ENV: Mapping[str, int] = {
+    contract.ENV_NODE_RANK: 0,
+    contract.ENV_NNODES: 1,
+    contract.ENV_WORLD_SIZE: 1,
+    contract.ENV_MASTER_PORT: 1,
+    contract.ENV_ATTEMPT: 0,
+}
+
+
+def _env_value(name: str, value: Any) -> str:
+    # bool is an int to Python; "NODE_RANK": true is a client bug, not rank 1.
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise BadRequest(f'env.{name}: expected a string or an integer, such as "1", got {value!r}')
+    text = str(value).strip()
+    if name in _INTEGER_ENV:
+        try:
+            number = int(text)
+        except ValueError:
+            raise BadRequest(f"env.{name}: expected an integer, got {value!r}") from None
+        if number < _INTEGER_ENV[name] or (name == contract.ENV_MASTER_PORT and number > MAX_PORT):
+            upper = f"..{MAX_PORT}" if name == contract.ENV_MASTER_PORT else " or more"
+            raise BadRequest(f"env.{name}: expected {_INTEGER_ENV[name]}{upper}, got {number}")
+        return str(number)
+    if not text:
+        raise BadRequest(f"env.{name}: expected a non-empty string")
+    return text
+
+
+def parse_generation_request(body: Any, spare: bool, nnodes: int) -> GenerationRequest:
+    """nnodes: the NNODES in effect now; a request may change it, and its NODE_RANK is checked
+    against the new value."""
     if not isinstance(body, dict):
         raise BadRequest('body: expected a JSON object such as {"generation": 1}')
     generation = body.get("generation")
-    if not isinstance(generation, int) or isinstance(generation, bool) or generation < 0:
-        raise BadRequest(f"generation: expected a non-negative integer, got {generation!r}")
-    env = body.get("env", {})
-    if not isinstance(env, dict) or not all(isinstance(v, str | int) for v in env.values()):
+    if (
+        not isinstance(generation, int)
+        or isinstance(generation, bool)
+        or not 0 <= generation <= MAX_GENERATION
+    ):
+        raise BadRequest(f"generation: expected an integer 0..{MAX_GENERATION}, got {generation!r}")
+    raw_env = body.get("env", {})
+    if not isinstance(raw_env, dict):
         raise BadRequest('env: expected an object of strings, such as {"NODE_RANK": "1"}')
-    unknown = sorted(set(env) - OVERRIDABLE_ENV)
+    unknown = sorted(set(raw_env) - OVERRIDABLE_ENV)
     if unknown:
         raise BadRequest(f"env: {', '.join(unknown)} cannot change per generation; allowed: "
                          f"{', '.join(sorted(OVERRIDABLE_ENV))}")  # fmt: skip
+    env = {name: _env_value(name, value) for name, value in raw_env.items()}
     if spare and contract.ENV_NODE_RANK not in env:
         raise BadRequest(
             f"env.{contract.ENV_NODE_RANK}: a spare's first generation must say which rank it takes"
         )
+    nnodes = int(env.get(contract.ENV_NNODES, nnodes))
+    if contract.ENV_NODE_RANK in env and int(env[contract.ENV_NODE_RANK]) >= nnodes:
+        raise BadRequest(
+            f"env.{contract.ENV_NODE_RANK}: expected 0..{nnodes - 1} (NNODES is {nnodes}), "
+            f"got {env[contract.ENV_NODE_RANK]}"
+        )
     stop = body.get("stop", StopMode.CHECKPOINT.value)
     if stop not in {mode.value for mode in StopMode}:
         raise BadRequest(f'stop: expected "checkpoint" or "now", got {stop!r}')
-    return GenerationRequest(generation, {k: str(v) for k, v in env.items()}, StopMode(stop))
+    return GenerationRequest(generation, env, StopMode(stop))
 
 
 @dataclass(frozen=True)
@@ -82,17 +127,31 @@ class Admission:
     reason: str = ""
 
 
-def admit(request: GenerationRequest, current: int, state: State) -> Admission:
-    """Fencing at the launcher: only a strictly newer generation is taken, and never once done.
+def admit(request: GenerationRequest, current: int, state: State, terminated: bool = False) -> Admission:
+    """Fencing at the launcher: only a strictly newer generation is taken, and never once done or
+    once the launcher got its own SIGTERM (its pod is going away; its workers are stopping for good).
 
     A spare has no generation of its own yet, so its first request is taken at any number above
     the one it was started with.
     """
     if state is State.DONE:
         return Admission(False, "the launcher is exiting; the operator replaces this pod")
+    if terminated:
+        return Admission(
+            False, "the launcher is terminating (its own SIGTERM); the operator replaces this pod"
+        )
     if request.generation <= current:
         return Admission(False, f"generation {request.generation} is not newer than the current {current}")
     return Admission(True)
+
+
+def supersede(pending: GenerationRequest | None, newer: GenerationRequest) -> GenerationRequest:
+    """A newer request replacing one not yet started keeps the env the older one changed (the newer
+    wins per key), and stops "now" if either asked to: nothing the operator sent is dropped."""
+    if pending is None:
+        return newer
+    stop = StopMode.NOW if StopMode.NOW in (pending.stop, newer.stop) else newer.stop
+    return GenerationRequest(newer.generation, {**pending.env, **newer.env}, stop)
 
 
 class Action(enum.StrEnum):
