@@ -12,8 +12,9 @@ from phalanx_trainer.distenv import (
     wait_for_rendezvous,
     worker_env,
 )
-from phalanx_trainer.launcher import as_exit_code, combine_exit_codes
+from phalanx_trainer.launcher import as_exit_code
 from phalanx_trainer.parallel_dims import ParallelDims
+from phalanx_trainer.restart_policy import combine_exit_codes
 
 pytestmark = pytest.mark.unit
 

@@ -12,17 +12,9 @@ from types import FrameType
 
 from phalanx_trainer import contract
 from phalanx_trainer.distenv import worker_env
+from phalanx_trainer.restart_policy import combine_exit_codes
 
 FAILURE_GRACE_SECONDS = 30.0  # after one worker fails, how long the others get to stop by themselves
-
-
-def combine_exit_codes(codes: Sequence[int]) -> int:
-    """0 if all are 0; 75 if every non-zero is 75; else the first other non-zero code."""
-    failures = [code for code in codes if code != contract.EXIT_SUCCESS]
-    if not failures:
-        return contract.EXIT_SUCCESS
-    others = [code for code in failures if code != contract.EXIT_CHECKPOINTED_ON_PREEMPTION]
-    return others[0] if others else contract.EXIT_CHECKPOINTED_ON_PREEMPTION
 
 
 def as_exit_code(returncode: int) -> int:
