@@ -42,7 +42,7 @@ from phalanx.cache import (
 from phalanx.gang.admission import GangRequest, admission_order, plan_admission
 from phalanx.gang.capacity import NodeInfo, NodeInfoCache, PodDemand, Resources
 from phalanx.gang.on_creation import plan_on_creation
-from phalanx.gang.preemption import RunningGang, choose_victims, preemption_message
+from phalanx.gang.preemption import RunningGang, choose_victims, head_of_line_blocked, preemption_message
 from phalanx.gang.usage import UsageIndex
 from phalanx.k8s import CreationRefused, KubeApi, StatusConflict, short_error
 from phalanx.leader import LeaderElector
@@ -797,7 +797,7 @@ class Controller:
                           for p in gated_pods[admission.key].values())  # fmt: skip
             metrics.observe_gang_admitted(namespace, admission.key.split("/", 1)[1], max(0.0, now - created))
             self._enqueue_threadsafe(admission.key)
-        head = next((r for r in admission_order(requests) if r.key in plan.waiting), None)
+        head = head_of_line_blocked(plan.waiting, admission_order(requests))
         if head is not None and head.key not in finishing:  # its lifted priority must not preempt
             self._preempt_for(head, every_job, nodes, used)
         for key, reason in [

@@ -6,7 +6,7 @@ scheduler will bind. Resource amounts are int milli-units (see quantities.py); t
 pseudo-resource "pods", one pod being 1000.
 """
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Final
@@ -291,26 +291,6 @@ def is_bound_and_active(pod: Mapping[str, Any]) -> bool:
     return bool(spec.get("nodeName")) and phase not in _TERMINAL_PHASES
 
 
-def usage_by_node(
-    pods: Sequence[Mapping[str, Any]],
-    admitted_unbound: Mapping[str, str] | None = None,
-) -> dict[str, dict[str, int]]:
-    """Requests held on each node by bound, non-terminal pods.
-
-    admitted_unbound maps "namespace/name" of pods whose gates were lifted but which the scheduler has
-    not bound yet to the node the admission plan chose; counting them stops the next pass from handing
-    the same room to another gang.
-    """
-    planned = admitted_unbound or {}
-    usage: dict[str, dict[str, int]] = {}
-    for pod in pods:
-        metadata = pod.get("metadata") or {}
-        node = node_held(pod, planned.get(f"{metadata.get('namespace', '')}/{metadata.get('name', '')}"))
-        if node is not None:
-            add_into(usage.setdefault(node, {}), effective_requests(pod.get("spec") or {}).items())
-    return usage
-
-
 def node_held(pod: Mapping[str, Any], planned_node: str | None) -> str | None:
     """The node whose room the pod holds: where it is bound until it finishes, or, admitted and not
     bound yet, the node the admission plan chose for it (planned_node)."""
@@ -409,14 +389,6 @@ def shortage(free: Mapping[str, int], allocatable: Mapping[str, int], demand: Po
             total = allocatable.get(name, 0)
             return Refusal(RefusalKind.INSUFFICIENT, resource=name, free=min(room, total), allocatable=total)
     return None
-
-
-def node_can_host(node: NodeInfo, demand: PodDemand, used: ResourceList) -> tuple[bool, str]:
-    """Whether one more pod of this demand fits on the node now, and if not, why (short)."""
-    refusal = placement_refusal(node, demand) or resource_refusal(node, demand, used)
-    if refusal is None:
-        return True, "fits"
-    return False, f"{node.name}: {refusal.detail}"
 
 
 def copies_that_fit(free: Mapping[str, int], requests: Resources) -> int:

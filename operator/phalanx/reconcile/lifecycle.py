@@ -412,9 +412,7 @@ def _outcomes(
                 )
             )
             continue
-        outcomes.append(
-            classify_pod(pod, retryable_exit_codes=retryable, node=node, deleted_by_operator=False)
-        )
+        outcomes.append(classify_pod(pod, retryable_exit_codes=retryable, node=node))
     return outcomes
 
 
