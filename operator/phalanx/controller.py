@@ -737,7 +737,7 @@ class Controller:
         if not self._stores_synced():
             return  # a pass over half a cluster would hand out room that is taken
         every_job = self.jobs.items()
-        jobs = [j for j in every_job if _waits_for_admission(j)]
+        jobs = [j for j in every_job if _is_admission_candidate(j)]
         if not jobs:
             self.reservations.clear()
             return
@@ -976,7 +976,10 @@ def _failpoint_lose_status_write(key: str, patch: dict[str, Any]) -> None:
     raise ConnectionResetError(f"failpoint: status write of {key} to {phase} lost")
 
 
-def _waits_for_admission(job: dict[str, Any]) -> bool:
+def _is_admission_candidate(job: dict[str, Any]) -> bool:
+    """A job the admission pass looks at: builtin provider, not suspended, not finished. Running and
+    Admitted jobs too: pods beyond minAvailable, or those of a pass stopped half-way, may still wait
+    at the gate. The pass itself skips a job with no gated pod of its current attempt."""
     status = job.get("status") or {}
     spec = job.get("spec") or {}
     if (spec.get("scheduling") or {}).get("provider", "builtin") != "builtin":
