@@ -32,7 +32,6 @@ from phalanx.cache import (
     Slim,
     Store,
     frees_or_changes_capacity,
-    job_of_pod,
     node_changed_for_admission,
     object_key,
     slim_job,
@@ -46,9 +45,9 @@ from phalanx.gang.preemption import RunningGang, choose_victims, head_of_line_bl
 from phalanx.gang.usage import UsageIndex
 from phalanx.k8s import CreationRefused, KubeApi, StatusConflict, short_error
 from phalanx.leader import LeaderElector
+from phalanx.pod_facts import is_gated, is_owned_by, job_of_pod, pod_attempt
 from phalanx.policy.job_events import event_marker
 from phalanx.policy.node_loss import DEFAULT_NODE_LOST_AFTER_SECONDS
-from phalanx.policy.ownership import is_owned_by
 from phalanx.policy.pod_outcome import node_is_ready
 from phalanx.reconcile.conditions import get_condition, set_condition
 from phalanx.reconcile.lifecycle import (
@@ -57,11 +56,9 @@ from phalanx.reconcile.lifecycle import (
     REASON_PREEMPTED_BY_PRIORITY,
     Plan,
     decide,
-    is_gated,
     iso,
     merged_events,
     parse_iso,
-    pod_attempt,
 )
 from phalanx.reflector import Reflector, per_namespace
 
@@ -475,7 +472,7 @@ class Controller:
             except CreationRefused as refusal:  # reported as a refused pod is: nothing runs without it
                 return [CreateOutcome(f"{manifest['kind'].lower()} {manifest['metadata']['name']}",
                                       refused=refusal.message)]  # fmt: skip
-            held = self.api.read_like(manifest)  # it existed: ours, or someone else's (ownership.py)
+            held = self.api.read_like(manifest)  # it existed: ours, or someone else's (pod_facts.py)
             if held is not None and not is_owned_by(held, ref.uid):
                 return [
                     CreateOutcome(f"{manifest['kind'].lower()} {manifest['metadata']['name']}", taken=True)
@@ -587,7 +584,7 @@ class Controller:
         self, job: dict[str, Any], status: dict[str, Any], taken: list[str], now: float
     ) -> None:
         """An object this job does not control holds a name it needs (a worker pod's, its Service's,
-        its PodGroup's; policy/ownership.py): say so in the status about to be written and, the first
+        its PodGroup's; pod_facts.py): say so in the status about to be written and, the first
         time, in an Event; then wait for it to go."""
         message = (
             f"{', '.join(taken)} hold(s) a name this TrainingJob needs but belong(s) to someone else; "
@@ -721,7 +718,7 @@ class Controller:
         return self.priorities.get(spec.scheduling.priority_class_name or "", 0)
 
     def own_pods(self, job: dict[str, Any]) -> list[dict[str, Any]]:
-        """The job's pods in the store: labelled for it and controlled by it (policy/ownership.py)."""
+        """The job's pods in the store: labelled for it and controlled by it (pod_facts.py)."""
         uid = job["metadata"].get("uid", "")
         return [p for p in self.pods.indexed(object_key(job)) if is_owned_by(p, uid)]
 

@@ -11,14 +11,13 @@ from phalanx.cache import (
     Store,
     compact,
     frees_or_changes_capacity,
-    job_of_pod,
     node_changed_for_admission,
     slim_node,
     slim_pod,
 )
 from phalanx.gang.capacity import NodeInfo, PodDemand
+from phalanx.pod_facts import is_gated, job_of_pod, pod_attempt
 from phalanx.policy.pod_outcome import classify_pod, node_is_ready
-from phalanx.reconcile.lifecycle import is_gated, pod_attempt
 from tests.unit.reference_usage import usage_by_node
 
 pytestmark = pytest.mark.unit

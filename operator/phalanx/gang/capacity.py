@@ -12,6 +12,7 @@ from enum import Enum
 from typing import Any, Final
 
 from phalanx.gang.quantities import MILLI, QuantityError, format_milli, to_milli
+from phalanx.pod_facts import TERMINAL_PHASES
 
 ResourceList = Mapping[str, int]
 """Resource name -> amount in milli-units."""
@@ -25,7 +26,6 @@ UNSCHEDULABLE_TAINT_KEY: Final = "node.kubernetes.io/unschedulable"
 # Taints the node lifecycle controller sets for conditions (not-ready, unreachable, pressure...).
 CONDITION_TAINT_PREFIX: Final = "node.kubernetes.io/"
 _BLOCKING_EFFECTS: Final = frozenset({"NoSchedule", "NoExecute"})
-_TERMINAL_PHASES: Final = frozenset({"Succeeded", "Failed"})
 
 
 def _resource_list(raw: Mapping[str, Any] | None) -> dict[str, int]:
@@ -288,7 +288,7 @@ def is_bound_and_active(pod: Mapping[str, Any]) -> bool:
     """A pod that holds node resources: bound to a node and not finished (deleting ones still hold)."""
     spec = pod.get("spec") or {}
     phase = (pod.get("status") or {}).get("phase")
-    return bool(spec.get("nodeName")) and phase not in _TERMINAL_PHASES
+    return bool(spec.get("nodeName")) and phase not in TERMINAL_PHASES
 
 
 def node_held(pod: Mapping[str, Any], planned_node: str | None) -> str | None:
@@ -297,7 +297,7 @@ def node_held(pod: Mapping[str, Any], planned_node: str | None) -> str | None:
     node = (pod.get("spec") or {}).get("nodeName")
     if node:
         return str(node) if is_bound_and_active(pod) else None
-    if planned_node and (pod.get("status") or {}).get("phase") not in _TERMINAL_PHASES:
+    if planned_node and (pod.get("status") or {}).get("phase") not in TERMINAL_PHASES:
         return planned_node
     return None
 

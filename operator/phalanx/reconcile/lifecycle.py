@@ -11,14 +11,13 @@ Running -> Succeeded | Failed; Restarting between attempts; Suspended while spec
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from phalanx import constants as c
 from phalanx.api.schema import parse
 from phalanx.api.v1alpha1 import TrainingJobSpec
 from phalanx.gang.backoff import gang_timed_out, requeue_at
+from phalanx.pod_facts import is_deleting, is_gated, is_ready, is_terminal, pod_attempt, pod_index
 from phalanx.policy.node_loss import (
     DEFAULT_NODE_LOST_AFTER_SECONDS,
     attempt_in_names,
@@ -94,36 +93,6 @@ def parse_iso(value: str | None) -> float | None:
     return dt.datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC).timestamp()
 
 
-def pod_attempt(pod: dict[str, Any]) -> int:
-    try:
-        return int(pod["metadata"]["labels"][c.LABEL_ATTEMPT])
-    except (KeyError, ValueError):
-        return -1
-
-
-def pod_index(pod: dict[str, Any]) -> int:
-    try:
-        return int(pod["metadata"]["labels"][c.LABEL_REPLICA_INDEX])
-    except (KeyError, ValueError):
-        return -1
-
-
-def is_gated(pod: Mapping[str, Any]) -> bool:
-    gates = pod.get("spec", {}).get("schedulingGates") or []
-    return any(g.get("name") == c.GANG_SCHEDULING_GATE for g in gates)
-
-
-def _is_terminal(pod: dict[str, Any]) -> bool:
-    return pod.get("status", {}).get("phase") in ("Succeeded", "Failed")
-
-
-def _is_ready(pod: dict[str, Any]) -> bool:
-    conds = pod.get("status", {}).get("conditions") or []
-    return pod.get("status", {}).get("phase") == "Running" and any(
-        x.get("type") == "Ready" and x.get("status") == "True" for x in conds
-    )
-
-
 class _Builder:
     """Accumulates the next status and the side effects of one decision."""
 
@@ -194,7 +163,7 @@ def decide(
         return b.plan
 
     if spec.run_policy.suspend:
-        b.plan.delete_pods.extend(p["metadata"]["name"] for p in current.values() if not _deleting(p))
+        b.plan.delete_pods.extend(p["metadata"]["name"] for p in current.values() if not is_deleting(p))
         b.phase("Suspended", "Suspended", "spec.runPolicy.suspend is true: pods deleted, status kept")
         return b.plan
     if status.get("phase") == "Suspended":
@@ -203,7 +172,7 @@ def decide(
         status["attempt"] = attempt + 1
         status.pop("startTime", None)
         b.phase("Pending", "Resumed", "resumed after suspension; creating a new attempt")
-        b.plan.delete_pods.extend(p["metadata"]["name"] for p in current.values() if not _deleting(p))
+        b.plan.delete_pods.extend(p["metadata"]["name"] for p in current.values() if not is_deleting(p))
         return b.plan
 
     start = parse_iso(status.get("startTime"))
@@ -366,15 +335,11 @@ def _on_lost_node(pod: dict[str, Any], nodes: dict[str, Any]) -> bool:
     return bool(node_name) and bool(nodes) and node_name not in nodes
 
 
-def _deleting(pod: dict[str, Any]) -> bool:
-    return bool(pod["metadata"].get("deletionTimestamp"))
-
-
 def _recheck_nodes_going_lost(b: _Builder, pods: Any, nodes: dict[str, Any], node_lost_after: float) -> None:
     """A pod on a node that is not Ready yet not lost: decide again the moment the node counts as lost."""
     for pod in pods:
         node = nodes.get(pod.get("spec", {}).get("nodeName") or "")
-        if node is None or _is_terminal(pod):
+        if node is None or is_terminal(pod):
             continue
         left = seconds_until_lost(node, b.now, node_lost_after)
         if left is not None and left > 0:
@@ -396,13 +361,13 @@ def _outcomes(
             continue
         node_name = pod.get("spec", {}).get("nodeName")
         node = nodes.get(node_name) if node_name else None
-        if _on_lost_node(pod, nodes) and pod.get("status", {}).get("phase") not in ("Succeeded", "Failed"):
+        if _on_lost_node(pod, nodes) and not is_terminal(pod):
             message = f"node {node_name} no longer exists"
             outcomes.append(
                 PodOutcome(pod["metadata"]["name"], OutcomeKind.PREEMPTED, REASON_NODE_LOST, message)
             )
             continue
-        if node is not None and node_name in lost_nodes and not _is_terminal(pod):
+        if node is not None and node_name in lost_nodes and not is_terminal(pod):
             # The pod may still say Running: nobody is left to update it. Its rank is gone all the same.
             since = not_ready_since(node)
             message = f"node {node_name} not Ready since {iso(since) if since is not None else 'a while'}"
@@ -417,9 +382,9 @@ def _outcomes(
 
 
 def _count_replicas(b: _Builder, spec: TrainingJobSpec, pods: list[dict[str, Any]]) -> None:
-    ready = sum(_is_ready(p) for p in pods)
+    ready = sum(is_ready(p) for p in pods)
     b.status["replicas"] = {
-        "active": sum(not _is_terminal(p) for p in pods),
+        "active": sum(not is_terminal(p) for p in pods),
         "ready": ready,
         "succeeded": sum(p.get("status", {}).get("phase") == "Succeeded" for p in pods),
         "failed": sum(p.get("status", {}).get("phase") == "Failed" for p in pods),
@@ -439,7 +404,7 @@ def _new_attempt(b: _Builder, current: dict[int, dict[str, Any]]) -> None:
     b.status["attempt"] = int(b.status["attempt"]) + 1
     b.status.pop("admittedTime", None)
     b.status.pop("createdAttempt", None)
-    b.plan.delete_pods.extend(p["metadata"]["name"] for p in current.values() if not _deleting(p))
+    b.plan.delete_pods.extend(p["metadata"]["name"] for p in current.values() if not is_deleting(p))
 
 
 def _restart(b: _Builder, current: dict[int, dict[str, Any]], reason: str, message: str) -> None:
@@ -452,7 +417,7 @@ def _restart(b: _Builder, current: dict[int, dict[str, Any]], reason: str, messa
 def _fail(b: _Builder, current: dict[int, dict[str, Any]], reason: str, message: str) -> None:
     b.status["completionTime"] = b.now_iso
     b.plan.delete_pods.extend(
-        p["metadata"]["name"] for p in current.values() if not _is_terminal(p) and not _deleting(p)
+        p["metadata"]["name"] for p in current.values() if not is_terminal(p) and not is_deleting(p)
     )
     b.phase("Failed", reason, message, "Warning")
 
@@ -460,7 +425,7 @@ def _fail(b: _Builder, current: dict[int, dict[str, Any]], reason: str, message:
 def _finished(b: _Builder, spec: TrainingJobSpec, current: dict[int, dict[str, Any]]) -> None:
     if b.status.get("phase") == "Failed":
         b.plan.delete_pods.extend(
-            p["metadata"]["name"] for p in current.values() if not _is_terminal(p) and not _deleting(p)
+            p["metadata"]["name"] for p in current.values() if not is_terminal(p) and not is_deleting(p)
         )
     ttl = spec.run_policy.ttl_seconds_after_finished
     done = parse_iso(b.status.get("completionTime"))
