@@ -7,7 +7,9 @@ import socket
 import uuid
 from dataclasses import dataclass, field
 
+from phalanx import constants as c
 from phalanx import leader
+from phalanx.policy.node_loss import DEFAULT_NODE_LOST_AFTER_SECONDS
 
 
 def default_identity() -> str:
@@ -33,3 +35,17 @@ class OperatorSettings:
     namespaces: tuple[str, ...] = ()
     cluster_domain: str = "cluster.local"
     leader_election: LeaderElection = field(default_factory=LeaderElection)
+
+
+def node_lost_after_from_env() -> float:
+    """PHALANX_NODE_LOST_AFTER_SECONDS (docs/reliability.md), else the policy's default."""
+    raw = os.environ.get(c.ENV_NODE_LOST_AFTER, "")
+    if not raw:
+        return DEFAULT_NODE_LOST_AFTER_SECONDS
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if value < 0:
+        raise ValueError(f"{c.ENV_NODE_LOST_AFTER}={raw!r}: give a number of seconds >= 0, for example 20")
+    return value

@@ -1,0 +1,183 @@
+"""The admission pass (I/O side; the plan is gang/admission.py): every waiting builtin gang in
+order, placed on the nodes as the stores see them; lifts the gates of the admitted, says on the
+others why they wait, and asks the preemptor to make room for the head of the queue."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Final
+
+from phalanx import metrics
+from phalanx.api.schema import parse
+from phalanx.api.v1alpha1 import TrainingJobSpec
+from phalanx.builders.pods import admitted_pod
+from phalanx.cache import object_key
+from phalanx.controller import failpoints
+from phalanx.controller.admission_state import AdmissionState
+from phalanx.controller.job_writes import JobWriter
+from phalanx.controller.preemption import Preemptor
+from phalanx.controller.queue import WorkQueue
+from phalanx.controller.stores import ClusterStores
+from phalanx.gang.admission import GangRequest, admission_order, plan_admission
+from phalanx.gang.capacity import PodDemand
+from phalanx.gang.preemption import head_of_line_blocked
+from phalanx.k8s import KubeApi, short_error
+from phalanx.pod_facts import is_gated, pod_attempt
+from phalanx.reconcile.lifecycle import FINISHED_PHASES, parse_iso
+
+log = logging.getLogger("phalanx.controller")
+
+ADMISSION_INTERVAL_SECONDS: Final = 1.0
+# Order value for a gang whose admission was interrupted: ahead of every PriorityClass (max 1e9).
+FINISH_ADMISSION_PRIORITY: Final = 2**40
+
+
+def is_admission_candidate(job: dict[str, Any]) -> bool:
+    """A job the admission pass looks at: builtin provider, not suspended, not finished. Running and
+    Admitted jobs too: pods beyond minAvailable, or those of a pass stopped half-way, may still wait
+    at the gate. The pass itself skips a job with no gated pod of its current attempt."""
+    status = job.get("status") or {}
+    spec = job.get("spec") or {}
+    if (spec.get("scheduling") or {}).get("provider", "builtin") != "builtin":
+        return False
+    if (spec.get("runPolicy") or {}).get("suspend"):
+        return False
+    # Not waiting for status.createdAttempt: the pass itself admits a gang only once every pod of the
+    # current attempt exists, and the reconcile that records createdAttempt can sit behind many
+    # others in the queue during a burst, delaying admission for nothing.
+    return status.get("phase") not in (*FINISHED_PHASES, "Suspended")
+
+
+class AdmissionPass:
+    def __init__(self, api: KubeApi, stores: ClusterStores, state: AdmissionState, writer: JobWriter,
+                 preemptor: Preemptor, work: WorkQueue, write_pool: ThreadPoolExecutor,
+                 clock: Callable[[], float]) -> None:  # fmt: skip
+        self.api = api
+        self.stores = stores
+        self.state = state
+        self.writer = writer
+        self.preemptor = preemptor
+        self.work = work
+        self.write_pool = write_pool
+        self.clock = clock
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="admission")
+
+    async def run(self) -> None:
+        """Runs a pass soon after something changed (work.admission_dirty), else every few seconds."""
+        loop = asyncio.get_running_loop()
+        dirty = self.work.admission_dirty
+        while True:
+            try:
+                await asyncio.wait_for(dirty.wait(), timeout=ADMISSION_INTERVAL_SECONDS * 3)
+            except TimeoutError:
+                pass
+            dirty.clear()
+            try:
+                await loop.run_in_executor(self.pool, self.admission_pass)
+            except Exception as exc:
+                log.warning("admission pass failed, retrying: %s", short_error(exc))
+            await asyncio.sleep(ADMISSION_INTERVAL_SECONDS)
+
+    def admission_pass(self) -> None:
+        stores, state = self.stores, self.state
+        if not stores.synced():
+            return  # a pass over half a cluster would hand out room that is taken
+        every_job = stores.jobs.items()
+        jobs = [j for j in every_job if is_admission_candidate(j)]
+        if not jobs:
+            state.reservations.clear()
+            return
+        # Under the lock that admission at creation takes: one plan at a time.
+        with state.lock:
+            # Admitted but not bound yet; and admitted at creation, the create's reply still on its way.
+            used = state.used_with_assumed(stores.usage)
+            state.priorities = self.api.priority_values()
+            requests = []
+            gated_pods: dict[str, dict[str, dict[str, Any]]] = {}
+            finishing: set[str] = set()  # gangs whose interrupted admission is being completed
+            now = self.clock()
+            for job in jobs:
+                key = object_key(job)
+                spec = parse(TrainingJobSpec, job["spec"])
+                attempt = (job.get("status") or {}).get("attempt", 0)
+                current = [p for p in stores.own_pods(job) if pod_attempt(p) == attempt]
+                pods = [p for p in current if is_gated(p)]
+                if len(current) < spec.replicas or not pods:
+                    continue  # still being created (or torn down): never admit half a gang
+                priority = state.priority_of(spec)
+                min_available = spec.min_available
+                ungated = len(current) - len(pods)
+                if ungated:
+                    # Some gates are already lifted: an operator stopped in the middle of admitting this
+                    # gang, or pods beyond minAvailable wait for room. Place the rest; a gang below its
+                    # minimum goes first, since its admitted pods already hold their nodes.
+                    min_available = max(spec.min_available - ungated, 1)
+                    if ungated < spec.min_available:
+                        priority = FINISH_ADMISSION_PRIORITY
+                        finishing.add(key)
+                gated_pods[key] = {p["metadata"]["name"]: p for p in pods}
+                created = parse_iso(job["metadata"].get("creationTimestamp")) or now
+                requests.append(GangRequest(
+                    key=key,
+                    priority=priority,
+                    created=created,
+                    pods=tuple((p["metadata"]["name"], PodDemand.from_pod_spec(p["spec"])) for p in pods),
+                    min_available=min_available,
+                ))  # fmt: skip
+            if not requests:
+                return
+            nodes = state.node_infos.infos(stores.current_nodes().values())
+            plan = plan_admission(requests, nodes, used, now, reservations=state.reservations)
+            state.reservations = dict(plan.reservations)
+        jobs_by_key = {object_key(j): j for j in jobs}
+        patches = []
+        for admission in plan.admitted:
+            namespace = admission.key.split("/", 1)[0]
+            for pod_name, node in admission.placements:
+                admitted = admitted_pod(gated_pods[admission.key][pod_name], node)
+                patches.append((namespace, pod_name, admitted["spec"]))
+        self.admit_pods(patches)
+        for admission in plan.admitted:
+            namespace = admission.key.split("/", 1)[0]
+            created = min(parse_iso(p["metadata"].get("creationTimestamp")) or now
+                          for p in gated_pods[admission.key].values())  # fmt: skip
+            metrics.observe_gang_admitted(namespace, admission.key.split("/", 1)[1], max(0.0, now - created))
+            self.work.enqueue_threadsafe(admission.key)
+        head = head_of_line_blocked(plan.waiting, admission_order(requests))
+        if head is not None and head.key not in finishing:  # its lifted priority must not preempt
+            self.preemptor.preempt_for(head, every_job, nodes, used)
+        for key, reason in [
+            *plan.waiting.items(),
+            *((k, f"can never fit: {r}") for k, r in plan.never_fits.items()),
+        ]:
+            job = jobs_by_key[key]
+            if (job.get("status") or {}).get("admissionMessage") != reason:
+                namespace, name = key.split("/", 1)
+                waiting_since = parse_iso(job["metadata"].get("creationTimestamp")) or now
+                metrics.observe_admission_wait_started(namespace, name, waiting_since)
+                self.writer.patch_job_status(namespace, name, {"admissionMessage": reason})
+                self.work.enqueue_threadsafe(key)
+
+    def admit_pods(self, patches: list[tuple[str, str, dict[str, Any]]]) -> None:
+        """Lifts the gates, several requests at a time: one request per pod, so a big burst of gangs
+        would otherwise wait on round trips one by one. A crash half-way is finished by the next pass."""
+        if not patches:
+            return
+        started = time.monotonic()
+
+        def admit(patch: tuple[str, str, dict[str, Any]]) -> None:
+            admitted = self.api.admit_pod(*patch)
+            if admitted is not None:
+                self.stores.pods.upsert(admitted)  # counted on its node by the very next pass
+            failpoints.after_admit()
+
+        if failpoints.counts_admits():
+            for patch in patches:  # one by one: the failpoint counts them in order
+                admit(patch)
+        else:
+            list(self.write_pool.map(admit, patches))
+        log.info("admitted %d pod(s) in %.2fs", len(patches), time.monotonic() - started)

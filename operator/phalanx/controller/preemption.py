@@ -1,0 +1,110 @@
+"""Priority preemption (I/O side; the choice is gang/preemption.py): mark the victims Preempted,
+then evict their pods with their grace period."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Final
+
+from phalanx.api.schema import parse
+from phalanx.api.v1alpha1 import TrainingJobSpec
+from phalanx.cache import object_key
+from phalanx.controller.admission_state import AdmissionState
+from phalanx.controller.job_writes import JobWriter
+from phalanx.controller.queue import WorkQueue
+from phalanx.controller.stores import ClusterStores
+from phalanx.gang.admission import GangRequest
+from phalanx.gang.capacity import NodeInfo, PodDemand
+from phalanx.gang.preemption import RunningGang, choose_victims, preemption_message
+from phalanx.k8s import KubeApi, StatusConflict
+from phalanx.pod_facts import pod_attempt
+from phalanx.reconcile.conditions import set_condition
+from phalanx.reconcile.lifecycle import REASON_PREEMPTED_BY_PRIORITY, iso, parse_iso
+
+log = logging.getLogger("phalanx.controller")
+
+PREEMPTION_COOLDOWN_SECONDS: Final = 15.0
+
+
+class Preemptor:
+    def __init__(self, api: KubeApi, stores: ClusterStores, state: AdmissionState, writer: JobWriter,
+                 work: WorkQueue, clock: Callable[[], float]) -> None:  # fmt: skip
+        self.api = api
+        self.stores = stores
+        self.state = state
+        self.writer = writer
+        self.work = work
+        self.clock = clock
+        self.preempting: dict[str, float] = {}  # victim key -> when (monotonic) it was stopped
+
+    def preempt_for(
+        self,
+        head: GangRequest,
+        jobs: list[dict[str, Any]],
+        nodes: list[NodeInfo],
+        used: dict[str, dict[str, int]],
+    ) -> None:
+        """Priority preemption through admission: stop the fewest lower-priority gangs the head needs.
+
+        The victims' pods get their grace period (SIGTERM: the trainer checkpoints); the victim job
+        sees its pods deleted by someone else, restarts as a preemption, and waits for capacity.
+        """
+        now = time.monotonic()
+        if any(now - at < PREEMPTION_COOLDOWN_SECONDS for at in self.preempting.values()):
+            return  # let the last victims finish terminating before choosing again
+        running = []
+        for job in jobs:
+            key = object_key(job)
+            status = job.get("status") or {}
+            if key == head.key or status.get("phase") not in ("Running", "Admitted"):
+                continue
+            spec = parse(TrainingJobSpec, job["spec"])
+            # Pods already being deleted count in `freeing` below, not as room a victim would free.
+            bound = [
+                (p["metadata"]["name"], p["spec"]["nodeName"], PodDemand.from_pod_spec(p["spec"]))
+                for p in self.stores.own_pods(job)
+                if pod_attempt(p) == status.get("attempt", 0)
+                and p.get("spec", {}).get("nodeName")
+                and not p["metadata"].get("deletionTimestamp")
+            ]
+            if bound:
+                started = parse_iso(status.get("admittedTime")) or 0.0
+                priority = self.state.priority_of(spec)
+                running.append(RunningGang(key, priority, started, tuple(bound)))
+        # One victim per need: the room the last victims' terminating pods will free counts as free.
+        choice = choose_victims(head, running, nodes, used, freeing=self.stores.usage.freeing())
+        if choice is None:
+            return
+        for victim in choice.victims:
+            log.info("preempting %s for higher-priority %s", victim, head.key)
+            self.preempting[victim] = now
+            job = next(j for j in jobs if object_key(j) == victim)
+            self.stop_victim(job, preemption_message(head.key, head.priority))
+            self.work.enqueue_threadsafe(victim)
+
+    def stop_victim(self, job: dict[str, Any], message: str) -> None:
+        """Says on the victim who preempted it (a Preempted condition, then an event), then evicts its
+        pods with their grace period: the pods carry DisruptionTarget, the trainer checkpoints on
+        SIGTERM, and the victim's reconcile restarts it as a preemption."""
+        namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
+        key = object_key(job)
+        now_iso = iso(self.clock())
+        conditions = set_condition((job.get("status") or {}).get("conditions") or [], "Preempted", "True",
+                                   REASON_PREEMPTED_BY_PRIORITY, message, now_iso, job["metadata"].get("generation"))  # fmt: skip
+        try:
+            self.writer.write_status(key, job, {}, {"conditions": conditions})
+        except StatusConflict:
+            fresh = self.api.get_job(namespace, name)
+            if fresh is None:
+                return
+            self.stores.jobs.upsert(fresh)
+            return  # the next pass decides again on what the job is now
+        self.writer.record_event(job, "Warning", REASON_PREEMPTED_BY_PRIORITY, message, now_iso)
+        grace = parse(TrainingJobSpec, job["spec"]).run_policy.termination_grace_period_seconds
+        for pod in self.stores.own_pods(job):
+            if not self.api.evict_pod(namespace, pod["metadata"]["name"], pod["metadata"]["uid"], grace):
+                log.warning(
+                    "eviction of %s/%s refused by a PodDisruptionBudget", namespace, pod["metadata"]["name"]
+                )

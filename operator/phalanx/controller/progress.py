@@ -1,0 +1,126 @@
+"""The progress client: polls global rank 0's /progress (HTTP, docs/environment.md) while a job
+runs, and copies it into status.progress and status.lastCheckpoint when it changes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Final
+
+from phalanx import constants as c
+from phalanx import metrics
+from phalanx.controller.job_writes import JobWriter
+from phalanx.k8s import short_error
+from phalanx.pod_facts import pod_attempt, pod_index
+from phalanx.reconcile.lifecycle import parse_iso
+
+log = logging.getLogger("phalanx.controller")
+
+PROGRESS_MAX_BACKOFF_SECONDS: Final = 30.0
+PROGRESS_CONCURRENCY: Final = 8
+PROGRESS_PATIENT_ATTEMPTS: Final = 60
+PROGRESS_TIMEOUT_SECONDS: Final = 2.0  # a trainer busy on every core answers slowly
+PROGRESS_POLL_SECONDS: Final = 1.0
+
+
+def progress_status(report: dict[str, Any]) -> dict[str, Any]:
+    """status.progress from the trainer's /progress JSON (docs/environment.md)."""
+    out: dict[str, Any] = {}
+    step, total = report.get("step"), report.get("total_steps")
+    if isinstance(step, int):
+        out["step"] = step
+    if isinstance(total, int) and total > 0:
+        out["totalSteps"] = total
+        if isinstance(step, int):
+            out["percent"] = min(100, int(100 * step / total))
+    eta = report.get("eta_seconds")
+    if isinstance(eta, (int, float)):
+        out["etaSeconds"] = int(eta)
+    if isinstance(report.get("loss"), (int, float)):
+        out["loss"] = f"{report['loss']:.4f}"
+    if isinstance(report.get("tokens_per_second"), (int, float)):
+        out["tokensPerSecond"] = f"{report['tokens_per_second']:.0f}"
+    return out
+
+
+class ProgressPoller:
+    def __init__(self, writer: JobWriter) -> None:
+        self.writer = writer
+        # Own threads: slow polls of unreachable pods must not hold up reconciles or admission.
+        self.pool = ThreadPoolExecutor(PROGRESS_CONCURRENCY, thread_name_prefix="progress")
+        self.targets: dict[str, str] = {}  # job key -> rank 0's pod IP
+        self.next_poll: dict[str, float] = {}
+        self.failures: dict[str, int] = {}
+        self.last_progress: dict[str, dict[str, Any]] = {}
+
+    def forget(self, key: str) -> None:
+        for table in (self.targets, self.next_poll, self.failures, self.last_progress):
+            table.pop(key, None)
+
+    def track(self, key: str, pods: list[dict[str, Any]], status: dict[str, Any]) -> None:
+        """Remembers where global rank 0 serves /progress while the job runs."""
+        if status.get("phase") != "Running":
+            self.targets.pop(key, None)
+            return
+        attempt = status.get("attempt")
+        rank0 = next((p for p in pods if pod_attempt(p) == attempt and pod_index(p) == 0), None)
+        ip = (rank0 or {}).get("status", {}).get("podIP")
+        if ip and self.targets.get(key) != ip:
+            self.targets[key] = ip
+            self.next_poll.pop(key, None)
+            self.failures.pop(key, None)
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(PROGRESS_POLL_SECONDS)
+            now = time.monotonic()
+            due = [k for k in list(self.targets) if self.next_poll.get(k, 0.0) <= now]
+            for start in range(0, len(due), PROGRESS_CONCURRENCY):
+                batch = due[start : start + PROGRESS_CONCURRENCY]
+                results = await asyncio.gather(
+                    *(loop.run_in_executor(self.pool, self.poll, k) for k in batch),
+                    return_exceptions=True,
+                )
+                for key, result in zip(batch, results, strict=True):
+                    if isinstance(result, Exception):
+                        log.warning("progress of %s not recorded: %s", key, short_error(result))
+
+    def poll(self, key: str) -> None:
+        """Copies the trainer's /progress into status.progress and status.lastCheckpoint when they change."""
+        ip = self.targets.get(key)
+        if ip is None:
+            return
+        try:
+            url = f"http://{ip}:{c.DEFAULT_METRICS_PORT}{c.PROGRESS_PATH}"
+            with urllib.request.urlopen(url, timeout=PROGRESS_TIMEOUT_SECONDS) as response:
+                report = json.loads(response.read())
+        except (OSError, ValueError):
+            # Simulated pods serve nothing and a trainer may still be starting: back off, quietly.
+            failures = self.failures.get(key, 0) + 1
+            self.failures[key] = failures
+            # A trainer takes a while to import torch and rendezvous: keep the normal pace for the
+            # first attempts, then back off (kwok's simulated pods never answer).
+            slow = max(0, failures - PROGRESS_PATIENT_ATTEMPTS)
+            delay = min(PROGRESS_MAX_BACKOFF_SECONDS, PROGRESS_POLL_SECONDS * 2**slow)
+            self.next_poll[key] = time.monotonic() + delay
+            return
+        self.failures.pop(key, None)
+        namespace, name = key.split("/", 1)
+        patch: dict[str, Any] = {"progress": progress_status(report)}
+        checkpoint = report.get("last_checkpoint") or None
+        if checkpoint and checkpoint.get("step") is not None:
+            patch["lastCheckpoint"] = {"step": int(checkpoint["step"]), "time": checkpoint.get("time")}
+            saved = parse_iso(checkpoint.get("time"))
+            if saved is not None:
+                metrics.observe_checkpoint(namespace, name, saved)
+        total, step = report.get("total_steps"), report.get("step")
+        if isinstance(total, int) and isinstance(step, int) and total > 0:
+            metrics.observe_progress(namespace, name, step, total)
+        if self.last_progress.get(key) != patch:
+            self.writer.patch_job_status(namespace, name, patch)
+            self.last_progress[key] = patch
