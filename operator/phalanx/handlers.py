@@ -1,5 +1,5 @@
 """kopf handlers: the only module that imports kopf. Each handler only tells the controller which
-TrainingJob to look at; the controller decides (controller.py, reconcile/lifecycle.py). Pods and
+TrainingJob to look at; the controller decides (controller/, reconcile/lifecycle.py). Pods and
 nodes are watched by the controller's own reflectors (reflector.py), which also feed its caches."""
 
 from __future__ import annotations

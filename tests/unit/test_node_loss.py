@@ -18,7 +18,7 @@ from phalanx.policy.node_loss import (
     on_lost_node,
     seconds_until_lost,
 )
-from phalanx.reconcile.lifecycle import iso
+from phalanx.reconcile.plan import iso
 
 pytestmark = pytest.mark.unit
 

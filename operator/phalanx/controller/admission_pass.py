@@ -23,17 +23,14 @@ from phalanx.controller.preemption import Preemptor
 from phalanx.controller.queue import WorkQueue
 from phalanx.controller.stores import ClusterStores
 from phalanx.gang.admission import GangRequest, admission_order, plan_admission
-from phalanx.gang.capacity import PodDemand
 from phalanx.gang.preemption import head_of_line_blocked
+from phalanx.gang.requests import waiting_gang
 from phalanx.k8s import KubeApi, short_error
-from phalanx.pod_facts import is_gated, pod_attempt
-from phalanx.reconcile.lifecycle import FINISHED_PHASES, parse_iso
+from phalanx.reconcile.plan import FINISHED_PHASES, parse_iso
 
 log = logging.getLogger("phalanx.controller")
 
 ADMISSION_INTERVAL_SECONDS: Final = 1.0
-# Order value for a gang whose admission was interrupted: ahead of every PriorityClass (max 1e9).
-FINISH_ADMISSION_PRIORITY: Final = 2**40
 
 
 def is_admission_candidate(job: dict[str, Any]) -> bool:
@@ -96,38 +93,21 @@ class AdmissionPass:
             # Admitted but not bound yet; and admitted at creation, the create's reply still on its way.
             used = state.used_with_assumed(stores.usage)
             state.priorities = self.api.priority_values()
-            requests = []
+            requests: list[GangRequest] = []
             gated_pods: dict[str, dict[str, dict[str, Any]]] = {}
             finishing: set[str] = set()  # gangs whose interrupted admission is being completed
             now = self.clock()
             for job in jobs:
                 key = object_key(job)
-                spec = parse(TrainingJobSpec, job["spec"])
-                attempt = (job.get("status") or {}).get("attempt", 0)
-                current = [p for p in stores.own_pods(job) if pod_attempt(p) == attempt]
-                pods = [p for p in current if is_gated(p)]
-                if len(current) < spec.replicas or not pods:
-                    continue  # still being created (or torn down): never admit half a gang
-                priority = state.priority_of(spec)
-                min_available = spec.min_available
-                ungated = len(current) - len(pods)
-                if ungated:
-                    # Some gates are already lifted: an operator stopped in the middle of admitting this
-                    # gang, or pods beyond minAvailable wait for room. Place the rest; a gang below its
-                    # minimum goes first, since its admitted pods already hold their nodes.
-                    min_available = max(spec.min_available - ungated, 1)
-                    if ungated < spec.min_available:
-                        priority = FINISH_ADMISSION_PRIORITY
-                        finishing.add(key)
-                gated_pods[key] = {p["metadata"]["name"]: p for p in pods}
+                priority = state.priority_of(parse(TrainingJobSpec, job["spec"]))
                 created = parse_iso(job["metadata"].get("creationTimestamp")) or now
-                requests.append(GangRequest(
-                    key=key,
-                    priority=priority,
-                    created=created,
-                    pods=tuple((p["metadata"]["name"], PodDemand.from_pod_spec(p["spec"])) for p in pods),
-                    min_available=min_available,
-                ))  # fmt: skip
+                waiting = waiting_gang(key, job, stores.own_pods(job), priority, created)
+                if waiting is None:
+                    continue  # still being created (or torn down), or nothing at the gate
+                if waiting.finishing:
+                    finishing.add(key)
+                gated_pods[key] = waiting.gated
+                requests.append(waiting.request)
             if not requests:
                 return
             nodes = state.node_infos.infos(stores.current_nodes().values())

@@ -16,12 +16,12 @@ from phalanx.controller.job_writes import JobWriter
 from phalanx.controller.queue import WorkQueue
 from phalanx.controller.stores import ClusterStores
 from phalanx.gang.admission import GangRequest
-from phalanx.gang.capacity import NodeInfo, PodDemand
-from phalanx.gang.preemption import RunningGang, choose_victims, preemption_message
+from phalanx.gang.capacity import NodeInfo
+from phalanx.gang.preemption import choose_victims, preemption_message
+from phalanx.gang.requests import running_gang
 from phalanx.k8s import KubeApi, StatusConflict
-from phalanx.pod_facts import pod_attempt
 from phalanx.reconcile.conditions import set_condition
-from phalanx.reconcile.lifecycle import REASON_PREEMPTED_BY_PRIORITY, iso, parse_iso
+from phalanx.reconcile.plan import REASON_PREEMPTED_BY_PRIORITY, iso, parse_iso
 
 log = logging.getLogger("phalanx.controller")
 
@@ -57,22 +57,13 @@ class Preemptor:
         running = []
         for job in jobs:
             key = object_key(job)
-            status = job.get("status") or {}
-            if key == head.key or status.get("phase") not in ("Running", "Admitted"):
+            if key == head.key:
                 continue
-            spec = parse(TrainingJobSpec, job["spec"])
-            # Pods already being deleted count in `freeing` below, not as room a victim would free.
-            bound = [
-                (p["metadata"]["name"], p["spec"]["nodeName"], PodDemand.from_pod_spec(p["spec"]))
-                for p in self.stores.own_pods(job)
-                if pod_attempt(p) == status.get("attempt", 0)
-                and p.get("spec", {}).get("nodeName")
-                and not p["metadata"].get("deletionTimestamp")
-            ]
-            if bound:
-                started = parse_iso(status.get("admittedTime")) or 0.0
-                priority = self.state.priority_of(spec)
-                running.append(RunningGang(key, priority, started, tuple(bound)))
+            priority = self.state.priority_of(parse(TrainingJobSpec, job["spec"]))
+            started = parse_iso((job.get("status") or {}).get("admittedTime")) or 0.0
+            gang = running_gang(key, job, self.stores.own_pods(job), priority, started)
+            if gang is not None:
+                running.append(gang)
         # One victim per need: the room the last victims' terminating pods will free counts as free.
         choice = choose_victims(head, running, nodes, used, freeing=self.stores.usage.freeing())
         if choice is None:

@@ -16,7 +16,7 @@ from phalanx import metrics
 from phalanx.controller.job_writes import JobWriter
 from phalanx.k8s import short_error
 from phalanx.pod_facts import pod_attempt, pod_index
-from phalanx.reconcile.lifecycle import parse_iso
+from phalanx.reconcile.plan import parse_iso
 
 log = logging.getLogger("phalanx.controller")
 

@@ -27,15 +27,9 @@ from phalanx.controller.queue import WorkQueue
 from phalanx.controller.stores import ClusterStores
 from phalanx.k8s import CreationRefused, KubeApi, StatusConflict
 from phalanx.pod_facts import is_owned_by
-from phalanx.reconcile.conditions import get_condition, set_condition
-from phalanx.reconcile.lifecycle import (
-    FINISHED_PHASES,
-    REASON_CREATE_REFUSED,
-    Plan,
-    decide,
-    iso,
-    merged_events,
-)
+from phalanx.reconcile.lifecycle import decide
+from phalanx.reconcile.plan import FINISHED_PHASES, Event, Plan, iso, merged_events
+from phalanx.reconcile.rules.creation import creation_refused, name_conflict
 
 NAME_CONFLICT_RETRY_SECONDS: Final = 10.0
 CREATE_REFUSED_RETRY_SECONDS: Final = 5.0
@@ -131,11 +125,13 @@ class Reconciler:
             outcomes = self._create_gang(key, job, ref, spec, plan, now)
             taken = [o.pod for o in outcomes if o.taken]
             refused = [o for o in outcomes if o.refused is not None]
+            # Said in the status about to be written (reconcile/rules/creation.py), and once in an Event.
             if taken:
-                self._report_name_conflict(job, plan.status, taken, now)
+                self._record(job, name_conflict(job, plan.status, taken, now), now)
                 followups.append(NAME_CONFLICT_RETRY_SECONDS)
             elif refused:
-                self._report_refused_creation(job, plan.status, refused, spec.replicas, now)
+                refusals = [str(o.refused) for o in refused]
+                self._record(job, creation_refused(job, plan.status, refusals, spec.replicas, now), now)
                 followups.append(CREATE_REFUSED_RETRY_SECONDS)
             elif stores.pods.synced.is_set():
                 # The pods exist now (the store holds the API's replies): decide once more on them,
@@ -150,9 +146,6 @@ class Reconciler:
                 followups.append(0.5)
 
         self.progress.track(key, pods, plan.status)
-        if plan.status.get("phase") == "Succeeded" and plan.status.get("progress", {}).get("totalSteps"):
-            done = dict(plan.status["progress"])
-            plan.status["progress"] = {**done, "step": done["totalSteps"], "percent": 100, "etaSeconds": 0}
         if plan.status.get("phase") in FINISHED_PHASES:
             self.known_jobs.discard(key)  # nothing left to resync; TTL rides on recheck_after
         try:
@@ -242,46 +235,9 @@ class Reconciler:
             return [create(pod) for pod in pods]  # one by one: the failpoint counts them in order
         return list(self.write_pool.map(create, pods))
 
-    def _report_name_conflict(
-        self, job: dict[str, Any], status: dict[str, Any], taken: list[str], now: float
-    ) -> None:
-        """An object this job does not control holds a name it needs (a worker pod's, its Service's,
-        its PodGroup's; pod_facts.py): say so in the status about to be written and, the first
-        time, in an Event; then wait for it to go."""
-        message = (
-            f"{', '.join(taken)} hold(s) a name this TrainingJob needs but belong(s) to someone else; "
-            "delete or rename it and the job continues"
-        )
-        first_time = (job.get("status") or {}).get("message") != message
-        status["message"] = message
-        status["conditions"] = set_condition(
-            status.get("conditions") or [], "PodsCreated", "False", "NameConflict", message, iso(now),
-            job["metadata"].get("generation"),
-        )  # fmt: skip
-        if first_time:
-            self.writer.record_event(job, "Warning", "NameConflict", message, iso(now))
-
-    def _report_refused_creation(
-        self,
-        job: dict[str, Any],
-        status: dict[str, Any],
-        refused: list[CreateOutcome],
-        replicas: int,
-        now: float,
-    ) -> None:
-        """The API server refused pods (quota, admission policy, an invalid template): say so with its
-        words in the status about to be written and, the first time, in a Warning event. Creation is
-        retried; a gang left half-created is torn down after its gang timeout (lifecycle.py)."""
-        first = refused[0]
-        message = f"{len(refused)}/{replicas} pod(s) refused by the API server: {first.refused}"
-        previous = get_condition((job.get("status") or {}).get("conditions") or [], "PodsCreated")
-        status["message"] = message
-        status["conditions"] = set_condition(
-            status.get("conditions") or [], "PodsCreated", "False", REASON_CREATE_REFUSED, message, iso(now),
-            job["metadata"].get("generation"),
-        )  # fmt: skip
-        if previous is None or previous.get("message") != message:
-            self.writer.record_event(job, "Warning", REASON_CREATE_REFUSED, message, iso(now))
+    def _record(self, job: dict[str, Any], event: Event | None, now: float) -> None:
+        if event is not None:
+            self.writer.record_event(job, event.type, event.reason, event.message, iso(now))
 
     def _observe(self, namespace: str, name: str, old: dict[str, Any], new: dict[str, Any]) -> None:
         if old.get("phase") != new.get("phase") and new.get("phase"):
