@@ -13,6 +13,7 @@ from phalanx.controller.stores import ClusterStores
 from phalanx.gang.admission import GangRequest
 from phalanx.gang.capacity import PodDemand
 from phalanx.gang.on_creation import plan_on_creation
+from phalanx.providers import provider_for
 
 
 class CreationAdmission:
@@ -31,7 +32,7 @@ class CreationAdmission:
         created gated and the pass decides in order, so no one jumps the queue. Call release() once
         the creates have answered.
         """
-        if spec.scheduling.provider != "builtin" or not self.enabled:
+        if not provider_for(spec).admits_gangs or not self.enabled:
             return pods
         state = self.state
         with state.lock:

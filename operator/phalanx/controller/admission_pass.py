@@ -26,6 +26,7 @@ from phalanx.gang.admission import GangRequest, admission_order, plan_admission
 from phalanx.gang.preemption import head_of_line_blocked
 from phalanx.gang.requests import waiting_gang
 from phalanx.k8s import KubeApi, short_error
+from phalanx.providers import provider_of_raw
 from phalanx.reconcile.plan import FINISHED_PHASES, parse_iso
 
 log = logging.getLogger("phalanx.controller")
@@ -39,7 +40,7 @@ def is_admission_candidate(job: dict[str, Any]) -> bool:
     at the gate. The pass itself skips a job with no gated pod of its current attempt."""
     status = job.get("status") or {}
     spec = job.get("spec") or {}
-    if (spec.get("scheduling") or {}).get("provider", "builtin") != "builtin":
+    if not provider_of_raw(spec).admits_gangs:
         return False
     if (spec.get("runPolicy") or {}).get("suspend"):
         return False

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from phalanx.policy.node_loss import attempt_in_names
+from phalanx.providers import provider_for
 from phalanx.reconcile.conditions import get_condition, set_condition
 from phalanx.reconcile.observed import Observed
 from phalanx.reconcile.plan import REASON_CREATE_REFUSED, REASON_NAME_CONFLICT, Event, PlanBuilder, iso
@@ -18,7 +19,7 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
     status, spec, attempt, current = b.status, seen.spec, seen.attempt, seen.current
     if status.get("createdAttempt") == attempt:
         return False
-    if spec.scheduling.provider != "builtin":
+    if not provider_for(spec).admits_gangs:  # the pods are admitted as they are created
         status.setdefault("admittedTime", b.now_iso)
     missing = [i for i in range(spec.replicas) if i not in current]
     if missing and gang_timeout.partly_created(b, seen):

@@ -6,6 +6,7 @@ it counts in neither restarts.failures nor restarts.preemptions (pure)."""
 from __future__ import annotations
 
 from phalanx.gang.backoff import gang_timed_out, requeue_at
+from phalanx.providers import provider_for
 from phalanx.reconcile.conditions import get_condition
 from phalanx.reconcile.observed import Observed
 from phalanx.reconcile.plan import (
@@ -32,7 +33,7 @@ def after_admission(b: PlanBuilder, seen: Observed) -> bool:
     admitted_at = parse_iso(b.status.get("admittedTime")) or b.now
     # Only where Phalanx admitted the gang: an external scheduler's queue wait may be longer, and its
     # PodGroup carries its own timeout.
-    timeout = spec.scheduling.gang.timeout_seconds if spec.scheduling.provider == "builtin" else 0
+    timeout = spec.scheduling.gang.timeout_seconds if provider_for(spec).admits_gangs else 0
     if gang_timed_out(admitted_at, b.now, timeout, seen.running, spec.replicas):
         _tear_down(b, seen)
         message = (f"only {seen.running}/{spec.replicas} pod(s) running {timeout}s after admission; "
@@ -52,7 +53,7 @@ def partly_created(b: PlanBuilder, seen: Observed) -> bool:
     timeout = spec.scheduling.gang.timeout_seconds
     if (
         not current
-        or spec.scheduling.provider != "builtin"
+        or not provider_for(spec).admits_gangs
         or timeout <= 0
         or refused is None
         or refused.get("status") != "False"
