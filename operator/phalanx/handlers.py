@@ -33,15 +33,12 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.watching.client_timeout = 330
     settings.watching.connect_timeout = 30
     settings.networking.error_backoffs = [1, 2, 5, 10]
-    operator_settings: OperatorSettings = getattr(memo, "settings", None) or OperatorSettings()
+    operator_settings: OperatorSettings = (
+        getattr(memo, "settings", None) or OperatorSettings.from_environment()
+    )
     elector = start_election(operator_settings.leader_election)
     api = KubeApi(load_api_client(), write_fence=elector.fence if elector else None)
-    controller = Controller(
-        api,
-        list(operator_settings.namespaces),
-        cluster_domain=operator_settings.cluster_domain,
-        leader=elector,
-    )
+    controller = Controller(api, operator_settings, leader=elector)
     controller.loop = asyncio.get_running_loop()
     await controller.start()
     memo.controller = controller

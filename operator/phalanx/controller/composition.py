@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final
 
@@ -35,7 +34,7 @@ from phalanx.controller.watch import WatchCallbacks
 from phalanx.k8s import KubeApi
 from phalanx.leader import LeaderElector
 from phalanx.reflector import Reflector, per_namespace
-from phalanx.settings import node_lost_after_from_env
+from phalanx.settings import Clock, OperatorSettings
 
 log = logging.getLogger("phalanx.controller")
 
@@ -47,13 +46,13 @@ WRITE_CONCURRENCY: Final = 8  # pod creations and gate lifts in flight at once
 
 
 class Controller:
-    def __init__(self, api: KubeApi, namespaces: list[str], cluster_domain: str = "cluster.local",
-                 workers: int = 8, clock: Callable[[], float] = time.time,
-                 node_lost_after: float | None = None, leader: LeaderElector | None = None) -> None:  # fmt: skip
+    def __init__(self, api: KubeApi, settings: OperatorSettings, workers: int = 8, clock: Clock = time.time,
+                 leader: LeaderElector | None = None) -> None:  # fmt: skip
         self.api = api
+        self.settings = settings
         self.leader = leader  # None: this process alone writes (leader election off)
-        self.clock = clock  # wall clock (API timestamps are wall time); injectable for tests
-        self.namespaces = namespaces
+        self.clock = clock  # every decision's "now": injectable for tests
+        self.namespaces = list(settings.namespaces)
         self.workers = workers
         self.stores = ClusterStores()
         self.work = WorkQueue()
@@ -64,15 +63,10 @@ class Controller:
         self.writer = JobWriter(api, self.stores, self.write_pool)
         self.progress = ProgressPoller(self.writer)
         admission = AdmissionState()
-        # PHALANX_ADMIT_ON_CREATION=false: every pod is created gated, even when nothing waits.
-        admit_on_creation = os.environ.get("PHALANX_ADMIT_ON_CREATION", "true").lower() != "false"
         self.reconciler = Reconciler(
             api, self.stores, self.writer, self.work,
-            CreationAdmission(self.stores, admission, enabled=admit_on_creation), self.progress,
-            self.write_pool, self.forget, clock,
-            # Seconds a node may be not Ready before the gangs with pods there restart (policy/node_loss.py).
-            node_lost_after if node_lost_after is not None else node_lost_after_from_env(),
-            cluster_domain,
+            CreationAdmission(self.stores, admission, enabled=settings.admit_on_creation), self.progress,
+            self.write_pool, self.forget, clock, settings.node_lost_after_seconds, settings.cluster_domain,
         )  # fmt: skip
         preemptor = Preemptor(api, self.stores, admission, self.writer, self.work, clock)
         self.admission = AdmissionPass(
