@@ -465,6 +465,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         (out_dir / "summary.json").write_text(
             json.dumps({"phase": phase, **summary.to_dict()}, indent=2) + "\n"
         )
+        timeline = (demo.job_status().get("lastRecovery") or {}).get("summary") or "-"
         (out_dir / "rank0.log").write_text(demo.rank0_log())
         plot_losses(
             attempts,
@@ -479,6 +480,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"  lost steps       {summary.lost_steps} (redone after the restart)\n"
             f"  recovery         {', '.join(f'{s:.1f}s' for s in summary.recover_seconds) or '-'} "
             "(eviction -> every rank training again)\n"
+            f"  status.lastRecovery  {timeline}\n"
             f"  goodput          {summary.goodput:.1%} (step time of kept steps / {elapsed:.0f}s from submit)\n"
             f"  loss curve       {out_dir / 'loss.png'}\n"
             f"  summary          {out_dir / 'summary.json'}\n"

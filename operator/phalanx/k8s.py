@@ -113,6 +113,9 @@ def _status_of(response: Any) -> int | None:
     return status if isinstance(status, int) else None
 
 
+FACT_WRITE_ATTEMPTS = 3  # a busy job's version moves on between a read and a write; not forever
+
+
 class CreationRefused(Exception):
     """The API server refused to create an object: 403 (ResourceQuota, Pod Security or another
     admission policy) or 422 (invalid). `message` is the API server's own."""
@@ -176,42 +179,74 @@ class KubeApi:
             raise
 
     def patch_job_status(
-        self, namespace: str, name: str, status: dict[str, Any], resource_version: str | None = None
+        self, namespace: str, name: str, status: dict[str, Any], resource_version: str
     ) -> dict[str, Any] | None:
-        """Merge-patches status; returns the job as stored, None when it is gone. With
-        `resource_version`, only if the job is still that version (else StatusConflict)."""
-        body: dict[str, Any] = {"status": status}
-        if resource_version is not None:
-            body["metadata"] = {"resourceVersion": resource_version}  # the API server's precondition
+        """Merge-patches status if the job is still `resource_version` (the version a decision was
+        made on; a job re-created under the name never is): returns the job as stored, None when it
+        is gone, StatusConflict when it changed (read again and decide again)."""
         try:
-            job: dict[str, Any] = self._json(
-                self.custom.patch_namespaced_custom_object_status(
-                    c.GROUP,
-                    c.VERSION,
-                    namespace,
-                    c.PLURAL,
-                    name,
-                    body,
-                    _content_type="application/merge-patch+json",
-                    _preload_content=False,
-                )
-            )
-            return job
+            return self._patch_status(namespace, name, status, resource_version)
         except ApiException as exc:
-            if exc.status == 409 and resource_version is not None:
+            if exc.status == 409:
                 raise StatusConflict(f"{namespace}/{name} changed since version {resource_version}") from exc
             if exc.status != 404:
                 raise
             return None
 
-    def delete_job(self, namespace: str, name: str) -> None:
+    def patch_job_facts(
+        self, namespace: str, name: str, status: dict[str, Any], uid: str, resource_version: str | None
+    ) -> dict[str, Any] | None:
+        """Merge-patches status fields that no decision rests on (the trainer's progress, why a gang
+        waits) into the job with this `uid`, whatever its version; never into a successor under the
+        same name. Returns the job as stored, None when that job is gone.
+
+        The API server ignores a uid in a status patch, so the write is conditional on a version:
+        `resource_version` first (the caller's copy), and after a conflict the current one, once its
+        uid is checked."""
+        for _ in range(FACT_WRITE_ATTEMPTS):
+            if resource_version is not None:
+                try:
+                    return self._patch_status(namespace, name, status, resource_version)
+                except ApiException as exc:
+                    if exc.status == 404:
+                        return None
+                    if exc.status != 409:
+                        raise
+            current = self.get_job(namespace, name)
+            if current is None or current["metadata"].get("uid") != uid:
+                return None
+            resource_version = current["metadata"]["resourceVersion"]
+        raise StatusConflict(f"{namespace}/{name} kept changing; {sorted(status)} not written")
+
+    def _patch_status(
+        self, namespace: str, name: str, status: dict[str, Any], resource_version: str
+    ) -> dict[str, Any]:
+        body = {"metadata": {"resourceVersion": resource_version}, "status": status}
+        job: dict[str, Any] = self._json(
+            self.custom.patch_namespaced_custom_object_status(
+                c.GROUP,
+                c.VERSION,
+                namespace,
+                c.PLURAL,
+                name,
+                body,
+                _content_type="application/merge-patch+json",
+                _preload_content=False,
+            )
+        )
+        return job
+
+    def delete_job(self, namespace: str, name: str, uid: str) -> None:
+        """Deletes the job with this `uid`; a successor re-created under its name is left alone."""
+        body = client.V1DeleteOptions(
+            propagation_policy="Background", preconditions=client.V1Preconditions(uid=uid)
+        )
         try:
             release(self.custom.delete_namespaced_custom_object(
-                c.GROUP, c.VERSION, namespace, c.PLURAL, name, propagation_policy="Background",
-                _preload_content=False,
+                c.GROUP, c.VERSION, namespace, c.PLURAL, name, body=body, _preload_content=False,
             ))  # fmt: skip
         except ApiException as exc:
-            if exc.status != 404:
+            if exc.status not in (404, 409):  # 409: the uid precondition failed, it is someone else
                 raise
 
     # -- pods, services, nodes --------------------------------------------------------------------

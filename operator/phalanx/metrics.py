@@ -39,6 +39,8 @@ JOB_LABELS: Final = ("namespace", "trainingjob")
 
 # Scheduling waits range from seconds (free cluster) to hours (busy queue, Kueue-style backoff).
 ADMISSION_WAIT_BUCKETS: Final = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0)
+# A recovery takes seconds in place and minutes for a cold gang restart on a busy cluster.
+RECOVERY_BUCKETS: Final = (0.5, 1.0, 2.0, 3.0, 5.0, 8.0, 12.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 RECONCILE_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 # Created series (`*_created`) double every counter's series count for little use on dashboards.
@@ -105,6 +107,40 @@ JOB_PROGRESS: Final = Gauge(
     registry=REGISTRY,
 )
 
+JOB_GOODPUT: Final = Gauge(
+    "phalanx_job_goodput_ratio",
+    "Productive device time over device time since the job was created (status.goodput.ratio).",
+    JOB_LABELS,
+    registry=REGISTRY,
+)
+JOB_DEVICE_SECONDS: Final = Gauge(
+    "phalanx_job_device_seconds",
+    "Device-seconds of a job's gang (GPUs, MIG slices, or CPU cores: see `unit`) by kind: allocated, "
+    "productive, and lost to waitingForAdmission, startup, recovery, redoneSteps, checkpointStalls. "
+    "A gauge: productive goes down when steps are lost and redone.",
+    (*JOB_LABELS, "kind", "unit"),
+    registry=REGISTRY,
+)
+DEVICE_SECONDS_KINDS: Final = (
+    "allocated", "productive", "waitingForAdmission", "startup", "recovery", "redoneSteps", "checkpointStalls",
+)  # fmt: skip
+RECOVERY_SECONDS: Final = Histogram(
+    "phalanx_recovery_seconds",
+    "Time from a gang disruption being seen to the first training step after it, by restart reason "
+    "and recovery path.",
+    ["reason", "path"],
+    buckets=RECOVERY_BUCKETS,
+    registry=REGISTRY,
+)
+RECOVERY_PHASE_SECONDS: Final = Histogram(
+    "phalanx_recovery_phase_seconds",
+    "Time each phase of a recovery took (podsStopped, podsRunning, rendezvousDone, stateRestored, "
+    "firstStep), from the end of the phase before it.",
+    ["phase"],
+    buckets=RECOVERY_BUCKETS,
+    registry=REGISTRY,
+)
+
 
 @dataclass
 class _JobState:
@@ -114,6 +150,7 @@ class _JobState:
     last_checkpoint_at: float | None = None
     waiting_since: float | None = None
     restart_reasons: set[str] = field(default_factory=set)
+    device_unit: str | None = None
 
 
 class _JobCollector(Collector):
@@ -198,6 +235,10 @@ METRIC_NAMES: Final = (
     "phalanx_api_requests_total",
     "phalanx_job_checkpoint_age_seconds",
     "phalanx_job_progress_ratio",
+    "phalanx_recovery_seconds",
+    "phalanx_recovery_phase_seconds",
+    "phalanx_job_goodput_ratio",
+    "phalanx_job_device_seconds",
 )
 
 
@@ -288,6 +329,31 @@ def observe_progress(namespace: str, name: str, completed_steps: int, total_step
     JOB_PROGRESS.labels(namespace=namespace, trainingjob=name).set(ratio)
 
 
+def observe_recovery(reason: str, path: str, total_seconds: float, phase_seconds: dict[str, float]) -> None:
+    """A recovery finished: its total and the time each phase took (policy/recovery_timeline.py)."""
+    RECOVERY_SECONDS.labels(reason=reason, path=path).observe(total_seconds)
+    for phase, seconds in phase_seconds.items():
+        RECOVERY_PHASE_SECONDS.labels(phase=phase).observe(seconds)
+
+
+def observe_goodput(namespace: str, name: str, ledger: dict[str, object]) -> None:
+    """The job's status.goodput as written (policy/goodput.py)."""
+    try:
+        JOB_GOODPUT.labels(namespace=namespace, trainingjob=name).set(float(str(ledger["ratio"])))
+    except (KeyError, ValueError):
+        return
+    unit = str(ledger.get("unit") or "")
+    for kind in DEVICE_SECONDS_KINDS:
+        value = ledger.get(f"{kind}Seconds")
+        if isinstance(value, (int, float)):
+            JOB_DEVICE_SECONDS.labels(namespace=namespace, trainingjob=name, kind=kind, unit=unit).set(value)
+
+    def remember_unit(state: _JobState) -> None:
+        state.device_unit = unit
+
+    _JOBS.update(namespace, name, remember_unit)
+
+
 @contextmanager
 def reconcile_timer(handler: str) -> Iterator[None]:
     """Time one handler call; count it as an error when it raises (the exception propagates)."""
@@ -315,6 +381,16 @@ def forget_job(namespace: str, name: str) -> None:
         JOB_PROGRESS.remove(namespace, name)
     except KeyError:
         pass
+    try:
+        JOB_GOODPUT.remove(namespace, name)
+    except KeyError:
+        pass
+    if state is not None and state.device_unit is not None:
+        for kind in DEVICE_SECONDS_KINDS:
+            try:
+                JOB_DEVICE_SECONDS.remove(namespace, name, kind, state.device_unit)
+            except KeyError:
+                pass
     _refresh_phase_gauge(before)
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from phalanx.policy.recovery_timeline import PHASES, parse_time
 from tests.conftest import Cluster, OperatorProcess, RealNode, create_namespace
 from tests.e2e.runs import (
     Run,
@@ -61,12 +62,22 @@ def uninterrupted(
     operator_process.stop()
     operator_process.start()
     samples = sample_status_until_finished(cluster, e2e_namespace, run.name, RUN_TIMEOUT)
-    run.status = {**samples[-1], "pods_before_operator_restart": before}
+    run.status = {
+        **samples[-1],
+        "pods_before_operator_restart": before,
+        **job_times(cluster, e2e_namespace, run.name),
+    }
     run.progress_seen = [s["progress"]["step"] for s in samples if "progress" in s]
     run.checkpoints_seen = [s["lastCheckpoint"]["step"] for s in samples if "lastCheckpoint" in s]
     run.status["pods_after"] = pod_uids(cluster, e2e_namespace, run.name)
     run.attempts = rank0_attempts(real_node, e2e_namespace, run.name)
     return run
+
+
+def job_times(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
+    return {
+        "creationTimestamp": cluster.get_json("tj", name, "-n", namespace)["metadata"]["creationTimestamp"]
+    }
 
 
 def sample_status_until_finished(
@@ -90,6 +101,24 @@ def test_an_uninterrupted_job_succeeds_with_its_final_loss(uninterrupted: Run) -
     losses = uninterrupted.losses(0)
     assert sorted(losses) == list(range(1, STEPS + 1))
     assert losses[STEPS] < losses[1]  # it learned something
+    ledger = assert_goodput_books_every_second(status)
+    assert ledger["recoverySeconds"] == 0 and ledger["redoneStepsSeconds"] == 0
+    assert ledger["startupSeconds"] > 0  # imports and rendezvous before the first step
+
+
+def assert_goodput_books_every_second(status: dict[str, Any]) -> dict[str, Any]:
+    """Every device-second from creation to completion went to exactly one cause (within rounding
+    and the 1 s resolution of the job's timestamps), and the ratio is the productive share."""
+    ledger: dict[str, Any] = status["goodput"]
+    devices = float(ledger["devices"])
+    assert ledger["unit"] == "cpu" and devices > 0  # the dev node's pods ask for no accelerator
+    causes = ("productive", "waitingForAdmission", "startup", "recovery", "redoneSteps", "checkpointStalls")
+    booked = sum(ledger[f"{cause}Seconds"] for cause in causes)
+    wall = (parse_time(status["completionTime"]) or 0) - (parse_time(status["creationTimestamp"]) or 0)
+    assert abs(booked - wall * devices) <= 2 * devices + len(causes), (ledger, wall)
+    assert 0 < float(ledger["ratio"]) < 1
+    assert float(ledger["ratio"]) == pytest.approx(ledger["productiveSeconds"] / (wall * devices), abs=0.05)
+    return ledger
 
 
 def test_progress_and_last_checkpoint_reach_the_status_while_training(uninterrupted: Run) -> None:
@@ -141,6 +170,24 @@ def test_an_evicted_job_resumes_from_checkpoint_with_the_same_losses(
         if abs(loss - reference[step]) > 1.5e-5
     }
     assert mismatched == {}
+    assert_recovery_timeline(cluster, e2e_namespace, name, status, attempt=1, reason="Preempted")
+    ledger = assert_goodput_books_every_second({**status, **job_times(cluster, e2e_namespace, name)})
+    assert ledger["recoverySeconds"] > 0 and ledger["redoneStepsSeconds"] == 0  # no step lost
+
+
+def assert_recovery_timeline(
+    cluster: Cluster, namespace: str, name: str, status: dict[str, Any], attempt: int, reason: str
+) -> None:
+    """status.lastRecovery holds every phase, in order, and a Recovered event tells the total."""
+    recovery = status["lastRecovery"]
+    assert (recovery["attempt"], recovery["reason"], recovery["path"]) == (attempt, reason, "FullRestart")
+    phases = recovery["phasesMilliseconds"]
+    assert set(phases) == set(PHASES), recovery
+    ordered = [phases[phase] for phase in PHASES]
+    assert ordered == sorted(ordered) and ordered[0] >= 0 and ordered[-1] > 0, recovery
+    assert recovery["summary"].startswith(f"recovered in {phases['firstStep'] / 1000:.1f}s ({reason}")
+    events = cluster.get_json("events", "-n", namespace, "--field-selector", f"involvedObject.name={name}")
+    assert recovery["summary"] in [e["message"] for e in events["items"] if e["reason"] == "Recovered"]
 
 
 def test_a_sigkilled_worker_resumes_from_the_last_periodic_checkpoint(
@@ -170,6 +217,7 @@ def test_a_sigkilled_worker_resumes_from_the_last_periodic_checkpoint(
     # that checkpoint is at most two intervals behind the last step trained.
     assert second.resumed_from >= committed_at_kill
     assert 0 <= first.last_step - second.resumed_from < 2 * INTERVAL
+    assert_recovery_timeline(cluster, e2e_namespace, name, status, attempt=1, reason="FailureRestart")
 
 
 def test_a_job_whose_command_exits_1_fails_after_its_backoff_limit(

@@ -35,6 +35,6 @@ def test_writes_whose_answer_is_not_read_still_return_their_connection_to_the_po
         assert created is not None
         kube.create_event(job, "Normal", "Testing", f"round {round_}", "2026-11-30T00:00:00Z")
         kube.delete_pod(namespace, name, created["metadata"]["uid"], 0)
-        kube.delete_job(namespace, "no-such-job")  # a 404, handled
+        kube.delete_job(namespace, "no-such-job", "0000-none")  # a 404, handled
     # 40 sequential requests from one thread: one connection serves them all.
     assert connections_opened(api_client) == 1

@@ -21,6 +21,9 @@ pytestmark = pytest.mark.unit
 
 # The keys of the example in docs/environment.md ("Progress"), which the operator parses.
 DOCUMENTED_PROGRESS_KEYS = {
+    "startup",
+    "seconds_per_step",
+    "checkpoint_stall_seconds",
     "step",
     "total_steps",
     "loss",

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from phalanx_trainer import contract
+from phalanx_trainer import contract, startup
 from phalanx_trainer.config import ConfigError, TrainerConfig, load_config
 from phalanx_trainer.distenv import (
     DistEnv,
@@ -93,6 +93,7 @@ def run_worker(config: TrainerConfig, dist_env: DistEnv, env: Mapping[str, str])
             rank=dist_env.rank,
             world_size=dist_env.world_size,
         )
+    startup.mark(startup.RENDEZVOUS_DONE)
     try:
         try:
             trainer = Trainer(config, dist_env)
@@ -114,6 +115,7 @@ def run_worker(config: TrainerConfig, dist_env: DistEnv, env: Mapping[str, str])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    startup.mark(startup.STARTED)
     args_list = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(args_list)
     env = dict(os.environ)

@@ -16,6 +16,7 @@ from typing import Any
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from phalanx_trainer import startup
 from phalanx_trainer.contract import PROGRESS_PATH
 
 PREFIX = "phalanx_trainer_"
@@ -102,9 +103,15 @@ def build_progress(
     last_checkpoint: tuple[int, str] | None,
     attempt: int,
     updated: str,
+    startup_times: dict[str, str] | None = None,
+    seconds_per_step: float = 0.0,
+    checkpoint_stall_seconds: float = 0.0,
 ) -> dict[str, Any]:
     """The /progress document of docs/environment.md."""
     return {
+        "startup": startup_times or {},
+        "seconds_per_step": seconds_per_step,
+        "checkpoint_stall_seconds": checkpoint_stall_seconds,
         "step": step,
         "total_steps": total_steps,
         "loss": loss,
@@ -126,6 +133,8 @@ class TrainerMetrics:
     attempt: int = 0
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     progress: dict[str, Any] = field(default_factory=dict)
+    # Seconds the training loop waited for checkpoint saves in this process (goodput's stalls).
+    checkpoint_stall_seconds: float = 0.0
     # Rates come from the step starts since the last report (smoothed, so one slow step does not
     # swing them); the phase sums serve only until two steps have started.
     _step_starts: list[float] = field(default_factory=list)
@@ -213,8 +222,16 @@ class TrainerMetrics:
             last_checkpoint,
             self.attempt,
             utc_now(),
+            startup.marks(),
+            self._seconds_per_step,
+            self.checkpoint_stall_seconds,
         )
         return self.progress
+
+    def note_startup(self, startup_times: dict[str, str]) -> None:
+        """Serves the start-up times at once, not at the next logged step: a recovery ends at the
+        first step, and a person watching it should not wait `log_every` steps to see that."""
+        self.progress = {**self.progress, "attempt": self.attempt, "startup": startup_times}
 
 
 class MetricsServer:

@@ -29,7 +29,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 from torch.nn.parallel import DistributedDataParallel
 
-from phalanx_trainer import contract
+from phalanx_trainer import contract, startup
 from phalanx_trainer.checkpoint import CheckpointManager, PreemptionWatcher
 from phalanx_trainer.checkpoint.rng import RngState
 from phalanx_trainer.config import TrainerConfig, deterministic_enabled
@@ -398,6 +398,8 @@ class Trainer:
         if restored is not None:
             self.progress.step = restored
             self.log("resumed", step=restored)
+        startup.mark(startup.RESTORED)  # from a checkpoint, or ready to start from step 0
+        self.metrics.note_startup(startup.marks())  # start-up is still going: no step yet
         self.watcher.install()
         self.log(
             "start",
@@ -421,6 +423,9 @@ class Trainer:
             profiler.after_step(report.step)
             self.metrics.record_step(report)
             step = report.step
+            if startup.FIRST_STEP not in startup.marks():
+                startup.mark(startup.FIRST_STEP)
+                self.metrics.note_startup(startup.marks())  # the operator times the recovery by it
             if step % config.metrics.log_every == 0 or step == config.job.steps:
                 report.loss = self.reduce_loss(local_loss)
                 report.memory_allocated_bytes, report.memory_peak_bytes = self._memory()
@@ -440,7 +445,9 @@ class Trainer:
                     optimizer_s=round(report.optimizer_seconds, 5),
                 )
             if step < config.job.steps and self.checkpoints.should_save(step):
+                saving = time.perf_counter()
                 self.checkpoints.save(step, app_state)
+                self.metrics.checkpoint_stall_seconds += time.perf_counter() - saving
             if self.watcher.agreed_stop():
                 self.log("preempted", step=step)
                 self.checkpoints.save(step, app_state, emergency=True)

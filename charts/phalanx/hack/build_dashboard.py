@@ -101,6 +101,45 @@ ROWS: tuple[Row, ...] = (
                 stacked=True,
             ),
             Panel(
+                "Goodput",
+                "Productive device time over device time since each job was created (status.goodput).",
+                (Query(per_job_max("phalanx_job_goodput_ratio"), "{{namespace}}/{{trainingjob}}"),),
+                unit="percentunit",
+                extra_defaults={"min": 0, "max": 1},
+            ),
+            Panel(
+                "Device time by kind, per namespace",
+                "Device-seconds of the namespace's jobs: productive, and lost to waiting, start-up, "
+                "recovery, redone steps and checkpoint stalls.",
+                (
+                    Query(
+                        'sum by (namespace, kind) (phalanx_job_device_seconds{kind!="allocated", '
+                        + NAMESPACE_FILTER
+                        + "})",
+                        "{{namespace}} {{kind}}",
+                    ),
+                ),
+                unit="s",
+                stacked=True,
+            ),
+            Panel(
+                "Recovery time",
+                "From a gang disruption being seen to the first training step after it, by path.",
+                (
+                    Query(quantile(0.5, "phalanx_recovery_seconds", by="path"), "p50 {{path}}"),
+                    Query(quantile(0.95, "phalanx_recovery_seconds", by="path"), "p95 {{path}}"),
+                ),
+                unit="s",
+            ),
+            Panel(
+                "Recovery phases",
+                "Median time of each recovery phase: old pods stopped, new pods running, rendezvous, "
+                "state restored, first step.",
+                (Query(quantile(0.5, "phalanx_recovery_phase_seconds", by="phase"), "{{phase}}"),),
+                unit="s",
+                stacked=True,
+            ),
+            Panel(
                 "Gang admissions and timeouts",
                 "Gangs admitted whole, and gangs requeued after missing their admission timeout.",
                 (

@@ -396,6 +396,59 @@ class Progress:
 
 
 @dataclass
+class RecoveryPhases:
+    """Milliseconds from the disruption to the end of each phase of a recovery."""
+
+    pods_stopped: int | None = api_field("The old attempt's pods are gone (SIGTERM checkpoint saved).")
+    pods_running: int | None = api_field("Every pod of the new attempt runs.")
+    rendezvous_done: int | None = api_field("The trainer's process group is up (reported by the trainer).")
+    state_restored: int | None = api_field("The checkpoint is loaded (reported by the trainer).")
+    first_step: int | None = api_field("The first training step of the new attempt is done.")
+
+
+@dataclass
+class LastRecovery:
+    """The timeline of the newest gang restart, from the disruption to the first step."""
+
+    attempt: int | None = api_field("The attempt that recovers.")
+    reason: str | None = api_field("Why the gang restarted: Preempted, FailureRestart or a node's loss.")
+    path: str | None = api_field("How it recovers: FullRestart (every pod replaced).")
+    disrupted_time: str | None = api_field("When the operator saw the disruption (RFC 3339, milliseconds).")
+    phases_milliseconds: RecoveryPhases | None = api_field("When each phase ended, since disruptedTime.")
+    summary: str | None = api_field("The total and the phases in one line, once the first step is done.")
+
+
+@dataclass
+class Goodput:
+    """Device time of the gang since the job was created, and the share of it that trained."""
+
+    ratio: str | None = api_field(
+        "Productive device time / (devices x wall time since creation), 0 to 1 (as text)."
+    )
+    unit: str | None = api_field(
+        "What is counted: the accelerator resource, or cpu when the pods ask for none."
+    )
+    devices: str | None = api_field("How many of `unit` the whole gang holds (replicas x per pod).")
+    allocated_seconds: int | None = api_field("Device-seconds the gang's pods held their devices.")
+    productive_seconds: int | None = api_field("Device-seconds of kept training steps.")
+    waiting_for_admission_seconds: int | None = api_field("Device-seconds waited before the first admission.")
+    startup_seconds: int | None = api_field(
+        "Device-seconds from admission to the first step of the first attempt."
+    )
+    recovery_seconds: int | None = api_field(
+        "Device-seconds from each disruption to the first step after it."
+    )
+    redone_steps_seconds: int | None = api_field(
+        "Device-seconds of steps trained, lost at a restart, and redone."
+    )
+    checkpoint_stalls_seconds: int | None = api_field("Device-seconds the training loop waited for saves.")
+    accounted_time: str | None = api_field("Booked up to this time (RFC 3339, milliseconds).")
+    stalls_reported: str | None = api_field(
+        "attempt:seconds of checkpoint stalls already booked (bookkeeping)."
+    )
+
+
+@dataclass
 class TrainingJobStatus:
     """Observed state, written by the operator only."""
 
@@ -424,6 +477,8 @@ class TrainingJobStatus:
     admission_message: str | None = api_field("Why the gang waits for admission (builtin provider).")
     last_checkpoint: LastCheckpoint | None = api_field("Newest checkpoint reported by the trainer.")
     progress: Progress | None = api_field("Training progress.")
+    last_recovery: LastRecovery | None = api_field("Timeline of the newest gang restart.")
+    goodput: Goodput | None = api_field("Goodput and device time by cause (kept up to date while it runs).")
     observed_generation: int | None = api_field("spec generation last acted on.")
     message: str | None = api_field("The latest condition's message, for a quick look.")
 

@@ -140,7 +140,7 @@ class AdmissionPass:
                 namespace, name = key.split("/", 1)
                 waiting_since = parse_iso(job["metadata"].get("creationTimestamp")) or now
                 metrics.observe_admission_wait_started(namespace, name, waiting_since)
-                self.writer.patch_job_status(namespace, name, {"admissionMessage": reason})
+                self.writer.write_facts(key, job["metadata"]["uid"], {"admissionMessage": reason})
                 self.work.enqueue_threadsafe(key)
 
     def admit_pods(self, patches: list[tuple[str, str, dict[str, Any]]]) -> None:

@@ -61,7 +61,7 @@ class Controller:
         self.reconcile_pool = ThreadPoolExecutor(workers, thread_name_prefix="reconcile")
         self.write_pool = ThreadPoolExecutor(WRITE_CONCURRENCY, thread_name_prefix="writes")
         self.writer = JobWriter(api, self.stores, self.write_pool)
-        self.progress = ProgressPoller(self.writer)
+        self.progress = ProgressPoller(self.writer, self.work)
         admission = AdmissionState()
         self.reconciler = Reconciler(
             api, self.stores, self.writer, self.work,

@@ -1,6 +1,6 @@
-"""Writes to a TrainingJob: its status (conditional on the version decided on, or a plain merge
-patch for progress and admission messages) and its Events. Every write's reply goes into the job
-store, so the next decision never reads an older status than this operator wrote."""
+"""Writes to a TrainingJob: its status (conditional on the version decided on), the facts others
+copy into it (progress, admission messages: for one uid only) and its Events. Every write's reply
+goes into the job store, so the next decision never reads an older status than this operator wrote."""
 
 from __future__ import annotations
 
@@ -40,17 +40,23 @@ class JobWriter:
             return job
         failpoints.lose_status_write(key, patch)
         meta = job["metadata"]
-        stored = self.api.patch_job_status(
-            meta["namespace"], meta["name"], patch, meta.get("resourceVersion")
-        )
+        stored = self.api.patch_job_status(meta["namespace"], meta["name"], patch, meta["resourceVersion"])
         if stored is not None:
             self.stores.jobs.upsert(stored)
         return stored
 
-    def patch_job_status(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
-        stored = self.api.patch_job_status(namespace, name, patch)
+    def write_facts(self, key: str, uid: str, patch: dict[str, Any]) -> bool:
+        """Copies facts (progress, an admission message) into the status of the job with `uid`;
+        False when that job is gone, whether or not another was created under its name."""
+        namespace, name = key.split("/", 1)
+        cached = self.stores.jobs.get(key)
+        if cached is not None and cached["metadata"].get("uid") != uid:
+            return False  # the watch already saw its successor
+        version = cached["metadata"].get("resourceVersion") if cached is not None else None
+        stored = self.api.patch_job_facts(namespace, name, patch, uid, version)
         if stored is not None:
             self.stores.jobs.upsert(stored)  # the next admission pass must not read an older status
+        return stored is not None
 
     def refreshed(self, key: str) -> list[float]:
         """Someone wrote the job after it was read: read it again and decide once more, at once."""

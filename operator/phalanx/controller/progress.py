@@ -9,11 +9,12 @@ import logging
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from phalanx import constants as c
 from phalanx import metrics
 from phalanx.controller.job_writes import JobWriter
+from phalanx.controller.queue import WorkQueue
 from phalanx.k8s import short_error
 from phalanx.pod_facts import pod_attempt, pod_index
 from phalanx.reconcile.plan import parse_iso
@@ -47,30 +48,39 @@ def progress_status(report: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+class ProgressTarget(NamedTuple):
+    uid: str  # the job this address serves: its progress is written to that job only
+    ip: str
+
+
 class ProgressPoller:
-    def __init__(self, writer: JobWriter) -> None:
+    def __init__(self, writer: JobWriter, work: WorkQueue) -> None:
         self.writer = writer
+        self.work = work
         # Own threads: slow polls of unreachable pods must not hold up reconciles or admission.
         self.pool = ThreadPoolExecutor(PROGRESS_CONCURRENCY, thread_name_prefix="progress")
-        self.targets: dict[str, str] = {}  # job key -> rank 0's pod IP
+        self.targets: dict[str, ProgressTarget] = {}  # job key -> rank 0's pod IP, for the job's uid
         self.next_poll: dict[str, float] = {}
         self.failures: dict[str, int] = {}
         self.last_progress: dict[str, dict[str, Any]] = {}
+        # The newest start-up times rank 0 reported, with the uid of its job (read by the reconcile).
+        self.trainer_reports: dict[str, tuple[str, dict[str, Any]]] = {}
 
     def forget(self, key: str) -> None:
-        for table in (self.targets, self.next_poll, self.failures, self.last_progress):
+        for table in (self.targets, self.next_poll, self.failures, self.last_progress, self.trainer_reports):
             table.pop(key, None)
 
-    def track(self, key: str, pods: list[dict[str, Any]], status: dict[str, Any]) -> None:
-        """Remembers where global rank 0 serves /progress while the job runs."""
+    def track(self, key: str, uid: str, pods: list[dict[str, Any]], status: dict[str, Any]) -> None:
+        """Remembers where global rank 0 of the job with `uid` serves /progress while the job runs
+        (polled, and what is read written to that job only)."""
         if status.get("phase") != "Running":
             self.targets.pop(key, None)
             return
         attempt = status.get("attempt")
         rank0 = next((p for p in pods if pod_attempt(p) == attempt and pod_index(p) == 0), None)
         ip = (rank0 or {}).get("status", {}).get("podIP")
-        if ip and self.targets.get(key) != ip:
-            self.targets[key] = ip
+        if ip and self.targets.get(key) != (target := ProgressTarget(uid, ip)):
+            self.targets[key] = target
             self.next_poll.pop(key, None)
             self.failures.pop(key, None)
 
@@ -92,11 +102,11 @@ class ProgressPoller:
 
     def poll(self, key: str) -> None:
         """Copies the trainer's /progress into status.progress and status.lastCheckpoint when they change."""
-        ip = self.targets.get(key)
-        if ip is None:
+        target = self.targets.get(key)
+        if target is None:
             return
         try:
-            url = f"http://{ip}:{c.DEFAULT_METRICS_PORT}{c.PROGRESS_PATH}"
+            url = f"http://{target.ip}:{c.DEFAULT_METRICS_PORT}{c.PROGRESS_PATH}"
             with urllib.request.urlopen(url, timeout=PROGRESS_TIMEOUT_SECONDS) as response:
                 report = json.loads(response.read())
         except (OSError, ValueError):
@@ -111,6 +121,16 @@ class ProgressPoller:
             return
         self.failures.pop(key, None)
         namespace, name = key.split("/", 1)
+        facts = {
+            k: report.get(k) for k in ("attempt", "startup", "seconds_per_step", "checkpoint_stall_seconds")
+        }
+        known = self.trainer_reports.get(key)
+        self.trainer_reports[key] = (target.uid, facts)
+        news = ("attempt", "startup", "checkpoint_stall_seconds")
+        if facts["startup"] and (known is None or any(known[1].get(k) != facts[k] for k in news)):
+            # Start-up times end a recovery, stalls cost goodput: the reconcile books them, under
+            # the version it decides on.
+            self.work.enqueue_threadsafe(key)
         patch: dict[str, Any] = {"progress": progress_status(report)}
         checkpoint = report.get("last_checkpoint") or None
         if checkpoint and checkpoint.get("step") is not None:
@@ -122,5 +142,9 @@ class ProgressPoller:
         if isinstance(total, int) and isinstance(step, int) and total > 0:
             metrics.observe_progress(namespace, name, step, total)
         if self.last_progress.get(key) != patch:
-            self.writer.patch_job_status(namespace, name, patch)
+            if not self.writer.write_facts(key, target.uid, patch):
+                # Its job is gone (or re-created under the name: that one gets its own target).
+                if self.targets.get(key) == target:
+                    self.targets.pop(key, None)
+                return
             self.last_progress[key] = patch

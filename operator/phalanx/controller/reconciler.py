@@ -19,16 +19,19 @@ from phalanx.api.schema import parse
 from phalanx.api.v1alpha1 import TrainingJobSpec
 from phalanx.builders.podgroups import build_podgroup
 from phalanx.builders.pods import JobRef, build_headless_service, build_worker_pod
+from phalanx.cache import object_key
 from phalanx.controller import failpoints
 from phalanx.controller.admission_at_creation import CreationAdmission
 from phalanx.controller.job_writes import JobWriter, status_diff
 from phalanx.controller.progress import ProgressPoller
 from phalanx.controller.queue import WorkQueue
 from phalanx.controller.stores import ClusterStores
+from phalanx.gang.devices import gang_devices
 from phalanx.k8s import CreationRefused, KubeApi, StatusConflict
 from phalanx.pod_facts import is_owned_by
+from phalanx.policy import goodput, recovery_timeline
 from phalanx.reconcile.lifecycle import decide
-from phalanx.reconcile.plan import FINISHED_PHASES, Event, Plan, iso, merged_events
+from phalanx.reconcile.plan import FINISHED_PHASES, Event, Plan, iso, merged_events, parse_iso
 from phalanx.reconcile.rules.creation import creation_refused, name_conflict
 
 NAME_CONFLICT_RETRY_SECONDS: Final = 10.0
@@ -91,7 +94,7 @@ class Reconciler:
         if not old_status:
             metrics.observe_job_created(namespace, name)
         nodes = stores.current_nodes()
-        plan = decide(job, pods, nodes, now, self.node_lost_after)
+        plan = self._decide(job, pods, nodes, now)
         spec = parse(TrainingJobSpec, job["spec"])
         ref = JobRef.of(job)
 
@@ -138,14 +141,14 @@ class Reconciler:
                 # so one status write says what this reconcile and the next would have written
                 # (all pods created; admitted, when admitted at creation).
                 pods = [p for p in stores.pods.indexed(key) if is_owned_by(p, job["metadata"]["uid"])]
-                then = decide({**job, "status": plan.status}, pods, nodes, now, self.node_lost_after)
+                then = self._decide({**job, "status": plan.status}, pods, nodes, now)
                 if not (then.create_indices or then.delete_pods or then.force_delete_pods or then.delete_job):
                     then.events = merged_events([*plan.events, *then.events])
                     plan = then
             if not taken and not refused:
                 followups.append(0.5)
 
-        self.progress.track(key, pods, plan.status)
+        self.progress.track(key, job["metadata"]["uid"], pods, plan.status)
         if plan.status.get("phase") in FINISHED_PHASES:
             self.known_jobs.discard(key)  # nothing left to resync; TTL rides on recheck_after
         try:
@@ -160,7 +163,7 @@ class Reconciler:
         for event in plan.events:
             writer.record_event(job, event.type, event.reason, event.message, iso(now))
         if plan.delete_job:
-            self.api.delete_job(namespace, name)
+            self.api.delete_job(namespace, name, job["metadata"]["uid"])
             self.forget(key)
             return followups
         if plan.recheck_after is not None:
@@ -168,6 +171,53 @@ class Reconciler:
         if plan.delete_pods or plan.force_delete_pods:
             followups.append(1.0)
         return followups
+
+    def _decide(
+        self, job: dict[str, Any], pods: list[dict[str, Any]], nodes: dict[str, dict[str, Any]], now: float
+    ) -> Plan:
+        """decide(), then the recovery timeline: what this pass and the trainer's latest report add
+        to status.lastRecovery (policy/recovery_timeline.py), and an Event once it is complete."""
+        plan = decide(job, pods, nodes, now, self.node_lost_after)
+        old = job.get("status") or {}
+        recovery = recovery_timeline.after_reconcile(old, plan.status, now)
+        if recovery is not None:
+            plan.status["lastRecovery"] = recovery
+        reported = self.progress.trainer_reports.get(object_key(job))
+        if reported is not None and reported[0] == job["metadata"].get("uid"):
+            recovery = recovery_timeline.after_trainer_report(plan.status.get("lastRecovery"), reported[1])
+            if recovery is not None:
+                plan.status["lastRecovery"] = recovery
+        done = plan.status.get("lastRecovery")
+        if recovery_timeline.is_complete(done) and not recovery_timeline.is_complete(old.get("lastRecovery")):
+            plan.events.append(Event("Normal", "Recovered", str(done["summary"])))
+        self._account_goodput(job, old, plan.status, now, reported)
+        return plan
+
+    def _account_goodput(
+        self,
+        job: dict[str, Any],
+        old: dict[str, Any],
+        new: dict[str, Any],
+        now: float,
+        reported: tuple[str, dict[str, Any]] | None,
+    ) -> None:
+        """Books the time since the last pass into status.goodput (policy/goodput.py)."""
+        spec = parse(TrainingJobSpec, job["spec"])
+        unit, count = gang_devices(spec, job["spec"].get("template", {}).get("spec") or {})
+        facts = None
+        if reported is not None and reported[0] == job["metadata"].get("uid"):
+            report = reported[1]
+            first_step = recovery_timeline.parse_time((report.get("startup") or {}).get("first_step"))
+            facts = goodput.TrainerFacts(
+                attempt=int(report.get("attempt") or 0),
+                first_step_at=first_step,
+                seconds_per_step=_number(report.get("seconds_per_step")),
+                checkpoint_stall_seconds=_number(report.get("checkpoint_stall_seconds")),
+            )
+        created = parse_iso(job["metadata"].get("creationTimestamp")) or now
+        ledger = goodput.account(old, new, created, now, goodput.Devices(unit, count), facts)
+        if ledger is not None:
+            new["goodput"] = ledger
 
     def _create_gang(
         self, key: str, job: dict[str, Any], ref: JobRef, spec: TrainingJobSpec, plan: Plan, now: float
@@ -248,3 +298,19 @@ class Reconciler:
                 metrics.observe_restart(namespace, name, reason)  # type: ignore[arg-type]
         if (new.get("gangTimeouts") or 0) > (old.get("gangTimeouts") or 0):
             metrics.observe_gang_timeout(namespace, name)
+        if new.get("goodput") and new.get("goodput") != old.get("goodput"):
+            metrics.observe_goodput(namespace, name, new["goodput"])
+        recovery = new.get("lastRecovery")
+        if recovery_timeline.is_complete(recovery) and not recovery_timeline.is_complete(
+            old.get("lastRecovery")
+        ):
+            metrics.observe_recovery(
+                str(recovery.get("reason")),
+                str(recovery.get("path")),
+                recovery["phasesMilliseconds"]["firstStep"] / 1000,
+                recovery_timeline.phase_durations(recovery),
+            )
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

@@ -1,0 +1,172 @@
+"""Goodput and device time per job (status.goodput), pure: what waiting and disruptions cost.
+
+Time is counted in device-seconds of the whole gang: the pods' accelerator request (GPUs or MIG
+slices) times the replicas, or their CPU request where they ask for no accelerator (then `unit`
+says "cpu"). Each reconcile books the time since the last one to what the job was doing meanwhile,
+as its previous status says:
+
+  waitingForAdmission  Pending before the first run: nothing held, nothing trained
+  startup              the first attempt is admitted, or runs with its first step not done yet
+                       (imports, rendezvous): the latter known only from a trainer that reports
+                       it (/progress `startup`)
+  recovery             from a disruption to the first step after it (status.lastRecovery open)
+  allocated            pods hold their devices: Admitted, Running, Restarting
+  productive           Running with no recovery open, less redone steps and checkpoint stalls
+
+Redone steps are those trained after the newest checkpoint and lost at a restart (known when the
+restart is decided: the last reported step less the checkpoint's). Checkpoint stalls are the seconds
+the trainer's loop waited for a save (reported in /progress). goodput = productive / (devices x
+wall time since the job was created): start-up, waiting, recovery, redone work and saves all count
+against it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from phalanx.policy.recovery_timeline import is_complete, iso_ms, parse_time, restart_counted
+
+HOLDING_PHASES: Final = ("Admitted", "Running", "Restarting")
+LOST_CAUSES: Final = ("waitingForAdmission", "startup", "recovery", "redoneSteps", "checkpointStalls")
+FINISHED: Final = ("Succeeded", "Failed")
+# Status writes are what this costs: book at each phase change, else at most this often.
+REFRESH_SECONDS: Final = 30.0
+
+
+@dataclass(frozen=True)
+class Devices:
+    unit: str  # the resource counted: nvidia.com/gpu, a MIG profile, or cpu
+    count: float  # for the whole gang
+
+
+@dataclass(frozen=True)
+class TrainerFacts:
+    """From the trainer's /progress, for the attempt it ran."""
+
+    attempt: int
+    first_step_at: float | None = None  # wall clock; None: not done yet
+    seconds_per_step: float | None = None
+    checkpoint_stall_seconds: float | None = None
+
+
+def _int(ledger: Mapping[str, Any], key: str) -> float:
+    return float(ledger.get(key) or 0)
+
+
+def account(
+    old: Mapping[str, Any],
+    new: Mapping[str, Any],
+    created: float,
+    now: float,
+    devices: Devices,
+    trainer: TrainerFacts | None = None,
+) -> dict[str, Any] | None:
+    """The status.goodput the new status should carry, or None when there is nothing to book yet
+    (no phase change, restart, recovery or stall to book, and less than REFRESH_SECONDS since the
+    last booking)."""
+    ledger: dict[str, Any] = dict(old.get("goodput") or {})
+    if old.get("phase") in FINISHED:
+        return None  # booked up to the end: the ratio stays what the run achieved
+    since = parse_time(ledger.get("accountedTime")) or created
+    phase_changed = old.get("phase") != new.get("phase")
+    restarted = restart_counted(old, new)
+    stalls = _stall_seconds(ledger, trainer, int(new.get("attempt") or 0))
+    recovered = is_complete(new.get("lastRecovery")) and not is_complete(old.get("lastRecovery"))
+    due = now - since >= REFRESH_SECONDS
+    if not (phase_changed or restarted or recovered or stalls or due or not ledger):
+        return None
+    book = {cause: _int(ledger, f"{cause}Seconds") for cause in LOST_CAUSES}
+    allocated = _int(ledger, "allocatedSeconds")
+    productive = _int(ledger, "productiveSeconds")
+    phase = old.get("phase")
+    span = max(0.0, now - since)
+    if phase in HOLDING_PHASES:
+        allocated += span * devices.count
+    # The part of the span lost to a recovery or to the first start, up to the first step.
+    lost_until, cause = _lost_until(old, new, since, now, trainer)
+    lost = max(0.0, min(now, lost_until) - since) if cause else 0.0
+    if cause:
+        book[cause] += lost * devices.count
+    rest = (span - lost) * devices.count
+    if phase == "Running":
+        productive += rest
+    elif phase in (None, "Pending") and not old.get("startTime") and not cause:
+        book["waitingForAdmission"] += rest
+    elif phase == "Admitted" and not old.get("startTime") and not cause:
+        book["startup"] += rest  # admitted, its containers starting
+    if restarted:
+        redo = _redone_device_seconds(old, devices, trainer)
+        book["redoneSteps"] += redo
+        productive -= redo
+    if stalls:
+        stall_time = stalls * devices.count
+        book["checkpointStalls"] += stall_time
+        productive -= stall_time
+    productive = max(0.0, productive)
+    wall = max(1e-9, now - created) * devices.count
+    out: dict[str, Any] = {
+        "unit": devices.unit,
+        "devices": _count_text(devices.count),
+        "allocatedSeconds": round(allocated),
+        "productiveSeconds": round(productive),
+        **{f"{cause}Seconds": round(seconds) for cause, seconds in book.items()},
+        "ratio": f"{min(1.0, productive / wall):.3f}",
+        "accountedTime": iso_ms(now),
+    }
+    if trainer is not None and trainer.checkpoint_stall_seconds is not None:
+        out["stallsReported"] = f"{trainer.attempt}:{trainer.checkpoint_stall_seconds:.3f}"
+    elif "stallsReported" in ledger:
+        out["stallsReported"] = ledger["stallsReported"]
+    return out
+
+
+def _lost_until(
+    old: Mapping[str, Any], new: Mapping[str, Any], since: float, now: float, trainer: TrainerFacts | None
+) -> tuple[float, str | None]:
+    """Until when the span [since, now) was lost, and to what: an open recovery until its first
+    step (now, if not done yet), or the first attempt's start-up until the trainer's first step."""
+    recovery = old.get("lastRecovery")
+    if recovery and not is_complete(recovery):
+        done = new.get("lastRecovery")
+        disrupted = parse_time(recovery.get("disruptedTime"))
+        if is_complete(done) and disrupted is not None and done.get("attempt") == recovery.get("attempt"):
+            return disrupted + done["phasesMilliseconds"]["firstStep"] / 1000, "recovery"
+        return now, "recovery"
+    running_first = old.get("phase") == "Running" and int(old.get("attempt") or 0) == 0
+    if running_first and trainer is not None and trainer.attempt == 0:
+        first = trainer.first_step_at if trainer.first_step_at is not None else now
+        return (first, "startup") if first > since else (since, None)
+    return since, None
+
+
+def _stall_seconds(ledger: Mapping[str, Any], trainer: TrainerFacts | None, attempt: int) -> float:
+    """Checkpoint stall seconds the trainer reported since the last booking (per attempt, it counts
+    from zero again)."""
+    if trainer is None or trainer.checkpoint_stall_seconds is None or trainer.attempt != attempt:
+        return 0.0
+    booked_attempt, _, booked = str(ledger.get("stallsReported") or "").partition(":")
+    already = float(booked) if booked_attempt == str(attempt) and booked else 0.0
+    return max(0.0, trainer.checkpoint_stall_seconds - already)
+
+
+def _redone_device_seconds(old: Mapping[str, Any], devices: Devices, trainer: TrainerFacts | None) -> float:
+    """Steps past the newest checkpoint, lost with the attempt the restart ends."""
+    step = (old.get("progress") or {}).get("step")
+    checkpoint = (old.get("lastCheckpoint") or {}).get("step") or 0
+    per_step = trainer.seconds_per_step if trainer is not None else None
+    if not isinstance(step, int) or not per_step or step <= checkpoint:
+        return 0.0
+    return (step - checkpoint) * per_step * devices.count
+
+
+def _count_text(count: float) -> str:
+    return str(int(count)) if float(count).is_integer() else f"{count:.3f}".rstrip("0")
+
+
+def ratio(ledger: Mapping[str, Any] | None) -> float | None:
+    try:
+        return float((ledger or {})["ratio"])
+    except (KeyError, TypeError, ValueError):
+        return None

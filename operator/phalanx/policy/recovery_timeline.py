@@ -1,0 +1,160 @@
+"""The timeline of a job's last recovery (status.lastRecovery), pure.
+
+A recovery starts when a reconcile restarts the gang (a new attempt after a preemption, an eviction,
+a lost node or a retryable failure) and ends at the first training step of the new attempt. Its
+phases, each the time since the disruption was seen, in the order they happen:
+
+  podsStopped     the old attempt's pods are gone (they were saving the SIGTERM checkpoint)
+  podsRunning     every pod of the new attempt runs
+  rendezvousDone  the trainer's process group is up               (reported by the trainer)
+  stateRestored   the checkpoint is loaded                       (reported by the trainer)
+  firstStep       the first optimizer step of the new attempt     (reported by the trainer)
+
+The operator sees the first two in pod and job status; the trainer reports the others in its
+/progress document (`startup`, wall-clock times). The trainer's clock is another machine's: a phase
+is never allowed to fall before the disruption or before the phase ahead of it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from typing import Any, Final, TypeGuard
+
+PHASES: Final = ("podsStopped", "podsRunning", "rendezvousDone", "stateRestored", "firstStep")
+OPERATOR_PHASES: Final = PHASES[:2]
+# /progress `startup` keys (docs/environment.md) -> phase
+TRAINER_PHASES: Final = {
+    "rendezvous_done": "rendezvousDone",
+    "restored": "stateRestored",
+    "first_step": "firstStep",
+}
+PATH_FULL_RESTART: Final = "FullRestart"
+
+
+def iso_ms(ts: float) -> str:
+    """RFC 3339 with milliseconds: a recovery's phases are seconds apart."""
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def parse_time(value: str | None) -> float | None:
+    """RFC 3339 as the operator and the trainer write it (with or without a fraction)."""
+    if not value:
+        return None
+    try:
+        return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _restarts_total(status: Mapping[str, Any]) -> int:
+    restarts = status.get("restarts") or {}
+    return int(restarts.get("failures", 0) or 0) + int(restarts.get("preemptions", 0) or 0)
+
+
+def _restart_reason(status: Mapping[str, Any]) -> str:
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "Restarting" and condition.get("status") == "True":
+            return str(condition.get("reason") or "Restarting")
+    return "Restarting"
+
+
+def is_complete(recovery: Mapping[str, Any] | None) -> TypeGuard[Mapping[str, Any]]:
+    return isinstance(recovery, Mapping) and "firstStep" in (recovery.get("phasesMilliseconds") or {})
+
+
+def restart_counted(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """The attempt moved on and a restart was counted (not a resume, not a gang timeout)."""
+    return int(new.get("attempt") or 0) > int(old.get("attempt") or 0) and _restarts_total(
+        new
+    ) > _restarts_total(old)
+
+
+def after_reconcile(old: Mapping[str, Any], new: Mapping[str, Any], now: float) -> dict[str, Any] | None:
+    """The lastRecovery the new status should carry, or None to leave it as it is.
+
+    A restart (the attempt moves on and a restart is counted: not a resume, not a gang timeout)
+    opens a new timeline; the phases the operator sees are stamped the first time they hold."""
+    if int(new.get("attempt") or 0) > int(old.get("attempt") or 0) and _restarts_total(new) > _restarts_total(
+        old
+    ):
+        return {
+            "attempt": int(new.get("attempt") or 0),
+            "reason": _restart_reason(new),
+            "path": PATH_FULL_RESTART,
+            "disruptedTime": iso_ms(now),
+            "phasesMilliseconds": {},
+        }
+    recovery = new.get("lastRecovery")
+    if not recovery or is_complete(recovery) or recovery.get("attempt") != new.get("attempt"):
+        return None
+    seen = {
+        "podsStopped": new.get("phase") != "Restarting",
+        "podsRunning": new.get("phase") == "Running",
+    }
+    return _stamp(recovery, {phase: now for phase, holds in seen.items() if holds})
+
+
+def after_trainer_report(
+    recovery: Mapping[str, Any] | None, report: Mapping[str, Any]
+) -> dict[str, Any] | None:
+    """Adds the phases the trainer reported for the recovering attempt; None when nothing changes."""
+    if not recovery or is_complete(recovery) or report.get("attempt") != recovery.get("attempt"):
+        return None
+    startup = report.get("startup") or {}
+    times = {phase: parse_time(startup.get(key)) for key, phase in TRAINER_PHASES.items()}
+    found = {phase: at for phase, at in times.items() if at is not None}
+    if not found:
+        return None
+    # A step means the pods were stopped and running, whatever the operator's polls missed.
+    earliest = min(found.values())
+    return _stamp(recovery, {**dict.fromkeys(OPERATOR_PHASES, earliest), **found})
+
+
+def _stamp(recovery: Mapping[str, Any], seen_at: Mapping[str, float]) -> dict[str, Any] | None:
+    disrupted = parse_time(recovery.get("disruptedTime"))
+    if disrupted is None:
+        return None
+    phases = dict(recovery.get("phasesMilliseconds") or {})
+    floor = 0
+    changed = False
+    for phase in PHASES:
+        if phase in phases:
+            floor = max(floor, int(phases[phase]))
+            continue
+        at = seen_at.get(phase)
+        if at is None:
+            continue
+        phases[phase] = max(floor, int(round((at - disrupted) * 1000)))
+        floor = phases[phase]
+        changed = True
+    if not changed:
+        return None
+    updated = {**recovery, "phasesMilliseconds": phases}
+    if "firstStep" in phases:
+        updated["summary"] = summary(updated)
+    return updated
+
+
+def summary(recovery: Mapping[str, Any]) -> str:
+    """One line for `kubectl describe` and the Event: the total, then when each phase was done."""
+    phases = recovery.get("phasesMilliseconds") or {}
+    done = [f"{phase} {phases[phase] / 1000:.1f}s" for phase in PHASES if phase in phases]
+    total = phases.get("firstStep")
+    head = f"recovered in {total / 1000:.1f}s" if total is not None else "recovering"
+    return (
+        f"{head} ({recovery.get('reason', 'Restarting')}, attempt {recovery.get('attempt')}): "
+        + ", ".join(done)
+    )
+
+
+def phase_durations(recovery: Mapping[str, Any]) -> dict[str, float]:
+    """Seconds spent in each phase (from the one before it), for the per-phase histogram."""
+    phases = recovery.get("phasesMilliseconds") or {}
+    out: dict[str, float] = {}
+    previous = 0
+    for phase in PHASES:
+        if phase in phases:
+            out[phase] = max(0, int(phases[phase]) - previous) / 1000
+            previous = int(phases[phase])
+    return out

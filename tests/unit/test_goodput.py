@@ -1,0 +1,123 @@
+"""Goodput and device time per job (policy/goodput.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from phalanx.policy.goodput import REFRESH_SECONDS, Devices, TrainerFacts, account, ratio
+from phalanx.policy.recovery_timeline import iso_ms
+
+pytestmark = pytest.mark.unit
+
+T0 = 1_800_000_000.0
+GPUS = Devices("nvidia.com/gpu", 8)
+
+
+def st(phase: str, attempt: int = 0, **extra: Any) -> dict[str, Any]:
+    return {"phase": phase, "attempt": attempt, "restarts": {"failures": 0, "preemptions": 0}, **extra}
+
+
+class Job:
+    """Feeds account() a sequence of statuses, as the reconcile does."""
+
+    def __init__(self) -> None:
+        self.status: dict[str, Any] = {}
+
+    def to(self, new: dict[str, Any], at: float, trainer: TrainerFacts | None = None) -> dict[str, Any]:
+        ledger = account(self.status, new, T0, T0 + at, GPUS, trainer)
+        self.status = {**new, "goodput": ledger if ledger is not None else self.status.get("goodput")}
+        return self.status["goodput"]  # type: ignore[no-any-return]
+
+
+def test_waiting_then_start_up_then_training_are_booked_to_their_causes() -> None:
+    job = Job()
+    job.to(st("Pending"), 0)
+    job.to(st("Admitted"), 10)  # waited 10 s for admission
+    job.to(st("Running", startTime="x"), 12)  # 2 s of containers starting
+    # The trainer's first step came 3 s into Running: those 3 s are start-up, the rest training.
+    ledger = job.to(st("Succeeded", startTime="x"), 42, TrainerFacts(0, first_step_at=T0 + 15))
+    assert ledger["waitingForAdmissionSeconds"] == 10 * 8
+    assert ledger["startupSeconds"] == (2 + 3) * 8
+    assert ledger["productiveSeconds"] == 27 * 8
+    assert ledger["allocatedSeconds"] == 32 * 8  # from admission on
+    assert ratio(ledger) == pytest.approx(27 / 42, abs=0.001)
+    assert ledger["unit"] == "nvidia.com/gpu" and ledger["devices"] == "8"
+
+
+def test_a_finished_job_keeps_the_ratio_it_achieved() -> None:
+    job = Job()
+    job.to(st("Running", startTime="x"), 0)
+    done = job.to(st("Succeeded", startTime="x"), 100)
+    assert account(job.status, job.status, T0, T0 + 10_000, GPUS) is None
+    assert ratio(done) == 1.0
+
+
+def test_nothing_is_written_between_phase_changes_more_often_than_the_refresh() -> None:
+    job = Job()
+    job.to(st("Running", startTime="x"), 0)
+    assert account(job.status, job.status, T0, T0 + REFRESH_SECONDS - 1, GPUS) is None
+    assert account(job.status, job.status, T0, T0 + REFRESH_SECONDS, GPUS) is not None
+
+
+def test_a_restart_books_the_recovery_until_its_first_step_and_the_redone_steps() -> None:
+    job = Job()
+    job.to(st("Running", startTime="x"), 0)
+    # At 100 s: preempted at step 130, newest checkpoint at 100, 0.5 s per step.
+    before = {**job.status, "progress": {"step": 130}, "lastCheckpoint": {"step": 100}}
+    job.status = before
+    recovery = {
+        "attempt": 1,
+        "reason": "Preempted",
+        "disruptedTime": iso_ms(T0 + 100),
+        "phasesMilliseconds": {},
+    }
+    restarted = st(
+        "Restarting", 1, startTime="x", restarts={"failures": 0, "preemptions": 1}, lastRecovery=recovery
+    )
+    ledger = job.to(restarted, 100, TrainerFacts(0, first_step_at=T0 - 1, seconds_per_step=0.5))
+    assert ledger["redoneStepsSeconds"] == 30 * 0.5 * 8
+    assert ledger["productiveSeconds"] == (100 - 15) * 8  # the redone steps were not kept
+    # Back to training with the first step 9 s after the disruption; booked at 120 s.
+    complete = {
+        **recovery,
+        "phasesMilliseconds": {"podsStopped": 2000, "podsRunning": 4000, "firstStep": 9000},
+    }
+    job.to(st("Running", 1, startTime="x", restarts=restarted["restarts"], lastRecovery={**recovery,
+           "phasesMilliseconds": {"podsStopped": 2000}}), 104)  # fmt: skip
+    ledger = job.to(
+        st("Running", 1, startTime="x", restarts=restarted["restarts"], lastRecovery=complete), 120
+    )
+    assert ledger["recoverySeconds"] == 9 * 8
+    assert ledger["productiveSeconds"] == (100 - 15 + 11) * 8
+    assert ledger["allocatedSeconds"] == 120 * 8
+
+
+def test_checkpoint_stalls_are_booked_once_per_report_and_per_attempt() -> None:
+    job = Job()
+    job.to(st("Running", startTime="x"), 0)
+    first = job.to(
+        st("Running", startTime="x"), 40, TrainerFacts(0, first_step_at=T0, checkpoint_stall_seconds=2.0)
+    )
+    assert first["checkpointStallsSeconds"] == 2 * 8 and first["productiveSeconds"] == 38 * 8
+    # The same report again books nothing more; a larger one books the difference.
+    same = job.to(
+        st("Running", startTime="x"), 80, TrainerFacts(0, first_step_at=T0, checkpoint_stall_seconds=2.0)
+    )
+    assert same["checkpointStallsSeconds"] == 2 * 8
+    more = job.to(
+        st("Running", startTime="x"), 120, TrainerFacts(0, first_step_at=T0, checkpoint_stall_seconds=3.5)
+    )
+    assert more["checkpointStallsSeconds"] == 28  # 3.5 s x 8
+    # A report of another attempt is not this attempt's.
+    assert (
+        account(job.status, job.status, T0, T0 + 121, GPUS, TrainerFacts(1, checkpoint_stall_seconds=9.0))
+        is None
+    )
+
+
+def test_cpu_only_gangs_count_cores_and_say_so() -> None:
+    cores = Devices("cpu", 2.5)
+    ledger = account({}, st("Running", startTime="x"), T0, T0 + 1, cores)
+    assert ledger is not None and ledger["unit"] == "cpu" and ledger["devices"] == "2.5"
