@@ -89,6 +89,10 @@ class Controller:
     def admission_dirty(self) -> asyncio.Event:
         return self.work.admission_dirty
 
+    def stores_synced(self) -> bool:
+        """Jobs, pods and nodes have each been listed once (readiness; a standby keeps them warm)."""
+        return self.stores.synced()
+
     def job_event(self, key: str, body: Mapping[str, Any]) -> None:
         """kopf's event for a job (on the loop): reconcile unless only its status changed."""
         self.work.job_event(key, body)

@@ -26,12 +26,11 @@ from phalanx.controller.job_writes import JobWriter, status_diff
 from phalanx.controller.progress import ProgressPoller
 from phalanx.controller.queue import WorkQueue
 from phalanx.controller.stores import ClusterStores
-from phalanx.gang.devices import gang_devices
 from phalanx.k8s import CreationRefused, KubeApi, StatusConflict
 from phalanx.pod_facts import is_owned_by
-from phalanx.policy import goodput, recovery_timeline
+from phalanx.policy import recovery_timeline
 from phalanx.reconcile.lifecycle import decide
-from phalanx.reconcile.plan import FINISHED_PHASES, Event, Plan, iso, merged_events, parse_iso
+from phalanx.reconcile.plan import FINISHED_PHASES, Event, Plan, iso, merged_events
 from phalanx.reconcile.rules.creation import creation_refused, name_conflict
 
 NAME_CONFLICT_RETRY_SECONDS: Final = 10.0
@@ -175,49 +174,10 @@ class Reconciler:
     def _decide(
         self, job: dict[str, Any], pods: list[dict[str, Any]], nodes: dict[str, dict[str, Any]], now: float
     ) -> Plan:
-        """decide(), then the recovery timeline: what this pass and the trainer's latest report add
-        to status.lastRecovery (policy/recovery_timeline.py), and an Event once it is complete."""
-        plan = decide(job, pods, nodes, now, self.node_lost_after)
-        old = job.get("status") or {}
-        recovery = recovery_timeline.after_reconcile(old, plan.status, now)
-        if recovery is not None:
-            plan.status["lastRecovery"] = recovery
+        """decide(), with what rank 0 of this very job (its uid) last reported in /progress."""
         reported = self.progress.trainer_reports.get(object_key(job))
-        if reported is not None and reported[0] == job["metadata"].get("uid"):
-            recovery = recovery_timeline.after_trainer_report(plan.status.get("lastRecovery"), reported[1])
-            if recovery is not None:
-                plan.status["lastRecovery"] = recovery
-        done = plan.status.get("lastRecovery")
-        if recovery_timeline.is_complete(done) and not recovery_timeline.is_complete(old.get("lastRecovery")):
-            plan.events.append(Event("Normal", "Recovered", str(done["summary"])))
-        self._account_goodput(job, old, plan.status, now, reported)
-        return plan
-
-    def _account_goodput(
-        self,
-        job: dict[str, Any],
-        old: dict[str, Any],
-        new: dict[str, Any],
-        now: float,
-        reported: tuple[str, dict[str, Any]] | None,
-    ) -> None:
-        """Books the time since the last pass into status.goodput (policy/goodput.py)."""
-        spec = parse(TrainingJobSpec, job["spec"])
-        unit, count = gang_devices(spec, job["spec"].get("template", {}).get("spec") or {})
-        facts = None
-        if reported is not None and reported[0] == job["metadata"].get("uid"):
-            report = reported[1]
-            first_step = recovery_timeline.parse_time((report.get("startup") or {}).get("first_step"))
-            facts = goodput.TrainerFacts(
-                attempt=int(report.get("attempt") or 0),
-                first_step_at=first_step,
-                seconds_per_step=_number(report.get("seconds_per_step")),
-                checkpoint_stall_seconds=_number(report.get("checkpoint_stall_seconds")),
-            )
-        created = parse_iso(job["metadata"].get("creationTimestamp")) or now
-        ledger = goodput.account(old, new, created, now, goodput.Devices(unit, count), facts)
-        if ledger is not None:
-            new["goodput"] = ledger
+        report = reported[1] if reported is not None and reported[0] == job["metadata"].get("uid") else None
+        return decide(job, pods, nodes, now, self.node_lost_after, trainer_report=report)
 
     def _create_gang(
         self, key: str, job: dict[str, Any], ref: JobRef, spec: TrainingJobSpec, plan: Plan, now: float
@@ -310,7 +270,3 @@ class Reconciler:
                 recovery["phasesMilliseconds"]["firstStep"] / 1000,
                 recovery_timeline.phase_durations(recovery),
             )
-
-
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

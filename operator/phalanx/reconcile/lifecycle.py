@@ -15,14 +15,14 @@ pods (success, failure, preemption) comes before admission and gang timeout.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from phalanx.api.schema import parse
 from phalanx.api.v1alpha1 import TrainingJobSpec
 from phalanx.policy.node_loss import DEFAULT_NODE_LOST_AFTER_SECONDS
 from phalanx.reconcile.observed import Observed
-from phalanx.reconcile.plan import Plan, PlanBuilder
+from phalanx.reconcile.plan import Plan, PlanBuilder, parse_iso
 from phalanx.reconcile.rules import (
     admission,
     backoff,
@@ -30,9 +30,11 @@ from phalanx.reconcile.rules import (
     deadline,
     failure,
     gang_timeout,
+    goodput,
     housekeeping,
     node_loss,
     preemption,
+    recovery,
     restart,
     resume,
     running,
@@ -62,6 +64,13 @@ STEPS: Final[tuple[Rule, ...]] = (
     admission.starting,  # still starting: say how many run, and what the scheduler says
 )
 
+# Then, whichever rule decided, the bookkeeping every decision gets:
+AFTER_EVERY_DECISION: Final[tuple[Rule, ...]] = (
+    recovery.apply,  # status.lastRecovery: this pass's and the trainer's times; Recovered once complete
+    goodput.apply,  # status.goodput: book the time since the last pass (after recovery: it reads it)
+    success.progress_done,  # a succeeded job's progress reads 100%
+)
+
 
 def decide(
     job: dict[str, Any],
@@ -69,14 +78,25 @@ def decide(
     nodes: dict[str, dict[str, Any]],
     now: float,
     node_lost_after: float = DEFAULT_NODE_LOST_AFTER_SECONDS,
+    trainer_report: Mapping[str, Any] | None = None,
 ) -> Plan:
-    """node_lost_after: seconds a node may be not Ready before its pods count as lost."""
+    """node_lost_after: seconds a node may be not Ready before its pods count as lost;
+    trainer_report: what rank 0 of this job (this uid) last reported in /progress, if anything."""
     b = PlanBuilder(job, now)
     seen = Observed(
-        parse(TrainingJobSpec, job.get("spec")), b.status["attempt"], pods, nodes, now, node_lost_after
+        spec=parse(TrainingJobSpec, job.get("spec")),
+        attempt=b.status["attempt"],
+        pods=pods,
+        nodes=nodes,
+        now=now,
+        node_lost_after=node_lost_after,
+        pod_template=(job.get("spec") or {}).get("template", {}).get("spec") or {},
+        created=parse_iso((job.get("metadata") or {}).get("creationTimestamp")),
+        trainer_report=trainer_report,
     )
     for rule in STEPS:
         if rule(b, seen):
             break
-    success.complete_progress(b.status)
+    for bookkeeping in AFTER_EVERY_DECISION:
+        bookkeeping(b, seen)
     return b.plan

@@ -3,7 +3,8 @@ the nodes that count as lost. Every rule reads this; none reads the raw job agai
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -36,6 +37,11 @@ class Observed:
     nodes: dict[str, dict[str, Any]]
     now: float
     node_lost_after: float
+    # The job's pod template spec (spec.template.spec), and when the job was created (None: unknown).
+    pod_template: dict[str, Any] = field(default_factory=dict)
+    created: float | None = None
+    # What rank 0 of this job (this uid) last reported in /progress: attempt, start-up times, stalls.
+    trainer_report: Mapping[str, Any] | None = None
 
     @cached_property
     def current(self) -> dict[int, dict[str, Any]]:

@@ -17,6 +17,12 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
     return True
 
 
+def progress_done(b: PlanBuilder, seen: Observed) -> bool:
+    """After every decision (the phase may have been Succeeded already)."""
+    complete_progress(b.status)
+    return False
+
+
 def complete_progress(status: dict[str, Any]) -> None:
     """A succeeded job shows its last step as done, whatever the trainer's last report said (the
     last poll comes a moment before the end)."""
