@@ -12,8 +12,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final
 
 from phalanx import metrics
-from phalanx.api.schema import parse
-from phalanx.api.v1alpha1 import TrainingJobSpec
 from phalanx.builders.pods import admitted_pod
 from phalanx.cache import object_key
 from phalanx.controller import failpoints
@@ -100,9 +98,8 @@ class AdmissionPass:
             now = self.clock()
             for job in jobs:
                 key = object_key(job)
-                priority = state.priority_of(parse(TrainingJobSpec, job["spec"]))
                 created = parse_iso(job["metadata"].get("creationTimestamp")) or now
-                waiting = waiting_gang(key, job, stores.own_pods(job), priority, created)
+                waiting = waiting_gang(key, job, stores.own_pods(job), state.priority_of, created)
                 if waiting is None:
                     continue  # still being created (or torn down), or nothing at the gate
                 if waiting.finishing:

@@ -59,9 +59,8 @@ class Preemptor:
             key = object_key(job)
             if key == head.key:
                 continue
-            priority = self.state.priority_of(parse(TrainingJobSpec, job["spec"]))
             started = parse_iso((job.get("status") or {}).get("admittedTime")) or 0.0
-            gang = running_gang(key, job, self.stores.own_pods(job), priority, started)
+            gang = running_gang(key, job, self.stores.own_pods(job), self.state.priority_of, started)
             if gang is not None:
                 running.append(gang)
         # One victim per need: the room the last victims' terminating pods will free counts as free.

@@ -3,6 +3,7 @@ the gate (gang/admission.py) and the running gang a preemption may stop (gang/pr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -24,12 +25,17 @@ class WaitingGang:
     finishing: bool  # its interrupted admission is being completed (it must not preempt)
 
 
+PriorityOf = Callable[[TrainingJobSpec], int]
+"""The value of the job's PriorityClass (as the admission pass last read them)."""
+
+
 def waiting_gang(
-    key: str, job: dict[str, Any], own_pods: list[dict[str, Any]], priority: int, created: float
+    key: str, job: dict[str, Any], own_pods: list[dict[str, Any]], priority_of: PriorityOf, created: float
 ) -> WaitingGang | None:
     """The gang's request for its gated pods; None while it is being created or torn down (never
     admit half a gang) or when none of its pods waits."""
     spec = parse(TrainingJobSpec, job["spec"])
+    priority = priority_of(spec)
     attempt = (job.get("status") or {}).get("attempt", 0)
     current = [p for p in own_pods if pod_attempt(p) == attempt]
     pods = [p for p in current if is_gated(p)]
@@ -57,7 +63,7 @@ def waiting_gang(
 
 
 def running_gang(
-    key: str, job: dict[str, Any], own_pods: list[dict[str, Any]], priority: int, started: float
+    key: str, job: dict[str, Any], own_pods: list[dict[str, Any]], priority_of: PriorityOf, started: float
 ) -> RunningGang | None:
     """A gang a preemption could stop: Running or Admitted, with pods of its attempt bound and not
     being deleted (those count as room being freed already, not as room a victim would free)."""
@@ -71,4 +77,6 @@ def running_gang(
         and p.get("spec", {}).get("nodeName")
         and not is_deleting(p)
     ]
-    return RunningGang(key, priority, started, tuple(bound)) if bound else None
+    if not bound:
+        return None
+    return RunningGang(key, priority_of(parse(TrainingJobSpec, job["spec"])), started, tuple(bound))
