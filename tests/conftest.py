@@ -244,7 +244,13 @@ class OperatorProcess:
         # As a pod's name: a restart (after kill()) renews its own lease at once.
         self.identity = f"test-operator-{uuid.uuid4().hex[:6]}"
 
-    def start(self, extra_env: dict[str, str] | None = None, extra_args: Sequence[str] = ()) -> None:
+    def start(
+        self,
+        extra_env: dict[str, str] | None = None,
+        extra_args: Sequence[str] = (),
+        allow_host_path_checkpoints: bool = True,
+    ) -> None:
+        """`allow_host_path_checkpoints`: as the dev cluster runs it (the chart's default is off)."""
         import sys
 
         self.starts += 1
@@ -267,6 +273,9 @@ class OperatorProcess:
                 "0",
                 "--health-port",
                 "0",
+                "--allow-host-path-checkpoints"
+                if allow_host_path_checkpoints
+                else "--no-allow-host-path-checkpoints",
                 *extra_args,
             ],
             stdout=log,

@@ -54,7 +54,9 @@ def _operator(args: argparse.Namespace) -> int:
         election = dataclasses.replace(election, namespace=args.leader_election_namespace)
     try:
         settings = OperatorSettings.from_environment(
-            namespaces=tuple(args.namespace or ()), leader_election=election
+            namespaces=tuple(args.namespace or ()),
+            leader_election=election,
+            allow_host_path_checkpoints=args.allow_host_path_checkpoints,
         )
     except ValueError as exc:
         print(f"phalanx operator: {exc}", file=sys.stderr)
@@ -77,13 +79,18 @@ def build_parser() -> argparse.ArgumentParser:
     op = sub.add_parser("operator", help="run the TrainingJob operator against the current kubeconfig")
     op.add_argument("--namespace", action="append", help="watch this namespace (repeatable; default: all)")
     op.add_argument("--metrics-port", type=int, default=8080, help="Prometheus metrics port (0: off)")
-    op.add_argument("--health-port", type=int, default=8081, help="liveness endpoint /healthz port (0: off)")
+    op.add_argument(
+        "--health-port",
+        type=int,
+        default=8081,
+        help="port of /healthz (liveness) and /readyz (readiness); 0: off",
+    )
     op.add_argument(
         "--metrics-bind-address",
         default="0.0.0.0",
         help="address /metrics listens on (127.0.0.1: behind a proxy)",
     )
-    op.add_argument("--health-bind-address", default="0.0.0.0", help="address /healthz listens on")
+    op.add_argument("--health-bind-address", default="0.0.0.0", help="address /healthz and /readyz listen on")
     op.add_argument("--verbose", action="store_true")
     op.add_argument(
         "--leader-elect", action=argparse.BooleanOptionalAction, default=True,
@@ -96,6 +103,10 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument(
         "--lease-duration-seconds", type=int, default=15,
         help="a standby takes over this long after the leader's last renewal (renewals every 2 s)",
+    )  # fmt: skip
+    op.add_argument(
+        "--allow-host-path-checkpoints", action=argparse.BooleanOptionalAction, default=False,
+        help="create pods whose spec.checkpoint.volume is a hostPath (single-node development; default: refused)",
     )  # fmt: skip
     op.set_defaults(func=_operator)
 

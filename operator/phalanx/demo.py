@@ -238,7 +238,9 @@ class Demo:
         wait_established(self.kubectl, ["trainingjobs.phalanx.dev"])
         log = (self.out_dir / "operator.log").open("wb")
         env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
-        argv = [sys.executable, "-m", "phalanx.cli", "operator", "--metrics-port", "0", "--health-port", "0"]
+        # The demo's checkpoints live in a hostPath on the one dev node: allowed here, off in the chart.
+        argv = [sys.executable, "-m", "phalanx.cli", "operator", "--metrics-port", "0", "--health-port", "0",
+                "--allow-host-path-checkpoints"]  # fmt: skip
         self.operator = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
         self.say(
             f"cluster up in {time.monotonic() - began:.0f}s: control plane, dev node {names[0]} "

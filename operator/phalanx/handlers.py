@@ -13,6 +13,7 @@ import kopf
 
 from phalanx import constants as c
 from phalanx.controller import Controller
+from phalanx.health import HealthServer, operator_readiness
 from phalanx.k8s import KubeApi, LeaseApi, load_api_client
 from phalanx.leader import LeaderElector
 from phalanx.settings import LeaderElection, OperatorSettings
@@ -43,6 +44,22 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     await controller.start()
     memo.controller = controller
     memo.elector = elector
+    memo.health = start_health_server(getattr(memo, "health_endpoint", None), controller, elector)
+
+
+def start_health_server(
+    endpoint: tuple[str, int] | None, controller: Controller, elector: LeaderElector | None
+) -> HealthServer | None:
+    """/healthz and /readyz (health.py) on the operator's health port; None when it is off (0)."""
+    if endpoint is None:
+        return None
+    stores = {
+        "trainingjobs": controller.stores.jobs,
+        "pods": controller.stores.pods,
+        "nodes": controller.stores.nodes,
+    }
+    host, port = endpoint
+    return HealthServer(host, port, asyncio.get_running_loop(), operator_readiness(stores, elector)).start()
 
 
 def start_election(election: LeaderElection) -> LeaderElector | None:
@@ -70,6 +87,9 @@ def start_election(election: LeaderElection) -> LeaderElector | None:
 async def shutdown(memo: kopf.Memo, **_: Any) -> None:
     controller: Controller | None = getattr(memo, "controller", None)
     elector: LeaderElector | None = getattr(memo, "elector", None)
+    health: HealthServer | None = getattr(memo, "health", None)
+    if health is not None:
+        health.stop()
     if elector is not None:
         elector.close_fence()  # first: no new write passes; the lease stays ours while we drain
     drained = await controller.stop() if controller is not None else True

@@ -160,6 +160,7 @@ class LeaderElector:
         self.retry_period_seconds = retry_period_seconds
         self.clock = clock
         self.leading = threading.Event()
+        self.in_contact = threading.Event()  # the last round reached the API server (readiness)
         self._valid_until = 0.0
         self._last: Observation | None = None
         self._acquire_time: str | None = None
@@ -172,6 +173,13 @@ class LeaderElector:
     # -- what the writers ask -------------------------------------------------------------------
     def may_write(self) -> bool:
         return not self._fence_closed and self.leading.is_set() and self.clock() < self._valid_until
+
+    def last_holder(self) -> str:
+        """The lease's holder as last read ('' when none, or not read yet)."""
+        if self.leading.is_set():
+            return self.identity
+        last = self._last
+        return last.record.holder if last is not None else ""
 
     def fence(self) -> None:
         if not self.may_write():
@@ -205,7 +213,9 @@ class LeaderElector:
             began = self.clock()
             try:
                 self.try_once(began)
+                self.in_contact.set()
             except Exception as exc:  # noqa: BLE001 - the API server may fail any way; keep trying
+                self.in_contact.clear()
                 log.warning("leader election round failed: %s", _short(exc))
             if self.leading.is_set() and self.clock() >= self._valid_until:
                 self._lose("not renewed within the renew deadline")
@@ -216,6 +226,7 @@ class LeaderElector:
     def _lose(self, why: str) -> None:
         self.close_fence()
         self.leading.clear()
+        self.in_contact.clear()
         self._lost = True
         log.error("lost the lease %s/%s (%s): stopping", self.namespace, self.name, why)
         self.on_lost()

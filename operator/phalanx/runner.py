@@ -1,4 +1,4 @@
-"""Runs the operator: metrics server, kopf's liveness endpoint, and the handlers."""
+"""Runs the operator: metrics server, and the handlers (which serve /healthz and /readyz)."""
 
 from __future__ import annotations
 
@@ -46,14 +46,15 @@ def run_operator(
     logging.getLogger("kopf").setLevel(logging.DEBUG if verbose else logging.WARNING)
     if metrics_port:
         metrics.start_metrics_server(metrics_port, metrics_bind_address)
-    liveness = f"http://{health_bind_address}:{health_port}/healthz" if health_port else None
+    # Our own /healthz and /readyz (health.py, started by handlers.configure), not kopf's liveness
+    # endpoint: readiness needs the stores and the election, which kopf does not know.
+    health_endpoint = (health_bind_address, health_port) if health_port else None
     namespaces = list(settings.namespaces)
     asyncio.run(
         kopf.operator(
             clusterwide=not namespaces,
             namespaces=namespaces,
             standalone=True,  # no kopf peering: our own Lease decides who writes (leader.py)
-            liveness_endpoint=liveness,
-            memo=kopf.Memo(settings=settings),
+            memo=kopf.Memo(settings=settings, health_endpoint=health_endpoint),
         )
     )

@@ -45,6 +45,8 @@ ENV_ADMIT_ON_CREATION: Final = "PHALANX_ADMIT_ON_CREATION"
 class OperatorSettings:
     namespaces: tuple[str, ...] = ()
     cluster_domain: str = "cluster.local"
+    # Pods with a hostPath checkpoint volume are created only then (policy/host_path.py).
+    allow_host_path_checkpoints: bool = False
     leader_election: LeaderElection = field(default_factory=LeaderElection)
     # False: every pod is created gated, even when nothing waits (docs/scheduling.md).
     admit_on_creation: bool = True

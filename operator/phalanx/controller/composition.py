@@ -67,6 +67,7 @@ class Controller:
             api, self.stores, self.writer, self.work,
             CreationAdmission(self.stores, admission, enabled=settings.admit_on_creation), self.progress,
             self.write_pool, self.forget, clock, settings.node_lost_after_seconds, settings.cluster_domain,
+            settings.allow_host_path_checkpoints,
         )  # fmt: skip
         preemptor = Preemptor(api, self.stores, admission, self.writer, self.work, clock)
         self.admission = AdmissionPass(

@@ -29,9 +29,10 @@ from phalanx.controller.stores import ClusterStores
 from phalanx.k8s import CreationRefused, KubeApi, StatusConflict
 from phalanx.pod_facts import is_owned_by
 from phalanx.policy import recovery_timeline
+from phalanx.policy.host_path import REASON_HOST_PATH_NOT_ALLOWED, host_path_refusal
 from phalanx.reconcile.lifecycle import decide
 from phalanx.reconcile.plan import FINISHED_PHASES, Event, Plan, iso, merged_events
-from phalanx.reconcile.rules.creation import creation_refused, name_conflict
+from phalanx.reconcile.rules.creation import creation_refused, name_conflict, spec_refused
 
 NAME_CONFLICT_RETRY_SECONDS: Final = 10.0
 CREATE_REFUSED_RETRY_SECONDS: Final = 5.0
@@ -50,7 +51,8 @@ class Reconciler:
     def __init__(self, api: KubeApi, stores: ClusterStores, writer: JobWriter, work: WorkQueue,
                  creation_admission: CreationAdmission, progress: ProgressPoller,
                  write_pool: ThreadPoolExecutor, forget: Callable[[str], None], clock: Callable[[], float],
-                 node_lost_after: float, cluster_domain: str) -> None:  # fmt: skip
+                 node_lost_after: float, cluster_domain: str,
+                 allow_host_path_checkpoints: bool = False) -> None:  # fmt: skip
         self.api = api
         self.stores = stores
         self.writer = writer
@@ -62,6 +64,7 @@ class Reconciler:
         self.clock = clock
         self.node_lost_after = node_lost_after
         self.cluster_domain = cluster_domain
+        self.allow_host_path_checkpoints = allow_host_path_checkpoints  # policy/host_path.py
         self.known_jobs: set[str] = set()  # resynced now and then; finished jobs leave it
 
     def reconcile(self, key: str) -> list[float]:
@@ -123,6 +126,10 @@ class Reconciler:
         for pod_name in plan.delete_pods:
             if pod_name not in plan.force_delete_pods:
                 self.api.delete_pod(namespace, pod_name, uids.get(pod_name), grace)
+        refusal = host_path_refusal(spec, self.allow_host_path_checkpoints) if plan.create_indices else None
+        if refusal is not None:  # nothing is created; a restart with the flag, or a new job, moves on
+            plan.create_indices, plan.events = [], []
+            self._record(job, spec_refused(job, plan.status, REASON_HOST_PATH_NOT_ALLOWED, refusal, now), now)
         if plan.create_indices:
             outcomes = self._create_gang(key, job, ref, spec, plan, now)
             taken = [o.pod for o in outcomes if o.taken]

@@ -75,3 +75,20 @@ def creation_refused(
     if previous is None or previous.get("message") != message:
         return Event("Warning", REASON_CREATE_REFUSED, message)
     return None
+
+
+def spec_refused(
+    job: dict[str, Any], status: dict[str, Any], reason: str, message: str, now: float
+) -> Event | None:
+    """The operator will not create this job's pods (its spec asks for what the operator's settings
+    refuse, policy/host_path.py): PodsCreated=False in `status`. Returns the Warning event to record
+    when the message is new."""
+    previous = get_condition((job.get("status") or {}).get("conditions") or [], "PodsCreated")
+    status["message"] = message
+    status["conditions"] = set_condition(
+        status.get("conditions") or [], "PodsCreated", "False", reason, message, iso(now),
+        job["metadata"].get("generation"),
+    )  # fmt: skip
+    if previous is None or previous.get("message") != message:
+        return Event("Warning", reason, message)
+    return None
