@@ -29,12 +29,16 @@ GANG_SCHEDULING_GATE: Final = f"{GROUP}/gang"
 EXIT_SUCCESS: Final = 0
 # EX_TEMPFAIL from sysexits.h: the trainer saved a checkpoint after SIGTERM and stopped on purpose.
 EXIT_CHECKPOINTED_ON_PREEMPTION: Final = 75
+# EX_PROTOCOL, from a resident launcher (restart in place) whose generation broke without a
+# checkpoint (a peer was lost, or the worker was fenced out as stale): retryable, like a signal.
+EXIT_GENERATION_FAILED: Final = 76
 # 1-127 (other than the code above) are permanent unless listed in spec.runPolicy.retryableExitCodes;
 # 128-255 (killed by a signal, including OOM kills) are retryable failures.
 FIRST_SIGNAL_EXIT_CODE: Final = 128
 
 DEFAULT_RENDEZVOUS_PORT: Final = 29500
 DEFAULT_METRICS_PORT: Final = 9400
+DEFAULT_CONTROL_PORT: Final = 9399  # the resident launcher's control server (restart in place)
 DEFAULT_CHECKPOINT_PATH: Final = "/checkpoints"
 
 # The environment contract: variables the operator sets in every trainer container.
@@ -59,6 +63,13 @@ ENV_METRICS_PORT: Final = "PHALANX_METRICS_PORT"
 ENV_RENDEZVOUS_TIMEOUT: Final = "PHALANX_RENDEZVOUS_TIMEOUT_SECONDS"
 ENV_PREEMPTION_EXIT_CODE: Final = "PHALANX_PREEMPTION_EXIT_CODE"
 ENV_GRACE_PERIOD: Final = "PHALANX_TERMINATION_GRACE_SECONDS"
+# Restart in place: the pod's launcher stays resident and restarts its workers per generation.
+ENV_RESTART_IN_PLACE: Final = "PHALANX_RESTART_IN_PLACE"
+ENV_GENERATION: Final = "PHALANX_GENERATION"
+ENV_CONTROL_PORT: Final = "PHALANX_CONTROL_PORT"
+ENV_SPARE: Final = "PHALANX_SPARE"
+ENV_COLLECTIVE_TIMEOUT: Final = "PHALANX_COLLECTIVE_TIMEOUT_SECONDS"
+ENV_GENERATION_WAIT: Final = "PHALANX_GENERATION_WAIT_SECONDS"
 
 # Names the operator owns: a template that sets one of these is rejected at admission.
 RESERVED_ENV_NAMES: Final = (
@@ -85,6 +96,12 @@ RESERVED_ENV_NAMES: Final = (
     ENV_RENDEZVOUS_TIMEOUT,
     ENV_PREEMPTION_EXIT_CODE,
     ENV_GRACE_PERIOD,
+    ENV_RESTART_IN_PLACE,
+    ENV_GENERATION,
+    ENV_CONTROL_PORT,
+    ENV_SPARE,
+    ENV_COLLECTIVE_TIMEOUT,
+    ENV_GENERATION_WAIT,
 )
 
 # NCCL defaults the user may override through the template's env.

@@ -218,6 +218,11 @@ def test_a_sigkilled_worker_resumes_from_the_last_periodic_checkpoint(
     assert second.resumed_from >= committed_at_kill
     assert 0 <= first.last_step - second.resumed_from < 2 * INTERVAL
     assert_recovery_timeline(cluster, e2e_namespace, name, status, attempt=1, reason="FailureRestart")
+    ledger = assert_goodput_books_every_second({**status, **job_times(cluster, e2e_namespace, name)})
+    recovery = status["lastRecovery"]
+    assert recovery["resumedFromStep"] == second.resumed_from
+    # Steps reported before the kill and past the checkpoint resumed from were trained twice.
+    assert (ledger["redoneStepsSeconds"] > 0) == (recovery["stepAtDisruption"] > recovery["resumedFromStep"])
 
 
 def test_a_job_whose_command_exits_1_fails_after_its_backoff_limit(

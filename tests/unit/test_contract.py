@@ -10,7 +10,9 @@ from phalanx_trainer import contract as trainer_side
 pytestmark = pytest.mark.unit
 
 SHARED = [
-    name for name in dir(trainer_side) if name.startswith(("ENV_", "EXIT_CHECKPOINTED", "DEFAULT_METRICS"))
+    name
+    for name in dir(trainer_side)
+    if name.startswith(("ENV_", "EXIT_", "DEFAULT_METRICS", "DEFAULT_CONTROL"))
 ]
 
 

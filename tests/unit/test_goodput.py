@@ -64,34 +64,41 @@ def test_nothing_is_written_between_phase_changes_more_often_than_the_refresh() 
 def test_a_restart_books_the_recovery_until_its_first_step_and_the_redone_steps() -> None:
     job = Job()
     job.to(st("Running", startTime="x"), 0)
-    # At 100 s: preempted at step 130, newest checkpoint at 100, 0.5 s per step.
-    before = {**job.status, "progress": {"step": 130}, "lastCheckpoint": {"step": 100}}
-    job.status = before
+    # At 100 s: disrupted at step 130 (as last reported); 0.5 s per step.
+    recovery = {"attempt": 1, "reason": "Preempted", "disruptedTime": iso_ms(T0 + 100), "phasesMilliseconds": {},
+                "stepAtDisruption": 130}  # fmt: skip
+    restarts = {"failures": 0, "preemptions": 1}
+    ledger = job.to(st("Restarting", 1, startTime="x", restarts=restarts, lastRecovery=recovery), 100)
+    assert ledger["productiveSeconds"] == 100 * 8 and ledger["redoneStepsSeconds"] == 0
+    stopped = {**recovery, "phasesMilliseconds": {"podsStopped": 2000}}
+    job.to(st("Running", 1, startTime="x", restarts=restarts, lastRecovery=stopped), 104)
+    # Back to training 9 s after the disruption, resumed from the checkpoint at step 100; booked at 120 s.
+    complete = {**recovery, "resumedFromStep": 100,
+                "phasesMilliseconds": {"podsStopped": 2000, "podsRunning": 4000, "firstStep": 9000}}  # fmt: skip
+    facts = TrainerFacts(1, first_step_at=T0 + 109, seconds_per_step=0.5)
+    ledger = job.to(st("Running", 1, startTime="x", restarts=restarts, lastRecovery=complete), 120, facts)
+    assert ledger["recoverySeconds"] == 9 * 8
+    assert ledger["redoneStepsSeconds"] == 30 * 0.5 * 8  # steps 101-130 trained twice
+    assert ledger["productiveSeconds"] == (100 + 11 - 15) * 8
+    assert ledger["allocatedSeconds"] == 120 * 8
+
+
+def test_a_recovery_that_resumed_where_it_stopped_redoes_nothing() -> None:
+    job = Job()
+    job.to(st("Running", startTime="x"), 0)
     recovery = {
         "attempt": 1,
-        "reason": "Preempted",
-        "disruptedTime": iso_ms(T0 + 100),
+        "disruptedTime": iso_ms(T0 + 50),
         "phasesMilliseconds": {},
+        "stepAtDisruption": 58,
     }
-    restarted = st(
-        "Restarting", 1, startTime="x", restarts={"failures": 0, "preemptions": 1}, lastRecovery=recovery
-    )
-    ledger = job.to(restarted, 100, TrainerFacts(0, first_step_at=T0 - 1, seconds_per_step=0.5))
-    assert ledger["redoneStepsSeconds"] == 30 * 0.5 * 8
-    assert ledger["productiveSeconds"] == (100 - 15) * 8  # the redone steps were not kept
-    # Back to training with the first step 9 s after the disruption; booked at 120 s.
-    complete = {
-        **recovery,
-        "phasesMilliseconds": {"podsStopped": 2000, "podsRunning": 4000, "firstStep": 9000},
-    }
-    job.to(st("Running", 1, startTime="x", restarts=restarted["restarts"], lastRecovery={**recovery,
-           "phasesMilliseconds": {"podsStopped": 2000}}), 104)  # fmt: skip
-    ledger = job.to(
-        st("Running", 1, startTime="x", restarts=restarted["restarts"], lastRecovery=complete), 120
-    )
-    assert ledger["recoverySeconds"] == 9 * 8
-    assert ledger["productiveSeconds"] == (100 - 15 + 11) * 8
-    assert ledger["allocatedSeconds"] == 120 * 8
+    restarts = {"failures": 0, "preemptions": 1}
+    job.to(st("Restarting", 1, startTime="x", restarts=restarts, lastRecovery=recovery), 50)
+    # The SIGTERM checkpoint was at step 60, past the last step the operator had seen reported.
+    complete = {**recovery, "resumedFromStep": 60, "phasesMilliseconds": {"firstStep": 5000}}
+    facts = TrainerFacts(1, first_step_at=T0 + 55, seconds_per_step=0.5)
+    ledger = job.to(st("Running", 1, startTime="x", restarts=restarts, lastRecovery=complete), 60, facts)
+    assert ledger["redoneStepsSeconds"] == 0 and ledger["recoverySeconds"] == 5 * 8
 
 
 def test_checkpoint_stalls_are_booked_once_per_report_and_per_attempt() -> None:
@@ -121,3 +128,33 @@ def test_cpu_only_gangs_count_cores_and_say_so() -> None:
     cores = Devices("cpu", 2.5)
     ledger = account({}, st("Running", startTime="x"), T0, T0 + 1, cores)
     assert ledger is not None and ledger["unit"] == "cpu" and ledger["devices"] == "2.5"
+
+
+def test_training_that_starts_before_the_status_says_running_is_productive() -> None:
+    # The status still says Admitted when the trainer's first step comes, 4 s into a 10 s span.
+    job = Job()
+    job.to(st("Pending"), 0)
+    job.to(st("Admitted"), 10)
+    ledger = job.to(st("Running", startTime="x"), 20, TrainerFacts(0, first_step_at=T0 + 14))
+    assert ledger["waitingForAdmissionSeconds"] == 10 * 8
+    assert ledger["startupSeconds"] == 4 * 8 and ledger["productiveSeconds"] == 6 * 8
+
+
+def test_every_second_goes_to_one_cause_through_a_restart() -> None:
+    job = Job()
+    restarts = {"failures": 1, "preemptions": 0}
+    recovery = {"attempt": 1, "disruptedTime": iso_ms(T0 + 30), "phasesMilliseconds": {}}
+    done = {**recovery, "phasesMilliseconds": {"firstStep": 12_000}}
+    facts0 = TrainerFacts(0, first_step_at=T0 + 8)
+    facts1 = TrainerFacts(1, first_step_at=T0 + 42)
+    job.to(st("Pending"), 0)
+    job.to(st("Admitted"), 3)
+    job.to(st("Running", startTime="x"), 5, facts0)
+    job.to(st("Restarting", 1, startTime="x", restarts=restarts, lastRecovery=recovery), 30, facts0)
+    job.to(st("Pending", 1, startTime="x", restarts=restarts, lastRecovery=recovery), 33)
+    job.to(st("Admitted", 1, startTime="x", restarts=restarts, lastRecovery=recovery), 35)
+    job.to(st("Running", 1, startTime="x", restarts=restarts, lastRecovery=done), 45, facts1)
+    ledger = job.to(st("Succeeded", 1, startTime="x", restarts=restarts, lastRecovery=done), 80, facts1)
+    causes = ("productive", "waitingForAdmission", "startup", "recovery", "redoneSteps", "checkpointStalls")
+    assert sum(ledger[f"{cause}Seconds"] for cause in causes) == 80 * 8
+    assert ledger["recoverySeconds"] == 12 * 8 and ledger["startupSeconds"] == 5 * 8

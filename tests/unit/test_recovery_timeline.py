@@ -41,6 +41,11 @@ def test_a_restart_opens_a_timeline_named_by_attempt_and_reason() -> None:
     )
     assert parse_time(recovery["disruptedTime"]) == pytest.approx(T0, abs=0.001)
     assert recovery["phasesMilliseconds"] == {}
+    assert "stepAtDisruption" not in recovery  # no progress was reported
+    with_progress = after_reconcile(
+        status(0, "Running", progress={"step": 42}), status(1, "Restarting", preemptions=1), T0
+    )
+    assert with_progress is not None and with_progress["stepAtDisruption"] == 42
 
 
 @pytest.mark.parametrize(
@@ -71,7 +76,7 @@ def test_the_operator_stamps_pods_stopped_then_running_once_each() -> None:
 
 def test_the_trainer_report_of_the_recovering_attempt_completes_it() -> None:
     recovery = restarted()
-    report = {"attempt": 1, "startup": {
+    report = {"attempt": 1, "resumed_from_step": 60, "startup": {
         "rendezvous_done": iso_ms(T0 + 6), "restored": iso_ms(T0 + 6.5), "first_step": iso_ms(T0 + 7.2)}}  # fmt: skip
     done = after_trainer_report(recovery, report)
     assert done is not None and is_complete(done)
@@ -79,6 +84,7 @@ def test_the_trainer_report_of_the_recovering_attempt_completes_it() -> None:
     assert done["phasesMilliseconds"] == {
         "podsStopped": 6000, "podsRunning": 6000, "rendezvousDone": 6000, "stateRestored": 6500, "firstStep": 7200,
     }  # fmt: skip
+    assert done["resumedFromStep"] == 60
     assert done["summary"].startswith("recovered in 7.2s (Preempted, attempt 1): podsStopped 6.0s")
     assert after_trainer_report(done, report) is None  # complete: frozen
     assert after_reconcile(status(1, "Running"), status(1, "Running", lastRecovery=done), T0 + 20) is None

@@ -24,6 +24,7 @@ DOCUMENTED_PROGRESS_KEYS = {
     "startup",
     "seconds_per_step",
     "checkpoint_stall_seconds",
+    "resumed_from_step",
     "step",
     "total_steps",
     "loss",

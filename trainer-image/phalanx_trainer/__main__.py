@@ -1,16 +1,19 @@
 """Entry point: `python -m phalanx_trainer --config FILE [section.key=value ...]`.
 
-One process per rank under torchrun (RANK set), or the local launcher when NPROC_PER_NODE > 1 and
-no RANK is set, or a single process of world size 1 with no environment at all.
+One process per rank under torchrun (RANK set); the resident launcher (resident.py) when
+PHALANX_RESTART_IN_PLACE=true and no RANK is set; the local launcher when NPROC_PER_NODE > 1 and no
+RANK is set; or a single process of world size 1 with no environment at all.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import gc
 import os
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -21,6 +24,7 @@ from phalanx_trainer.distenv import (
     EnvError,
     RendezvousTimeout,
     needs_local_launch,
+    needs_resident_launch,
     process_group_backend,
     read_dist_env,
     wait_for_rendezvous,
@@ -87,12 +91,28 @@ def run_worker(config: TrainerConfig, dist_env: DistEnv, env: Mapping[str, str])
             torch.cuda.set_device(dist_env.local_rank)
         os.environ.setdefault(contract.ENV_MASTER_ADDR, dist_env.master_addr)
         os.environ.setdefault(contract.ENV_MASTER_PORT, str(dist_env.master_port))
-        dist.init_process_group(
-            backend=process_group_backend(use_cuda),
-            init_method="env://",
-            rank=dist_env.rank,
-            world_size=dist_env.world_size,
-        )
+        if dist_env.restart_in_place:
+            from phalanx_trainer.generation import StaleGeneration, init_generation_group
+            from phalanx_trainer.logs import EventLog
+
+            try:
+                init_generation_group(dist_env, process_group_backend(use_cuda), log=_note)
+            except (StaleGeneration, dist.DistError, TimeoutError) as err:
+                _destroy_group()
+                return generation_failed(err)
+            # A phase of the recovery timeline: every rank of the generation is in its group.
+            EventLog(dist_env.rank, config.metrics.json_logs)(
+                "group_ready", generation=dist_env.generation, unix_time=round(time.time(), 3)
+            )
+        else:
+            timeout = dist_env.collective_timeout
+            dist.init_process_group(
+                backend=process_group_backend(use_cuda),
+                init_method="env://",
+                rank=dist_env.rank,
+                world_size=dist_env.world_size,
+                timeout=datetime.timedelta(seconds=timeout) if timeout else None,
+            )
     startup.mark(startup.RENDEZVOUS_DONE)
     try:
         try:
@@ -103,6 +123,13 @@ def run_worker(config: TrainerConfig, dist_env: DistEnv, env: Mapping[str, str])
         trainer.start_metrics_server(metrics_port(config.metrics.port, env, dist_env.local_rank))
         try:
             return trainer.train()
+        except RuntimeError as err:
+            from phalanx_trainer.generation import lost_peer
+
+            if not (dist_env.restart_in_place and lost_peer(err)):
+                raise
+            # A peer went away mid-collective: this generation is over, the pod is fine.
+            return generation_failed(err)
         finally:
             trainer.close()
             # Free DDP / FSDP state while the process groups still exist: left to interpreter
@@ -110,8 +137,27 @@ def run_worker(config: TrainerConfig, dist_env: DistEnv, env: Mapping[str, str])
             del trainer
             gc.collect()
     finally:
-        if dist.is_initialized():
+        _destroy_group()
+
+
+def _note(line: str) -> None:
+    print(f"phalanx-trainer: {line}", file=sys.stderr, flush=True)
+
+
+def generation_failed(err: Exception) -> int:
+    first_line = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    _note(f"restart generation failed: {type(err).__name__}: {first_line}")
+    return contract.EXIT_GENERATION_FAILED
+
+
+def _destroy_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        try:
             dist.destroy_process_group()
+        except dist.DistError:
+            pass  # the group is already broken (a lost peer); the process exits next
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -133,6 +179,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         print(json.dumps(config.to_dict(), indent=2))
         return contract.EXIT_SUCCESS
+    if needs_resident_launch(env):
+        from phalanx_trainer.resident import run_resident_launcher
+
+        return run_resident_launcher(args_list, env)
     if needs_local_launch(env):
         from phalanx_trainer.launcher import launch_local_workers
 

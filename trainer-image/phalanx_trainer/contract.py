@@ -24,11 +24,24 @@ ENV_METRICS_PORT: Final = "PHALANX_METRICS_PORT"
 ENV_RENDEZVOUS_TIMEOUT: Final = "PHALANX_RENDEZVOUS_TIMEOUT_SECONDS"
 ENV_PREEMPTION_EXIT_CODE: Final = "PHALANX_PREEMPTION_EXIT_CODE"
 ENV_GRACE_PERIOD: Final = "PHALANX_TERMINATION_GRACE_SECONDS"
+# Restart in place (docs/trainer.md "Restart in place"): a resident launcher per pod.
+ENV_RESTART_IN_PLACE: Final = "PHALANX_RESTART_IN_PLACE"
+ENV_GENERATION: Final = "PHALANX_GENERATION"
+ENV_CONTROL_PORT: Final = "PHALANX_CONTROL_PORT"
+ENV_SPARE: Final = "PHALANX_SPARE"
+ENV_COLLECTIVE_TIMEOUT: Final = "PHALANX_COLLECTIVE_TIMEOUT_SECONDS"
+ENV_GENERATION_WAIT: Final = "PHALANX_GENERATION_WAIT_SECONDS"
 
 EXIT_SUCCESS: Final = 0
 EXIT_PERMANENT_ERROR: Final = 1
 EXIT_CHECKPOINTED_ON_PREEMPTION: Final = 75
+# EX_PROTOCOL: this worker's restart generation broke (a peer was lost mid-collective, or the worker
+# was fenced out as stale) and nothing was saved; retryable from the newest checkpoint.
+EXIT_GENERATION_FAILED: Final = 76
 
 DEFAULT_METRICS_PORT: Final = 9400
 DEFAULT_RENDEZVOUS_TIMEOUT_SECONDS: Final = 600.0
+DEFAULT_CONTROL_PORT: Final = 9399  # below the metrics ports, which count up from 9400 per local rank
+DEFAULT_COLLECTIVE_TIMEOUT_SECONDS: Final = 30.0  # with restart in place; torch's own default otherwise
+DEFAULT_GENERATION_WAIT_SECONDS: Final = 120.0
 PROGRESS_PATH: Final = "/progress"

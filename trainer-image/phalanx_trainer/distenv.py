@@ -30,6 +30,10 @@ class DistEnv:
     master_port: int
     attempt: int
     rendezvous_timeout: float
+    # Restart in place: the group is built per restart generation, fenced (generation.py).
+    restart_in_place: bool = False
+    generation: int = 0
+    collective_timeout: float | None = None  # seconds; None keeps torch's default
 
     @property
     def distributed(self) -> bool:
@@ -52,6 +56,26 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
         raise EnvError(f"environment {name}={raw!r}: expected an integer") from None
 
 
+def flag(env: Mapping[str, str], name: str) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if raw in ("", "0", "false", "no"):
+        return False
+    if raw in ("1", "true", "yes"):
+        return True
+    raise EnvError(f"environment {name}={env[name]!r}: expected true or false")
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name, "")
+    try:
+        value = float(raw) if raw else default
+    except ValueError:
+        raise EnvError(f"environment {name}={raw!r}: expected seconds") from None
+    if value <= 0:
+        raise EnvError(f"environment {name}={raw!r}: expected a positive number of seconds")
+    return value
+
+
 def read_dist_env(env: Mapping[str, str]) -> DistEnv:
     """The process's place in the job; with no variables at all, a single process of world size 1."""
     nnodes = _int(env, contract.ENV_NNODES, 1)
@@ -69,6 +93,12 @@ def read_dist_env(env: Mapping[str, str]) -> DistEnv:
         ) from None
     if not 0 <= rank < world_size:
         raise EnvError(f"RANK={rank} is outside WORLD_SIZE={world_size}")
+    in_place = flag(env, contract.ENV_RESTART_IN_PLACE)
+    collective_timeout: float | None = None
+    if in_place or env.get(contract.ENV_COLLECTIVE_TIMEOUT):
+        collective_timeout = _seconds(
+            env, contract.ENV_COLLECTIVE_TIMEOUT, contract.DEFAULT_COLLECTIVE_TIMEOUT_SECONDS
+        )
     return DistEnv(
         rank=rank,
         local_rank=local_rank,
@@ -80,6 +110,9 @@ def read_dist_env(env: Mapping[str, str]) -> DistEnv:
         master_port=_int(env, contract.ENV_MASTER_PORT, 29500),
         attempt=_int(env, contract.ENV_ATTEMPT, 0),
         rendezvous_timeout=timeout,
+        restart_in_place=in_place,
+        generation=_int(env, contract.ENV_GENERATION, 0),
+        collective_timeout=collective_timeout,
     )
 
 
@@ -87,6 +120,15 @@ def needs_local_launch(env: Mapping[str, str]) -> bool:
     """True when this process should spawn NPROC_PER_NODE workers (torchrun already sets RANK)."""
     return (
         _int(env, contract.ENV_NPROC_PER_NODE, 1) > 1
+        and contract.ENV_RANK not in env
+        and contract.ENV_LOCAL_RANK not in env
+    )
+
+
+def needs_resident_launch(env: Mapping[str, str]) -> bool:
+    """True for the pod's resident launcher (restart in place), whatever NPROC_PER_NODE is."""
+    return (
+        flag(env, contract.ENV_RESTART_IN_PLACE)
         and contract.ENV_RANK not in env
         and contract.ENV_LOCAL_RANK not in env
     )

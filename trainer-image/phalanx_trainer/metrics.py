@@ -106,12 +106,14 @@ def build_progress(
     startup_times: dict[str, str] | None = None,
     seconds_per_step: float = 0.0,
     checkpoint_stall_seconds: float = 0.0,
+    resumed_from_step: int = 0,
 ) -> dict[str, Any]:
     """The /progress document of docs/environment.md."""
     return {
         "startup": startup_times or {},
         "seconds_per_step": seconds_per_step,
         "checkpoint_stall_seconds": checkpoint_stall_seconds,
+        "resumed_from_step": resumed_from_step,
         "step": step,
         "total_steps": total_steps,
         "loss": loss,
@@ -135,6 +137,7 @@ class TrainerMetrics:
     progress: dict[str, Any] = field(default_factory=dict)
     # Seconds the training loop waited for checkpoint saves in this process (goodput's stalls).
     checkpoint_stall_seconds: float = 0.0
+    resumed_from_step: int = 0  # the checkpoint's step this process started from (0: none)
     # Rates come from the step starts since the last report (smoothed, so one slow step does not
     # swing them); the phase sums serve only until two steps have started.
     _step_starts: list[float] = field(default_factory=list)
@@ -225,13 +228,19 @@ class TrainerMetrics:
             startup.marks(),
             self._seconds_per_step,
             self.checkpoint_stall_seconds,
+            self.resumed_from_step,
         )
         return self.progress
 
     def note_startup(self, startup_times: dict[str, str]) -> None:
         """Serves the start-up times at once, not at the next logged step: a recovery ends at the
         first step, and a person watching it should not wait `log_every` steps to see that."""
-        self.progress = {**self.progress, "attempt": self.attempt, "startup": startup_times}
+        self.progress = {
+            **self.progress,
+            "attempt": self.attempt,
+            "startup": startup_times,
+            "resumed_from_step": self.resumed_from_step,
+        }
 
 
 class MetricsServer:

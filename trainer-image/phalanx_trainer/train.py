@@ -397,8 +397,9 @@ class Trainer:
         restored = self.checkpoints.restore(app_state)
         if restored is not None:
             self.progress.step = restored
-            self.log("resumed", step=restored)
+            self.log("resumed", step=restored, unix_time=round(time.time(), 3))
         startup.mark(startup.RESTORED)  # from a checkpoint, or ready to start from step 0
+        self.metrics.resumed_from_step = restored or 0
         self.metrics.note_startup(startup.marks())  # start-up is still going: no step yet
         self.watcher.install()
         self.log(
@@ -426,6 +427,10 @@ class Trainer:
             if startup.FIRST_STEP not in startup.marks():
                 startup.mark(startup.FIRST_STEP)
                 self.metrics.note_startup(startup.marks())  # the operator times the recovery by it
+                # In the log too, with the generation: restart in place times accepted -> first step.
+                self.log(
+                    "first_step", step=step, unix_time=round(time.time(), 3), generation=self.env.generation
+                )
             if step % config.metrics.log_every == 0 or step == config.job.steps:
                 report.loss = self.reduce_loss(local_loss)
                 report.memory_allocated_bytes, report.memory_peak_bytes = self._memory()

@@ -415,6 +415,10 @@ class LastRecovery:
     path: str | None = api_field("How it recovers: FullRestart (every pod replaced).")
     disrupted_time: str | None = api_field("When the operator saw the disruption (RFC 3339, milliseconds).")
     phases_milliseconds: RecoveryPhases | None = api_field("When each phase ended, since disruptedTime.")
+    step_at_disruption: int | None = api_field(
+        "The last step the trainer had reported when it was disrupted."
+    )
+    resumed_from_step: int | None = api_field("The checkpoint step the new attempt resumed from (trainer).")
     summary: str | None = api_field("The total and the phases in one line, once the first step is done.")
 
 

@@ -26,6 +26,14 @@ PROGRESS_CONCURRENCY: Final = 8
 PROGRESS_PATIENT_ATTEMPTS: Final = 60
 PROGRESS_TIMEOUT_SECONDS: Final = 2.0  # a trainer busy on every core answers slowly
 PROGRESS_POLL_SECONDS: Final = 1.0
+# What the reconcile books from rank 0's /progress (recovery timeline, goodput).
+TRAINER_FACTS: Final = (
+    "attempt",
+    "startup",
+    "seconds_per_step",
+    "checkpoint_stall_seconds",
+    "resumed_from_step",
+)
 
 
 def progress_status(report: dict[str, Any]) -> dict[str, Any]:
@@ -121,12 +129,10 @@ class ProgressPoller:
             return
         self.failures.pop(key, None)
         namespace, name = key.split("/", 1)
-        facts = {
-            k: report.get(k) for k in ("attempt", "startup", "seconds_per_step", "checkpoint_stall_seconds")
-        }
+        facts = {k: report.get(k) for k in TRAINER_FACTS}
         known = self.trainer_reports.get(key)
         self.trainer_reports[key] = (target.uid, facts)
-        news = ("attempt", "startup", "checkpoint_stall_seconds")
+        news = ("attempt", "startup", "checkpoint_stall_seconds", "resumed_from_step")
         if facts["startup"] and (known is None or any(known[1].get(k) != facts[k] for k in news)):
             # Start-up times end a recovery, stalls cost goodput: the reconcile books them, under
             # the version it decides on.

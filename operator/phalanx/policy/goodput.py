@@ -13,8 +13,9 @@ as its previous status says:
   allocated            pods hold their devices: Admitted, Running, Restarting
   productive           Running with no recovery open, less redone steps and checkpoint stalls
 
-Redone steps are those trained after the newest checkpoint and lost at a restart (known when the
-restart is decided: the last reported step less the checkpoint's). Checkpoint stalls are the seconds
+Redone steps are those trained after the checkpoint a recovery resumed from and lost with the
+disrupted attempt (booked when the recovery completes: the last step reported before the disruption
+less the step the trainer resumed from). Checkpoint stalls are the seconds
 the trainer's loop waited for a save (reported in /progress). goodput = productive / (devices x
 wall time since the job was created): start-up, waiting, recovery, redone work and saves all count
 against it.
@@ -86,18 +87,18 @@ def account(
         allocated += span * devices.count
     # The part of the span lost to a recovery or to the first start, up to the first step.
     lost_until, cause = _lost_until(old, new, since, now, trainer)
-    lost = max(0.0, min(now, lost_until) - since) if cause else 0.0
+    lost = min(span, max(0.0, lost_until - since)) if cause else 0.0
     if cause:
         book[cause] += lost * devices.count
     rest = (span - lost) * devices.count
-    if phase == "Running":
-        productive += rest
+    if cause or phase == "Running":
+        productive += rest  # after the first step that ended the loss: training, whatever the phase said
     elif phase in (None, "Pending") and not old.get("startTime") and not cause:
         book["waitingForAdmission"] += rest
     elif phase == "Admitted" and not old.get("startTime") and not cause:
         book["startup"] += rest  # admitted, its containers starting
-    if restarted:
-        redo = _redone_device_seconds(old, devices, trainer)
+    if recovered:
+        redo = _redone_device_seconds(new["lastRecovery"], devices, trainer)
         book["redoneSteps"] += redo
         productive -= redo
     if stalls:
@@ -134,7 +135,7 @@ def _lost_until(
         if is_complete(done) and disrupted is not None and done.get("attempt") == recovery.get("attempt"):
             return disrupted + done["phasesMilliseconds"]["firstStep"] / 1000, "recovery"
         return now, "recovery"
-    running_first = old.get("phase") == "Running" and int(old.get("attempt") or 0) == 0
+    running_first = old.get("phase") in ("Admitted", "Running") and int(old.get("attempt") or 0) == 0
     if running_first and trainer is not None and trainer.attempt == 0:
         first = trainer.first_step_at if trainer.first_step_at is not None else now
         return (first, "startup") if first > since else (since, None)
@@ -151,14 +152,15 @@ def _stall_seconds(ledger: Mapping[str, Any], trainer: TrainerFacts | None, atte
     return max(0.0, trainer.checkpoint_stall_seconds - already)
 
 
-def _redone_device_seconds(old: Mapping[str, Any], devices: Devices, trainer: TrainerFacts | None) -> float:
-    """Steps past the newest checkpoint, lost with the attempt the restart ends."""
-    step = (old.get("progress") or {}).get("step")
-    checkpoint = (old.get("lastCheckpoint") or {}).get("step") or 0
+def _redone_device_seconds(
+    recovery: Mapping[str, Any], devices: Devices, trainer: TrainerFacts | None
+) -> float:
+    """Steps the disrupted attempt had reported past the checkpoint the next one resumed from."""
+    step, resumed = recovery.get("stepAtDisruption"), recovery.get("resumedFromStep")
     per_step = trainer.seconds_per_step if trainer is not None else None
-    if not isinstance(step, int) or not per_step or step <= checkpoint:
+    if not isinstance(step, int) or not isinstance(resumed, int) or not per_step or step <= resumed:
         return 0.0
-    return (step - checkpoint) * per_step * devices.count
+    return (step - resumed) * per_step * devices.count
 
 
 def _count_text(count: float) -> str:

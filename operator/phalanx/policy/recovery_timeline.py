@@ -65,9 +65,8 @@ def is_complete(recovery: Mapping[str, Any] | None) -> TypeGuard[Mapping[str, An
 
 def restart_counted(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
     """The attempt moved on and a restart was counted (not a resume, not a gang timeout)."""
-    return int(new.get("attempt") or 0) > int(old.get("attempt") or 0) and _restarts_total(
-        new
-    ) > _restarts_total(old)
+    moved_on = int(new.get("attempt") or 0) > int(old.get("attempt") or 0)
+    return moved_on and _restarts_total(new) > _restarts_total(old)
 
 
 def after_reconcile(old: Mapping[str, Any], new: Mapping[str, Any], now: float) -> dict[str, Any] | None:
@@ -75,16 +74,18 @@ def after_reconcile(old: Mapping[str, Any], new: Mapping[str, Any], now: float) 
 
     A restart (the attempt moves on and a restart is counted: not a resume, not a gang timeout)
     opens a new timeline; the phases the operator sees are stamped the first time they hold."""
-    if int(new.get("attempt") or 0) > int(old.get("attempt") or 0) and _restarts_total(new) > _restarts_total(
-        old
-    ):
-        return {
+    if restart_counted(old, new):
+        opened: dict[str, Any] = {
             "attempt": int(new.get("attempt") or 0),
             "reason": _restart_reason(new),
             "path": PATH_FULL_RESTART,
             "disruptedTime": iso_ms(now),
             "phasesMilliseconds": {},
         }
+        step = (old.get("progress") or {}).get("step")
+        if isinstance(step, int):
+            opened["stepAtDisruption"] = step  # the last step reported: redone work counts from it
+        return opened
     recovery = new.get("lastRecovery")
     if not recovery or is_complete(recovery) or recovery.get("attempt") != new.get("attempt"):
         return None
@@ -106,12 +107,16 @@ def after_trainer_report(
     found = {phase: at for phase, at in times.items() if at is not None}
     if not found:
         return None
-    # A step means the pods were stopped and running, whatever the operator's polls missed.
+    # A trainer that reports means the pods were stopped and running, whatever the operator missed.
     earliest = min(found.values())
-    return _stamp(recovery, {**dict.fromkeys(OPERATOR_PHASES, earliest), **found})
+    resumed = report.get("resumed_from_step")
+    extra = {"resumedFromStep": resumed} if isinstance(resumed, int) and not isinstance(resumed, bool) else {}
+    return _stamp(recovery, {**dict.fromkeys(OPERATOR_PHASES, earliest), **found}, extra)
 
 
-def _stamp(recovery: Mapping[str, Any], seen_at: Mapping[str, float]) -> dict[str, Any] | None:
+def _stamp(
+    recovery: Mapping[str, Any], seen_at: Mapping[str, float], extra: Mapping[str, Any] | None = None
+) -> dict[str, Any] | None:
     disrupted = parse_time(recovery.get("disruptedTime"))
     if disrupted is None:
         return None
@@ -128,9 +133,10 @@ def _stamp(recovery: Mapping[str, Any], seen_at: Mapping[str, float]) -> dict[st
         phases[phase] = max(floor, int(round((at - disrupted) * 1000)))
         floor = phases[phase]
         changed = True
-    if not changed:
+    extra = {k: v for k, v in (extra or {}).items() if recovery.get(k) != v}
+    if not changed and not extra:
         return None
-    updated = {**recovery, "phasesMilliseconds": phases}
+    updated = {**recovery, "phasesMilliseconds": phases, **extra}
     if "firstStep" in phases:
         updated["summary"] = summary(updated)
     return updated
