@@ -33,9 +33,10 @@ ADMISSION_INTERVAL_SECONDS: Final = 1.0
 
 
 def is_admission_candidate(job: dict[str, Any]) -> bool:
-    """A job the admission pass looks at: builtin provider, not suspended, not finished. Running and
-    Admitted jobs too: pods beyond minAvailable, or those of a pass stopped half-way, may still wait
-    at the gate. The pass itself skips a job with no gated pod of its current attempt."""
+    """A job the admission pass looks at: builtin provider, not suspended, not finished, whatever
+    its phase (Running and Admitted included). Which of them wait is the pass's to find: it skips a
+    job with no gated pod of its current attempt, and finishes one whose admission a stopped
+    operator left half done."""
     status = job.get("status") or {}
     spec = job.get("spec") or {}
     if not provider_of_raw(spec).admits_gangs:
