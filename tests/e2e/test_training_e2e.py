@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from phalanx.policy.recovery_timeline import PHASES, parse_time
-from tests.conftest import Cluster, OperatorProcess, RealNode, create_namespace
+from tests.conftest import Cluster, OperatorProcess, RealNode, create_namespace, wait_for
 from tests.e2e.runs import (
     Run,
     evict,
@@ -200,6 +200,9 @@ def test_a_sigkilled_worker_resumes_from_the_last_periodic_checkpoint(
         e2e_namespace,
     )
     wait_for_step(real_node, e2e_namespace, name, 0, INTERVAL + INTERVAL // 2, timeout=RUN_TIMEOUT)
+    # Saves are asynchronous: on a loaded machine the first one may still be committing. The test is
+    # about resuming from a committed checkpoint, so it kills once one exists.
+    wait_for(lambda: any(tmp_path.glob("step-*")), timeout=RUN_TIMEOUT, what="a committed checkpoint")
 
     uid = pod_uids(cluster, e2e_namespace, name)[f"{name}-worker-1"]
     pgid = int((real_node.state_dir / "pods" / uid / "trainer.pid").read_text())

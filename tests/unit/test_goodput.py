@@ -158,3 +158,37 @@ def test_every_second_goes_to_one_cause_through_a_restart() -> None:
     causes = ("productive", "waitingForAdmission", "startup", "recovery", "redoneSteps", "checkpointStalls")
     assert sum(ledger[f"{cause}Seconds"] for cause in causes) == 80 * 8
     assert ledger["recoverySeconds"] == 12 * 8 and ledger["startupSeconds"] == 5 * 8
+
+
+def test_a_stall_report_is_booked_once_even_when_its_value_does_not_round_evenly() -> None:
+    # Review finding: the booked value was stored rounded, so 1.2344 s left 0.0004 s "unbooked" on
+    # every pass, and every pass wrote the status again.
+    job = Job()
+    job.to(st("Running", startTime="x"), 0)
+    facts = TrainerFacts(0, first_step_at=T0, checkpoint_stall_seconds=1.2344)
+    job.to(st("Running", startTime="x"), 40, facts)
+    assert account(job.status, job.status, T0, T0 + 41, GPUS, facts) is None
+
+
+def test_a_queued_or_suspended_job_is_booked_at_its_next_phase_change_only() -> None:
+    for phase in ("Pending", "Suspended"):
+        job = Job()
+        job.to(st(phase), 0)
+        assert account(job.status, job.status, T0, T0 + 10 * REFRESH_SECONDS, GPUS) is None
+
+
+def test_the_first_attempt_waits_for_its_trainers_first_report_before_booking() -> None:
+    job = Job()
+    started = iso_ms(T0 + 15)
+    job.to(st("Pending"), 0)
+    job.to(st("Admitted"), 10)
+    job.to(st("Running", startTime=started), 15)
+    # 35 s in, no report yet: nothing booked (it may all be start-up).
+    assert account(job.status, job.status, T0, T0 + 50, GPUS) is None
+    ledger = job.to(st("Running", startTime=started), 95, TrainerFacts(0, first_step_at=T0 + 95))
+    assert ledger["startupSeconds"] == (5 + 80) * 8 and ledger["productiveSeconds"] == 0
+    # A trainer that never reports: after the grace, its running time is booked as productive.
+    silent = Job()
+    silent.to(st("Running", startTime=iso_ms(T0)), 0)
+    late = account(silent.status, silent.status, T0, T0 + 301, GPUS)
+    assert late is not None and late["productiveSeconds"] == 301 * 8

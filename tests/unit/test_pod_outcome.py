@@ -117,6 +117,16 @@ def test_listed_exit_codes_become_retryable() -> None:
     )
 
 
+def test_a_restart_generation_that_broke_is_retryable_as_the_trainer_contract_says() -> None:
+    # The resident launcher exits 76 when a generation broke without a checkpoint (a peer lost, or
+    # no new generation came in time): a failure to restart from, never a permanent one.
+    from phalanx_trainer import contract
+
+    outcome = classify(pod("Failed", [terminated(contract.EXIT_GENERATION_FAILED)]))
+    assert outcome.kind is OutcomeKind.FAILED_RETRYABLE
+    assert "restart generation" in outcome.message
+
+
 @pytest.mark.parametrize("reason", DISRUPTION_REASONS)
 def test_every_disruption_reason_on_a_stopped_pod_is_a_preemption(reason: str) -> None:
     failed = classify(pod("Failed", [terminated(143)], disruption=reason))

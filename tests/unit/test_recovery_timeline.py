@@ -126,3 +126,31 @@ def test_times_round_trip_with_milliseconds() -> None:
     assert parse_time(iso_ms(T0 + 0.123)) == pytest.approx(T0 + 0.123, abs=0.0005)
     assert parse_time("2026-12-01T10:00:00Z") == parse_time("2026-12-01T10:00:00.000Z")
     assert parse_time("not a time") is None and parse_time(None) is None
+
+
+def test_a_recovery_torn_down_uncounted_goes_on_with_the_next_attempt() -> None:
+    recovery = restarted()
+    stopped = after_reconcile(status(1, "Restarting", preemptions=1),
+                              status(1, "Running", preemptions=1, lastRecovery=recovery), T0 + 4)  # fmt: skip
+    assert stopped is not None
+    # The re-admitted gang timed out (attempt 2, no restart counted): the same recovery, attempt 2.
+    moved = after_reconcile(status(1, "Running", preemptions=1),
+                            status(2, "Pending", preemptions=1, lastRecovery=stopped), T0 + 60)  # fmt: skip
+    assert moved is not None and moved["attempt"] == 2 and moved["disruptedTime"] == recovery["disruptedTime"]
+    assert moved["phasesMilliseconds"] == {"podsStopped": 4000}
+    report = {"attempt": 2, "startup": {"first_step": iso_ms(T0 + 70)}}
+    done = after_trainer_report(moved, report)
+    assert done is not None and is_complete(done) and done["phasesMilliseconds"]["firstStep"] == 70_000
+
+
+def test_a_trainer_that_never_reports_ends_the_timeline_at_its_pods_running() -> None:
+    recovery = restarted()
+    running = after_reconcile(status(1, "Restarting", preemptions=1),
+                              status(1, "Running", preemptions=1, lastRecovery=recovery), T0 + 5)  # fmt: skip
+    assert running is not None
+    still = status(1, "Running", preemptions=1, lastRecovery=running)
+    assert after_reconcile(still, still, T0 + 200) is None  # still waiting for the trainer
+    done = after_reconcile(still, still, T0 + 306)
+    assert done is not None and is_complete(done) and done["trainerReported"] is False
+    assert done["phasesMilliseconds"]["firstStep"] == 5000
+    assert "no trainer report" in done["summary"]

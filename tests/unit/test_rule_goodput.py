@@ -20,7 +20,9 @@ def test_a_new_job_starts_its_ledger_with_its_devices() -> None:
 
 
 def test_running_time_is_booked_as_productive() -> None:
-    running = job({**RUNNING, "goodput": {"unit": "pod", "devices": "2", "accountedTime": iso(NOW - 100)}})
+    # A later attempt: the first one's time waits for its trainer's first report (policy/goodput.py).
+    ledger = {"unit": "pod", "devices": "2", "accountedTime": iso(NOW - 100)}
+    running = job({**RUNNING, "attempt": 1, "createdAttempt": 1, "goodput": ledger})
     running["metadata"]["creationTimestamp"] = iso(NOW - 100)
-    plan = decide(running, [pod(0), pod(1)], NODES, NOW)
+    plan = decide(running, [pod(0, attempt=1), pod(1, attempt=1)], NODES, NOW)
     assert plan.status["goodput"]["productiveSeconds"] == 200  # 100 s x 2 devices

@@ -7,7 +7,7 @@ module into crds/phalanx.dev_trainingjobs.yaml, the chart's copy and docs/api.md
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from phalanx import constants as c
 from phalanx.api.schema import Rule, api_field
@@ -395,15 +395,23 @@ class Progress:
     tokens_per_second: str | None = api_field("Throughput (as text).")
 
 
+# Milliseconds of a long wait, device-seconds of a big gang: past int32 within weeks.
+INT64: Final = {"format": "int64"}
+
+
 @dataclass
 class RecoveryPhases:
     """Milliseconds from the disruption to the end of each phase of a recovery."""
 
-    pods_stopped: int | None = api_field("The old attempt's pods are gone (SIGTERM checkpoint saved).")
-    pods_running: int | None = api_field("Every pod of the new attempt runs.")
-    rendezvous_done: int | None = api_field("The trainer's process group is up (reported by the trainer).")
-    state_restored: int | None = api_field("The checkpoint is loaded (reported by the trainer).")
-    first_step: int | None = api_field("The first training step of the new attempt is done.")
+    pods_stopped: int | None = api_field(
+        "The old attempt's pods are gone (SIGTERM checkpoint saved).", extra=INT64
+    )
+    pods_running: int | None = api_field("Every pod of the new attempt runs.", extra=INT64)
+    rendezvous_done: int | None = api_field(
+        "The trainer's process group is up (reported by the trainer).", extra=INT64
+    )
+    state_restored: int | None = api_field("The checkpoint is loaded (reported by the trainer).", extra=INT64)
+    first_step: int | None = api_field("The first training step of the new attempt is done.", extra=INT64)
 
 
 @dataclass
@@ -420,6 +428,9 @@ class LastRecovery:
     )
     resumed_from_step: int | None = api_field("The checkpoint step the new attempt resumed from (trainer).")
     summary: str | None = api_field("The total and the phases in one line, once the first step is done.")
+    trainer_reported: bool | None = api_field(
+        "False when the trainer reported no start-up times: the timeline then ends at podsRunning."
+    )
 
 
 @dataclass
@@ -433,19 +444,25 @@ class Goodput:
         "What is counted: the accelerator resource, or cpu when the pods ask for none."
     )
     devices: str | None = api_field("How many of `unit` the whole gang holds (replicas x per pod).")
-    allocated_seconds: int | None = api_field("Device-seconds the gang's pods held their devices.")
-    productive_seconds: int | None = api_field("Device-seconds of kept training steps.")
-    waiting_for_admission_seconds: int | None = api_field("Device-seconds waited before the first admission.")
+    allocated_seconds: int | None = api_field(
+        "Device-seconds the gang's pods held their devices.", extra=INT64
+    )
+    productive_seconds: int | None = api_field("Device-seconds of kept training steps.", extra=INT64)
+    waiting_for_admission_seconds: int | None = api_field(
+        "Device-seconds waited before the first admission.", extra=INT64
+    )
     startup_seconds: int | None = api_field(
-        "Device-seconds from admission to the first step of the first attempt."
+        "Device-seconds from admission to the first step of the first attempt.", extra=INT64
     )
     recovery_seconds: int | None = api_field(
-        "Device-seconds from each disruption to the first step after it."
+        "Device-seconds from each disruption to the first step after it.", extra=INT64
     )
     redone_steps_seconds: int | None = api_field(
-        "Device-seconds of steps trained, lost at a restart, and redone."
+        "Device-seconds of steps trained, lost at a restart, and redone.", extra=INT64
     )
-    checkpoint_stalls_seconds: int | None = api_field("Device-seconds the training loop waited for saves.")
+    checkpoint_stalls_seconds: int | None = api_field(
+        "Device-seconds the training loop waited for saves.", extra=INT64
+    )
     accounted_time: str | None = api_field("Booked up to this time (RFC 3339, milliseconds).")
     stalls_reported: str | None = api_field(
         "attempt:seconds of checkpoint stalls already booked (bookkeeping)."

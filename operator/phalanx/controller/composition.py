@@ -107,6 +107,7 @@ class Controller:
         self.work.forget(key)
         self.progress.forget(key)
         self.admission.state.reservations.pop(key, None)
+        self.admission.preemptor.preempting.pop(key, None)
         namespace, name = key.split("/", 1)
         metrics.forget_job(namespace, name)
 

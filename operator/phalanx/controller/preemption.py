@@ -26,6 +26,7 @@ from phalanx.reconcile.plan import REASON_PREEMPTED_BY_PRIORITY, iso, parse_iso
 log = logging.getLogger("phalanx.controller")
 
 PREEMPTION_COOLDOWN_SECONDS: Final = 15.0
+VICTIM_WRITE_ATTEMPTS: Final = 3
 
 
 class Preemptor:
@@ -69,28 +70,38 @@ class Preemptor:
             return
         for victim in choice.victims:
             log.info("preempting %s for higher-priority %s", victim, head.key)
-            self.preempting[victim] = now
             job = next(j for j in jobs if object_key(j) == victim)
-            self.stop_victim(job, preemption_message(head.key, head.priority))
+            if self.stop_victim(job, preemption_message(head.key, head.priority)):
+                self.preempting[victim] = now  # the cooldown starts once its pods are told to stop
             self.work.enqueue_threadsafe(victim)
 
-    def stop_victim(self, job: dict[str, Any], message: str) -> None:
+    def stop_victim(self, job: dict[str, Any], message: str) -> bool:
         """Says on the victim who preempted it (a Preempted condition, then an event), then evicts its
         pods with their grace period: the pods carry DisruptionTarget, the trainer checkpoints on
-        SIGTERM, and the victim's reconcile restarts it as a preemption."""
+        SIGTERM, and the victim's reconcile restarts it as a preemption. False when the victim is no
+        longer the job the pass chose (gone, re-created, restarted or finished meanwhile)."""
         namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
         key = object_key(job)
         now_iso = iso(self.clock())
-        conditions = set_condition((job.get("status") or {}).get("conditions") or [], "Preempted", "True",
-                                   REASON_PREEMPTED_BY_PRIORITY, message, now_iso, job["metadata"].get("generation"))  # fmt: skip
-        try:
-            self.writer.write_status(key, job, {}, {"conditions": conditions})
-        except StatusConflict:
-            fresh = self.api.get_job(namespace, name)
-            if fresh is None:
-                return
-            self.stores.jobs.upsert(fresh)
-            return  # the next pass decides again on what the job is now
+        for _ in range(VICTIM_WRITE_ATTEMPTS):
+            conditions = set_condition((job.get("status") or {}).get("conditions") or [], "Preempted", "True",
+                                       REASON_PREEMPTED_BY_PRIORITY, message, now_iso, job["metadata"].get("generation"))  # fmt: skip
+            try:
+                if self.writer.write_status(key, job, {}, {"conditions": conditions}) is None:
+                    return False  # gone
+                break
+            except StatusConflict:
+                # Its progress is written about once a second: a version that moved on is no reason
+                # to give up, as long as it is still the same attempt of the same job, running.
+                fresh = self.api.get_job(namespace, name)
+                if fresh is None:
+                    return False
+                self.stores.jobs.upsert(fresh)
+                if not _same_running_attempt(job, fresh):
+                    return False  # the next pass decides again on what the job is now
+                job = fresh
+        else:
+            return False
         self.writer.record_event(job, "Warning", REASON_PREEMPTED_BY_PRIORITY, message, now_iso)
         grace = parse(TrainingJobSpec, job["spec"]).run_policy.termination_grace_period_seconds
         for pod in self.stores.own_pods(job):
@@ -98,3 +109,13 @@ class Preemptor:
                 log.warning(
                     "eviction of %s/%s refused by a PodDisruptionBudget", namespace, pod["metadata"]["name"]
                 )
+        return True
+
+
+def _same_running_attempt(chosen: dict[str, Any], fresh: dict[str, Any]) -> bool:
+    before, now = chosen.get("status") or {}, fresh.get("status") or {}
+    return (
+        fresh["metadata"].get("uid") == chosen["metadata"].get("uid")
+        and now.get("attempt") == before.get("attempt")
+        and now.get("phase") in ("Running", "Admitted")
+    )

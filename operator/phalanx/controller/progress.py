@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -26,14 +27,7 @@ PROGRESS_CONCURRENCY: Final = 8
 PROGRESS_PATIENT_ATTEMPTS: Final = 60
 PROGRESS_TIMEOUT_SECONDS: Final = 2.0  # a trainer busy on every core answers slowly
 PROGRESS_POLL_SECONDS: Final = 1.0
-# What the reconcile books from rank 0's /progress (recovery timeline, goodput).
-TRAINER_FACTS: Final = (
-    "attempt",
-    "startup",
-    "seconds_per_step",
-    "checkpoint_stall_seconds",
-    "resumed_from_step",
-)
+PROGRESS_MAX_BYTES: Final = 64 * 1024  # a /progress document is a few hundred bytes; more is not one
 
 
 def progress_status(report: dict[str, Any]) -> dict[str, Any]:
@@ -54,6 +48,31 @@ def progress_status(report: dict[str, Any]) -> dict[str, Any]:
     if isinstance(report.get("tokens_per_second"), (int, float)):
         out["tokensPerSecond"] = f"{report['tokens_per_second']:.0f}"
     return out
+
+
+def trainer_facts(report: dict[str, Any]) -> dict[str, Any]:
+    """The /progress fields the reconcile books, of the types it expects; anything else is left out
+    (the document comes from user code: a string where a number belongs must not stop the job's
+    reconciles)."""
+    facts: dict[str, Any] = {}
+    attempt = report.get("attempt")
+    if isinstance(attempt, int) and not isinstance(attempt, bool):
+        facts["attempt"] = attempt
+    startup = report.get("startup")
+    if isinstance(startup, dict):
+        facts["startup"] = {k: v for k, v in startup.items() if isinstance(k, str) and isinstance(v, str)}
+    for key in ("seconds_per_step", "checkpoint_stall_seconds"):
+        number = _number(report.get(key))
+        if number is not None and math.isfinite(number) and number >= 0:
+            facts[key] = number
+    resumed = report.get("resumed_from_step")
+    if isinstance(resumed, int) and not isinstance(resumed, bool) and resumed >= 0:
+        facts["resumed_from_step"] = resumed
+    return facts
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 class ProgressTarget(NamedTuple):
@@ -116,7 +135,12 @@ class ProgressPoller:
         try:
             url = f"http://{target.ip}:{c.DEFAULT_METRICS_PORT}{c.PROGRESS_PATH}"
             with urllib.request.urlopen(url, timeout=PROGRESS_TIMEOUT_SECONDS) as response:
-                report = json.loads(response.read())
+                body = response.read(PROGRESS_MAX_BYTES + 1)
+            if len(body) > PROGRESS_MAX_BYTES:
+                raise ValueError(f"/progress answered more than {PROGRESS_MAX_BYTES} bytes")
+            report = json.loads(body)
+            if not isinstance(report, dict):
+                raise ValueError("/progress is not a JSON object")
         except (OSError, ValueError):
             # Simulated pods serve nothing and a trainer may still be starting: back off, quietly.
             failures = self.failures.get(key, 0) + 1
@@ -129,17 +153,17 @@ class ProgressPoller:
             return
         self.failures.pop(key, None)
         namespace, name = key.split("/", 1)
-        facts = {k: report.get(k) for k in TRAINER_FACTS}
+        facts = trainer_facts(report)
         known = self.trainer_reports.get(key)
         self.trainer_reports[key] = (target.uid, facts)
         news = ("attempt", "startup", "checkpoint_stall_seconds", "resumed_from_step")
-        if facts["startup"] and (known is None or any(known[1].get(k) != facts[k] for k in news)):
+        if facts.get("startup") and (known is None or any(known[1].get(k) != facts.get(k) for k in news)):
             # Start-up times end a recovery, stalls cost goodput: the reconcile books them, under
             # the version it decides on.
             self.work.enqueue_threadsafe(key)
         patch: dict[str, Any] = {"progress": progress_status(report)}
         checkpoint = report.get("last_checkpoint") or None
-        if checkpoint and checkpoint.get("step") is not None:
+        if isinstance(checkpoint, dict) and isinstance(checkpoint.get("step"), int):
             patch["lastCheckpoint"] = {"step": int(checkpoint["step"]), "time": checkpoint.get("time")}
             saved = parse_iso(checkpoint.get("time"))
             if saved is not None:

@@ -34,6 +34,8 @@ from phalanx.reconcile.lifecycle import decide
 from phalanx.reconcile.plan import FINISHED_PHASES, Event, Plan, iso, merged_events
 from phalanx.reconcile.rules.creation import creation_refused, name_conflict, spec_refused
 
+# Status fields no decision reads: a write that changed only these needs no second look.
+BOOKKEEPING_FIELDS: Final = ("goodput", "lastRecovery", "progress", "lastCheckpoint")
 NAME_CONFLICT_RETRY_SECONDS: Final = 10.0
 CREATE_REFUSED_RETRY_SECONDS: Final = 5.0
 
@@ -161,7 +163,7 @@ class Reconciler:
             writer.write_status(key, job, recorded, plan.status)
         except StatusConflict:
             return writer.refreshed(key)  # what was done is read back from the pods next time
-        if status_diff(old_status, plan.status):
+        if status_diff(_decided_on(old_status), _decided_on(plan.status)):
             # Decide once more on what was just written (a finished job's TTL, say, is timed from
             # the completionTime this write set): the job's own status events no longer enqueue it.
             followups.append(0.0)
@@ -277,3 +279,7 @@ class Reconciler:
                 recovery["phasesMilliseconds"]["firstStep"] / 1000,
                 recovery_timeline.phase_durations(recovery),
             )
+
+
+def _decided_on(status: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in status.items() if k not in BOOKKEEPING_FIELDS}

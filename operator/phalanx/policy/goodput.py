@@ -32,8 +32,13 @@ from phalanx.policy.recovery_timeline import is_complete, iso_ms, parse_time, re
 HOLDING_PHASES: Final = ("Admitted", "Running", "Restarting")
 LOST_CAUSES: Final = ("waitingForAdmission", "startup", "recovery", "redoneSteps", "checkpointStalls")
 FINISHED: Final = ("Succeeded", "Failed")
-# Status writes are what this costs: book at each phase change, else at most this often.
+# Status writes are what this costs: book at each phase change, else at most this often, and only
+# while the gang holds devices (a queued or suspended job's ledger waits for its next phase change).
 REFRESH_SECONDS: Final = 30.0
+MIN_STALL_SECONDS: Final = 0.01  # stall reports below this wait for the next booking
+# How long the first attempt may run before its trainer's first report: until then its time is not
+# booked (it may be start-up); a trainer that never reports gets it booked as productive.
+FIRST_REPORT_GRACE_SECONDS: Final = 300.0
 
 
 @dataclass(frozen=True)
@@ -75,9 +80,11 @@ def account(
     restarted = restart_counted(old, new)
     stalls = _stall_seconds(ledger, trainer, int(new.get("attempt") or 0))
     recovered = is_complete(new.get("lastRecovery")) and not is_complete(old.get("lastRecovery"))
-    due = now - since >= REFRESH_SECONDS
+    due = now - since >= REFRESH_SECONDS and old.get("phase") in HOLDING_PHASES
     if not (phase_changed or restarted or recovered or stalls or due or not ledger):
         return None
+    if not phase_changed and _awaiting_first_report(old, now, trainer):
+        return None  # the span is split at the first step once the trainer tells when it came
     book = {cause: _int(ledger, f"{cause}Seconds") for cause in LOST_CAUSES}
     allocated = _int(ledger, "allocatedSeconds")
     productive = _int(ledger, "productiveSeconds")
@@ -117,7 +124,7 @@ def account(
         "accountedTime": iso_ms(now),
     }
     if trainer is not None and trainer.checkpoint_stall_seconds is not None:
-        out["stallsReported"] = f"{trainer.attempt}:{trainer.checkpoint_stall_seconds:.3f}"
+        out["stallsReported"] = f"{trainer.attempt}:{trainer.checkpoint_stall_seconds!r}"  # exact
     elif "stallsReported" in ledger:
         out["stallsReported"] = ledger["stallsReported"]
     return out
@@ -142,6 +149,14 @@ def _lost_until(
     return since, None
 
 
+def _awaiting_first_report(old: Mapping[str, Any], now: float, trainer: TrainerFacts | None) -> bool:
+    """The first attempt runs and its trainer has not reported yet (imports, rendezvous, restore)."""
+    if old.get("phase") != "Running" or int(old.get("attempt") or 0) != 0 or trainer is not None:
+        return False
+    started = parse_time(old.get("startTime"))
+    return started is not None and now - started < FIRST_REPORT_GRACE_SECONDS
+
+
 def _stall_seconds(ledger: Mapping[str, Any], trainer: TrainerFacts | None, attempt: int) -> float:
     """Checkpoint stall seconds the trainer reported since the last booking (per attempt, it counts
     from zero again)."""
@@ -149,7 +164,8 @@ def _stall_seconds(ledger: Mapping[str, Any], trainer: TrainerFacts | None, atte
         return 0.0
     booked_attempt, _, booked = str(ledger.get("stallsReported") or "").partition(":")
     already = float(booked) if booked_attempt == str(attempt) and booked else 0.0
-    return max(0.0, trainer.checkpoint_stall_seconds - already)
+    more = trainer.checkpoint_stall_seconds - already
+    return more if more >= MIN_STALL_SECONDS else 0.0
 
 
 def _redone_device_seconds(

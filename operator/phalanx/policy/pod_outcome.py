@@ -13,7 +13,12 @@ from datetime import datetime
 from enum import Enum
 from typing import Any, Final
 
-from phalanx.constants import EXIT_CHECKPOINTED_ON_PREEMPTION, FIRST_SIGNAL_EXIT_CODE, TRAINER_CONTAINER
+from phalanx.constants import (
+    EXIT_CHECKPOINTED_ON_PREEMPTION,
+    EXIT_GENERATION_FAILED,
+    FIRST_SIGNAL_EXIT_CODE,
+    TRAINER_CONTAINER,
+)
 
 DISRUPTION_CONDITION: Final = "DisruptionTarget"
 REASON_COMPLETED: Final = "Completed"
@@ -139,6 +144,11 @@ def _failure(pod: str, termination: _Termination, retryable_exit_codes: frozense
         )
     if code >= FIRST_SIGNAL_EXIT_CODE:
         message = f"{where} (killed by signal {code - FIRST_SIGNAL_EXIT_CODE})"
+        return PodOutcome(
+            pod, OutcomeKind.FAILED_RETRYABLE, REASON_EXIT_CODE, message, code, termination.finished_at
+        )
+    if code == EXIT_GENERATION_FAILED:
+        message = f"{where} (its restart generation broke: a peer was lost or no new generation came)"
         return PodOutcome(
             pod, OutcomeKind.FAILED_RETRYABLE, REASON_EXIT_CODE, message, code, termination.finished_at
         )

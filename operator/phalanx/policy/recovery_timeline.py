@@ -30,6 +30,7 @@ TRAINER_PHASES: Final = {
     "first_step": "firstStep",
 }
 PATH_FULL_RESTART: Final = "FullRestart"
+TRAINER_REPORT_GRACE_SECONDS: Final = 300.0  # after podsRunning, how long to wait for the trainer's phases
 
 
 def iso_ms(ts: float) -> str:
@@ -87,13 +88,30 @@ def after_reconcile(old: Mapping[str, Any], new: Mapping[str, Any], now: float) 
             opened["stepAtDisruption"] = step  # the last step reported: redone work counts from it
         return opened
     recovery = new.get("lastRecovery")
-    if not recovery or is_complete(recovery) or recovery.get("attempt") != new.get("attempt"):
+    if not recovery or is_complete(recovery):
         return None
+    if recovery.get("attempt") != new.get("attempt"):
+        # The recovering attempt was torn down uncounted (a gang timeout, a suspension): the same
+        # recovery goes on with the next attempt, whose pods have to run again.
+        phases = {k: v for k, v in (recovery.get("phasesMilliseconds") or {}).items() if k == "podsStopped"}
+        return {**recovery, "attempt": new.get("attempt"), "phasesMilliseconds": phases}
     seen = {
         "podsStopped": new.get("phase") != "Restarting",
         "podsRunning": new.get("phase") == "Running",
     }
-    return _stamp(recovery, {phase: now for phase, holds in seen.items() if holds})
+    stamped = _stamp(recovery, {phase: now for phase, holds in seen.items() if holds})
+    current = stamped or recovery
+    running = (current.get("phasesMilliseconds") or {}).get("podsRunning")
+    disrupted = parse_time(current.get("disruptedTime"))
+    if (
+        running is not None
+        and disrupted is not None
+        and now - (disrupted + running / 1000) > TRAINER_REPORT_GRACE_SECONDS
+    ):
+        # No start-up report from the trainer (an image without /progress): the timeline ends when
+        # its pods ran, rather than staying open and counting every later second as recovery.
+        return _stamp(current, {"firstStep": disrupted + running / 1000}, {"trainerReported": False})
+    return stamped
 
 
 def after_trainer_report(
@@ -148,6 +166,8 @@ def summary(recovery: Mapping[str, Any]) -> str:
     done = [f"{phase} {phases[phase] / 1000:.1f}s" for phase in PHASES if phase in phases]
     total = phases.get("firstStep")
     head = f"recovered in {total / 1000:.1f}s" if total is not None else "recovering"
+    if recovery.get("trainerReported") is False:
+        head += " (no trainer report: up to its pods running)"
     return (
         f"{head} ({recovery.get('reason', 'Restarting')}, attempt {recovery.get('attempt')}): "
         + ", ".join(done)
