@@ -44,7 +44,7 @@ from phalanx.api.schema import parse
 from phalanx.api.v1alpha1 import TrainingJobSpec
 from phalanx.builders.pods import JobRef, build_headless_service, build_worker_pod
 from phalanx.constants import GANG_SCHEDULING_GATE
-from phalanx.controller import WRITE_CONCURRENCY
+from phalanx.controller.composition import WRITE_CONCURRENCY
 from phalanx.devcluster.cluster import LocalCluster
 from phalanx.devcluster.crds import wait_established
 from phalanx.devcluster.nodes import NodePool, node_manifests

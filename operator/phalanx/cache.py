@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from phalanx import constants as c
+from phalanx.pod_facts import TERMINAL_PHASES
 
 Slim = dict[str, Any]
 
@@ -276,20 +277,13 @@ class Store:
         return len(self._objects)
 
 
-def job_of_pod(pod: Mapping[str, Any]) -> str | None:
-    """namespace/name of the TrainingJob a pod belongs to, by its label."""
-    metadata = pod.get("metadata") or {}
-    job = (metadata.get("labels") or {}).get(c.LABEL_JOB_NAME)
-    return f"{metadata.get('namespace')}/{job}" if job else None
-
-
 def frees_or_changes_capacity(old: Slim | None, new: Slim | None) -> bool:
     """Whether a pod change can let a waiting gang in: it finished, went away, or lost its node."""
     if new is None:
         return True
     phase = (new.get("status") or {}).get("phase")
     old_phase = ((old or {}).get("status") or {}).get("phase")
-    return phase in ("Succeeded", "Failed") and phase != old_phase
+    return phase in TERMINAL_PHASES and phase != old_phase
 
 
 def node_changed_for_admission(old: Slim | None, new: Slim | None) -> bool:

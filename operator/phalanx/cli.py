@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -53,12 +52,15 @@ def _operator(args: argparse.Namespace) -> int:
                               lease_duration_seconds=args.lease_duration_seconds)  # fmt: skip
     if args.leader_election_namespace:
         election = dataclasses.replace(election, namespace=args.leader_election_namespace)
-    settings = OperatorSettings(
-        namespaces=tuple(args.namespace or ()),
-        cluster_domain=os.environ.get("PHALANX_CLUSTER_DOMAIN", "cluster.local"),
-        leader_election=election,
-        allow_host_path_checkpoints=args.allow_host_path_checkpoints,
-    )
+    try:
+        settings = OperatorSettings.from_environment(
+            namespaces=tuple(args.namespace or ()),
+            leader_election=election,
+            allow_host_path_checkpoints=args.allow_host_path_checkpoints,
+        )
+    except ValueError as exc:
+        print(f"phalanx operator: {exc}", file=sys.stderr)
+        return 2
     run_operator(
         settings,
         metrics_port=args.metrics_port,

@@ -1,5 +1,5 @@
 """kopf handlers: the only module that imports kopf. Each handler only tells the controller which
-TrainingJob to look at; the controller decides (controller.py, reconcile/lifecycle.py). Pods and
+TrainingJob to look at; the controller decides (controller/, reconcile/lifecycle.py). Pods and
 nodes are watched by the controller's own reflectors (reflector.py), which also feed its caches."""
 
 from __future__ import annotations
@@ -34,16 +34,12 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.watching.client_timeout = 330
     settings.watching.connect_timeout = 30
     settings.networking.error_backoffs = [1, 2, 5, 10]
-    operator_settings: OperatorSettings = getattr(memo, "settings", None) or OperatorSettings()
+    operator_settings: OperatorSettings = (
+        getattr(memo, "settings", None) or OperatorSettings.from_environment()
+    )
     elector = start_election(operator_settings.leader_election)
     api = KubeApi(load_api_client(), write_fence=elector.fence if elector else None)
-    controller = Controller(
-        api,
-        list(operator_settings.namespaces),
-        cluster_domain=operator_settings.cluster_domain,
-        leader=elector,
-        allow_host_path_checkpoints=operator_settings.allow_host_path_checkpoints,
-    )
+    controller = Controller(api, operator_settings, leader=elector)
     controller.loop = asyncio.get_running_loop()
     await controller.start()
     memo.controller = controller
@@ -57,7 +53,11 @@ def start_health_server(
     """/healthz and /readyz (health.py) on the operator's health port; None when it is off (0)."""
     if endpoint is None:
         return None
-    stores = {"trainingjobs": controller.jobs, "pods": controller.pods, "nodes": controller.nodes}
+    stores = {
+        "trainingjobs": controller.stores.jobs,
+        "pods": controller.stores.pods,
+        "nodes": controller.stores.nodes,
+    }
     host, port = endpoint
     return HealthServer(host, port, asyncio.get_running_loop(), operator_readiness(stores, elector)).start()
 

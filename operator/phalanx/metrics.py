@@ -27,7 +27,6 @@ from prometheus_client import (
     Histogram,
     ProcessCollector,
     disable_created_metrics,
-    generate_latest,
     start_http_server,
 )
 from prometheus_client.core import GaugeMetricFamily
@@ -393,11 +392,6 @@ def forget_job(namespace: str, name: str) -> None:
             except KeyError:
                 pass
     _refresh_phase_gauge(before)
-
-
-def render_metrics() -> bytes:
-    """The Prometheus text exposition of the operator's registry (what /metrics serves)."""
-    return generate_latest(REGISTRY)
 
 
 def start_metrics_server(port: int, addr: str = "0.0.0.0") -> WSGIServer:

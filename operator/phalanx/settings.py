@@ -1,13 +1,19 @@
-"""The operator's settings, built once at start from its command line (runner.py) and passed in."""
+"""The operator's settings, built once at start (cli.py: the command line over the environment) and
+passed in: to kopf's memo (runner.py), then to the Controller (handlers.py). Nothing deeper reads
+the environment."""
 
 from __future__ import annotations
 
 import os
 import socket
 import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any, Final
 
+from phalanx import constants as c
 from phalanx import leader
+from phalanx.policy.node_loss import DEFAULT_NODE_LOST_AFTER_SECONDS
 
 
 def default_identity() -> str:
@@ -28,6 +34,13 @@ class LeaderElection:
     retry_period_seconds: float = leader.RETRY_PERIOD_SECONDS
 
 
+Clock = Callable[[], float]
+"""Wall-clock seconds (API timestamps are wall time); tests pass their own."""
+
+ENV_CLUSTER_DOMAIN: Final = "PHALANX_CLUSTER_DOMAIN"
+ENV_ADMIT_ON_CREATION: Final = "PHALANX_ADMIT_ON_CREATION"
+
+
 @dataclass(frozen=True)
 class OperatorSettings:
     namespaces: tuple[str, ...] = ()
@@ -35,3 +48,35 @@ class OperatorSettings:
     # Pods with a hostPath checkpoint volume are created only then (policy/host_path.py).
     allow_host_path_checkpoints: bool = False
     leader_election: LeaderElection = field(default_factory=LeaderElection)
+    # False: every pod is created gated, even when nothing waits (docs/scheduling.md).
+    admit_on_creation: bool = True
+    # Seconds a node may be not Ready before the gangs with pods there restart (policy/node_loss.py).
+    node_lost_after_seconds: float = DEFAULT_NODE_LOST_AFTER_SECONDS
+
+    @classmethod
+    def from_environment(
+        cls, environ: Mapping[str, str] = os.environ, **from_command_line: Any
+    ) -> OperatorSettings:
+        """The settings the environment gives (the chart's operator.extraEnv), with the command
+        line's on top. The only place the operator reads its settings from the environment
+        (failpoints aside: controller/failpoints.py)."""
+        from_environment: dict[str, Any] = {
+            "cluster_domain": environ.get(ENV_CLUSTER_DOMAIN) or "cluster.local",
+            "admit_on_creation": environ.get(ENV_ADMIT_ON_CREATION, "true").lower() != "false",
+            "node_lost_after_seconds": node_lost_after_from_env(environ),
+        }
+        return cls(**{**from_environment, **from_command_line})
+
+
+def node_lost_after_from_env(environ: Mapping[str, str] = os.environ) -> float:
+    """PHALANX_NODE_LOST_AFTER_SECONDS (docs/reliability.md), else the policy's default."""
+    raw = environ.get(c.ENV_NODE_LOST_AFTER, "")
+    if not raw:
+        return DEFAULT_NODE_LOST_AFTER_SECONDS
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if value < 0:
+        raise ValueError(f"{c.ENV_NODE_LOST_AFTER}={raw!r}: give a number of seconds >= 0, for example 20")
+    return value

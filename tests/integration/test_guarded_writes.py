@@ -19,6 +19,7 @@ import pytest
 from phalanx import constants as c
 from phalanx.controller import Controller
 from phalanx.k8s import KubeApi, StatusConflict
+from phalanx.settings import OperatorSettings
 from tests.conftest import Cluster, OperatorProcess, wait_for
 from tests.jobs import job_pods, job_status, training_job, wait_phase
 
@@ -73,21 +74,21 @@ def test_a_progress_report_read_for_a_deleted_job_never_lands_on_its_successor(
     cluster.apply(job, namespace)
     old_uid = uid_of(cluster, namespace, "reborn")
     key = f"{namespace}/reborn"
-    controller = Controller(KubeApi(cluster.api()), [namespace])
+    controller = Controller(KubeApi(cluster.api()), OperatorSettings(namespaces=(namespace,)))
     rank0 = {
         "metadata": {"labels": {c.LABEL_REPLICA_INDEX: "0", c.LABEL_ATTEMPT: "0"}},
         "status": {"podIP": "127.0.0.1"},
     }
     # The old job's rank 0 is being polled: the poll has its address when the job is replaced.
-    controller._track_progress_target(key, old_uid, [rank0], {"attempt": 0, "phase": "Running"})
+    controller.progress.track(key, old_uid, [rank0], {"attempt": 0, "phase": "Running"})
     recreate(cluster, namespace, job)
 
-    controller._poll_progress(key)
+    controller.progress.poll(key)
 
     status = job_status(cluster, namespace, "reborn")
     assert "progress" not in status and "lastCheckpoint" not in status, status
     # And the poll lets go of the old job's address instead of trying again.
-    assert key not in controller.progress_targets
+    assert key not in controller.progress.targets
 
 
 def test_a_status_write_for_a_deleted_job_is_refused_on_its_successor(

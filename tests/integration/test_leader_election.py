@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from phalanx.pod_facts import is_gated
 from phalanx.ports import free_port
-from phalanx.reconcile.lifecycle import is_gated
 from tests.conftest import OPERATOR_IDENTITY_NAMESPACE, Cluster, OperatorProcess, wait_for
 from tests.jobs import training_job
 

@@ -11,14 +11,14 @@ from phalanx.cache import (
     Store,
     compact,
     frees_or_changes_capacity,
-    job_of_pod,
     node_changed_for_admission,
     slim_node,
     slim_pod,
 )
-from phalanx.gang.capacity import NodeInfo, PodDemand, usage_by_node
+from phalanx.gang.capacity import NodeInfo, PodDemand
+from phalanx.pod_facts import is_gated, job_of_pod, pod_attempt
 from phalanx.policy.pod_outcome import classify_pod, node_is_ready
-from phalanx.reconcile.lifecycle import is_gated, pod_attempt
+from tests.unit.reference_usage import usage_by_node
 
 pytestmark = pytest.mark.unit
 
@@ -231,10 +231,7 @@ def test_an_own_pods_slim_status_keeps_what_the_outcome_and_counters_read(case: 
     full["status"] = KUBELET_STATUSES[case]
     slim = slim_pod(full)
     node = {"metadata": {"name": "n1"}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
-    for deleted_by_operator in (False, True):
-        assert classify_pod(slim, node=node, deleted_by_operator=deleted_by_operator) == classify_pod(
-            full, node=node, deleted_by_operator=deleted_by_operator
-        )
+    assert classify_pod(slim, node=node) == classify_pod(full, node=node)
     kept = slim["status"]
     assert kept.get("podIP") == full["status"].get("podIP")
     assert kept.get("conditions", []) == [

@@ -21,6 +21,7 @@ import pytest
 
 from phalanx import handlers
 from phalanx.controller import Controller
+from phalanx.settings import OperatorSettings
 
 pytestmark = pytest.mark.unit
 
@@ -84,7 +85,7 @@ def test_events_from_many_threads_never_run_one_key_twice_at_once_and_none_is_lo
     keys = [f"ns/job-{i}" for i in range(6)]
     recorder = Recorder()
     loop = asyncio.new_event_loop()
-    controller = Controller(api=None, namespaces=[], workers=8)  # type: ignore[arg-type]
+    controller = Controller(api=None, settings=OperatorSettings(), workers=8)  # type: ignore[arg-type]
     controller.reconcile = recorder.reconcile  # type: ignore[method-assign]
     memo = type("Memo", (), {"controller": controller})()
     kopf_pool = ThreadPoolExecutor(8)

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from phalanx.gang.admission import AdmissionPlan, GangRequest, admission_order, plan_admission, planned_nodes
-from phalanx.gang.capacity import NodeInfo, PodDemand, usage_by_node
+from phalanx.gang.admission import AdmissionPlan, GangRequest, admission_order, plan_admission
+from phalanx.gang.capacity import NodeInfo, PodDemand
+from tests.unit.reference_usage import planned_nodes, usage_by_node
 
 pytestmark = pytest.mark.unit
 

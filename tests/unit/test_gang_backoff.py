@@ -45,10 +45,10 @@ def test_requeue_at_adds_the_delay() -> None:
 )
 def test_gang_timeout(now: float, running: int, timed_out: bool) -> None:
     assert (
-        gang_timed_out(admitted_at=1000.0, now=now, timeout_seconds=60, pods_running=running, min_available=4)
+        gang_timed_out(admitted_at=1000.0, now=now, timeout_seconds=60, pods_running=running, replicas=4)
         is timed_out
     )
 
 
 def test_zero_timeout_disables_teardown() -> None:
-    assert not gang_timed_out(admitted_at=0.0, now=1e9, timeout_seconds=0, pods_running=0, min_available=4)
+    assert not gang_timed_out(admitted_at=0.0, now=1e9, timeout_seconds=0, pods_running=0, replicas=4)

@@ -12,14 +12,25 @@ from phalanx.gang.capacity import (
     NodeSelectorTerm,
     PodDemand,
     Requirement,
+    ResourceList,
     Taint,
     Toleration,
     effective_requests,
-    node_can_host,
-    usage_by_node,
+    placement_refusal,
+    resource_refusal,
 )
+from tests.unit.reference_usage import usage_by_node
 
 pytestmark = pytest.mark.unit
+
+
+def node_can_host(node: NodeInfo, demand: PodDemand, used: ResourceList) -> tuple[bool, str]:
+    """Whether one more pod of this demand fits on the node now, and if not, why (short)."""
+    refusal = placement_refusal(node, demand) or resource_refusal(node, demand, used)
+    if refusal is None:
+        return True, "fits"
+    return False, f"{node.name}: {refusal.detail}"
+
 
 GIB = 2**30 * 1000  # one GiB in milli-units
 

@@ -246,7 +246,7 @@ def test_waiting_gauge_grows_until_admission_and_restart_reasons_are_checked() -
     operator_metrics.observe_admission_wait_started(ns, job, time.time() - 90)
     waiting = {
         sample.labels["trainingjob"]: sample.value
-        for family in text_string_to_metric_families(operator_metrics.render_metrics().decode())
+        for family in text_string_to_metric_families(generate_latest(operator_metrics.REGISTRY).decode())
         if family.name == "phalanx_job_admission_waiting_seconds"
         for sample in family.samples
     }

@@ -18,7 +18,7 @@ from phalanx.policy.node_loss import (
     on_lost_node,
     seconds_until_lost,
 )
-from phalanx.reconcile.lifecycle import iso
+from phalanx.reconcile.plan import iso
 
 pytestmark = pytest.mark.unit
 
@@ -103,7 +103,7 @@ def test_a_long_job_name_still_gets_a_hostname_that_fits_a_dns_label() -> None:
 def test_the_operator_setting_is_read_from_its_environment_and_refused_when_not_a_number(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from phalanx.controller import node_lost_after_from_env
+    from phalanx.settings import node_lost_after_from_env
 
     monkeypatch.delenv("PHALANX_NODE_LOST_AFTER_SECONDS", raising=False)
     assert node_lost_after_from_env() == DEFAULT_NODE_LOST_AFTER_SECONDS

@@ -64,10 +64,9 @@ def pod(
 def classify(
     raw: dict[str, Any],
     node: dict[str, Any] | None = READY_NODE,
-    by_operator: bool = False,
     retryable: frozenset[int] = frozenset(),
 ) -> PodOutcome:
-    return classify_pod(raw, retryable_exit_codes=retryable, node=node, deleted_by_operator=by_operator)
+    return classify_pod(raw, retryable_exit_codes=retryable, node=node)
 
 
 DISRUPTION_REASONS = [
@@ -132,7 +131,7 @@ def test_a_restart_generation_that_broke_is_retryable_as_the_trainer_contract_sa
 def test_every_disruption_reason_on_a_stopped_pod_is_a_preemption(reason: str) -> None:
     failed = classify(pod("Failed", [terminated(143)], disruption=reason))
     assert (failed.kind, failed.reason, failed.at) == (OutcomeKind.PREEMPTED, reason, T0_EPOCH)
-    deleting = classify(pod("Running", disruption=reason, deleting=True), by_operator=True)
+    deleting = classify(pod("Running", disruption=reason, deleting=True))
     assert (deleting.kind, deleting.reason) == (OutcomeKind.PREEMPTED, reason)
 
 
@@ -151,9 +150,8 @@ def test_condition_set_then_cleared_is_just_running() -> None:
     assert classify(raw).kind is OutcomeKind.RUNNING
 
 
-def test_deletion_by_the_operator_is_not_a_disruption() -> None:
-    assert classify(pod("Running", deleting=True), by_operator=True).kind is OutcomeKind.RUNNING
-    outcome = classify(pod("Running", deleting=True), by_operator=False)
+def test_a_deletion_by_someone_else_is_a_disruption() -> None:
+    outcome = classify(pod("Running", deleting=True))
     # The deletion was requested grace-period seconds before the deletionTimestamp deadline.
     assert (outcome.kind, outcome.at) == (OutcomeKind.PREEMPTED, T0_EPOCH)
 
@@ -163,14 +161,14 @@ def test_deletion_by_the_operator_is_not_a_disruption() -> None:
     [
         (pod("Failed", [terminated(137)]), None, True),
         (pod("Unknown"), NOT_READY_NODE, True),
-        (pod("Running", deleting=True), NOT_READY_NODE, True),
+        (pod("Running", deleting=True), NOT_READY_NODE, False),  # someone deleted it: "Deleted"
         (pod("Failed", [terminated(137)]), NOT_READY_NODE, True),
         (pod("Running"), NOT_READY_NODE, False),  # not lost until the pod is failed or being removed
         (pod("Failed", [terminated(137)]), READY_NODE, False),
     ],
 )
 def test_node_lost(raw: dict[str, Any], node: dict[str, Any] | None, lost: bool) -> None:
-    outcome = classify(raw, node=node, by_operator=True)
+    outcome = classify(raw, node=node)
     assert (outcome.reason == "NodeLost") is lost
     if lost:
         assert outcome.kind is OutcomeKind.PREEMPTED

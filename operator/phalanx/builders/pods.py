@@ -10,13 +10,10 @@ from typing import Any
 from phalanx import constants as c
 from phalanx.api.v1alpha1 import TrainingJobSpec
 from phalanx.builders.names import service_name, worker_fqdn, worker_hostname, worker_pod_name
+from phalanx.providers import provider_for
 
 SHM_VOLUME = "phalanx-dshm"
 CHECKPOINT_VOLUME = "phalanx-checkpoints"
-VOLCANO_SCHEDULER = "volcano"
-COSCHEDULING_SCHEDULER = "scheduler-plugins-scheduler"
-COSCHEDULING_POD_LABEL = "scheduling.x-k8s.io/pod-group"
-VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
 
 
 @dataclass(frozen=True)
@@ -166,18 +163,7 @@ def build_worker_pod(
     if spec.scheduling.priority_class_name:
         pod_spec["priorityClassName"] = spec.scheduling.priority_class_name
 
-    provider = spec.scheduling.provider
-    if provider == "builtin":
-        pod_spec["schedulingGates"] = [
-            *(pod_spec.get("schedulingGates") or []),
-            {"name": c.GANG_SCHEDULING_GATE},
-        ]
-    elif provider == "volcano":
-        pod_spec["schedulerName"] = VOLCANO_SCHEDULER
-        annotations[VOLCANO_GROUP_ANNOTATION] = job.name
-    elif provider == "coscheduling":
-        pod_spec["schedulerName"] = COSCHEDULING_SCHEDULER
-        labels[COSCHEDULING_POD_LABEL] = job.name
+    provider_for(spec).shape_pod(pod_spec, labels, annotations, group=job.name)
 
     limits = accelerator_limits(spec)
     if limits:

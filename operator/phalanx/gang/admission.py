@@ -330,14 +330,3 @@ def _room_for(free: Mapping[str, int], demand: PodDemand) -> float:
     """Pods of this shape the free amounts hold, fractions included (4 of 8 GPUs free is 0.5)."""
     ratios = [max(free.get(name, 0), 0) / amount for name, amount in demand.requests if amount > 0]
     return min(ratios, default=0.0)
-
-
-def planned_nodes(plan: AdmissionPlan) -> dict[str, str]:
-    """ "namespace/pod" -> node for every admitted pod: the admitted_unbound input of usage_by_node
-    until the scheduler has bound those pods."""
-    planned: dict[str, str] = {}
-    for admission in plan.admitted:
-        namespace = admission.key.split("/", 1)[0]
-        for pod, node in admission.placements:
-            planned[f"{namespace}/{pod}"] = node
-    return planned

@@ -22,14 +22,15 @@ def requeue_delay_seconds(
 
 
 def gang_timed_out(
-    admitted_at: float, now: float, timeout_seconds: float, pods_running: int, min_available: int
+    admitted_at: float, now: float, timeout_seconds: float, pods_running: int, replicas: int
 ) -> bool:
-    """True when the gang was admitted at least timeout_seconds ago and is still not all running.
+    """True when the gang was admitted at least timeout_seconds ago and fewer than all of its
+    `replicas` pods run (not minAvailable: the trainer needs every rank).
 
     A partly running gang holds accelerators while its peers cannot start; after the timeout the
     whole attempt is torn down and requeued (docs/scheduling.md). timeout_seconds <= 0 disables it.
     """
-    if timeout_seconds <= 0 or pods_running >= min_available:
+    if timeout_seconds <= 0 or pods_running >= replicas:
         return False
     return now - admitted_at >= timeout_seconds
 

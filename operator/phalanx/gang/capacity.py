@@ -6,12 +6,13 @@ scheduler will bind. Resource amounts are int milli-units (see quantities.py); t
 pseudo-resource "pods", one pod being 1000.
 """
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Final
 
 from phalanx.gang.quantities import MILLI, QuantityError, format_milli, to_milli
+from phalanx.pod_facts import TERMINAL_PHASES
 
 ResourceList = Mapping[str, int]
 """Resource name -> amount in milli-units."""
@@ -25,7 +26,6 @@ UNSCHEDULABLE_TAINT_KEY: Final = "node.kubernetes.io/unschedulable"
 # Taints the node lifecycle controller sets for conditions (not-ready, unreachable, pressure...).
 CONDITION_TAINT_PREFIX: Final = "node.kubernetes.io/"
 _BLOCKING_EFFECTS: Final = frozenset({"NoSchedule", "NoExecute"})
-_TERMINAL_PHASES: Final = frozenset({"Succeeded", "Failed"})
 
 
 def _resource_list(raw: Mapping[str, Any] | None) -> dict[str, int]:
@@ -288,27 +288,7 @@ def is_bound_and_active(pod: Mapping[str, Any]) -> bool:
     """A pod that holds node resources: bound to a node and not finished (deleting ones still hold)."""
     spec = pod.get("spec") or {}
     phase = (pod.get("status") or {}).get("phase")
-    return bool(spec.get("nodeName")) and phase not in _TERMINAL_PHASES
-
-
-def usage_by_node(
-    pods: Sequence[Mapping[str, Any]],
-    admitted_unbound: Mapping[str, str] | None = None,
-) -> dict[str, dict[str, int]]:
-    """Requests held on each node by bound, non-terminal pods.
-
-    admitted_unbound maps "namespace/name" of pods whose gates were lifted but which the scheduler has
-    not bound yet to the node the admission plan chose; counting them stops the next pass from handing
-    the same room to another gang.
-    """
-    planned = admitted_unbound or {}
-    usage: dict[str, dict[str, int]] = {}
-    for pod in pods:
-        metadata = pod.get("metadata") or {}
-        node = node_held(pod, planned.get(f"{metadata.get('namespace', '')}/{metadata.get('name', '')}"))
-        if node is not None:
-            add_into(usage.setdefault(node, {}), effective_requests(pod.get("spec") or {}).items())
-    return usage
+    return bool(spec.get("nodeName")) and phase not in TERMINAL_PHASES
 
 
 def node_held(pod: Mapping[str, Any], planned_node: str | None) -> str | None:
@@ -317,7 +297,7 @@ def node_held(pod: Mapping[str, Any], planned_node: str | None) -> str | None:
     node = (pod.get("spec") or {}).get("nodeName")
     if node:
         return str(node) if is_bound_and_active(pod) else None
-    if planned_node and (pod.get("status") or {}).get("phase") not in _TERMINAL_PHASES:
+    if planned_node and (pod.get("status") or {}).get("phase") not in TERMINAL_PHASES:
         return planned_node
     return None
 
@@ -409,14 +389,6 @@ def shortage(free: Mapping[str, int], allocatable: Mapping[str, int], demand: Po
             total = allocatable.get(name, 0)
             return Refusal(RefusalKind.INSUFFICIENT, resource=name, free=min(room, total), allocatable=total)
     return None
-
-
-def node_can_host(node: NodeInfo, demand: PodDemand, used: ResourceList) -> tuple[bool, str]:
-    """Whether one more pod of this demand fits on the node now, and if not, why (short)."""
-    refusal = placement_refusal(node, demand) or resource_refusal(node, demand, used)
-    if refusal is None:
-        return True, "fits"
-    return False, f"{node.name}: {refusal.detail}"
 
 
 def copies_that_fit(free: Mapping[str, int], requests: Resources) -> int:

@@ -12,7 +12,7 @@ from typing import Any
 from phalanx.builders.pods import pinned_node
 from phalanx.gang.admission import GangRequest, plan_admission
 from phalanx.gang.capacity import NodeInfo, Resources, add_into
-from phalanx.reconcile.lifecycle import is_gated
+from phalanx.pod_facts import is_gated, is_terminal
 
 Assumed = Mapping[str, tuple[str, Resources]]
 """Pods admitted at creation whose create is still in flight: "namespace/name" -> (node, requests)."""
@@ -38,7 +38,7 @@ def add_in_flight(
 
 def waits_for_admission(pod: Mapping[str, Any]) -> bool:
     """A gated pod that has not finished: some gang is queued."""
-    return is_gated(pod) and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+    return is_gated(pod) and not is_terminal(pod)
 
 
 def plan_on_creation(

@@ -168,12 +168,12 @@ def classify_pod(
     *,
     retryable_exit_codes: frozenset[int] = frozenset(),
     node: Mapping[str, Any] | None,
-    deleted_by_operator: bool,
 ) -> PodOutcome:
     """Classify one pod of an attempt. node: the Node the pod is bound to, None when it no longer exists.
 
-    deleted_by_operator: the operator itself asked for this pod's deletion (gang teardown), so a
-    deletionTimestamp is not a disruption from outside.
+    Only pods of the current attempt are classified, and the operator deletes those only after it
+    has recorded the attempt's end (decide, record, then act): a deletionTimestamp here is always
+    someone else's.
     """
     metadata = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
@@ -212,14 +212,14 @@ def classify_pod(
             name, OutcomeKind.PREEMPTED, reason, message, _first_code(terminations), disrupted_at
         )
 
-    if deleting and not deleted_by_operator:
+    if deleting:
         message = "pod deleted by someone other than the operator"
         return PodOutcome(
             name, OutcomeKind.PREEMPTED, REASON_DELETED, message, _first_code(terminations), deletion_at
         )
 
     node_lost = bool(bound_to) and (node is None or not node_is_ready(node))
-    if node_lost and (phase in ("Failed", "Unknown") or deleting):
+    if node_lost and phase in ("Failed", "Unknown"):
         state = "no longer exists" if node is None else "is not Ready"
         lost_at = _node_not_ready_since(node)
         message = f"node {bound_to} {state}"

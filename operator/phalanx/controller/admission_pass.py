@@ -1,0 +1,162 @@
+"""The admission pass (I/O side; the plan is gang/admission.py): every waiting builtin gang in
+order, placed on the nodes as the stores see them; lifts the gates of the admitted, says on the
+others why they wait, and asks the preemptor to make room for the head of the queue."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Final
+
+from phalanx import metrics
+from phalanx.builders.pods import admitted_pod
+from phalanx.cache import object_key
+from phalanx.controller import failpoints
+from phalanx.controller.admission_state import AdmissionState
+from phalanx.controller.job_writes import JobWriter
+from phalanx.controller.preemption import Preemptor
+from phalanx.controller.queue import WorkQueue
+from phalanx.controller.stores import ClusterStores
+from phalanx.gang.admission import GangRequest, admission_order, plan_admission
+from phalanx.gang.preemption import head_of_line_blocked
+from phalanx.gang.requests import waiting_gang
+from phalanx.k8s import KubeApi, short_error
+from phalanx.providers import provider_of_raw
+from phalanx.reconcile.plan import FINISHED_PHASES, parse_iso
+
+log = logging.getLogger("phalanx.controller")
+
+ADMISSION_INTERVAL_SECONDS: Final = 1.0
+
+
+def is_admission_candidate(job: dict[str, Any]) -> bool:
+    """A job the admission pass looks at: builtin provider, not suspended, not finished, whatever
+    its phase (Running and Admitted included). Which of them wait is the pass's to find: it skips a
+    job with no gated pod of its current attempt, and finishes one whose admission a stopped
+    operator left half done."""
+    status = job.get("status") or {}
+    spec = job.get("spec") or {}
+    if not provider_of_raw(spec).admits_gangs:
+        return False
+    if (spec.get("runPolicy") or {}).get("suspend"):
+        return False
+    # Not waiting for status.createdAttempt: the pass itself admits a gang only once every pod of the
+    # current attempt exists, and the reconcile that records createdAttempt can sit behind many
+    # others in the queue during a burst, delaying admission for nothing.
+    return status.get("phase") not in (*FINISHED_PHASES, "Suspended")
+
+
+class AdmissionPass:
+    def __init__(self, api: KubeApi, stores: ClusterStores, state: AdmissionState, writer: JobWriter,
+                 preemptor: Preemptor, work: WorkQueue, write_pool: ThreadPoolExecutor,
+                 clock: Callable[[], float]) -> None:  # fmt: skip
+        self.api = api
+        self.stores = stores
+        self.state = state
+        self.writer = writer
+        self.preemptor = preemptor
+        self.work = work
+        self.write_pool = write_pool
+        self.clock = clock
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="admission")
+
+    async def run(self) -> None:
+        """Runs a pass soon after something changed (work.admission_dirty), else every few seconds."""
+        loop = asyncio.get_running_loop()
+        dirty = self.work.admission_dirty
+        while True:
+            try:
+                await asyncio.wait_for(dirty.wait(), timeout=ADMISSION_INTERVAL_SECONDS * 3)
+            except TimeoutError:
+                pass
+            dirty.clear()
+            try:
+                await loop.run_in_executor(self.pool, self.admission_pass)
+            except Exception as exc:
+                log.warning("admission pass failed, retrying: %s", short_error(exc))
+            await asyncio.sleep(ADMISSION_INTERVAL_SECONDS)
+
+    def admission_pass(self) -> None:
+        stores, state = self.stores, self.state
+        if not stores.synced():
+            return  # a pass over half a cluster would hand out room that is taken
+        every_job = stores.jobs.items()
+        jobs = [j for j in every_job if is_admission_candidate(j)]
+        if not jobs:
+            state.reservations.clear()
+            return
+        # Under the lock that admission at creation takes: one plan at a time.
+        with state.lock:
+            # Admitted but not bound yet; and admitted at creation, the create's reply still on its way.
+            used = state.used_with_assumed(stores.usage)
+            state.priorities = self.api.priority_values()
+            requests: list[GangRequest] = []
+            gated_pods: dict[str, dict[str, dict[str, Any]]] = {}
+            finishing: set[str] = set()  # gangs whose interrupted admission is being completed
+            now = self.clock()
+            for job in jobs:
+                key = object_key(job)
+                created = parse_iso(job["metadata"].get("creationTimestamp")) or now
+                waiting = waiting_gang(key, job, stores.own_pods(job), state.priority_of, created)
+                if waiting is None:
+                    continue  # still being created (or torn down), or nothing at the gate
+                if waiting.finishing:
+                    finishing.add(key)
+                gated_pods[key] = waiting.gated
+                requests.append(waiting.request)
+            if not requests:
+                return
+            nodes = state.node_infos.infos(stores.current_nodes().values())
+            plan = plan_admission(requests, nodes, used, now, reservations=state.reservations)
+            state.reservations = dict(plan.reservations)
+        jobs_by_key = {object_key(j): j for j in jobs}
+        patches = []
+        for admission in plan.admitted:
+            namespace = admission.key.split("/", 1)[0]
+            for pod_name, node in admission.placements:
+                admitted = admitted_pod(gated_pods[admission.key][pod_name], node)
+                patches.append((namespace, pod_name, admitted["spec"]))
+        self.admit_pods(patches)
+        for admission in plan.admitted:
+            namespace = admission.key.split("/", 1)[0]
+            created = min(parse_iso(p["metadata"].get("creationTimestamp")) or now
+                          for p in gated_pods[admission.key].values())  # fmt: skip
+            metrics.observe_gang_admitted(namespace, admission.key.split("/", 1)[1], max(0.0, now - created))
+            self.work.enqueue_threadsafe(admission.key)
+        head = head_of_line_blocked(plan.waiting, admission_order(requests))
+        if head is not None and head.key not in finishing:  # its lifted priority must not preempt
+            self.preemptor.preempt_for(head, every_job, nodes, used)
+        for key, reason in [
+            *plan.waiting.items(),
+            *((k, f"can never fit: {r}") for k, r in plan.never_fits.items()),
+        ]:
+            job = jobs_by_key[key]
+            if (job.get("status") or {}).get("admissionMessage") != reason:
+                namespace, name = key.split("/", 1)
+                waiting_since = parse_iso(job["metadata"].get("creationTimestamp")) or now
+                metrics.observe_admission_wait_started(namespace, name, waiting_since)
+                self.writer.write_facts(key, job["metadata"]["uid"], {"admissionMessage": reason})
+                self.work.enqueue_threadsafe(key)
+
+    def admit_pods(self, patches: list[tuple[str, str, dict[str, Any]]]) -> None:
+        """Lifts the gates, several requests at a time: one request per pod, so a big burst of gangs
+        would otherwise wait on round trips one by one. A crash half-way is finished by the next pass."""
+        if not patches:
+            return
+        started = time.monotonic()
+
+        def admit(patch: tuple[str, str, dict[str, Any]]) -> None:
+            admitted = self.api.admit_pod(*patch)
+            if admitted is not None:
+                self.stores.pods.upsert(admitted)  # counted on its node by the very next pass
+            failpoints.after_admit()
+
+        if failpoints.counts_admits():
+            for patch in patches:  # one by one: the failpoint counts them in order
+                admit(patch)
+        else:
+            list(self.write_pool.map(admit, patches))
+        log.info("admitted %d pod(s) in %.2fs", len(patches), time.monotonic() - started)

@@ -1,0 +1,171 @@
+"""The Controller: builds the parts of the work loop, wires them together, and starts and stops
+their loops. It decides nothing itself; each part is one module of this package:
+
+- stores.py: the watch-fed copies of jobs, pods and nodes (cache.py, reflector.py)
+- watch.py: what a changed pod, node or job enqueues
+- queue.py: the de-duplicating work queue, its workers, and the thread-safe hand-off to the loop
+- reconciler.py: one reconcile of one job (decide, record, act); job_writes.py: status and events
+- admission_at_creation.py, admission_pass.py, preemption.py: gang admission (provider builtin)
+- progress.py: the HTTP client that copies the trainer's /progress into status
+- failpoints.py: the crash hooks the integration tests set
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Final
+
+from phalanx import metrics
+from phalanx.controller.admission_at_creation import CreationAdmission
+from phalanx.controller.admission_pass import AdmissionPass
+from phalanx.controller.admission_state import AdmissionState
+from phalanx.controller.job_writes import JobWriter
+from phalanx.controller.preemption import Preemptor
+from phalanx.controller.progress import ProgressPoller
+from phalanx.controller.queue import WorkQueue
+from phalanx.controller.reconciler import Reconciler
+from phalanx.controller.stores import ClusterStores
+from phalanx.controller.watch import WatchCallbacks
+from phalanx.k8s import KubeApi
+from phalanx.leader import LeaderElector
+from phalanx.reflector import Reflector, per_namespace
+from phalanx.settings import Clock, OperatorSettings
+
+log = logging.getLogger("phalanx.controller")
+
+RESYNC_SECONDS: Final = 20.0
+# On shutdown, how long running reconciles and admission writes may take to finish (well within the
+# pod's 30 s grace period); the lease is released only if they did.
+DRAIN_SECONDS: Final = 10.0
+WRITE_CONCURRENCY: Final = 8  # pod creations and gate lifts in flight at once
+
+
+class Controller:
+    def __init__(self, api: KubeApi, settings: OperatorSettings, workers: int = 8, clock: Clock = time.time,
+                 leader: LeaderElector | None = None) -> None:  # fmt: skip
+        self.api = api
+        self.settings = settings
+        self.leader = leader  # None: this process alone writes (leader election off)
+        self.clock = clock  # every decision's "now": injectable for tests
+        self.namespaces = list(settings.namespaces)
+        self.workers = workers
+        self.stores = ClusterStores()
+        self.work = WorkQueue()
+        # Own threads per kind of work: asyncio's default pool (cores + 4) would let slow progress
+        # polls of unreachable pods hold up reconciles and the admission pass.
+        self.reconcile_pool = ThreadPoolExecutor(workers, thread_name_prefix="reconcile")
+        self.write_pool = ThreadPoolExecutor(WRITE_CONCURRENCY, thread_name_prefix="writes")
+        self.writer = JobWriter(api, self.stores, self.write_pool)
+        self.progress = ProgressPoller(self.writer, self.work)
+        admission = AdmissionState()
+        self.reconciler = Reconciler(
+            api, self.stores, self.writer, self.work,
+            CreationAdmission(self.stores, admission, enabled=settings.admit_on_creation), self.progress,
+            self.write_pool, self.forget, clock, settings.node_lost_after_seconds, settings.cluster_domain,
+            settings.allow_host_path_checkpoints,
+        )  # fmt: skip
+        preemptor = Preemptor(api, self.stores, admission, self.writer, self.work, clock)
+        self.admission = AdmissionPass(
+            api, self.stores, admission, self.writer, preemptor, self.work, self.write_pool, clock
+        )
+        self.watch = WatchCallbacks(self.stores, self.work)
+        self.reflectors: list[Reflector] = []
+        self.tasks: list[asyncio.Task[None]] = []
+
+    # The event loop the queue hands off to; set before start() (handlers.configure).
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return self.work.loop
+
+    @loop.setter
+    def loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.work.loop = loop
+
+    @property
+    def admission_dirty(self) -> asyncio.Event:
+        return self.work.admission_dirty
+
+    def stores_synced(self) -> bool:
+        """Jobs, pods and nodes have each been listed once (readiness; a standby keeps them warm)."""
+        return self.stores.synced()
+
+    def job_event(self, key: str, body: Mapping[str, Any]) -> None:
+        """kopf's event for a job (on the loop): reconcile unless only its status changed."""
+        self.work.job_event(key, body)
+
+    def reconcile(self, key: str) -> list[float]:
+        return self.reconciler.reconcile(key)
+
+    def forget(self, key: str) -> None:
+        """The job is gone: every part drops what it kept for it."""
+        self.reconciler.known_jobs.discard(key)
+        self.work.forget(key)
+        self.progress.forget(key)
+        self.admission.state.reservations.pop(key, None)
+        self.admission.preemptor.preempting.pop(key, None)
+        namespace, name = key.split("/", 1)
+        metrics.forget_job(namespace, name)
+
+    async def start(self) -> None:
+        stores, watch = self.stores, self.watch
+        self.reflectors = [
+            Reflector("pods", self.api.pods_request, stores.pods, watch.on_pod_change).start(),
+            Reflector("nodes", self.api.nodes_request, stores.nodes, watch.on_node_change).start(),
+            *(
+                reflector.start()
+                for reflector in per_namespace(
+                    "trainingjobs",
+                    self.api.jobs_request,
+                    stores.jobs,
+                    [*self.namespaces],
+                    watch.on_job_change,
+                )
+            ),
+        ]
+        # The stores fill from here on whether or not this process leads: a standby takes over warm.
+        self.tasks.append(asyncio.create_task(self._run_when_leading(), name="leading"))
+
+    async def _run_when_leading(self) -> None:
+        if self.leader is not None:
+            while not self.leader.leading.is_set():
+                await asyncio.sleep(0.2)
+            log.info("leading: reconciles, admission and progress polls start")
+        for i in range(self.workers):
+            self.tasks.append(asyncio.create_task(self._worker(), name=f"reconcile-{i}"))
+        self.tasks.append(asyncio.create_task(self.admission.run(), name="admission"))
+        self.tasks.append(asyncio.create_task(self._resync_loop(), name="resync"))
+        self.tasks.append(asyncio.create_task(self.progress.run(), name="progress"))
+
+    async def _worker(self) -> None:
+        # Through self.reconcile, looked up per call: a test may stand in for it.
+        await self.work.run_worker(lambda key: self.reconcile(key), self.reconcile_pool)
+
+    async def _resync_loop(self) -> None:
+        while True:
+            await asyncio.sleep(RESYNC_SECONDS)
+            for key in list(self.reconciler.known_jobs):
+                self.work.enqueue(key)
+
+    async def stop(self, drain_seconds: float = DRAIN_SECONDS) -> bool:
+        """Stops the loops and waits up to `drain_seconds` for the writer threads to finish what they
+        run; True once none is left (so no write of this process can still reach the API server)."""
+        for reflector in self.reflectors:
+            reflector.stop()
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        pools = (self.write_pool, self.reconcile_pool, self.progress.pool, self.admission.pool)
+
+        def drain() -> None:
+            for pool in pools:
+                pool.shutdown(wait=True, cancel_futures=True)
+
+        drainer = threading.Thread(target=drain, name="drain", daemon=True)
+        drainer.start()
+        await asyncio.to_thread(drainer.join, drain_seconds)
+        return not drainer.is_alive()

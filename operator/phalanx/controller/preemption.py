@@ -1,0 +1,121 @@
+"""Priority preemption (I/O side; the choice is gang/preemption.py): mark the victims Preempted,
+then evict their pods with their grace period."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Final
+
+from phalanx.api.schema import parse
+from phalanx.api.v1alpha1 import TrainingJobSpec
+from phalanx.cache import object_key
+from phalanx.controller.admission_state import AdmissionState
+from phalanx.controller.job_writes import JobWriter
+from phalanx.controller.queue import WorkQueue
+from phalanx.controller.stores import ClusterStores
+from phalanx.gang.admission import GangRequest
+from phalanx.gang.capacity import NodeInfo
+from phalanx.gang.preemption import choose_victims, preemption_message
+from phalanx.gang.requests import running_gang
+from phalanx.k8s import KubeApi, StatusConflict
+from phalanx.reconcile.conditions import set_condition
+from phalanx.reconcile.plan import REASON_PREEMPTED_BY_PRIORITY, iso, parse_iso
+
+log = logging.getLogger("phalanx.controller")
+
+PREEMPTION_COOLDOWN_SECONDS: Final = 15.0
+VICTIM_WRITE_ATTEMPTS: Final = 3
+
+
+class Preemptor:
+    def __init__(self, api: KubeApi, stores: ClusterStores, state: AdmissionState, writer: JobWriter,
+                 work: WorkQueue, clock: Callable[[], float]) -> None:  # fmt: skip
+        self.api = api
+        self.stores = stores
+        self.state = state
+        self.writer = writer
+        self.work = work
+        self.clock = clock
+        self.preempting: dict[str, float] = {}  # victim key -> when (monotonic) it was stopped
+
+    def preempt_for(
+        self,
+        head: GangRequest,
+        jobs: list[dict[str, Any]],
+        nodes: list[NodeInfo],
+        used: dict[str, dict[str, int]],
+    ) -> None:
+        """Priority preemption through admission: stop the fewest lower-priority gangs the head needs.
+
+        The victims' pods get their grace period (SIGTERM: the trainer checkpoints); the victim job
+        sees its pods deleted by someone else, restarts as a preemption, and waits for capacity.
+        """
+        now = time.monotonic()
+        if any(now - at < PREEMPTION_COOLDOWN_SECONDS for at in self.preempting.values()):
+            return  # let the last victims finish terminating before choosing again
+        running = []
+        for job in jobs:
+            key = object_key(job)
+            if key == head.key:
+                continue
+            started = parse_iso((job.get("status") or {}).get("admittedTime")) or 0.0
+            gang = running_gang(key, job, self.stores.own_pods(job), self.state.priority_of, started)
+            if gang is not None:
+                running.append(gang)
+        # One victim per need: the room the last victims' terminating pods will free counts as free.
+        choice = choose_victims(head, running, nodes, used, freeing=self.stores.usage.freeing())
+        if choice is None:
+            return
+        for victim in choice.victims:
+            log.info("preempting %s for higher-priority %s", victim, head.key)
+            job = next(j for j in jobs if object_key(j) == victim)
+            if self.stop_victim(job, preemption_message(head.key, head.priority)):
+                self.preempting[victim] = now  # the cooldown starts once its pods are told to stop
+            self.work.enqueue_threadsafe(victim)
+
+    def stop_victim(self, job: dict[str, Any], message: str) -> bool:
+        """Says on the victim who preempted it (a Preempted condition, then an event), then evicts its
+        pods with their grace period: the pods carry DisruptionTarget, the trainer checkpoints on
+        SIGTERM, and the victim's reconcile restarts it as a preemption. False when the victim is no
+        longer the job the pass chose (gone, re-created, restarted or finished meanwhile)."""
+        namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
+        key = object_key(job)
+        now_iso = iso(self.clock())
+        for _ in range(VICTIM_WRITE_ATTEMPTS):
+            conditions = set_condition((job.get("status") or {}).get("conditions") or [], "Preempted", "True",
+                                       REASON_PREEMPTED_BY_PRIORITY, message, now_iso, job["metadata"].get("generation"))  # fmt: skip
+            try:
+                if self.writer.write_status(key, job, {}, {"conditions": conditions}) is None:
+                    return False  # gone
+                break
+            except StatusConflict:
+                # Its progress is written about once a second: a version that moved on is no reason
+                # to give up, as long as it is still the same attempt of the same job, running.
+                fresh = self.api.get_job(namespace, name)
+                if fresh is None:
+                    return False
+                self.stores.jobs.upsert(fresh)
+                if not _same_running_attempt(job, fresh):
+                    return False  # the next pass decides again on what the job is now
+                job = fresh
+        else:
+            return False
+        self.writer.record_event(job, "Warning", REASON_PREEMPTED_BY_PRIORITY, message, now_iso)
+        grace = parse(TrainingJobSpec, job["spec"]).run_policy.termination_grace_period_seconds
+        for pod in self.stores.own_pods(job):
+            if not self.api.evict_pod(namespace, pod["metadata"]["name"], pod["metadata"]["uid"], grace):
+                log.warning(
+                    "eviction of %s/%s refused by a PodDisruptionBudget", namespace, pod["metadata"]["name"]
+                )
+        return True
+
+
+def _same_running_attempt(chosen: dict[str, Any], fresh: dict[str, Any]) -> bool:
+    before, now = chosen.get("status") or {}, fresh.get("status") or {}
+    return (
+        fresh["metadata"].get("uid") == chosen["metadata"].get("uid")
+        and now.get("attempt") == before.get("attempt")
+        and now.get("phase") in ("Running", "Admitted")
+    )

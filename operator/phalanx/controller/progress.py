@@ -1,0 +1,180 @@
+"""The progress client: polls global rank 0's /progress (HTTP, docs/environment.md) while a job
+runs, and copies it into status.progress and status.lastCheckpoint when it changes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Final, NamedTuple
+
+from phalanx import constants as c
+from phalanx import metrics
+from phalanx.controller.job_writes import JobWriter
+from phalanx.controller.queue import WorkQueue
+from phalanx.k8s import short_error
+from phalanx.pod_facts import pod_attempt, pod_index
+from phalanx.reconcile.plan import parse_iso
+
+log = logging.getLogger("phalanx.controller")
+
+PROGRESS_MAX_BACKOFF_SECONDS: Final = 30.0
+PROGRESS_CONCURRENCY: Final = 8
+PROGRESS_PATIENT_ATTEMPTS: Final = 60
+PROGRESS_TIMEOUT_SECONDS: Final = 2.0  # a trainer busy on every core answers slowly
+PROGRESS_POLL_SECONDS: Final = 1.0
+PROGRESS_MAX_BYTES: Final = 64 * 1024  # a /progress document is a few hundred bytes; more is not one
+
+
+def progress_status(report: dict[str, Any]) -> dict[str, Any]:
+    """status.progress from the trainer's /progress JSON (docs/environment.md)."""
+    out: dict[str, Any] = {}
+    step, total = report.get("step"), report.get("total_steps")
+    if isinstance(step, int):
+        out["step"] = step
+    if isinstance(total, int) and total > 0:
+        out["totalSteps"] = total
+        if isinstance(step, int):
+            out["percent"] = min(100, int(100 * step / total))
+    eta = report.get("eta_seconds")
+    if isinstance(eta, (int, float)):
+        out["etaSeconds"] = int(eta)
+    if isinstance(report.get("loss"), (int, float)):
+        out["loss"] = f"{report['loss']:.4f}"
+    if isinstance(report.get("tokens_per_second"), (int, float)):
+        out["tokensPerSecond"] = f"{report['tokens_per_second']:.0f}"
+    return out
+
+
+def trainer_facts(report: dict[str, Any]) -> dict[str, Any]:
+    """The /progress fields the reconcile books, of the types it expects; anything else is left out
+    (the document comes from user code: a string where a number belongs must not stop the job's
+    reconciles)."""
+    facts: dict[str, Any] = {}
+    attempt = report.get("attempt")
+    if isinstance(attempt, int) and not isinstance(attempt, bool):
+        facts["attempt"] = attempt
+    startup = report.get("startup")
+    if isinstance(startup, dict):
+        facts["startup"] = {k: v for k, v in startup.items() if isinstance(k, str) and isinstance(v, str)}
+    for key in ("seconds_per_step", "checkpoint_stall_seconds"):
+        number = _number(report.get(key))
+        if number is not None and math.isfinite(number) and number >= 0:
+            facts[key] = number
+    resumed = report.get("resumed_from_step")
+    if isinstance(resumed, int) and not isinstance(resumed, bool) and resumed >= 0:
+        facts["resumed_from_step"] = resumed
+    return facts
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+class ProgressTarget(NamedTuple):
+    uid: str  # the job this address serves: its progress is written to that job only
+    ip: str
+
+
+class ProgressPoller:
+    def __init__(self, writer: JobWriter, work: WorkQueue) -> None:
+        self.writer = writer
+        self.work = work
+        # Own threads: slow polls of unreachable pods must not hold up reconciles or admission.
+        self.pool = ThreadPoolExecutor(PROGRESS_CONCURRENCY, thread_name_prefix="progress")
+        self.targets: dict[str, ProgressTarget] = {}  # job key -> rank 0's pod IP, for the job's uid
+        self.next_poll: dict[str, float] = {}
+        self.failures: dict[str, int] = {}
+        self.last_progress: dict[str, dict[str, Any]] = {}
+        # The newest start-up times rank 0 reported, with the uid of its job (read by the reconcile).
+        self.trainer_reports: dict[str, tuple[str, dict[str, Any]]] = {}
+
+    def forget(self, key: str) -> None:
+        for table in (self.targets, self.next_poll, self.failures, self.last_progress, self.trainer_reports):
+            table.pop(key, None)
+
+    def track(self, key: str, uid: str, pods: list[dict[str, Any]], status: dict[str, Any]) -> None:
+        """Remembers where global rank 0 of the job with `uid` serves /progress while the job runs
+        (polled, and what is read written to that job only)."""
+        if status.get("phase") != "Running":
+            self.targets.pop(key, None)
+            return
+        attempt = status.get("attempt")
+        rank0 = next((p for p in pods if pod_attempt(p) == attempt and pod_index(p) == 0), None)
+        ip = (rank0 or {}).get("status", {}).get("podIP")
+        if ip and self.targets.get(key) != (target := ProgressTarget(uid, ip)):
+            self.targets[key] = target
+            self.next_poll.pop(key, None)
+            self.failures.pop(key, None)
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(PROGRESS_POLL_SECONDS)
+            now = time.monotonic()
+            due = [k for k in list(self.targets) if self.next_poll.get(k, 0.0) <= now]
+            for start in range(0, len(due), PROGRESS_CONCURRENCY):
+                batch = due[start : start + PROGRESS_CONCURRENCY]
+                results = await asyncio.gather(
+                    *(loop.run_in_executor(self.pool, self.poll, k) for k in batch),
+                    return_exceptions=True,
+                )
+                for key, result in zip(batch, results, strict=True):
+                    if isinstance(result, Exception):
+                        log.warning("progress of %s not recorded: %s", key, short_error(result))
+
+    def poll(self, key: str) -> None:
+        """Copies the trainer's /progress into status.progress and status.lastCheckpoint when they change."""
+        target = self.targets.get(key)
+        if target is None:
+            return
+        try:
+            url = f"http://{target.ip}:{c.DEFAULT_METRICS_PORT}{c.PROGRESS_PATH}"
+            with urllib.request.urlopen(url, timeout=PROGRESS_TIMEOUT_SECONDS) as response:
+                body = response.read(PROGRESS_MAX_BYTES + 1)
+            if len(body) > PROGRESS_MAX_BYTES:
+                raise ValueError(f"/progress answered more than {PROGRESS_MAX_BYTES} bytes")
+            report = json.loads(body)
+            if not isinstance(report, dict):
+                raise ValueError("/progress is not a JSON object")
+        except (OSError, ValueError):
+            # Simulated pods serve nothing and a trainer may still be starting: back off, quietly.
+            failures = self.failures.get(key, 0) + 1
+            self.failures[key] = failures
+            # A trainer takes a while to import torch and rendezvous: keep the normal pace for the
+            # first attempts, then back off (kwok's simulated pods never answer).
+            slow = max(0, failures - PROGRESS_PATIENT_ATTEMPTS)
+            delay = min(PROGRESS_MAX_BACKOFF_SECONDS, PROGRESS_POLL_SECONDS * 2**slow)
+            self.next_poll[key] = time.monotonic() + delay
+            return
+        self.failures.pop(key, None)
+        namespace, name = key.split("/", 1)
+        facts = trainer_facts(report)
+        known = self.trainer_reports.get(key)
+        self.trainer_reports[key] = (target.uid, facts)
+        news = ("attempt", "startup", "checkpoint_stall_seconds", "resumed_from_step")
+        if facts.get("startup") and (known is None or any(known[1].get(k) != facts.get(k) for k in news)):
+            # Start-up times end a recovery, stalls cost goodput: the reconcile books them, under
+            # the version it decides on.
+            self.work.enqueue_threadsafe(key)
+        patch: dict[str, Any] = {"progress": progress_status(report)}
+        checkpoint = report.get("last_checkpoint") or None
+        if isinstance(checkpoint, dict) and isinstance(checkpoint.get("step"), int):
+            patch["lastCheckpoint"] = {"step": int(checkpoint["step"]), "time": checkpoint.get("time")}
+            saved = parse_iso(checkpoint.get("time"))
+            if saved is not None:
+                metrics.observe_checkpoint(namespace, name, saved)
+        total, step = report.get("total_steps"), report.get("step")
+        if isinstance(total, int) and isinstance(step, int) and total > 0:
+            metrics.observe_progress(namespace, name, step, total)
+        if self.last_progress.get(key) != patch:
+            if not self.writer.write_facts(key, target.uid, patch):
+                # Its job is gone (or re-created under the name: that one gets its own target).
+                if self.targets.get(key) == target:
+                    self.targets.pop(key, None)
+                return
+            self.last_progress[key] = patch

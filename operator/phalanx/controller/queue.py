@@ -1,0 +1,141 @@
+"""The work queue: de-duplicated TrainingJob keys, the workers that reconcile them, and the
+thread-safe hand-off from the threads that see events (reflectors, kopf's pool) to the event loop.
+
+Everything in WorkQueue but the *_threadsafe methods and from_watch runs on the event loop, the one
+thread that owns the queue and its sets. One key is never reconciled by two workers at once: a key
+enqueued while its reconcile runs is marked `again` and reconciled once more when it finishes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Final
+
+from phalanx import metrics
+from phalanx.k8s import short_error
+from phalanx.policy.job_events import event_marker
+
+log = logging.getLogger("phalanx.controller")
+
+RETRY_BASE_SECONDS: Final = 2.0
+RETRY_MAX_SECONDS: Final = 60.0
+# Pod events of one job come in bursts (a gang is created, admitted, bound and started together):
+# one reconcile per burst, not one per event.
+POD_EVENT_BATCH_SECONDS: Final = 1.0
+
+
+class WorkQueue:
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[str] = asyncio.Queue()
+        self.queued: set[str] = set()
+        self.active: set[str] = set()
+        self.again: set[str] = set()
+        self.batching: set[str] = set()
+        self.job_markers: dict[str, tuple[Any, ...]] = {}  # the last kopf event's marker per job
+        self.failures: dict[str, int] = {}  # reconciles failed in a row, per key
+        # Set when room may have freed or a gang may wait: the admission pass runs soon.
+        self.admission_dirty = asyncio.Event()
+        # Pod events arrive on the reflector's thread many per second; they are handed to the loop in
+        # bunches (one wake-up per bunch instead of one per event).
+        self.from_watch_lock = threading.Lock()
+        self.from_watch_jobs: set[str] = set()
+        self.from_watch_admission = False
+
+    loop: asyncio.AbstractEventLoop  # set before the first event (handlers.configure)
+
+    # -- on the event loop ------------------------------------------------------------------------
+    def enqueue(self, key: str, delay: float = 0.0) -> None:
+        if delay > 0:
+            asyncio.get_running_loop().call_later(delay, self.enqueue, key)
+            return
+        if key in self.active:
+            self.again.add(key)  # reconcile once more after the running one finishes
+            return
+        if key not in self.queued:
+            self.queued.add(key)
+            self.queue.put_nowait(key)
+
+    def job_event(self, key: str, body: Mapping[str, Any]) -> None:
+        """kopf's event for a job (on the loop): reconcile unless only its status changed."""
+        marker = event_marker(body)
+        if self.job_markers.get(key) == marker:
+            return  # a status write (ours, mostly): nothing the reconcile decides on changed
+        self.job_markers[key] = marker
+        self.enqueue(key)
+
+    def enqueue_batched(self, key: str) -> None:
+        """Reconcile once POD_EVENT_BATCH_SECONDS from the first of a burst of events."""
+        if key in self.batching or key in self.queued:
+            return
+        self.batching.add(key)
+
+        def due() -> None:
+            self.batching.discard(key)
+            self.enqueue(key)
+
+        asyncio.get_running_loop().call_later(POD_EVENT_BATCH_SECONDS, due)
+
+    def forget(self, key: str) -> None:
+        self.job_markers.pop(key, None)
+        self.failures.pop(key, None)
+
+    async def run_worker(self, reconcile: Callable[[str], list[float]], pool: ThreadPoolExecutor) -> None:
+        """One worker: takes keys off the queue and reconciles them in `pool`; reconcile returns the
+        delays after which to look at the key again. A failed reconcile is retried with backoff."""
+        loop = asyncio.get_running_loop()
+        while True:
+            key = await self.queue.get()
+            self.queued.discard(key)
+            if key in self.active:  # never two reconciles of one key at once
+                self.again.add(key)
+                continue
+            self.active.add(key)
+            try:
+                with metrics.reconcile_timer("trainingjob"):
+                    followups = await loop.run_in_executor(pool, reconcile, key)
+                self.failures.pop(key, None)
+                for delay in followups:
+                    self.enqueue(key, delay=delay)
+            except Exception as exc:  # a failed reconcile is retried, never fatal
+                # Backing off: a job in a namespace being deleted is refused (403) until it is gone.
+                failures = self.failures[key] = self.failures.get(key, 0) + 1
+                delay = min(RETRY_MAX_SECONDS, RETRY_BASE_SECONDS * 2 ** (failures - 1))
+                log.warning("reconcile of %s failed (%d in a row), retrying in %.0fs: %s",
+                            key, failures, delay, short_error(exc))  # fmt: skip
+                self.enqueue(key, delay=delay)
+            finally:
+                self.active.discard(key)
+                if key in self.again:
+                    self.again.discard(key)
+                    self.enqueue(key)
+
+    # -- from any thread --------------------------------------------------------------------------
+    def enqueue_threadsafe(self, key: str) -> None:
+        self.loop.call_soon_threadsafe(self.enqueue, key)
+
+    def admission_dirty_threadsafe(self) -> None:
+        self.loop.call_soon_threadsafe(self.admission_dirty.set)
+
+    def from_watch(self, job: str | None, admission_dirty: bool) -> None:
+        """A pod event (reflector thread): batch-reconcile its job, and/or wake the admission pass.
+        One wake-up of the loop per bunch of events."""
+        with self.from_watch_lock:
+            wake = not self.from_watch_jobs and not self.from_watch_admission
+            if job is not None:
+                self.from_watch_jobs.add(job)
+            self.from_watch_admission |= admission_dirty
+        if wake:
+            self.loop.call_soon_threadsafe(self._take_watch_events)
+
+    def _take_watch_events(self) -> None:
+        with self.from_watch_lock:
+            jobs, self.from_watch_jobs = self.from_watch_jobs, set()
+            dirty, self.from_watch_admission = self.from_watch_admission, False
+        for job in jobs:
+            self.enqueue_batched(job)
+        if dirty:
+            self.admission_dirty.set()

@@ -1,0 +1,285 @@
+"""One reconcile of one TrainingJob (I/O side; the decision is reconcile/lifecycle.py): read the
+job and its pods from the stores, ask decide(), then record the decision in status and act on it.
+
+Level-triggered: every reconcile reads the job and its pods as they are now, so a lost or repeated
+event changes nothing. Decide, record, then act: a deletion is explained in status before it is
+made, and only if the job is still the version decided on.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Final
+
+from phalanx import metrics
+from phalanx.api.schema import parse
+from phalanx.api.v1alpha1 import TrainingJobSpec
+from phalanx.builders.podgroups import build_podgroup
+from phalanx.builders.pods import JobRef, build_headless_service, build_worker_pod
+from phalanx.cache import object_key
+from phalanx.controller import failpoints
+from phalanx.controller.admission_at_creation import CreationAdmission
+from phalanx.controller.job_writes import JobWriter, status_diff
+from phalanx.controller.progress import ProgressPoller
+from phalanx.controller.queue import WorkQueue
+from phalanx.controller.stores import ClusterStores
+from phalanx.k8s import CreationRefused, KubeApi, StatusConflict
+from phalanx.pod_facts import is_owned_by
+from phalanx.policy import recovery_timeline
+from phalanx.policy.host_path import REASON_HOST_PATH_NOT_ALLOWED, host_path_refusal
+from phalanx.reconcile.lifecycle import decide
+from phalanx.reconcile.plan import FINISHED_PHASES, Event, Plan, iso, merged_events
+from phalanx.reconcile.rules.creation import creation_refused, name_conflict, spec_refused
+
+# Status fields no decision reads: a write that changed only these needs no second look.
+BOOKKEEPING_FIELDS: Final = ("goodput", "lastRecovery", "progress", "lastCheckpoint")
+NAME_CONFLICT_RETRY_SECONDS: Final = 10.0
+CREATE_REFUSED_RETRY_SECONDS: Final = 5.0
+
+
+@dataclass(frozen=True)
+class CreateOutcome:
+    """What became of one pod creation."""
+
+    pod: str
+    taken: bool = False  # another owner's pod holds the name
+    refused: str | None = None  # the API server's message when it refused the pod
+
+
+class Reconciler:
+    def __init__(self, api: KubeApi, stores: ClusterStores, writer: JobWriter, work: WorkQueue,
+                 creation_admission: CreationAdmission, progress: ProgressPoller,
+                 write_pool: ThreadPoolExecutor, forget: Callable[[str], None], clock: Callable[[], float],
+                 node_lost_after: float, cluster_domain: str,
+                 allow_host_path_checkpoints: bool = False) -> None:  # fmt: skip
+        self.api = api
+        self.stores = stores
+        self.writer = writer
+        self.work = work
+        self.creation_admission = creation_admission
+        self.progress = progress
+        self.write_pool = write_pool
+        self.forget = forget  # the controller's: every part drops what it kept for the key
+        self.clock = clock
+        self.node_lost_after = node_lost_after
+        self.cluster_domain = cluster_domain
+        self.allow_host_path_checkpoints = allow_host_path_checkpoints  # policy/host_path.py
+        self.known_jobs: set[str] = set()  # resynced now and then; finished jobs leave it
+
+    def reconcile(self, key: str) -> list[float]:
+        """One level-triggered pass; returns the delays after which to look at this job again."""
+        namespace, name = key.split("/", 1)
+        stores, writer = self.stores, self.writer
+        followups: list[float] = []
+        # The watch-fed copy once listed: our own writes reach it from the API's replies, so it is
+        # never older than what this operator wrote (one GET per reconcile saved).
+        job = stores.jobs.get(key) if stores.jobs.synced.is_set() else None
+        if job is None:  # not listed yet, or kopf's event came before our watch's: ask the API
+            job = self.api.get_job(namespace, name)
+            if job is not None:
+                stores.jobs.upsert(job)
+        if job is None or job["metadata"].get("deletionTimestamp"):
+            self.forget(key)
+            return followups
+        self.known_jobs.add(key)
+        # From the watch-fed store once it is listed (a reconcile per pod event would otherwise list
+        # the job's pods each time); pods another controller owns are not ours despite our label.
+        listed = (
+            stores.pods.indexed(key)
+            if stores.pods.synced.is_set()
+            else self.api.list_job_pods(namespace, name)
+        )
+        pods = [p for p in listed if is_owned_by(p, job["metadata"]["uid"])]
+        now = self.clock()
+        old_status = dict(job.get("status") or {})
+        if not old_status:
+            metrics.observe_job_created(namespace, name)
+        nodes = stores.current_nodes()
+        plan = self._decide(job, pods, nodes, now)
+        spec = parse(TrainingJobSpec, job["spec"])
+        ref = JobRef.of(job)
+
+        # Decide, record, then act: a deletion is explained in status before it is made, and only if
+        # the job is still the version decided on. Otherwise a lost write would leave the next pass
+        # reading the operator's own deletions as someone else's (a preemption, not the failure it was).
+        recorded = old_status
+        if plan.delete_pods or plan.force_delete_pods:
+            try:
+                stored = writer.write_status(key, job, old_status, plan.status)
+            except StatusConflict:
+                return writer.refreshed(key)
+            if stored is None:
+                self.forget(key)
+                return followups
+            # Told now: should a deletion below fail, the next pass starts from this status and
+            # would see no transition left to report.
+            self._observe(namespace, name, old_status, plan.status)
+            for event in plan.events:
+                writer.record_event(job, event.type, event.reason, event.message, iso(now))
+            job, recorded, plan.events = stored, copy.deepcopy(plan.status), []
+
+        uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
+        grace = spec.run_policy.termination_grace_period_seconds
+        for pod_name in plan.force_delete_pods:
+            self.api.delete_pod(namespace, pod_name, uids.get(pod_name), 0)
+        for pod_name in plan.delete_pods:
+            if pod_name not in plan.force_delete_pods:
+                self.api.delete_pod(namespace, pod_name, uids.get(pod_name), grace)
+        refusal = host_path_refusal(spec, self.allow_host_path_checkpoints) if plan.create_indices else None
+        if refusal is not None:  # nothing is created; a restart with the flag, or a new job, moves on
+            plan.create_indices, plan.events = [], []
+            self._record(job, spec_refused(job, plan.status, REASON_HOST_PATH_NOT_ALLOWED, refusal, now), now)
+        if plan.create_indices:
+            outcomes = self._create_gang(key, job, ref, spec, plan, now)
+            taken = [o.pod for o in outcomes if o.taken]
+            refused = [o for o in outcomes if o.refused is not None]
+            # Said in the status about to be written (reconcile/rules/creation.py), and once in an Event.
+            if taken:
+                self._record(job, name_conflict(job, plan.status, taken, now), now)
+                followups.append(NAME_CONFLICT_RETRY_SECONDS)
+            elif refused:
+                refusals = [str(o.refused) for o in refused]
+                self._record(job, creation_refused(job, plan.status, refusals, spec.replicas, now), now)
+                followups.append(CREATE_REFUSED_RETRY_SECONDS)
+            elif stores.pods.synced.is_set():
+                # The pods exist now (the store holds the API's replies): decide once more on them,
+                # so one status write says what this reconcile and the next would have written
+                # (all pods created; admitted, when admitted at creation).
+                pods = [p for p in stores.pods.indexed(key) if is_owned_by(p, job["metadata"]["uid"])]
+                then = self._decide({**job, "status": plan.status}, pods, nodes, now)
+                if not (then.create_indices or then.delete_pods or then.force_delete_pods or then.delete_job):
+                    then.events = merged_events([*plan.events, *then.events])
+                    plan = then
+            if not taken and not refused:
+                followups.append(0.5)
+
+        self.progress.track(key, job["metadata"]["uid"], pods, plan.status)
+        if plan.status.get("phase") in FINISHED_PHASES:
+            self.known_jobs.discard(key)  # nothing left to resync; TTL rides on recheck_after
+        try:
+            writer.write_status(key, job, recorded, plan.status)
+        except StatusConflict:
+            return writer.refreshed(key)  # what was done is read back from the pods next time
+        if status_diff(_decided_on(old_status), _decided_on(plan.status)):
+            # Decide once more on what was just written (a finished job's TTL, say, is timed from
+            # the completionTime this write set): the job's own status events no longer enqueue it.
+            followups.append(0.0)
+        self._observe(namespace, name, recorded, plan.status)
+        for event in plan.events:
+            writer.record_event(job, event.type, event.reason, event.message, iso(now))
+        if plan.delete_job:
+            self.api.delete_job(namespace, name, job["metadata"]["uid"])
+            self.forget(key)
+            return followups
+        if plan.recheck_after is not None:
+            followups.append(plan.recheck_after)
+        if plan.delete_pods or plan.force_delete_pods:
+            followups.append(1.0)
+        return followups
+
+    def _decide(
+        self, job: dict[str, Any], pods: list[dict[str, Any]], nodes: dict[str, dict[str, Any]], now: float
+    ) -> Plan:
+        """decide(), with what rank 0 of this very job (its uid) last reported in /progress."""
+        reported = self.progress.trainer_reports.get(object_key(job))
+        report = reported[1] if reported is not None and reported[0] == job["metadata"].get("uid") else None
+        return decide(job, pods, nodes, now, self.node_lost_after, trainer_report=report)
+
+    def _create_gang(
+        self, key: str, job: dict[str, Any], ref: JobRef, spec: TrainingJobSpec, plan: Plan, now: float
+    ) -> list[CreateOutcome]:
+        """Creates the Service, the PodGroup (external schedulers) and the missing pods of the
+        attempt; says, per pod, whether another owner's pod holds its name or the API refused it."""
+        for manifest in (build_headless_service(ref, spec), build_podgroup(ref, spec)):
+            if manifest is None:
+                continue
+            try:
+                if self.api.create_if_absent(manifest) is not None:
+                    continue
+            except CreationRefused as refusal:  # reported as a refused pod is: nothing runs without it
+                return [CreateOutcome(f"{manifest['kind'].lower()} {manifest['metadata']['name']}",
+                                      refused=refusal.message)]  # fmt: skip
+            held = self.api.read_like(manifest)  # it existed: ours, or someone else's (pod_facts.py)
+            if held is not None and not is_owned_by(held, ref.uid):
+                return [
+                    CreateOutcome(f"{manifest['kind'].lower()} {manifest['metadata']['name']}", taken=True)
+                ]
+        attempt = int(plan.status["attempt"])
+        template = job["spec"].get("template") or {}
+        pods_to_create = [
+            build_worker_pod(
+                ref,
+                spec,
+                index,
+                attempt,
+                template,
+                cluster_domain=self.cluster_domain,
+                attempt_in_name=plan.attempt_in_names,
+                avoid_nodes=plan.avoid_nodes,
+            )
+            for index in plan.create_indices
+        ]
+        if len(pods_to_create) == spec.replicas:
+            pods_to_create = self.creation_admission.admit(key, spec, pods_to_create, now)
+        try:
+            outcomes = self._create_pods(pods_to_create, ref.uid)
+        finally:
+            self.creation_admission.release(ref.namespace, pods_to_create)
+        self.work.admission_dirty_threadsafe()
+        return outcomes
+
+    def _create_pods(self, pods: list[dict[str, Any]], owner_uid: str) -> list[CreateOutcome]:
+        """Creates the pods a few at a time (a 32-pod gang one by one waits on 32 round trips)."""
+
+        def create(pod: dict[str, Any]) -> CreateOutcome:
+            meta = pod["metadata"]
+            try:
+                created = self.api.create_if_absent(pod)
+            except CreationRefused as refusal:
+                return CreateOutcome(meta["name"], refused=refusal.message)
+            if created is not None:
+                self.stores.pods.upsert(created)
+                metrics.observe_pods_created()
+                failpoints.after_pod_create()
+                return CreateOutcome(meta["name"])
+            held = self.api.read_like(pod)  # None: gone meanwhile, created on the next pass
+            return CreateOutcome(
+                f"pod {meta['name']}", taken=held is not None and not is_owned_by(held, owner_uid)
+            )
+
+        if failpoints.counts_pod_creations() or len(pods) < 2:
+            return [create(pod) for pod in pods]  # one by one: the failpoint counts them in order
+        return list(self.write_pool.map(create, pods))
+
+    def _record(self, job: dict[str, Any], event: Event | None, now: float) -> None:
+        if event is not None:
+            self.writer.record_event(job, event.type, event.reason, event.message, iso(now))
+
+    def _observe(self, namespace: str, name: str, old: dict[str, Any], new: dict[str, Any]) -> None:
+        if old.get("phase") != new.get("phase") and new.get("phase"):
+            metrics.observe_phase_change(namespace, name, old.get("phase"), new["phase"])
+        old_restarts, new_restarts = old.get("restarts") or {}, new.get("restarts") or {}
+        for field, reason in (("failures", "failure"), ("preemptions", "preemption")):
+            if new_restarts.get(field, 0) > old_restarts.get(field, 0):
+                metrics.observe_restart(namespace, name, reason)  # type: ignore[arg-type]
+        if (new.get("gangTimeouts") or 0) > (old.get("gangTimeouts") or 0):
+            metrics.observe_gang_timeout(namespace, name)
+        if new.get("goodput") and new.get("goodput") != old.get("goodput"):
+            metrics.observe_goodput(namespace, name, new["goodput"])
+        recovery = new.get("lastRecovery")
+        if recovery_timeline.is_complete(recovery) and not recovery_timeline.is_complete(
+            old.get("lastRecovery")
+        ):
+            metrics.observe_recovery(
+                str(recovery.get("reason")),
+                str(recovery.get("path")),
+                recovery["phasesMilliseconds"]["firstStep"] / 1000,
+                recovery_timeline.phase_durations(recovery),
+            )
+
+
+def _decided_on(status: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in status.items() if k not in BOOKKEEPING_FIELDS}

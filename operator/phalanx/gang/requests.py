@@ -1,0 +1,82 @@
+"""From a job and its pods to what the gang planners take (pure): the request of a gang waiting at
+the gate (gang/admission.py) and the running gang a preemption may stop (gang/preemption.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+from phalanx.api.schema import parse
+from phalanx.api.v1alpha1 import TrainingJobSpec
+from phalanx.gang.admission import GangRequest
+from phalanx.gang.capacity import PodDemand
+from phalanx.gang.preemption import RunningGang
+from phalanx.pod_facts import is_deleting, is_gated, pod_attempt
+
+# Order value for a gang whose admission was interrupted: ahead of every PriorityClass (max 1e9).
+FINISH_ADMISSION_PRIORITY: Final = 2**40
+
+
+@dataclass(frozen=True)
+class WaitingGang:
+    request: GangRequest
+    gated: dict[str, dict[str, Any]]  # pod name -> pod, the pods still at the gate
+    finishing: bool  # its interrupted admission is being completed (it must not preempt)
+
+
+PriorityOf = Callable[[TrainingJobSpec], int]
+"""The value of the job's PriorityClass (as the admission pass last read them)."""
+
+
+def waiting_gang(
+    key: str, job: dict[str, Any], own_pods: list[dict[str, Any]], priority_of: PriorityOf, created: float
+) -> WaitingGang | None:
+    """The gang's request for its gated pods; None while it is being created or torn down (never
+    admit half a gang) or when none of its pods waits."""
+    spec = parse(TrainingJobSpec, job["spec"])
+    priority = priority_of(spec)
+    attempt = (job.get("status") or {}).get("attempt", 0)
+    current = [p for p in own_pods if pod_attempt(p) == attempt]
+    pods = [p for p in current if is_gated(p)]
+    if len(current) < spec.replicas or not pods:
+        return None
+    min_available = spec.min_available
+    finishing = False
+    ungated = len(current) - len(pods)
+    if ungated:
+        # Some gates are already lifted: an operator stopped in the middle of admitting this gang,
+        # or pods beyond minAvailable wait for room. Place the rest; a gang below its minimum goes
+        # first, since its admitted pods already hold their nodes.
+        min_available = max(spec.min_available - ungated, 1)
+        if ungated < spec.min_available:
+            priority = FINISH_ADMISSION_PRIORITY
+            finishing = True
+    request = GangRequest(
+        key=key,
+        priority=priority,
+        created=created,
+        pods=tuple((p["metadata"]["name"], PodDemand.from_pod_spec(p["spec"])) for p in pods),
+        min_available=min_available,
+    )
+    return WaitingGang(request, {p["metadata"]["name"]: p for p in pods}, finishing)
+
+
+def running_gang(
+    key: str, job: dict[str, Any], own_pods: list[dict[str, Any]], priority_of: PriorityOf, started: float
+) -> RunningGang | None:
+    """A gang a preemption could stop: Running or Admitted, with pods of its attempt bound and not
+    being deleted (those count as room being freed already, not as room a victim would free)."""
+    status = job.get("status") or {}
+    if status.get("phase") not in ("Running", "Admitted"):
+        return None
+    bound = [
+        (p["metadata"]["name"], p["spec"]["nodeName"], PodDemand.from_pod_spec(p["spec"]))
+        for p in own_pods
+        if pod_attempt(p) == status.get("attempt", 0)
+        and p.get("spec", {}).get("nodeName")
+        and not is_deleting(p)
+    ]
+    if not bound:
+        return None
+    return RunningGang(key, priority_of(parse(TrainingJobSpec, job["spec"])), started, tuple(bound))

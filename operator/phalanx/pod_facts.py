@@ -1,0 +1,76 @@
+"""What a pod says about itself (pure, bottom layer): which job, attempt and rank it is, whether it
+waits at the gang gate, has finished or is being deleted, and whom it belongs to. Every other module
+asks these questions here, so a label or a gate is read one way only. Imports only constants.
+
+Ownership, one rule for pods, the Service and PodGroups: a TrainingJob's own is what it controls,
+an ownerReference with `controller: true` and the job's uid. Anything else that holds a name the
+job needs, another owner's object or one with no controller at all, whatever its labels, is a name
+conflict: never adopted, deleted, counted or evicted, and reported the same way (PodsCreated=False,
+reason NameConflict, and a Warning event). Labels alone prove nothing: a job of the same name
+deleted with `--cascade=orphan` leaves pods that carry its labels and another job's uid in their
+environment (batch/v1 Job selects by its controller's uid for this reason).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+from phalanx import constants as c
+
+TERMINAL_PHASES: Final = ("Succeeded", "Failed")
+
+
+def job_of_pod(pod: Mapping[str, Any]) -> str | None:
+    """namespace/name of the TrainingJob a pod belongs to, by its label."""
+    metadata = pod.get("metadata") or {}
+    job = (metadata.get("labels") or {}).get(c.LABEL_JOB_NAME)
+    return f"{metadata.get('namespace')}/{job}" if job else None
+
+
+def pod_attempt(pod: Mapping[str, Any]) -> int:
+    """The attempt the pod was created for; -1 without a readable label."""
+    try:
+        return int(pod["metadata"]["labels"][c.LABEL_ATTEMPT])
+    except (KeyError, ValueError):
+        return -1
+
+
+def pod_index(pod: Mapping[str, Any]) -> int:
+    """The pod's replica index (its global rank's worker); -1 without a readable label."""
+    try:
+        return int(pod["metadata"]["labels"][c.LABEL_REPLICA_INDEX])
+    except (KeyError, ValueError):
+        return -1
+
+
+def is_gated(pod: Mapping[str, Any]) -> bool:
+    """Still held at the gang gate: not admitted yet."""
+    gates = (pod.get("spec") or {}).get("schedulingGates") or []
+    return any(g.get("name") == c.GANG_SCHEDULING_GATE for g in gates)
+
+
+def is_terminal(pod: Mapping[str, Any]) -> bool:
+    return (pod.get("status") or {}).get("phase") in TERMINAL_PHASES
+
+
+def is_ready(pod: Mapping[str, Any]) -> bool:
+    status = pod.get("status") or {}
+    return status.get("phase") == "Running" and any(
+        x.get("type") == "Ready" and x.get("status") == "True" for x in status.get("conditions") or []
+    )
+
+
+def is_deleting(pod: Mapping[str, Any]) -> bool:
+    return bool((pod.get("metadata") or {}).get("deletionTimestamp"))
+
+
+def controller_uid(obj: Mapping[str, Any]) -> str:
+    """The uid of the object's controlling owner; "" when it has none."""
+    owners = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return next((str(o.get("uid")) for o in owners if o.get("controller") is True), "")
+
+
+def is_owned_by(obj: Mapping[str, Any], job_uid: str) -> bool:
+    """The job controls the object (see the ownership rule above)."""
+    return bool(job_uid) and controller_uid(obj) == job_uid

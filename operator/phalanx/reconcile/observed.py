@@ -1,0 +1,110 @@
+"""What a decision reads, worked out once (pure): the job's spec, its pods split by attempt, and
+the nodes that count as lost. Every rule reads this; none reads the raw job again."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from phalanx.api.v1alpha1 import TrainingJobSpec
+from phalanx.pod_facts import is_terminal, pod_attempt, pod_index
+from phalanx.policy.node_loss import lost_node_names, not_ready_since, on_lost_node
+from phalanx.policy.pod_outcome import (
+    REASON_NODE_LOST,
+    GangVerdict,
+    OutcomeKind,
+    PodOutcome,
+    classify_pod,
+    gang_verdict,
+    missing_pod_outcome,
+)
+from phalanx.reconcile.plan import iso
+
+
+def on_vanished_node(pod: dict[str, Any], nodes: dict[str, Any]) -> bool:
+    """Bound to a Node object that no longer exists (an empty node list is "not known yet")."""
+    node_name = pod.get("spec", {}).get("nodeName")
+    return bool(node_name) and bool(nodes) and node_name not in nodes
+
+
+@dataclass
+class Observed:
+    spec: TrainingJobSpec
+    attempt: int
+    pods: list[dict[str, Any]]
+    nodes: dict[str, dict[str, Any]]
+    now: float
+    node_lost_after: float
+    # The job's pod template spec (spec.template.spec), and when the job was created (None: unknown).
+    pod_template: dict[str, Any] = field(default_factory=dict)
+    created: float | None = None
+    # What rank 0 of this job (this uid) last reported in /progress: attempt, start-up times, stalls.
+    trainer_report: Mapping[str, Any] | None = None
+
+    @cached_property
+    def current(self) -> dict[int, dict[str, Any]]:
+        """The current attempt's pods by replica index."""
+        return {pod_index(p): p for p in self.pods if pod_attempt(p) == self.attempt}
+
+    @cached_property
+    def stale(self) -> list[dict[str, Any]]:
+        """Pods of older attempts."""
+        return [p for p in self.pods if pod_attempt(p) != self.attempt]
+
+    @cached_property
+    def lost_nodes(self) -> frozenset[str]:
+        return lost_node_names(self.nodes, self.now, self.node_lost_after)
+
+    @cached_property
+    def left_behind(self) -> list[str]:
+        """Older pods on a lost node: they may never go (nobody confirms their deletion), so the next
+        attempt does not wait for them, and takes other names."""
+        return [p["metadata"]["name"] for p in self.stale if on_lost_node(p, self.nodes, self.lost_nodes)]
+
+    @cached_property
+    def waited_for(self) -> list[dict[str, Any]]:
+        """Older pods that are waited for: they are saving the SIGTERM checkpoint the next attempt
+        resumes from."""
+        return [p for p in self.stale if p["metadata"]["name"] not in self.left_behind]
+
+    @cached_property
+    def outcomes(self) -> list[PodOutcome]:
+        """One outcome per replica of the current attempt (policy/pod_outcome.py)."""
+        retryable = frozenset(self.spec.run_policy.retryable_exit_codes or ())
+        outcomes = []
+        for index in range(self.spec.replicas):
+            pod = self.current.get(index)
+            if pod is None:
+                outcomes.append(missing_pod_outcome(f"worker-{index}"))
+                continue
+            node_name = pod.get("spec", {}).get("nodeName")
+            node = self.nodes.get(node_name) if node_name else None
+            if on_vanished_node(pod, self.nodes) and not is_terminal(pod):
+                message = f"node {node_name} no longer exists"
+                outcomes.append(
+                    PodOutcome(pod["metadata"]["name"], OutcomeKind.PREEMPTED, REASON_NODE_LOST, message)
+                )
+                continue
+            if node is not None and node_name in self.lost_nodes and not is_terminal(pod):
+                # The pod may still say Running: nobody is left to update it. Its rank is gone all the same.
+                since = not_ready_since(node)
+                message = f"node {node_name} not Ready since {iso(since) if since is not None else 'a while'}"
+                outcomes.append(
+                    PodOutcome(
+                        pod["metadata"]["name"], OutcomeKind.PREEMPTED, REASON_NODE_LOST, message, at=since
+                    )
+                )
+                continue
+            outcomes.append(classify_pod(pod, retryable_exit_codes=retryable, node=node))
+        return outcomes
+
+    @cached_property
+    def verdict(self) -> GangVerdict:
+        return gang_verdict(self.outcomes)
+
+    @cached_property
+    def running(self) -> int:
+        """Replicas running or done."""
+        return sum(o.kind in (OutcomeKind.RUNNING, OutcomeKind.SUCCEEDED) for o in self.outcomes)

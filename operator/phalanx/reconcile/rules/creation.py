@@ -1,0 +1,94 @@
+"""Creation: the attempt's missing pods are created (deterministic names, so a repeat is harmless);
+once all exist, status.createdAttempt records it and the decision goes on. What the I/O layer
+learns while creating, a name held by someone else or a refusal by the API server, is written into
+the status here too (pure)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from phalanx.policy.node_loss import attempt_in_names
+from phalanx.providers import provider_for
+from phalanx.reconcile.conditions import get_condition, set_condition
+from phalanx.reconcile.observed import Observed
+from phalanx.reconcile.plan import REASON_CREATE_REFUSED, REASON_NAME_CONFLICT, Event, PlanBuilder, iso
+from phalanx.reconcile.rules import gang_timeout
+
+
+def apply(b: PlanBuilder, seen: Observed) -> bool:
+    status, spec, attempt, current = b.status, seen.spec, seen.attempt, seen.current
+    if status.get("createdAttempt") == attempt:
+        return False
+    if not provider_for(spec).admits_gangs:  # the pods are admitted as they are created
+        status.setdefault("admittedTime", b.now_iso)
+    missing = [i for i in range(spec.replicas) if i not in current]
+    if missing and gang_timeout.partly_created(b, seen):
+        return True
+    if missing:
+        b.plan.create_indices.extend(missing)
+        b.plan.attempt_in_names = attempt_in_names(current.values(), seen.stale, attempt)
+        lingering_on = {
+            p.get("spec", {}).get("nodeName") for p in seen.stale if p["metadata"]["name"] in seen.left_behind
+        }
+        b.plan.avoid_nodes = sorted(n for n in lingering_on if n)
+        if attempt == 0 or status.get("phase") not in ("Restarting",):
+            b.phase("Pending", "Created", f"created {spec.replicas} pod(s) for attempt {attempt}")
+        return True
+    # Every pod of the attempt exists: recorded, and decided on by the next rules in the same pass.
+    status["createdAttempt"] = attempt
+    if any(x["type"] == "PodsCreated" for x in status["conditions"]):
+        b.condition("PodsCreated", "True", "AllPodsCreated", f"all {spec.replicas} pod(s) exist")
+    return False
+
+
+def name_conflict(job: dict[str, Any], status: dict[str, Any], taken: list[str], now: float) -> Event | None:
+    """An object this job does not control holds a name it needs (a worker pod's, its Service's, its
+    PodGroup's; pod_facts.py): says so in `status` (about to be written). Returns the Warning event
+    to record the first time; then the job waits for the object to go."""
+    message = (
+        f"{', '.join(taken)} hold(s) a name this TrainingJob needs but belong(s) to someone else; "
+        "delete or rename it and the job continues"
+    )
+    first_time = (job.get("status") or {}).get("message") != message
+    status["message"] = message
+    status["conditions"] = set_condition(
+        status.get("conditions") or [], "PodsCreated", "False", REASON_NAME_CONFLICT, message, iso(now),
+        job["metadata"].get("generation"),
+    )  # fmt: skip
+    return Event("Warning", REASON_NAME_CONFLICT, message) if first_time else None
+
+
+def creation_refused(
+    job: dict[str, Any], status: dict[str, Any], refusals: list[str], replicas: int, now: float
+) -> Event | None:
+    """The API server refused pods (quota, admission policy, an invalid template; `refusals` are its
+    messages): says so with its words in `status`. Returns the Warning event to record when the
+    message is new. Creation is retried; a gang left half-created is torn down after its gang
+    timeout (gang_timeout.partly_created)."""
+    message = f"{len(refusals)}/{replicas} pod(s) refused by the API server: {refusals[0]}"
+    previous = get_condition((job.get("status") or {}).get("conditions") or [], "PodsCreated")
+    status["message"] = message
+    status["conditions"] = set_condition(
+        status.get("conditions") or [], "PodsCreated", "False", REASON_CREATE_REFUSED, message, iso(now),
+        job["metadata"].get("generation"),
+    )  # fmt: skip
+    if previous is None or previous.get("message") != message:
+        return Event("Warning", REASON_CREATE_REFUSED, message)
+    return None
+
+
+def spec_refused(
+    job: dict[str, Any], status: dict[str, Any], reason: str, message: str, now: float
+) -> Event | None:
+    """The operator will not create this job's pods (its spec asks for what the operator's settings
+    refuse, policy/host_path.py): PodsCreated=False in `status`. Returns the Warning event to record
+    when the message is new."""
+    previous = get_condition((job.get("status") or {}).get("conditions") or [], "PodsCreated")
+    status["message"] = message
+    status["conditions"] = set_condition(
+        status.get("conditions") or [], "PodsCreated", "False", reason, message, iso(now),
+        job["metadata"].get("generation"),
+    )  # fmt: skip
+    if previous is None or previous.get("message") != message:
+        return Event("Warning", reason, message)
+    return None

@@ -1,0 +1,93 @@
+"""From a job and its pods to the planners' inputs (gang/requests.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from phalanx.api.v1alpha1 import TrainingJobSpec
+from phalanx.gang.requests import FINISH_ADMISSION_PRIORITY, running_gang, waiting_gang
+
+pytestmark = pytest.mark.unit
+
+GATE = [{"name": "phalanx.dev/gang"}]
+
+
+def at(priority: int) -> Callable[[TrainingJobSpec], int]:
+    return lambda spec: priority
+
+
+def a_job(replicas: int = 2, min_available: int | None = None, **status: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {"replicas": replicas, "template": {"spec": {"containers": [{"name": "trainer"}]}}}
+    if min_available is not None:
+        spec["minAvailable"] = min_available
+    return {"metadata": {"name": "j", "namespace": "ns", "uid": "u"}, "spec": spec, "status": status}
+
+
+def a_pod(
+    index: int, gated: bool, attempt: int = 0, node: str = "", deleting: bool = False
+) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": f"j-worker-{index}", "labels": {"phalanx.dev/attempt": str(attempt)}}
+    if deleting:
+        metadata["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    spec: dict[str, Any] = {"containers": [{"name": "trainer", "resources": {"requests": {"cpu": "1"}}}]}
+    if gated:
+        spec["schedulingGates"] = GATE
+    if node:
+        spec["nodeName"] = node
+    return {"metadata": metadata, "spec": spec, "status": {}}
+
+
+def test_a_whole_gated_gang_asks_for_every_pod_at_its_priority() -> None:
+    waiting = waiting_gang("ns/j", a_job(), [a_pod(0, True), a_pod(1, True)], priority_of=at(7), created=5.0)
+    assert waiting is not None and not waiting.finishing
+    assert waiting.request.priority == 7 and waiting.request.created == 5.0
+    assert [name for name, _ in waiting.request.pods] == ["j-worker-0", "j-worker-1"]
+    assert waiting.request.min_available == 2 and set(waiting.gated) == {"j-worker-0", "j-worker-1"}
+
+
+def test_half_a_gang_or_one_without_a_gated_pod_asks_for_nothing() -> None:
+    assert waiting_gang("ns/j", a_job(), [a_pod(0, True)], priority_of=at(0), created=0.0) is None
+    assert (
+        waiting_gang("ns/j", a_job(), [a_pod(0, False), a_pod(1, False)], priority_of=at(0), created=0.0)
+        is None
+    )
+    stale = [a_pod(0, True, attempt=1), a_pod(1, True, attempt=1)]
+    assert waiting_gang("ns/j", a_job(), stale, priority_of=at(0), created=0.0) is None
+
+
+def test_an_interrupted_admission_is_finished_first_and_asks_only_for_what_is_left() -> None:
+    pods = [a_pod(0, False, node="n"), a_pod(1, True), a_pod(2, True)]
+    waiting = waiting_gang("ns/j", a_job(replicas=3), pods, priority_of=at(7), created=0.0)
+    assert waiting is not None and waiting.finishing
+    assert waiting.request.priority == FINISH_ADMISSION_PRIORITY and waiting.request.min_available == 2
+
+
+def test_with_one_gate_left_the_gang_asks_for_one_pod_ahead_of_every_priority() -> None:
+    # minAvailable is every replica (api/v1alpha1.py): a gang with gates lifted is always unfinished.
+    pods = [a_pod(0, False, node="n"), a_pod(1, False, node="n"), a_pod(2, True)]
+    waiting = waiting_gang("ns/j", a_job(replicas=3, min_available=3), pods, priority_of=at(7), created=0.0)
+    assert waiting is not None and waiting.finishing
+    assert waiting.request.priority == FINISH_ADMISSION_PRIORITY and waiting.request.min_available == 1
+    assert [name for name, _ in waiting.request.pods] == ["j-worker-2"]
+
+
+def test_a_running_gang_offers_its_bound_pods_not_those_being_deleted() -> None:
+    pods = [a_pod(0, False, node="n1"), a_pod(1, False, node="n2", deleting=True), a_pod(2, False)]
+    gang = running_gang(
+        "ns/j", a_job(replicas=3, phase="Running", attempt=0), pods, priority_of=at(3), started=9.0
+    )
+    assert gang is not None and (gang.key, gang.priority, gang.started) == ("ns/j", 3, 9.0)
+    assert [(name, node) for name, node, _ in gang.pods] == [("j-worker-0", "n1")]
+
+
+def test_only_running_or_admitted_gangs_with_bound_pods_can_be_stopped() -> None:
+    bound = [a_pod(0, False, node="n1")]
+    for phase in ("Pending", "Restarting", "Succeeded"):
+        assert running_gang("ns/j", a_job(phase=phase), bound, priority_of=at(0), started=0.0) is None
+    assert (
+        running_gang("ns/j", a_job(phase="Admitted"), [a_pod(0, False)], priority_of=at(0), started=0.0)
+        is None
+    )
