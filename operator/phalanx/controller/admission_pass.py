@@ -110,7 +110,8 @@ class AdmissionPass:
             if not requests:
                 return
             nodes = state.node_infos.infos(stores.current_nodes().values())
-            plan = plan_admission(requests, nodes, used, now, reservations=state.reservations)
+            # A copy: forget() drops a deleted job's reservation from a reconcile thread.
+            plan = plan_admission(requests, nodes, used, now, reservations=dict(state.reservations))
             state.reservations = dict(plan.reservations)
         jobs_by_key = {object_key(j): j for j in jobs}
         patches = []

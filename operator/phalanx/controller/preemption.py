@@ -53,7 +53,8 @@ class Preemptor:
         sees its pods deleted by someone else, restarts as a preemption, and waits for capacity.
         """
         now = time.monotonic()
-        if any(now - at < PREEMPTION_COOLDOWN_SECONDS for at in self.preempting.values()):
+        # A copy: forget() drops a deleted job from another thread.
+        if any(now - at < PREEMPTION_COOLDOWN_SECONDS for at in list(self.preempting.values())):
             return  # let the last victims finish terminating before choosing again
         running = []
         for job in jobs:
