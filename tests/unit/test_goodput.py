@@ -192,3 +192,22 @@ def test_the_first_attempt_waits_for_its_trainers_first_report_before_booking() 
     silent.to(st("Running", startTime=iso_ms(T0)), 0)
     late = account(silent.status, silent.status, T0, T0 + 301, GPUS)
     assert late is not None and late["productiveSeconds"] == 301 * 8
+
+
+def test_redone_steps_are_booked_at_the_disrupted_attempts_pace_when_the_new_one_has_none_yet() -> None:
+    # At its first step the recovering attempt reports no step time: the last one known counts.
+    job = Job()
+    job.to(st("Running", startTime="x"), 0)
+    job.to(st("Running", startTime="x"), 40, TrainerFacts(0, first_step_at=T0, seconds_per_step=0.5))
+    recovery = {
+        "attempt": 1,
+        "disruptedTime": iso_ms(T0 + 50),
+        "phasesMilliseconds": {},
+        "stepAtDisruption": 90,
+    }
+    restarts = {"failures": 1, "preemptions": 0}
+    job.to(st("Restarting", 1, startTime="x", restarts=restarts, lastRecovery=recovery), 50)
+    complete = {**recovery, "resumedFromStep": 80, "phasesMilliseconds": {"firstStep": 5000}}
+    ledger = job.to(st("Running", 1, startTime="x", restarts=restarts, lastRecovery=complete), 56,
+                    TrainerFacts(1, first_step_at=T0 + 55))  # fmt: skip
+    assert ledger["redoneStepsSeconds"] == 10 * 0.5 * 8

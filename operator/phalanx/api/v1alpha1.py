@@ -464,6 +464,7 @@ class Goodput:
         "Device-seconds the training loop waited for saves.", extra=INT64
     )
     accounted_time: str | None = api_field("Booked up to this time (RFC 3339, milliseconds).")
+    step_milliseconds: int | None = api_field("The newest step time the trainer reported (for redone steps).")
     stalls_reported: str | None = api_field(
         "attempt:seconds of checkpoint stalls already booked (bookkeeping)."
     )

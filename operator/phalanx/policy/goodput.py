@@ -105,7 +105,7 @@ def account(
     elif phase == "Admitted" and not old.get("startTime") and not cause:
         book["startup"] += rest  # admitted, its containers starting
     if recovered:
-        redo = _redone_device_seconds(new["lastRecovery"], devices, trainer)
+        redo = _redone_device_seconds(new["lastRecovery"], devices, _step_seconds(ledger, trainer))
         book["redoneSteps"] += redo
         productive -= redo
     if stalls:
@@ -127,7 +127,19 @@ def account(
         out["stallsReported"] = f"{trainer.attempt}:{trainer.checkpoint_stall_seconds!r}"  # exact
     elif "stallsReported" in ledger:
         out["stallsReported"] = ledger["stallsReported"]
+    per_step = _step_seconds(ledger, trainer)
+    if per_step:
+        out["stepMilliseconds"] = max(1, round(per_step * 1000))
     return out
+
+
+def _step_seconds(ledger: Mapping[str, Any], trainer: TrainerFacts | None) -> float | None:
+    """The newest step time reported: a recovering attempt has none yet when its recovery completes,
+    and its redone steps are the disrupted attempt's, at that attempt's pace."""
+    if trainer is not None and trainer.seconds_per_step:
+        return trainer.seconds_per_step
+    kept = ledger.get("stepMilliseconds")
+    return kept / 1000 if isinstance(kept, int) and kept > 0 else None
 
 
 def _lost_until(
@@ -168,12 +180,9 @@ def _stall_seconds(ledger: Mapping[str, Any], trainer: TrainerFacts | None, atte
     return more if more >= MIN_STALL_SECONDS else 0.0
 
 
-def _redone_device_seconds(
-    recovery: Mapping[str, Any], devices: Devices, trainer: TrainerFacts | None
-) -> float:
+def _redone_device_seconds(recovery: Mapping[str, Any], devices: Devices, per_step: float | None) -> float:
     """Steps the disrupted attempt had reported past the checkpoint the next one resumed from."""
     step, resumed = recovery.get("stepAtDisruption"), recovery.get("resumedFromStep")
-    per_step = trainer.seconds_per_step if trainer is not None else None
     if not isinstance(step, int) or not isinstance(resumed, int) or not per_step or step <= resumed:
         return 0.0
     return (step - resumed) * per_step * devices.count
