@@ -66,23 +66,15 @@ def creation_refused(
     message is new. Creation is retried; a gang left half-created is torn down after its gang
     timeout (gang_timeout.partly_created)."""
     message = f"{len(refusals)}/{replicas} pod(s) refused by the API server: {refusals[0]}"
-    previous = get_condition((job.get("status") or {}).get("conditions") or [], "PodsCreated")
-    status["message"] = message
-    status["conditions"] = set_condition(
-        status.get("conditions") or [], "PodsCreated", "False", REASON_CREATE_REFUSED, message, iso(now),
-        job["metadata"].get("generation"),
-    )  # fmt: skip
-    if previous is None or previous.get("message") != message:
-        return Event("Warning", REASON_CREATE_REFUSED, message)
-    return None
+    return spec_refused(job, status, REASON_CREATE_REFUSED, message, now)
 
 
 def spec_refused(
     job: dict[str, Any], status: dict[str, Any], reason: str, message: str, now: float
 ) -> Event | None:
-    """The operator will not create this job's pods (its spec asks for what the operator's settings
-    refuse, policy/host_path.py): PodsCreated=False in `status`. Returns the Warning event to record
-    when the message is new."""
+    """The job's pods are not created (its spec asks for what the operator's settings refuse,
+    policy/host_path.py; or the API server refused them): PodsCreated=False with `reason` in
+    `status`. Returns the Warning event to record when the message is new."""
     previous = get_condition((job.get("status") or {}).get("conditions") or [], "PodsCreated")
     status["message"] = message
     status["conditions"] = set_condition(
