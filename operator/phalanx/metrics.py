@@ -32,6 +32,8 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from phalanx.policy import goodput
+
 RestartReason = Literal["failure", "preemption"]
 RESTART_REASONS: Final[tuple[RestartReason, ...]] = ("failure", "preemption")
 TERMINAL_PHASES: Final = ("Succeeded", "Failed")
@@ -121,9 +123,6 @@ JOB_DEVICE_SECONDS: Final = Gauge(
     (*JOB_LABELS, "kind", "unit"),
     registry=REGISTRY,
 )
-DEVICE_SECONDS_KINDS: Final = (
-    "allocated", "productive", "waitingForAdmission", "startup", "recovery", "redoneSteps", "checkpointStalls",
-)  # fmt: skip
 RECOVERY_SECONDS: Final = Histogram(
     "phalanx_recovery_seconds",
     "Time from a gang disruption being seen to the first training step after it, by restart reason "
@@ -343,10 +342,12 @@ def observe_goodput(namespace: str, name: str, ledger: dict[str, object]) -> Non
     except (KeyError, ValueError):
         return
     unit = str(ledger.get("unit") or "")
-    for kind in DEVICE_SECONDS_KINDS:
-        value = ledger.get(f"{kind}Seconds")
-        if isinstance(value, (int, float)):
-            JOB_DEVICE_SECONDS.labels(namespace=namespace, trainingjob=name, kind=kind, unit=unit).set(value)
+    for kind in goodput.TOTALS:
+        if isinstance(ledger.get(f"{kind}Seconds"), (int, float)):
+            seconds = goodput.device_seconds(ledger, kind)
+            JOB_DEVICE_SECONDS.labels(namespace=namespace, trainingjob=name, kind=kind, unit=unit).set(
+                seconds
+            )
 
     def remember_unit(state: _JobState) -> None:
         state.device_unit = unit
@@ -386,7 +387,7 @@ def forget_job(namespace: str, name: str) -> None:
     except KeyError:
         pass
     if state is not None and state.device_unit is not None:
-        for kind in DEVICE_SECONDS_KINDS:
+        for kind in goodput.TOTALS:
             try:
                 JOB_DEVICE_SECONDS.remove(namespace, name, kind, state.device_unit)
             except KeyError:

@@ -102,8 +102,13 @@ def test_an_uninterrupted_job_succeeds_with_its_final_loss(uninterrupted: Run) -
     assert sorted(losses) == list(range(1, STEPS + 1))
     assert losses[STEPS] < losses[1]  # it learned something
     ledger = assert_goodput_books_every_second(status)
-    assert ledger["recoverySeconds"] == 0 and ledger["redoneStepsSeconds"] == 0
+    assert device_seconds(ledger, "recovery") == 0 and device_seconds(ledger, "redoneSteps") == 0
     assert ledger["startupSeconds"] > 0  # imports and rendezvous before the first step
+
+
+def device_seconds(ledger: dict[str, Any], cause: str) -> float:
+    """The whole seconds shown and the fraction carried to the next booking."""
+    return float(ledger[f"{cause}Seconds"]) + (ledger.get("remainderMilliseconds") or {}).get(cause, 0) / 1000
 
 
 def assert_goodput_books_every_second(status: dict[str, Any]) -> dict[str, Any]:
@@ -113,7 +118,7 @@ def assert_goodput_books_every_second(status: dict[str, Any]) -> dict[str, Any]:
     devices = float(ledger["devices"])
     assert ledger["unit"] == "cpu" and devices > 0  # the dev node's pods ask for no accelerator
     causes = ("productive", "waitingForAdmission", "startup", "recovery", "redoneSteps", "checkpointStalls")
-    booked = sum(ledger[f"{cause}Seconds"] for cause in causes)
+    booked = sum(device_seconds(ledger, cause) for cause in causes)
     wall = (parse_time(status["completionTime"]) or 0) - (parse_time(status["creationTimestamp"]) or 0)
     assert abs(booked - wall * devices) <= 2 * devices + len(causes), (ledger, wall)
     assert 0 < float(ledger["ratio"]) < 1
@@ -172,7 +177,7 @@ def test_an_evicted_job_resumes_from_checkpoint_with_the_same_losses(
     assert mismatched == {}
     assert_recovery_timeline(cluster, e2e_namespace, name, status, attempt=1, reason="Preempted")
     ledger = assert_goodput_books_every_second({**status, **job_times(cluster, e2e_namespace, name)})
-    assert ledger["recoverySeconds"] > 0 and ledger["redoneStepsSeconds"] == 0  # no step lost
+    assert ledger["recoverySeconds"] > 0 and device_seconds(ledger, "redoneSteps") == 0  # no step lost
 
 
 def assert_recovery_timeline(
@@ -225,7 +230,9 @@ def test_a_sigkilled_worker_resumes_from_the_last_periodic_checkpoint(
     recovery = status["lastRecovery"]
     assert recovery["resumedFromStep"] == second.resumed_from
     # Steps reported before the kill and past the checkpoint resumed from were trained twice.
-    assert (ledger["redoneStepsSeconds"] > 0) == (recovery["stepAtDisruption"] > recovery["resumedFromStep"])
+    # At the demo's pace (tens of milliseconds a step on one core) that is well under a device-second.
+    redone = device_seconds(ledger, "redoneSteps")
+    assert (redone > 0) == (recovery["stepAtDisruption"] > recovery["resumedFromStep"]), ledger
 
 
 def test_a_job_whose_command_exits_1_fails_after_its_backoff_limit(

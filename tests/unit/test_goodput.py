@@ -211,3 +211,50 @@ def test_redone_steps_are_booked_at_the_disrupted_attempts_pace_when_the_new_one
     ledger = job.to(st("Running", 1, startTime="x", restarts=restarts, lastRecovery=complete), 56,
                     TrainerFacts(1, first_step_at=T0 + 55))  # fmt: skip
     assert ledger["redoneStepsSeconds"] == 10 * 0.5 * 8
+
+
+ONE_CORE = Devices("cpu", 1)
+
+
+def exact_seconds(ledger: dict[str, Any], cause: str) -> float:
+    """The whole device-seconds shown plus the fraction the ledger carries to the next booking."""
+    return float(ledger[f"{cause}Seconds"]) + ledger.get("remainderMilliseconds", {}).get(cause, 0) / 1000
+
+
+def test_sub_second_stalls_add_up_instead_of_rounding_away() -> None:
+    # A save that stalls the loop 0.3 s at every booking: rounded per booking, 0 s would be booked.
+    status: dict[str, Any] = {"phase": "Running", "startTime": "x", "attempt": 0}
+    for n in range(1, 11):
+        new = st("Running", startTime="x")
+        facts = TrainerFacts(0, first_step_at=T0, checkpoint_stall_seconds=round(0.3 * n, 6))
+        ledger = account(status, new, T0, T0 + 40 * n, ONE_CORE, facts)
+        assert ledger is not None
+        status = {**new, "goodput": ledger}
+    assert exact_seconds(status["goodput"], "checkpointStalls") == pytest.approx(3.0, abs=0.002)
+    assert status["goodput"]["checkpointStallsSeconds"] == 3  # whole seconds shown, the rest carried
+    causes = ("productive", "waitingForAdmission", "startup", "recovery", "redoneSteps", "checkpointStalls")
+    total = sum(exact_seconds(status["goodput"], cause) for cause in causes)
+    assert total == pytest.approx(400.0, abs=0.002)  # nothing lost to rounding over ten bookings
+
+
+def test_redone_steps_shorter_than_a_device_second_are_still_booked() -> None:
+    status: dict[str, Any] = {}
+    for new, at, facts in (
+        (st("Running", startTime="x"), 0.0, None),
+        (st("Running", startTime="x"), 40.0, TrainerFacts(0, first_step_at=T0, seconds_per_step=0.04)),
+    ):
+        status = {**new, "goodput": account(status, new, T0, T0 + at, ONE_CORE, facts)}
+    recovery = {
+        "attempt": 1,
+        "disruptedTime": iso_ms(T0 + 50),
+        "phasesMilliseconds": {},
+        "stepAtDisruption": 28,
+    }
+    restarts = {"failures": 1, "preemptions": 0}
+    new = st("Restarting", 1, startTime="x", restarts=restarts, lastRecovery=recovery)
+    status = {**new, "goodput": account(status, new, T0, T0 + 50, ONE_CORE)}
+    complete = {**recovery, "resumedFromStep": 20, "phasesMilliseconds": {"firstStep": 5000}}
+    new = st("Running", 1, startTime="x", restarts=restarts, lastRecovery=complete)
+    ledger = account(status, new, T0, T0 + 56, ONE_CORE, TrainerFacts(1, first_step_at=T0 + 55))
+    assert ledger is not None
+    assert exact_seconds(ledger, "redoneSteps") == pytest.approx(8 * 0.04, abs=0.002)

@@ -434,6 +434,19 @@ class LastRecovery:
 
 
 @dataclass
+class GoodputRemainders:
+    """Device-milliseconds below one device-second, per total, carried to the next booking."""
+
+    allocated: int | None = api_field("Of allocatedSeconds.")
+    productive: int | None = api_field("Of productiveSeconds.")
+    waiting_for_admission: int | None = api_field("Of waitingForAdmissionSeconds.")
+    startup: int | None = api_field("Of startupSeconds.")
+    recovery: int | None = api_field("Of recoverySeconds.")
+    redone_steps: int | None = api_field("Of redoneStepsSeconds.")
+    checkpoint_stalls: int | None = api_field("Of checkpointStallsSeconds.")
+
+
+@dataclass
 class Goodput:
     """Device time of the gang since the job was created, and the share of it that trained."""
 
@@ -462,6 +475,9 @@ class Goodput:
     )
     checkpoint_stalls_seconds: int | None = api_field(
         "Device-seconds the training loop waited for saves.", extra=INT64
+    )
+    remainder_milliseconds: GoodputRemainders | None = api_field(
+        "The fraction of each total below one device-second (bookkeeping: short stalls add up)."
     )
     accounted_time: str | None = api_field("Booked up to this time (RFC 3339, milliseconds).")
     step_milliseconds: int | None = api_field("The newest step time the trainer reported (for redone steps).")

@@ -16,7 +16,9 @@ as its previous status says:
 Redone steps are those trained after the checkpoint a recovery resumed from and lost with the
 disrupted attempt (booked when the recovery completes: the last step reported before the disruption
 less the step the trainer resumed from). Checkpoint stalls are the seconds
-the trainer's loop waited for a save (reported in /progress). goodput = productive / (devices x
+the trainer's loop waited for a save (reported in /progress). Each total is shown in whole
+device-seconds; the fraction below one is carried in remainderMilliseconds, so bookings shorter
+than a second (a 0.3 s stall, eight 40 ms steps redone) add up instead of rounding away. goodput = productive / (devices x
 wall time since the job was created): start-up, waiting, recovery, redone work and saves all count
 against it.
 """
@@ -31,6 +33,7 @@ from phalanx.policy.recovery_timeline import is_complete, iso_ms, parse_time, re
 
 HOLDING_PHASES: Final = ("Admitted", "Running", "Restarting")
 LOST_CAUSES: Final = ("waitingForAdmission", "startup", "recovery", "redoneSteps", "checkpointStalls")
+TOTALS: Final = ("allocated", "productive", *LOST_CAUSES)
 FINISHED: Final = ("Succeeded", "Failed")
 # Status writes are what this costs: book at each phase change, else at most this often, and only
 # while the gang holds devices (a queued or suspended job's ledger waits for its next phase change).
@@ -57,8 +60,18 @@ class TrainerFacts:
     checkpoint_stall_seconds: float | None = None
 
 
-def _int(ledger: Mapping[str, Any], key: str) -> float:
-    return float(ledger.get(key) or 0)
+def device_seconds(ledger: Mapping[str, Any], cause: str) -> float:
+    """A cause's device-seconds: the whole seconds shown and the fraction carried."""
+    carried = (ledger.get("remainderMilliseconds") or {}).get(cause) or 0
+    return float(ledger.get(f"{cause}Seconds") or 0) + float(carried) / 1000
+
+
+def _shown_and_carried(totals: Mapping[str, float]) -> tuple[dict[str, int], dict[str, int]]:
+    seconds: dict[str, int] = {}
+    carried: dict[str, int] = {}
+    for cause, total in totals.items():
+        seconds[cause], carried[cause] = divmod(max(0, round(total * 1000)), 1000)
+    return seconds, carried
 
 
 def account(
@@ -85,9 +98,9 @@ def account(
         return None
     if not phase_changed and _awaiting_first_report(old, now, trainer):
         return None  # the span is split at the first step once the trainer tells when it came
-    book = {cause: _int(ledger, f"{cause}Seconds") for cause in LOST_CAUSES}
-    allocated = _int(ledger, "allocatedSeconds")
-    productive = _int(ledger, "productiveSeconds")
+    book = {cause: device_seconds(ledger, cause) for cause in LOST_CAUSES}
+    allocated = device_seconds(ledger, "allocated")
+    productive = device_seconds(ledger, "productive")
     phase = old.get("phase")
     span = max(0.0, now - since)
     if phase in HOLDING_PHASES:
@@ -114,12 +127,12 @@ def account(
         productive -= stall_time
     productive = max(0.0, productive)
     wall = max(1e-9, now - created) * devices.count
+    shown, carried = _shown_and_carried({"allocated": allocated, "productive": productive, **book})
     out: dict[str, Any] = {
         "unit": devices.unit,
         "devices": _count_text(devices.count),
-        "allocatedSeconds": round(allocated),
-        "productiveSeconds": round(productive),
-        **{f"{cause}Seconds": round(seconds) for cause, seconds in book.items()},
+        **{f"{cause}Seconds": seconds for cause, seconds in shown.items()},
+        "remainderMilliseconds": carried,
         "ratio": f"{min(1.0, productive / wall):.3f}",
         "accountedTime": iso_ms(now),
     }
