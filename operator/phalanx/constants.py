@@ -38,6 +38,9 @@ FIRST_SIGNAL_EXIT_CODE: Final = 128
 
 DEFAULT_RENDEZVOUS_PORT: Final = 29500
 DEFAULT_METRICS_PORT: Final = 9400
+# With spec.runPolicy.hangTimeoutSeconds, the trainer's collective timeout is that plus this: the
+# operator's Hang verdict (which names the silent pods) comes first, the trainer's is the backstop.
+HANG_COLLECTIVE_MARGIN_SECONDS: Final = 30
 DEFAULT_CONTROL_PORT: Final = 9399  # the resident launcher's control server (restart in place)
 DEFAULT_CHECKPOINT_PATH: Final = "/checkpoints"
 

@@ -34,8 +34,8 @@ from prometheus_client.registry import Collector
 
 from phalanx.policy import goodput
 
-RestartReason = Literal["failure", "preemption"]
-RESTART_REASONS: Final[tuple[RestartReason, ...]] = ("failure", "preemption")
+RestartReason = Literal["failure", "preemption", "hang"]
+RESTART_REASONS: Final[tuple[RestartReason, ...]] = ("failure", "preemption", "hang")
 TERMINAL_PHASES: Final = ("Succeeded", "Failed")
 JOB_LABELS: Final = ("namespace", "trainingjob")
 

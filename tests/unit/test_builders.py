@@ -137,3 +137,13 @@ def test_every_variable_the_contract_sets_is_reserved() -> None:
                                         "volume": {"emptyDir": {}}})  # fmt: skip
     names = {item["name"] for item in contract_env(JOB, with_checkpoints, 0, 0)}
     assert names - set(c.NCCL_DEFAULTS) - set(c.RESERVED_ENV_NAMES) == set()
+
+
+def test_a_hang_bound_in_the_spec_sets_the_trainers_collective_timeout_above_it() -> None:
+    from phalanx import constants as c
+    from phalanx.builders.pods import contract_env
+
+    env = {e["name"]: e["value"] for e in contract_env(JOB, spec(runPolicy={"hangTimeoutSeconds": 45}), 0, 0)}
+    assert env[c.ENV_COLLECTIVE_TIMEOUT] == str(45 + c.HANG_COLLECTIVE_MARGIN_SECONDS)
+    # Unset, the trainer keeps its own default (torch's, or 30 s with restart in place).
+    assert c.ENV_COLLECTIVE_TIMEOUT not in {e["name"] for e in contract_env(JOB, spec(), 0, 0)}

@@ -235,7 +235,8 @@ class RunPolicy:
     """Restarts, deadlines, clean-up and suspension."""
 
     backoff_limit: int = api_field(
-        "Gang restarts after retryable failures before the job fails (preemptions are not counted).",
+        "Gang restarts after retryable failures and hangs before the job fails (preemptions are not "
+        "counted).",
         default=3, minimum=0, maximum=1000,
     )  # fmt: skip
     active_deadline_seconds: int | None = api_field(
@@ -254,6 +255,12 @@ class RunPolicy:
     retryable_exit_codes: list[int] | None = api_field(
         "Exit codes 1-127 that are retryable failures rather than permanent ones.", max_items=64,
         extra={"items": {"minimum": 1, "maximum": 127}},
+    )  # fmt: skip
+    hang_timeout_seconds: int | None = api_field(
+        "Restart the gang (reason Hang) when rank 0 reports no new step for this long; the trainer's "
+        "collective timeout is set 30 s above it. Unset: 20 x the step time, at least 300 s, and the "
+        "trainer keeps its own timeout.",
+        minimum=10, maximum=86400,
     )  # fmt: skip
 
 
@@ -362,6 +369,10 @@ class Restarts:
     failures: int = api_field("Restarts after retryable failures (count against backoffLimit).", default=0)
     preemptions: int = api_field(
         "Restarts after preemption, eviction or node loss (do not count).", default=0
+    )
+    hangs: int = api_field(
+        "Restarts after no step came within the hang bound (count against backoffLimit with failures).",
+        default=0,
     )
 
 

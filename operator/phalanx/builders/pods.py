@@ -100,6 +100,9 @@ def contract_env(
     }
     if spec.checkpoint.interval_steps:
         values[c.ENV_CHECKPOINT_INTERVAL] = str(spec.checkpoint.interval_steps)
+    if spec.run_policy.hang_timeout_seconds is not None:
+        hang_timeout = spec.run_policy.hang_timeout_seconds + c.HANG_COLLECTIVE_MARGIN_SECONDS
+        values[c.ENV_COLLECTIVE_TIMEOUT] = str(hang_timeout)
     if spec.nccl is not None:
         if spec.nccl.debug:
             values["NCCL_DEBUG"] = spec.nccl.debug

@@ -31,6 +31,7 @@ from phalanx.reconcile.rules import (
     failure,
     gang_timeout,
     goodput,
+    hang,
     housekeeping,
     node_loss,
     preemption,
@@ -58,6 +59,7 @@ STEPS: Final[tuple[Rule, ...]] = (
     success.apply,  # every worker exited 0: Succeeded
     failure.apply,  # a worker failed: Failed, or a restart while backoffLimit allows
     preemption.apply,  # a worker was preempted: restart, the failure budget untouched
+    hang.apply,  # every worker runs, yet rank 0 reports no new step within the bound: restart (Hang)
     admission.apply,  # a pod still gated: wait for admission; otherwise Admitted
     running.apply,  # every replica runs: Running
     gang_timeout.after_admission,  # admitted, not running whole within the timeout: tear down, requeue
