@@ -81,3 +81,22 @@ def test_the_poller_times_a_step_from_when_it_first_saw_it() -> None:
     assert moved["step_seen_at"] == T0 + 10 and "silent_pods" not in moved  # a new step starts afresh
     restarted = with_step_timing({"attempt": 2, "step": 41}, moved, T0 + 11)
     assert restarted["step_seen_at"] == T0 + 11
+
+
+def test_a_pod_that_answers_404_answers_and_a_closed_port_does_not() -> None:
+    # Only global rank 0 serves /progress: the other pods' metrics servers answer 404, and are alive.
+    import http.server
+    import threading
+
+    from phalanx.controller.progress import trainer_answers
+    from phalanx.ports import free_port
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    thread = threading.Thread(target=server.handle_request, daemon=True)
+    thread.start()
+    try:
+        assert trainer_answers("127.0.0.1", server.server_address[1])
+    finally:
+        thread.join(5)
+        server.server_close()
+    assert not trainer_answers("127.0.0.1", free_port())

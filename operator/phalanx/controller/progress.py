@@ -8,6 +8,7 @@ import json
 import logging
 import math
 import time
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final, NamedTuple
@@ -85,6 +86,19 @@ def with_step_timing(facts: dict[str, Any], known: dict[str, Any] | None, now: f
 
 def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def trainer_answers(ip: str, port: int = c.DEFAULT_METRICS_PORT) -> bool:
+    """Whether the pod's trainer answers on its metrics port at all: only global rank 0 serves
+    /progress, so any HTTP answer (a 404 from the other pods) counts; silence or a refused
+    connection does not."""
+    try:
+        with urllib.request.urlopen(f"http://{ip}:{port}{c.PROGRESS_PATH}", timeout=PROGRESS_TIMEOUT_SECONDS):
+            return True
+    except urllib.error.HTTPError:
+        return True  # it answered
+    except (OSError, ValueError):
+        return False
 
 
 class ProgressTarget(NamedTuple):
@@ -181,17 +195,8 @@ class ProgressPoller:
         """The pods whose trainer does not answer /progress within the timeout (a stopped or wedged
         process serves nothing; one blocked in a collective still answers from its server thread)."""
 
-        def answers(ip: str) -> bool:
-            try:
-                url = f"http://{ip}:{c.DEFAULT_METRICS_PORT}{c.PROGRESS_PATH}"
-                with urllib.request.urlopen(url, timeout=PROGRESS_TIMEOUT_SECONDS) as response:
-                    response.read(PROGRESS_MAX_BYTES)
-                return True
-            except (OSError, ValueError):
-                return False
-
         with ThreadPoolExecutor(PROGRESS_CONCURRENCY, thread_name_prefix="hang-probe") as pool:
-            answered = list(pool.map(answers, [ip for _, ip in watch.pods]))
+            answered = list(pool.map(trainer_answers, [ip for _, ip in watch.pods]))
         return [name for (name, _), ok in zip(watch.pods, answered, strict=True) if not ok]
 
     def poll(self, key: str) -> None:
