@@ -387,6 +387,17 @@ class ReplicaCounts:
 
 
 @dataclass
+class StragglerRank:
+    """A rank the trainer reports slower than its peers (docs/trainer.md "Stragglers")."""
+
+    rank: int | None = api_field("Global rank.")
+    pod: str | None = api_field("The pod it runs in.")
+    node: str | None = api_field("The node that pod runs on.")
+    ratio: str | None = api_field("Its data wait + forward time over the other ranks' median (as text).")
+    steps: int | None = api_field("Logged steps in a row it has been over the factor.")
+
+
+@dataclass
 class LastCheckpoint:
     """The newest complete checkpoint the trainer reported."""
 
@@ -528,6 +539,9 @@ class TrainingJobStatus:
     progress: Progress | None = api_field("Training progress.")
     last_recovery: LastRecovery | None = api_field("Timeline of the newest gang restart.")
     goodput: Goodput | None = api_field("Goodput and device time by cause (kept up to date while it runs).")
+    stragglers: list[StragglerRank] | None = api_field(
+        "Ranks of the running attempt slower than their peers (the Straggler condition).", max_items=8
+    )
     observed_generation: int | None = api_field("spec generation last acted on.")
     message: str | None = api_field("The latest condition's message, for a quick look.")
 

@@ -67,6 +67,9 @@ def trainer_facts(report: dict[str, Any]) -> dict[str, Any]:
         number = _number(report.get(key))
         if number is not None and math.isfinite(number) and number >= 0:
             facts[key] = number
+    stragglers = report.get("stragglers")
+    if isinstance(stragglers, list):
+        facts["stragglers"] = [s for s in stragglers[:8] if isinstance(s, dict)]
     for key in ("resumed_from_step", "step", "total_steps"):
         value = report.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
@@ -231,7 +234,7 @@ class ProgressPoller:
         facts = with_step_timing(trainer_facts(report), known_facts, time.time())
         self.trainer_reports[key] = (target.uid, facts)
         self._probe_if_stalled(key, target)
-        news = ("attempt", "startup", "checkpoint_stall_seconds", "resumed_from_step")
+        news = ("attempt", "startup", "checkpoint_stall_seconds", "resumed_from_step", "stragglers")
         if facts.get("startup") and (known is None or any(known[1].get(k) != facts.get(k) for k in news)):
             # Start-up times end a recovery, stalls cost goodput: the reconcile books them, under
             # the version it decides on.

@@ -268,6 +268,9 @@ class Reconciler:
                 metrics.observe_restart(namespace, name, reason)  # type: ignore[arg-type]
         if (new.get("gangTimeouts") or 0) > (old.get("gangTimeouts") or 0):
             metrics.observe_gang_timeout(namespace, name)
+        if new.get("stragglers") != old.get("stragglers"):
+            ratios = [float(s.get("ratio") or 0) for s in new.get("stragglers") or []]
+            metrics.observe_stragglers(namespace, name, ratios)
         if new.get("goodput") and new.get("goodput") != old.get("goodput"):
             metrics.observe_goodput(namespace, name, new["goodput"])
         recovery = new.get("lastRecovery")

@@ -39,6 +39,7 @@ from phalanx.reconcile.rules import (
     restart,
     resume,
     running,
+    straggler,
     success,
     suspend,
     ttl,
@@ -70,6 +71,7 @@ STEPS: Final[tuple[Rule, ...]] = (
 AFTER_EVERY_DECISION: Final[tuple[Rule, ...]] = (
     recovery.apply,  # status.lastRecovery: this pass's and the trainer's times; Recovered once complete
     goodput.apply,  # status.goodput: book the time since the last pass (after recovery: it reads it)
+    straggler.apply,  # status.stragglers and the Straggler condition, from rank 0's report
     success.progress_done,  # a succeeded job's progress reads 100%
 )
 
