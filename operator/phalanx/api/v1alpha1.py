@@ -387,6 +387,21 @@ class ReplicaCounts:
 
 
 @dataclass
+class BadNode:
+    """A node on which this job's pods failed for reasons of the infrastructure (policy/bad_nodes.py)."""
+
+    node: str | None = api_field("The node's name.")
+    failures: int | None = api_field("Infrastructure failures of this job's pods there.")
+    reasons: list[str] | None = api_field(
+        "NodeLost, DeviceError or Hang, newest last (at most 4).", max_items=4
+    )
+    last_failure_time: str | None = api_field("When the newest one was booked (RFC 3339).")
+    avoided_until: str | None = api_field(
+        "At 2 failures: the job's next pods keep off the node until this time (RFC 3339)."
+    )
+
+
+@dataclass
 class StragglerRank:
     """A rank the trainer reports slower than its peers (docs/trainer.md "Stragglers")."""
 
@@ -539,6 +554,10 @@ class TrainingJobStatus:
     progress: Progress | None = api_field("Training progress.")
     last_recovery: LastRecovery | None = api_field("Timeline of the newest gang restart.")
     goodput: Goodput | None = api_field("Goodput and device time by cause (kept up to date while it runs).")
+    bad_nodes: list[BadNode] | None = api_field(
+        "Nodes this job's pods failed on for reasons of the infrastructure; avoided at 2 failures.",
+        max_items=16,
+    )
     stragglers: list[StragglerRank] | None = api_field(
         "Ranks of the running attempt slower than their peers (the Straggler condition).", max_items=8
     )

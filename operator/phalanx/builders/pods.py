@@ -191,6 +191,9 @@ def build_worker_pod(
             container.get("env") or [],
         )
         _add_limits(container, limits)
+        # A trainer that dies of a device error prints it last: with this the kubelet puts the log's
+        # tail in the termination message, where pod_outcome.device_error looks for it.
+        container.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
         container["volumeMounts"] = [*(container.get("volumeMounts") or []), *mounts]
         ports = container.setdefault("ports", [])
         if not any(p.get("name") == "metrics" for p in ports):

@@ -26,6 +26,7 @@ from phalanx.reconcile.plan import Plan, PlanBuilder, parse_iso
 from phalanx.reconcile.rules import (
     admission,
     backoff,
+    bad_nodes,
     creation,
     deadline,
     failure,
@@ -69,6 +70,7 @@ STEPS: Final[tuple[Rule, ...]] = (
 
 # Then, whichever rule decided, the bookkeeping every decision gets:
 AFTER_EVERY_DECISION: Final[tuple[Rule, ...]] = (
+    bad_nodes.apply,  # status.badNodes: a restart the infrastructure caused, booked against its node
     recovery.apply,  # status.lastRecovery: this pass's and the trainer's times; Recovered once complete
     goodput.apply,  # status.goodput: book the time since the last pass (after recovery: it reads it)
     straggler.apply,  # status.stragglers and the Straggler condition, from rank 0's report
