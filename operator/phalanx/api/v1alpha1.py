@@ -216,6 +216,27 @@ class Gang:
 
 
 @dataclass
+class Topology:
+    """Place the gang within domains of a node label (gang/topology.py)."""
+
+    key: str = api_field(
+        "The node label whose values are the domains: topology.kubernetes.io/zone, a rack label, "
+        "nvidia.com/gpu.clique (an NVLink domain).",
+        required=True, max_length=317, extra={"minLength": 1},
+    )  # fmt: skip
+    mode: str = api_field(
+        "Required: the gang (or each group) within one domain, or wait; Preferred: as few domains as "
+        "possible.",
+        default="Required", enum=("Required", "Preferred"),
+    )  # fmt: skip
+    group_size: int | None = api_field(
+        "Required only: each run of this many consecutive ranks shares one domain (the last run may "
+        "be shorter); unset, the whole gang does.",
+        minimum=1,
+    )
+
+
+@dataclass
 class Scheduling:
     """How the gang is scheduled."""
 
@@ -228,6 +249,10 @@ class Scheduling:
     gang: Gang = api_field("Gang settings.", factory=Gang, default={})
     priority_class_name: str | None = api_field("PriorityClass of the pods.", max_length=253)
     queue: str | None = api_field("Queue name (Volcano queue; informational for builtin).", max_length=253)
+    topology: Topology | None = api_field(
+        "builtin provider only: keep the gang within domains of a node label; ranks are consecutive "
+        "per domain.",
+    )
 
 
 @dataclass
@@ -312,6 +337,21 @@ class TrainingJobSpec:
             "fixed, so a smaller gang would hold GPUs it cannot train on; elastic training is not "
             "supported yet",
             field_path=".scheduling.gang.minAvailable",
+            reason="FieldValueInvalid",
+        ),
+        Rule(
+            "!has(self.scheduling.topology) || self.scheduling.provider == 'builtin'",
+            "spec.scheduling.topology needs spec.scheduling.provider builtin (the operator places the "
+            "gang); with volcano or coscheduling use that scheduler's own topology settings",
+            field_path=".scheduling.topology",
+            reason="FieldValueForbidden",
+        ),
+        Rule(
+            "!has(self.scheduling.topology) || !has(self.scheduling.topology.groupSize) || "
+            "self.scheduling.topology.mode == 'Required'",
+            "spec.scheduling.topology.groupSize needs mode Required (Preferred already packs the gang "
+            "into as few domains as it can)",
+            field_path=".scheduling.topology.groupSize",
             reason="FieldValueInvalid",
         ),
         *_IMMUTABLE_WHILE_ACTIVE,

@@ -25,6 +25,7 @@ from phalanx.gang.capacity import (
     shortage,
 )
 from phalanx.gang.explain import NodeOutlook, explain_never_fits, explain_waiting
+from phalanx.gang.topology import TopologyRequest, closest_domains, place_with_topology
 
 
 @dataclass(frozen=True)
@@ -32,8 +33,9 @@ class GangRequest:
     key: str  # "namespace/name"
     priority: int
     created: float
-    pods: Sequence[tuple[str, PodDemand]]  # (pod name, demand)
+    pods: Sequence[tuple[str, PodDemand]]  # (pod name, demand), in rank order
     min_available: int = 0  # 0 means every pod
+    topology: TopologyRequest | None = None  # spec.scheduling.topology (gang/topology.py)
 
     @property
     def needed(self) -> int:
@@ -244,10 +246,10 @@ def plan_admission(
             continue
         counts = [(demand, len(names)) for demand, names in groups]
         needed = gang.needed
-        shape: _Shape = (tuple(counts), needed)
+        shape: _Shape = (tuple(counts), needed, gang.topology)
 
         if shape not in never_fit_cache:
-            never_fit_cache[shape] = _never_fit_reason(cluster, groups, counts, needed)
+            never_fit_cache[shape] = _never_fit_reason(cluster, groups, counts, needed, gang.topology)
         never_reason = never_fit_cache[shape]
         if never_reason is not None:
             never[gang.key] = never_reason
@@ -259,7 +261,12 @@ def plan_admission(
             continue
 
         candidates = {demand: cluster.unreserved(demand) for demand, _ in groups}
-        placements = place_gang(groups, needed, candidates, cluster.free, copies_in_free=cluster.copies)
+        if gang.topology is None:
+            placements = place_gang(groups, needed, candidates, cluster.free, copies_in_free=cluster.copies)
+        else:
+            placements = place_with_topology(
+                groups, needed, candidates, cluster.free, cluster.nodes, gang.topology, place_gang
+            )
         if placements is not None:
             cluster.take(placements, {pod: demand for demand, names in groups for pod in names})
             admitted.append(Admission(gang.key, tuple(placements)))
@@ -267,10 +274,12 @@ def plan_admission(
 
         outlooks = cluster.outlooks(groups[0][0], ever=False)
         reason = explain_waiting(counts, needed, outlooks, cluster.reserved_by)
+        if gang.topology is not None and gang.topology.required:
+            reason = closest_domains(groups, candidates, cluster.free, cluster.nodes, gang.topology)
         waiting_reasons[gang.key] = reason
         blocked_cache[shape] = (cluster.version, reason)
         if len(held) < max_reservations:
-            nodes_held = _reserve(cluster, groups, needed, candidates, previous.get(gang.key))
+            nodes_held = _reserve(cluster, groups, needed, candidates, previous.get(gang.key), gang.topology)
             if nodes_held:
                 held[gang.key] = nodes_held
                 cluster.reserve(gang.key, nodes_held)
@@ -284,17 +293,31 @@ def plan_admission(
     )
 
 
-_Shape = tuple[tuple[tuple[PodDemand, int], ...], int]
+_Shape = tuple[tuple[tuple[PodDemand, int], ...], int, TopologyRequest | None]
 
 
 def _never_fit_reason(
-    cluster: ClusterState, groups: Sequence[PodGroup], counts: Sequence[tuple[PodDemand, int]], needed: int
+    cluster: ClusterState,
+    groups: Sequence[PodGroup],
+    counts: Sequence[tuple[PodDemand, int]],
+    needed: int,
+    topology: TopologyRequest | None = None,
 ) -> str | None:
     """None when the gang fits the cluster emptied of all work with every node recovered."""
     everywhere = {demand: cluster.eligible(demand, ever=True) for demand, _ in groups}
-    if place_gang(groups, needed, everywhere, cluster.allocatable) is not None:
+    if topology is None:
+        if place_gang(groups, needed, everywhere, cluster.allocatable) is not None:
+            return None
+        return explain_never_fits(counts, needed, cluster.outlooks(groups[0][0], ever=True))
+    fits = place_with_topology(
+        groups, needed, everywhere, cluster.allocatable, cluster.nodes, topology, place_gang
+    )
+    if fits is not None:
         return None
-    return explain_never_fits(counts, needed, cluster.outlooks(groups[0][0], ever=True))
+    return (
+        closest_domains(groups, everywhere, cluster.allocatable, cluster.nodes, topology)
+        + " on an empty cluster"
+    )
 
 
 def _reserve(
@@ -303,12 +326,19 @@ def _reserve(
     needed: int,
     candidates: Mapping[PodDemand, Sequence[str]],
     previous: Sequence[str] | None,
+    topology: TopologyRequest | None = None,
 ) -> tuple[str, ...]:
     """The nodes a blocked gang will run on once the work on them finishes.
 
     Keep the previous reservation when it is still usable; otherwise fill the nodes where the most
-    of the gang fits right now (they are likely to free up first), judged on allocatable.
+    of the gang fits right now (they are likely to free up first), judged on allocatable. A gang
+    with a topology holds the nodes of the domains it would take on allocatable.
     """
+    if topology is not None:
+        held = place_with_topology(
+            groups, needed, candidates, cluster.allocatable, cluster.nodes, topology, place_gang
+        )
+        return tuple(sorted({node for _, node in held})) if held else ()
     if previous:
         kept = set(previous)
         available: set[str] = set().union(*candidates.values())
