@@ -144,3 +144,7 @@ TORCHRUN_RDZV_BACKEND: Final = "c10d"
 TORCHRUN_KEEP_ALIVE_INTERVAL_SECONDS: Final = 1
 TORCHRUN_KEEP_ALIVE_MAX_ATTEMPTS: Final = 5
 DEFAULT_TORCHRUN_MAX_RESTARTS: Final = 3
+# torch's agent on group rank 0 otherwise serves one store to its workers for the pod's whole life,
+# and a restarted worker finds the previous generation's gloo/NCCL addresses in it (connection
+# refused, or a hang). Off, rank 0's worker hosts a fresh store for every rendezvous round.
+ENV_TORCH_DISABLE_SHARED_RDZV_STORE: Final = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"

@@ -72,6 +72,18 @@ def test_the_join_timeout_is_passed_when_given(torchrun_env: Any) -> None:
     assert torchrun_env(env_for(0, join_timeout_seconds=120)).rdzv_configs["join_timeout"] == "120"
 
 
+def test_restarted_workers_get_a_fresh_store_not_the_agents_long_lived_one() -> None:
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+
+    env = env_for(0)
+    assert env[c.ENV_TORCH_DISABLE_SHARED_RDZV_STORE] == "1"
+    # The handler reads it at call time: with it set, the agent tells workers not to use its store.
+    handler = DynamicRendezvousHandler.__new__(DynamicRendezvousHandler)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(c.ENV_TORCH_DISABLE_SHARED_RDZV_STORE, env[c.ENV_TORCH_DISABLE_SHARED_RDZV_STORE])
+        assert handler.use_agent_store is False
+
+
 def test_local_addr_keeps_each_pods_own_name(torchrun_env: Any) -> None:
     own = "gpt-worker-2.gpt.team-a.svc.cluster.local"
     assert torchrun_env(env_for(2, local_addr=own)).local_addr == own
@@ -85,7 +97,12 @@ def test_pod_0_sorts_first_so_it_stays_group_rank_0() -> None:
 
 
 def test_every_name_set_is_a_declared_constant() -> None:
-    declared = {*c.TORCHRUN_ELASTIC_ENV_NAMES, c.ENV_PET_NNODES, c.ENV_PET_NPROC_PER_NODE}
+    declared = {
+        *c.TORCHRUN_ELASTIC_ENV_NAMES,
+        c.ENV_PET_NNODES,
+        c.ENV_PET_NPROC_PER_NODE,
+        c.ENV_TORCH_DISABLE_SHARED_RDZV_STORE,
+    }
     assert set(env_for(0, local_addr="x")) <= declared
 
 
