@@ -72,6 +72,8 @@ def elastic_env(
         # A fixed gang size: in-place restart keeps WORLD_SIZE, it never shrinks the job.
         c.ENV_PET_NNODES: f"{replicas}:{replicas}",
         c.ENV_PET_NPROC_PER_NODE: str(procs_per_replica),
+        # Restarted workers must not meet the previous generation's keys (constants.py says why).
+        c.ENV_TORCH_DISABLE_SHARED_RDZV_STORE: "1",
     }
     if local_addr:
         env[c.ENV_PET_LOCAL_ADDR] = local_addr
