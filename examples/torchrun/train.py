@@ -18,10 +18,12 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel
+PROCESS_STARTED = time.time()  # before `import torch`: the start-up log line splits the restart time
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
 FEATURES = 16
 BATCH = 32
@@ -124,7 +126,8 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     print(
         f"worker rank {rank}/{world} group_rank {os.environ.get('GROUP_RANK', '0')} "
-        f"restart_count {os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')} pid {os.getpid()}",
+        f"restart_count {os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')} pid {os.getpid()} "
+        f"started {PROCESS_STARTED:.3f} ready {time.time():.3f}",
         flush=True,
     )
 

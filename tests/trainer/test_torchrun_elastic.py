@@ -24,6 +24,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -44,8 +45,22 @@ RUN_TIMEOUT = 300.0
 EVICTION_GRACE = 10.0  # SIGTERM, then SIGKILL, like the kubelet's terminationGracePeriodSeconds
 
 STEP_LINE = re.compile(r"^step (\d+) loss (\S+) time (\S+)$", re.M)
-WORKER_LINE = re.compile(r"^worker rank (\d+)/(\d+) group_rank (\d+) restart_count (\d+) pid (\d+)$", re.M)
+WORKER_LINE = re.compile(
+    r"^worker rank (\d+)/(\d+) group_rank (\d+) restart_count (\d+) pid (\d+) started (\S+) ready (\S+)$",
+    re.M,
+)
 RESUMED_LINE = re.compile(r"^resumed from step (\d+)$", re.M)
+
+
+class Worker(NamedTuple):
+    """One worker process as it logged itself at start-up."""
+
+    rank: int
+    group_rank: int
+    restart_count: int
+    pid: int
+    started: float  # the process began, before `import torch`
+    ready: float  # its process group was up
 
 
 @dataclass
@@ -84,9 +99,12 @@ class Pod:
     def text(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
-    def workers(self) -> list[tuple[int, int, int, int]]:
-        """(rank, group_rank, restart_count, pid) of every worker this pod started."""
-        return [(int(m[1]), int(m[3]), int(m[4]), int(m[5])) for m in WORKER_LINE.finditer(self.text())]
+    def workers(self) -> list[Worker]:
+        """Every worker this pod's agent started, oldest first."""
+        return [
+            Worker(int(m[1]), int(m[3]), int(m[4]), int(m[5]), float(m[6]), float(m[7]))
+            for m in WORKER_LINE.finditer(self.text())
+        ]
 
     def kill_group(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -193,7 +211,7 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
 
 def kill_worker(gang: Gang, pod_index: int) -> float:
     """SIGKILL the newest worker of one pod; returns the moment of the kill."""
-    _, _, _, pid = gang.pods[pod_index].workers()[-1]
+    pid = gang.pods[pod_index].workers()[-1].pid
     moment = time.time()
     os.kill(pid, signal.SIGKILL)
     return moment
@@ -244,7 +262,7 @@ def run_worker_kill(
     moment = kill_worker(gang, pod_index)
     gang.wait_done()
     assert {p.index: p.pid for p in gang.pods} == agent_pids
-    return gang, gang.first_step_after(moment) - moment, newest_before, agent_pids
+    return gang, moment, newest_before, agent_pids
 
 
 def run_eviction(tmp_path: Path, gangs: list[Gang]) -> tuple[Gang, float, int, int]:
@@ -255,7 +273,7 @@ def run_eviction(tmp_path: Path, gangs: list[Gang]) -> tuple[Gang, float, int, i
     newest_before = newest_checkpoint_step(gang.checkpoint_dir)
     moment, _ = evict_pod(gang, 1, tmp_path)
     gang.wait_done()
-    return gang, gang.first_step_after(moment) - moment, newest_before, survivor_pid
+    return gang, moment, newest_before, survivor_pid
 
 
 @pytest.mark.parametrize("pod_index", [1, 0])
@@ -269,8 +287,8 @@ def test_a_killed_worker_restarts_both_pods_workers_and_resumes_with_the_same_lo
         # Each agent (the same process: checked above) started a second worker process, and the
         # pod kept its group rank.
         assert len(generations) == 2, gang.logs()
-        assert generations[0][3] != generations[1][3], gang.logs()
-        assert {group_rank for _, group_rank, _, _ in generations} == {pod.index}, gang.logs()
+        assert generations[0].pid != generations[1].pid, gang.logs()
+        assert {w.group_rank for w in generations} == {pod.index}, gang.logs()
     starts = resumed_from(gang)
     assert starts[0] == 0 and starts[1] >= newest_before > 0, gang.logs()
     assert starts[1] % CHECKPOINT_EVERY == 0, gang.logs()
@@ -285,43 +303,75 @@ def test_an_evicted_pod_is_replaced_and_the_surviving_agent_takes_it_in(
     survivor, replacement = gang.pods
     assert survivor.pid == survivor_pid  # the surviving pod's agent was never restarted
     first, second = survivor.workers()
-    assert first[3] != second[3] and first[1] == second[1] == 0, gang.logs()
+    assert first.pid != second.pid and first.group_rank == second.group_rank == 0, gang.logs()
     # The replacement is a fresh agent (restart count 0) and takes the lost pod's group rank.
-    assert [(group_rank, restarts) for _, group_rank, restarts, _ in replacement.workers()] == [(1, 0)], (
-        gang.logs()
-    )
+    assert [(w.group_rank, w.restart_count) for w in replacement.workers()] == [(1, 0)], gang.logs()
     starts = resumed_from(gang)
     assert starts[0] == 0 and starts[1] >= newest_before > 0, gang.logs()
     assert_same_losses_as_uninterrupted(gang, uninterrupted)
 
 
+def test_losing_pod_0_ends_the_other_agents_at_once_so_the_full_restart_takes_over(
+    tmp_path: Path, gangs: list[Gang]
+) -> None:
+    # Pod 0's agent hosts the rendezvous store: without it no agent can re-form the gang. They must
+    # exit (and fail their pods) within seconds, not wait out a rendezvous timeout.
+    gang = start_gang(tmp_path, "evict-pod-0")
+    gangs.append(gang)
+    gang.wait_for_step(KILL_AT_STEP)
+    survivor = gang.pods[1]
+    assert survivor.process is not None
+    moment, _ = evict_pod(gang, 0, tmp_path)
+    try:
+        code = survivor.process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"pod 1's agent still waits 60 s after pod 0 was lost:\n{gang.logs()}")
+    assert code == 1, gang.logs()
+    assert "RendezvousConnectionError" in survivor.text(), gang.logs()
+    assert time.time() - moment < 60
+
+
+def recovery_phases(gang: Gang, moment: float) -> dict[str, float]:
+    """Seconds from the kill to rank 0's new worker process, to its process group, to its first step."""
+    worker = gang.pods[0].workers()[-1]
+    first_step = gang.first_step_after(moment)
+    return {
+        "total": round(first_step - moment, 3),
+        "to_new_worker": round(worker.started - moment, 3),
+        "worker_start_and_process_group": round(worker.ready - worker.started, 3),
+        "restore_and_first_step": round(first_step - worker.ready, 3),
+    }
+
+
 def measure(runs: int, out: Path) -> dict[str, object]:
     """Kill to the first step after it, for both cases, interleaved run by run."""
-    seconds: dict[str, list[float]] = {"worker_sigkill": [], "pod_eviction": []}
+    results: dict[str, list[dict[str, float]]] = {"worker_sigkill": [], "pod_eviction": []}
     for run in range(runs):
-        for case in seconds:
+        for case, phases in results.items():
             work = out / f"{case}-{run}"
             work.mkdir(parents=True)
             gangs: list[Gang] = []
             try:
                 if case == "worker_sigkill":
-                    _, recover, _, _ = run_worker_kill(work, gangs, 1)
+                    gang, moment, _, _ = run_worker_kill(work, gangs, 1)
                 else:
-                    _, recover, _, _ = run_eviction(work, gangs)
+                    gang, moment, _, _ = run_eviction(work, gangs)
+                phases.append(recovery_phases(gang, moment))
             finally:
-                for gang in gangs:
-                    gang.stop()
-            seconds[case].append(round(recover, 3))
-            print(f"{case} run {run}: {recover:.2f} s", flush=True)
-    return {
-        case: {
-            "runs": values,
-            "median_s": round(statistics.median(values), 3),
-            "min_s": min(values),
-            "max_s": max(values),
-        }
-        for case, values in seconds.items()
-    }
+                for started in gangs:
+                    started.stop()
+            print(f"{case} run {run}: {phases[-1]}", file=sys.stderr, flush=True)
+    summary: dict[str, object] = {"load_average_1m_after": os.getloadavg()[0]}
+    for case, phases in results.items():
+        summary[case] = {
+            name: {
+                "median_s": round(statistics.median(p[name] for p in phases), 3),
+                "min_s": min(p[name] for p in phases),
+                "max_s": max(p[name] for p in phases),
+            }
+            for name in phases[0]
+        } | {"runs": phases}
+    return summary
 
 
 if __name__ == "__main__":

@@ -121,3 +121,16 @@ def test_every_name_set_is_a_declared_constant() -> None:
 def test_bad_input_names_the_field(overrides: dict[str, Any], field: str) -> None:
     with pytest.raises(ValueError, match=field):
         env_for(0, **overrides)
+
+
+def test_the_example_jobs_configmap_carries_the_example_script() -> None:
+    from pathlib import Path
+
+    import yaml
+
+    examples = Path(__file__).resolve().parents[2] / "examples" / "torchrun"
+    config_map, job = yaml.safe_load_all((examples / "trainingjob.yaml").read_text())
+    assert config_map["data"]["train.py"] == (examples / "train.py").read_text()
+    trainer = job["spec"]["template"]["spec"]["containers"][0]
+    assert trainer["command"] == ["torchrun", "/app/train.py"]  # plain torchrun, no flags
+    assert job["spec"]["runPolicy"]["restartStrategy"] == "InPlace"
