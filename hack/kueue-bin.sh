@@ -67,7 +67,7 @@ progress() {
 # Everything is assembled in STAGE and moved into DIR piece by piece, each piece only once whole.
 STAGE="${DIR}/stage"
 rm -rf "${STAGE}" && mkdir -p "${STAGE}/bin"
-log "building Kueue ${KUEUE_VERSION} into ${DIR}"
+log "building Kueue ${KUEUE_VERSION} into ${DIR} (missing: $(missing_piece "$DIR"))"
 log "resolving sigs.k8s.io/kueue@${KUEUE_VERSION}"
 # GOFLAGS=-mod=... is refused by `go install pkg@version`; the module's own go.mod decides instead.
 SRC=$(env -u GOFLAGS go mod download -json "sigs.k8s.io/kueue@${KUEUE_VERSION}" | sed -n 's/.*"Dir": "\(.*\)",/\1/p')

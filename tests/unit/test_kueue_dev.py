@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -194,3 +196,32 @@ def test_dev_up_kueue_options_become_settings() -> None:
         settings("--kueue-wait-for-pods-ready", "120")
     with pytest.raises(SystemExit, match="--kueue-wait-for-pods-ready: .*timeout_seconds must be >= 1"):
         settings("--kueue", "--kueue-wait-for-pods-ready", "0")
+
+
+KUEUE_BIN_SH = Path(__file__).resolve().parents[2] / "hack" / "kueue-bin.sh"
+
+
+def run_kueue_bin(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(KUEUE_BIN_SH), *args], env={**os.environ, **env}, capture_output=True, text=True
+    )
+
+
+def test_kueue_bin_prints_its_version_keyed_cache_dir(tmp_path: Path) -> None:
+    out = run_kueue_bin({"PHALANX_CACHE": str(tmp_path)}, "--print-dir")
+    assert out.returncode == 0 and out.stdout.strip() == str(tmp_path / "kueue-v0.17.0")
+
+
+def test_kueue_bin_names_the_missing_piece_of_a_given_dir(tmp_path: Path) -> None:
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "kueue").write_text("#!/bin/sh\n")
+    (tmp_path / "bin" / "kueue").chmod(0o755)
+    out = run_kueue_bin({"PHALANX_KUEUE_DIR": str(tmp_path)})
+    assert out.returncode == 1 and "lacks crd/bases/*.yaml" in out.stderr
+    (tmp_path / "crd" / "bases").mkdir(parents=True)
+    (tmp_path / "crd" / "bases" / "a.yaml").write_text("{}\n")
+    (tmp_path / "crd" / "kustomization.yaml").write_text("resources: []\n")
+    (tmp_path / "webhook").mkdir()
+    (tmp_path / "webhook" / "manifests.yaml").write_text("{}\n")
+    out = run_kueue_bin({"PHALANX_KUEUE_DIR": str(tmp_path)})
+    assert out.returncode == 0 and out.stdout.strip() == str(tmp_path)
