@@ -253,6 +253,11 @@ class Scheduling:
         "builtin provider only: keep the gang within domains of a node label; ranks are consecutive "
         "per domain.",
     )
+    expected_run_seconds: int | None = api_field(
+        "How long the job runs once started, at most (builtin provider): with it the gang may start "
+        "early on room a blocked gang holds idle, when it ends before that gang can start.",
+        minimum=1,
+    )
 
 
 @dataclass

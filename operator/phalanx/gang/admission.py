@@ -36,6 +36,9 @@ class GangRequest:
     pods: Sequence[tuple[str, PodDemand]]  # (pod name, demand), in rank order
     min_available: int = 0  # 0 means every pod
     topology: TopologyRequest | None = None  # spec.scheduling.topology (gang/topology.py)
+    # How long the gang runs once started, as the job itself estimates it (None: no estimate). A
+    # gang with one may backfill onto a blocked head's nodes when it ends before the head can start.
+    estimate_seconds: float | None = None
 
     @property
     def needed(self) -> int:
@@ -221,6 +224,7 @@ def plan_admission(
     *,
     reservations: Mapping[str, Sequence[str]] | None = None,
     max_reservations: int = 1,
+    free_at: Mapping[str, float] | None = None,
 ) -> AdmissionPlan:
     """Decide which waiting gangs to admit now and where each of their pods goes.
 
@@ -228,6 +232,11 @@ def plan_admission(
     now: stamped on the plan as computed_at (the admission time for the gang timeout).
     reservations: the previous plan's reservations, so a blocked head keeps the nodes it waits for.
     max_reservations: how many blocked gangs (in order) may hold nodes; 1 is EASY backfilling.
+    free_at: when the work running on each node now ends (from the running jobs' ETAs; inf when some
+    of it has none; a node absent runs nothing). With it, a gang that has an estimate may also use
+    the free room of a blocked head's reserved nodes when it ends no later than the head can start
+    (the latest free_at of those nodes): the head's start does not move, and GPUs that would idle
+    while it waits train meanwhile (conservative backfilling, docs/scheduling.md).
     """
     cluster = ClusterState(nodes, used)
     previous = reservations or {}
@@ -246,7 +255,7 @@ def plan_admission(
             continue
         counts = [(demand, len(names)) for demand, names in groups]
         needed = gang.needed
-        shape: _Shape = (tuple(counts), needed, gang.topology)
+        shape: _Shape = (tuple(counts), needed, gang.topology, gang.estimate_seconds if free_at else None)
 
         if shape not in never_fit_cache:
             never_fit_cache[shape] = _never_fit_reason(cluster, groups, counts, needed, gang.topology)
@@ -261,12 +270,14 @@ def plan_admission(
             continue
 
         candidates = {demand: cluster.unreserved(demand) for demand, _ in groups}
-        if gang.topology is None:
-            placements = place_gang(groups, needed, candidates, cluster.free, copies_in_free=cluster.copies)
-        else:
-            placements = place_with_topology(
-                groups, needed, candidates, cluster.free, cluster.nodes, gang.topology, place_gang
-            )
+        placements = _place(gang, groups, needed, candidates, cluster)
+        if placements is None and free_at is not None and gang.estimate_seconds is not None and held:
+            ends = now + gang.estimate_seconds
+            lendable = lendable_nodes(held, free_at, now, ends)
+            if lendable:
+                wider = {d: [n for n in cluster.eligible(d) if n not in cluster.reserved_by or n in lendable]
+                         for d, _ in groups}  # fmt: skip
+                placements = _place(gang, groups, needed, wider, cluster)
         if placements is not None:
             cluster.take(placements, {pod: demand for demand, names in groups for pod in names})
             admitted.append(Admission(gang.key, tuple(placements)))
@@ -293,7 +304,34 @@ def plan_admission(
     )
 
 
-_Shape = tuple[tuple[tuple[PodDemand, int], ...], int, TopologyRequest | None]
+_Shape = tuple[tuple[tuple[PodDemand, int], ...], int, TopologyRequest | None, float | None]
+
+
+def _place(
+    gang: GangRequest,
+    groups: Sequence[PodGroup],
+    needed: int,
+    candidates: Mapping[PodDemand, Sequence[str]],
+    cluster: ClusterState,
+) -> list[tuple[str, str]] | None:
+    if gang.topology is None:
+        return place_gang(groups, needed, candidates, cluster.free, copies_in_free=cluster.copies)
+    return place_with_topology(
+        groups, needed, candidates, cluster.free, cluster.nodes, gang.topology, place_gang
+    )
+
+
+def head_start(nodes: Sequence[str], free_at: Mapping[str, float], now: float) -> float:
+    """The earliest a blocked head can start on the nodes it holds: when the work on all of them
+    has ended (inf when some of it has no estimate)."""
+    return max((free_at.get(node, now) for node in nodes), default=now)
+
+
+def lendable_nodes(
+    held: Mapping[str, Sequence[str]], free_at: Mapping[str, float], now: float, ends: float
+) -> set[str]:
+    """Reserved nodes whose head cannot start before `ends`: a gang ending by then may use them."""
+    return {node for nodes in held.values() if ends <= head_start(nodes, free_at, now) for node in nodes}
 
 
 def _never_fit_reason(

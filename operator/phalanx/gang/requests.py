@@ -10,6 +10,7 @@ from typing import Any, Final
 from phalanx.api.schema import parse
 from phalanx.api.v1alpha1 import TrainingJobSpec
 from phalanx.gang.admission import GangRequest
+from phalanx.gang.backfill import estimate_seconds
 from phalanx.gang.capacity import PodDemand
 from phalanx.gang.preemption import RunningGang
 from phalanx.gang.topology import TopologyRequest
@@ -63,6 +64,7 @@ def waiting_gang(
         ),
         min_available=min_available,
         topology=topology_request(spec),
+        estimate_seconds=estimate_seconds(spec, job.get("status") or {}),
     )
     return WaitingGang(request, {p["metadata"]["name"]: p for p in pods}, finishing)
 
