@@ -38,9 +38,13 @@ FIRST_SIGNAL_EXIT_CODE: Final = 128
 
 DEFAULT_RENDEZVOUS_PORT: Final = 29500
 DEFAULT_METRICS_PORT: Final = 9400
-# With spec.runPolicy.hangTimeoutSeconds, the trainer's collective timeout is that plus this: the
-# operator's Hang verdict (which names the silent pods) comes first, the trainer's is the backstop.
+# With spec.runPolicy.hangTimeoutSeconds, the trainer's collective timeout is that plus this, and
+# never below the floor: the operator's Hang verdict (which names the silent pods) comes first and
+# the trainer's timeout is the backstop. The floor is NCCL's own default: every collective gets the
+# timeout, the ones of a checkpoint restore or a final save on slow storage too, which the hang
+# bound leaves out.
 HANG_COLLECTIVE_MARGIN_SECONDS: Final = 30
+HANG_COLLECTIVE_FLOOR_SECONDS: Final = 600
 DEFAULT_CONTROL_PORT: Final = 9399  # the resident launcher's control server (restart in place)
 DEFAULT_CHECKPOINT_PATH: Final = "/checkpoints"
 

@@ -19,7 +19,7 @@ from tests.e2e.runs import job_manifests, job_status, pod_uids, rank0_attempts, 
 
 pytestmark = pytest.mark.e2e
 
-HANG_TIMEOUT = 15  # spec.runPolicy.hangTimeoutSeconds; the trainer's collective timeout is 45 s
+HANG_TIMEOUT = 15  # spec.runPolicy.hangTimeoutSeconds (the trainer's collective timeout stays 600 s)
 # Detection: the bound, then up to one reconcile recheck and one progress poll (1 s) late, on a
 # loaded machine.
 DETECTED_WITHIN = HANG_TIMEOUT + 20

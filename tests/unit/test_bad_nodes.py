@@ -40,9 +40,11 @@ def test_avoidance_and_the_record_expire() -> None:
 @pytest.mark.parametrize(
     "message",
     [
-        "RuntimeError: CUDA error: unspecified launch failure\nNVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus",
-        "torch.cuda.OutOfMemoryError? no: uncorrectable ECC error encountered",
+        "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python",
+        "RuntimeError: CUDA error: uncorrectable ECC error encountered",
+        "the GPU has fallen off the bus",
         "NCCL WARN NVLink error detected on link 3",
+        "Xid 48: double bit ECC",
     ],
 )
 def test_device_errors_in_the_termination_message_are_retryable_and_named(message: str) -> None:
@@ -53,8 +55,18 @@ def test_device_errors_in_the_termination_message_are_retryable_and_named(messag
     assert outcome.kind is OutcomeKind.FAILED_RETRYABLE and outcome.reason == REASON_DEVICE_ERROR
 
 
-def test_a_code_error_is_no_device_error() -> None:
-    assert device_error("ValueError: shapes (8, 64) and (32, 64) not aligned") is None
+@pytest.mark.parametrize(
+    "message",
+    [
+        "ValueError: shapes (8, 64) and (32, 64) not aligned",
+        "KeyError: 'txid'",
+        "the boxid column is oxidized",
+        "RuntimeError: Xid is not a valid field name",
+        "ECC errors: 0 (corrected)",
+    ],
+)
+def test_a_code_error_is_no_device_error(message: str) -> None:
+    assert device_error(message) is None
 
 
 def device_failure(index: int, node: str = "n0", attempt: int = 0) -> dict[str, Any]:
@@ -85,3 +97,11 @@ def test_a_preemption_books_no_node() -> None:
     evicted = pod(1, metadata={"deletionTimestamp": "2027-01-15T08:00:00Z"})
     plan = decide(job(dict(RUNNING)), [pod(0), evicted], NODES, NOW)
     assert plan.status["restarts"]["preemptions"] == 1 and "badNodes" not in plan.status
+
+
+def test_one_incident_on_a_node_with_two_of_the_jobs_pods_is_one_failure() -> None:
+    plan = decide(
+        job(dict(RUNNING), runPolicy={"backoffLimit": 5}), [device_failure(0), device_failure(1)], NODES, NOW
+    )
+    (entry,) = plan.status["badNodes"]
+    assert entry["failures"] == 1 and "avoidedUntil" not in entry

@@ -149,10 +149,12 @@ def test_a_job_has_at_most_one_pending_delayed_requeue_the_earliest() -> None:
         work.enqueue("ns/a", delay=0.05)  # an earlier need replaces the later timer
         work.enqueue("ns/b", delay=0.05)
         pending = len(work.delayed)
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.2)  # before the 0.3 s timers would have fired: the 0.05 s one did
         taken = []
         while not work.queue.empty():
             taken.append(work.queue.get_nowait())
+        await asyncio.sleep(0.3)
+        assert work.queue.empty()  # and the later timer was dropped, not fired too
         return pending, taken, len(work.delayed)
 
     pending, taken, left = asyncio.run(scenario())

@@ -73,3 +73,12 @@ def test_without_node_end_times_nothing_is_lent() -> None:
         [gang("head", 2, 8), gang("short", 1, 4, created=1.0, estimate_seconds=1.0)], nodes, used, NOW
     )
     assert not plan.admitted
+
+
+def test_a_head_whose_start_is_unknown_lends_nothing() -> None:
+    # node-0's work has no ETA: the head may start any minute, so even a short gang must wait.
+    nodes = [gpu_node("node-0"), gpu_node("node-1")]
+    used = {"node-0": {"nvidia.com/gpu": 4}, "node-1": {"nvidia.com/gpu": 4}}
+    head, short = gang("head", 2, 8), gang("short", 1, 4, created=1.0, estimate_seconds=1.0)
+    plan = plan_admission([head, short], nodes, used, NOW, free_at={"node-0": math.inf, "node-1": NOW + 100})
+    assert not plan.admitted

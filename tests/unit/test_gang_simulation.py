@@ -16,6 +16,7 @@ the next pass, as the operator does), runs them for a fixed number of ticks and 
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 
@@ -72,7 +73,11 @@ def make_nodes(rng: random.Random) -> list[NodeInfo]:
     return nodes
 
 
-def make_gangs(rng: random.Random, with_priorities: bool, estimates: bool = False) -> list[SimGang]:
+def make_gangs(
+    rng: random.Random, with_priorities: bool, estimates: random.Random | None = None
+) -> list[SimGang]:
+    """estimates: draws which gangs know their run time (its own generator: the gangs themselves are
+    the same with and without estimates)."""
     gangs = []
     for index in range(rng.randint(18, 30)):
         gpus = rng.choice([1, 2, 4, 8])
@@ -92,7 +97,7 @@ def make_gangs(rng: random.Random, with_priorities: bool, estimates: bool = Fals
             priority=rng.choice([0, 0, 0, 10]) if with_priorities else 0,
             created=arrival + index / 1000,
             pods=tuple((f"{key}-{p}", demand) for p in range(pods)),
-            estimate_seconds=float(duration) if estimates else None,
+            estimate_seconds=float(duration) if estimates is not None and estimates.random() < 0.8 else None,
         )
         gangs.append(SimGang(request, arrival, duration, pods, gpus))
     return gangs
@@ -106,7 +111,8 @@ def simulate(seed: int, estimates: bool = False) -> float:
     """Runs one seed; returns the GPU utilization (busy GPU-ticks over schedulable GPU-ticks)."""
     rng = random.Random(seed)
     nodes = make_nodes(rng)
-    gangs = {g.request.key: g for g in make_gangs(rng, with_priorities=seed % 2 == 1, estimates=estimates)}
+    estimate_rng = random.Random(seed + 10_000) if estimates else None
+    gangs = {g.request.key: g for g in make_gangs(rng, with_priorities=seed % 2 == 1, estimates=estimate_rng)}
     busy_gpu_ticks = 0
     ticks = 0
     schedulable = len(nodes) - 1
@@ -134,8 +140,10 @@ def simulate(seed: int, estimates: bool = False) -> float:
         if estimates:
             free_at = {}
             for key, end in running.items():
+                # One gang in five reports no ETA: its nodes' end of work is unknown (never lent).
+                known = gangs[key].request.estimate_seconds is not None
                 for _, node in gangs[key].placements:
-                    free_at[node] = max(free_at.get(node, 0.0), float(end))
+                    free_at[node] = max(free_at.get(node, 0.0), float(end) if known else math.inf)
         plan = plan_admission(
             waiting, nodes, used, now=float(tick), reservations=reservations, free_at=free_at
         )
@@ -160,8 +168,8 @@ def simulate(seed: int, estimates: bool = False) -> float:
                 # it ends by the time that gang can start there.
                 behind = holder is not None and order.index(admission.key) > order.index(holder)
                 if behind:
-                    assert holder is not None
-                    assert estimates and tick + gang.duration <= starts[holder], (seed, tick, admission.key)
+                    assert holder is not None and estimates and math.isfinite(starts[holder])
+                    assert tick + gang.duration <= starts[holder], (seed, tick, admission.key)
                 gpus_used[node] += gang.gpus_per_pod
             gang.started, gang.placements = tick, admission.placements
             running[admission.key] = tick + gang.duration

@@ -91,7 +91,14 @@ def test_a_pod_that_answers_404_answers_and_a_closed_port_does_not() -> None:
     from phalanx.controller.progress import trainer_answers
     from phalanx.ports import free_port
 
-    server = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    class NotServingProgress(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+            self.send_error(404)
+
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), NotServingProgress)
     thread = threading.Thread(target=server.handle_request, daemon=True)
     thread.start()
     try:
@@ -100,3 +107,22 @@ def test_a_pod_that_answers_404_answers_and_a_closed_port_does_not() -> None:
         thread.join(5)
         server.server_close()
     assert not trainer_answers("127.0.0.1", free_port())
+
+
+def test_a_gang_that_logs_rarely_is_timed_by_its_last_step_not_its_logged_one() -> None:
+    from phalanx.controller.progress import with_step_timing
+
+    # Logged every 100 steps (step stays at 100), but last_step moves at each poll: no stall.
+    first = with_step_timing({"attempt": 1, "step": 100, "last_step": 150}, None, T0)
+    later = with_step_timing({"attempt": 1, "step": 100, "last_step": 160}, first, T0 + 400)
+    assert later["step_seen_at"] == T0 + 400
+    stalled = {**report(step=100, total_steps=1000), "last_step": 160, "step_seen_at": T0}
+    hang, _ = detect(stalled, 1, T0 + 400, None)
+    assert hang is not None and hang.step == 160
+
+
+def test_no_verdict_while_the_operators_own_poller_has_not_looked_lately() -> None:
+    hang, recheck = detect(report(polled_at=T0 + 100), 1, T0 + 400, 45)
+    assert hang is None and recheck is not None
+    hang, _ = detect(report(polled_at=T0 + 390), 1, T0 + 400, 45)
+    assert hang is not None

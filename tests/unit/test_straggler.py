@@ -62,3 +62,16 @@ def test_the_slow_rank_hook_applies_to_its_rank_only_and_names_the_variable_when
     assert slow_rank_delay(0, {}) == 0.0
     with pytest.raises(ValueError, match="PHALANX_FAULT_SLOW_RANK"):
         slow_rank_delay(0, {"PHALANX_FAULT_SLOW_RANK": "one"})
+
+
+def test_the_medians_of_the_others_match_the_definition() -> None:
+    import random
+    import statistics
+
+    from phalanx_trainer.straggler import medians_of_the_others
+
+    rng = random.Random(7)
+    for n in (2, 3, 4, 5, 10, 11):
+        values = [rng.random() for _ in range(n)]
+        expected = [statistics.median(values[:i] + values[i + 1 :]) for i in range(n)]
+        assert medians_of_the_others(values) == pytest.approx(expected)

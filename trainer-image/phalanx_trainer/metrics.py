@@ -112,6 +112,7 @@ def build_progress(
 ) -> dict[str, Any]:
     """The /progress document of docs/environment.md."""
     return {
+        "last_step": step,
         "stragglers": stragglers or [],
         "startup": startup_times or {},
         "seconds_per_step": seconds_per_step,
@@ -176,7 +177,10 @@ class TrainerMetrics:
         self._step_starts.append(at)
 
     def record_step(self, report: StepReport) -> None:
-        """Cheap per-step bookkeeping; `publish` turns it into rates."""
+        """Cheap per-step bookkeeping; `publish` turns it into rates. /progress `last_step` moves at
+        every step (the rest at logged steps): the operator's hang detection reads it, and a gang
+        that logs every 100 steps is not one that stopped."""
+        self.progress = {**self.progress, "last_step": report.step}
         self.phase_seconds.labels("data_wait").inc(report.data_wait_seconds)
         self.phase_seconds.labels("forward_backward").inc(report.forward_backward_seconds)
         self.phase_seconds.labels("optimizer").inc(report.optimizer_seconds)

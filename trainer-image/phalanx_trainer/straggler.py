@@ -12,7 +12,6 @@ Pipeline stages do different work by design and are not compared (the trainer tu
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -30,6 +29,33 @@ class Straggler:
         return {"rank": self.rank, "ratio": round(self.ratio, 2), "steps": self.steps}
 
 
+def medians_of_the_others(values: Sequence[float]) -> list[float]:
+    """For each index, the median of all values but its own, in O(n log n): rank 0 does this at
+    every logged step while the other ranks wait (a median per rank over a copy would be O(n^2):
+    seconds at thousands of ranks)."""
+    n = len(values)
+    if n < 2:
+        return [0.0] * n
+    order = sorted(range(n), key=values.__getitem__)
+    ranked = [values[i] for i in order]
+    position = [0] * n
+    for pos, index in enumerate(order):
+        position[index] = pos
+    m = n - 1  # how many the others are
+
+    def other(j: int, skip: int) -> float:  # the j-th smallest of the others
+        return ranked[j] if j < skip else ranked[j + 1]
+
+    out = []
+    for index in range(n):
+        skip = position[index]
+        if m % 2:
+            out.append(other(m // 2, skip))
+        else:
+            out.append((other(m // 2 - 1, skip) + other(m // 2, skip)) / 2)
+    return out
+
+
 class StragglerTracker:
     def __init__(self, factor: float, steps: int) -> None:
         if factor <= 1.0:
@@ -44,9 +70,9 @@ class StragglerTracker:
         """One logged step's time per rank (index = global rank); the ranks that now count as
         stragglers, slowest first, at most MAX_REPORTED."""
         found: list[Straggler] = []
+        medians = medians_of_the_others(seconds)
         for rank, value in enumerate(seconds):
-            others = [s for r, s in enumerate(seconds) if r != rank]
-            median = statistics.median(others) if others else 0.0
+            median = medians[rank]
             slow = median > 0 and value > self.factor * median
             self.in_a_row[rank] = self.in_a_row.get(rank, 0) + 1 if slow else 0
             if self.in_a_row[rank] >= self.steps:

@@ -288,8 +288,8 @@ class RunPolicy:
     )  # fmt: skip
     hang_timeout_seconds: int | None = api_field(
         "Restart the gang (reason Hang) when rank 0 reports no new step for this long; the trainer's "
-        "collective timeout is set 30 s above it. Unset: 20 x the step time, at least 300 s, and the "
-        "trainer keeps its own timeout.",
+        "collective timeout is set 30 s above it, at least 600 s. Unset: 20 x the step time, at "
+        "least 300 s, and the trainer keeps its own timeout.",
         minimum=10, maximum=86400,
     )  # fmt: skip
 
@@ -453,8 +453,10 @@ class StragglerRank:
     rank: int | None = api_field("Global rank.")
     pod: str | None = api_field("The pod it runs in.")
     node: str | None = api_field("The node that pod runs on.")
-    ratio: str | None = api_field("Its data wait + forward time over the other ranks' median (as text).")
-    steps: int | None = api_field("Logged steps in a row it has been over the factor.")
+    ratio: str | None = api_field(
+        "Its data wait + forward time over the other ranks' median when first reported (text)."
+    )
+    steps: int | None = api_field("Logged steps in a row it had been over the factor when first reported.")
 
 
 @dataclass

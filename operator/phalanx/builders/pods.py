@@ -102,7 +102,7 @@ def contract_env(
         values[c.ENV_CHECKPOINT_INTERVAL] = str(spec.checkpoint.interval_steps)
     if spec.run_policy.hang_timeout_seconds is not None:
         hang_timeout = spec.run_policy.hang_timeout_seconds + c.HANG_COLLECTIVE_MARGIN_SECONDS
-        values[c.ENV_COLLECTIVE_TIMEOUT] = str(hang_timeout)
+        values[c.ENV_COLLECTIVE_TIMEOUT] = str(max(hang_timeout, c.HANG_COLLECTIVE_FLOOR_SECONDS))
     if spec.nccl is not None:
         if spec.nccl.debug:
             values["NCCL_DEBUG"] = spec.nccl.debug

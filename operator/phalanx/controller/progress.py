@@ -70,7 +70,7 @@ def trainer_facts(report: dict[str, Any]) -> dict[str, Any]:
     stragglers = report.get("stragglers")
     if isinstance(stragglers, list):
         facts["stragglers"] = [s for s in stragglers[:8] if isinstance(s, dict)]
-    for key in ("resumed_from_step", "step", "total_steps"):
+    for key in ("resumed_from_step", "step", "total_steps", "last_step"):
         value = report.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
             facts[key] = value
@@ -80,7 +80,7 @@ def trainer_facts(report: dict[str, Any]) -> dict[str, Any]:
 def with_step_timing(facts: dict[str, Any], known: dict[str, Any] | None, now: float) -> dict[str, Any]:
     """The facts with `step_seen_at`: when this poller first saw rank 0 at this step of this attempt
     (policy/hang.py measures stalls from it), and the silent pods of the last probe while it lasts."""
-    same = known is not None and all(known.get(k) == facts.get(k) for k in ("attempt", "step"))
+    same = known is not None and all(known.get(k) == facts.get(k) for k in ("attempt", "step", "last_step"))
     timed = {**facts, "step_seen_at": known["step_seen_at"] if same and known is not None else now}
     if same and known is not None and "silent_pods" in known:
         timed["silent_pods"] = known["silent_pods"]
@@ -130,6 +130,8 @@ class ProgressPoller:
         # The newest start-up times rank 0 reported, with the uid of its job (read by the reconcile).
         self.trainer_reports: dict[str, tuple[str, dict[str, Any]]] = {}
         self.hang_watch: dict[str, HangWatch] = {}
+        self.probe_pool = ThreadPoolExecutor(2, thread_name_prefix="hang-probe")
+        self.probing: set[str] = set()
 
     def forget(self, key: str) -> None:
         tables = (self.targets, self.next_poll, self.failures, self.last_progress, self.trainer_reports,
@@ -187,12 +189,29 @@ class ProgressPoller:
         known, watch = self.trainer_reports.get(key), self.hang_watch.get(key)
         if known is None or known[0] != target.uid or watch is None or "silent_pods" in known[1]:
             return
-        if not hang.probe_due(known[1], watch.attempt, time.time(), watch.hang_timeout_seconds):
+        if key in self.probing or not hang.probe_due(
+            known[1], watch.attempt, time.time(), watch.hang_timeout_seconds
+        ):
             return
-        silent = self.silent_pods(watch)
-        self.trainer_reports[key] = (target.uid, {**known[1], "silent_pods": silent})
-        log.warning("%s: no new step since step %s; pods not answering: %s", key, known[1].get("step"),
-                    ", ".join(silent) or "none")  # fmt: skip
+        self.probing.add(key)
+        # On its own threads: a big gang behind a partition takes a while to time out, and the
+        # polls of every other job must go on meanwhile (their stalls are timed by them).
+        self.probe_pool.submit(self._probe, key, target, watch, known[1])
+
+    def _probe(self, key: str, target: ProgressTarget, watch: HangWatch, facts: dict[str, Any]) -> None:
+        try:
+            silent = self.silent_pods(watch)
+            current = self.trainer_reports.get(key)
+            # Only onto the same stall of the same job: not after forget() or a new step or attempt.
+            if current is None or current[0] != target.uid or self.targets.get(key) != target:
+                return
+            if any(current[1].get(k) != facts.get(k) for k in ("attempt", "step", "last_step")):
+                return
+            self.trainer_reports[key] = (target.uid, {**current[1], "silent_pods": silent})
+            log.warning("%s: no new step since step %s; pods not answering: %s", key,
+                        facts.get("last_step", facts.get("step")), ", ".join(silent) or "none")  # fmt: skip
+        finally:
+            self.probing.discard(key)
 
     def silent_pods(self, watch: HangWatch) -> list[str]:
         """The pods whose trainer does not answer /progress within the timeout (a stopped or wedged
@@ -225,13 +244,19 @@ class ProgressPoller:
             slow = max(0, failures - PROGRESS_PATIENT_ATTEMPTS)
             delay = min(PROGRESS_MAX_BACKOFF_SECONDS, PROGRESS_POLL_SECONDS * 2**slow)
             self.next_poll[key] = time.monotonic() + delay
+            known = self.trainer_reports.get(key)
+            if known is not None and known[0] == target.uid:  # asked, no answer: still a look
+                self.trainer_reports[key] = (target.uid, {**known[1], "polled_at": time.time()})
             self._probe_if_stalled(key, target)  # rank 0 itself may be the one stopped
             return
         self.failures.pop(key, None)
         namespace, name = key.split("/", 1)
         known = self.trainer_reports.get(key)
         known_facts = known[1] if known is not None and known[0] == target.uid else None
-        facts = with_step_timing(trainer_facts(report), known_facts, time.time())
+        facts = {
+            **with_step_timing(trainer_facts(report), known_facts, time.time()),
+            "polled_at": time.time(),
+        }
         self.trainer_reports[key] = (target.uid, facts)
         self._probe_if_stalled(key, target)
         news = ("attempt", "startup", "checkpoint_stall_seconds", "resumed_from_step", "stragglers")

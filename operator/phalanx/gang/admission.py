@@ -9,6 +9,7 @@ keeps its nodes instead of chasing whichever nodes look freest this time. docs/s
 the full rule and why.
 """
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -330,8 +331,15 @@ def head_start(nodes: Sequence[str], free_at: Mapping[str, float], now: float) -
 def lendable_nodes(
     held: Mapping[str, Sequence[str]], free_at: Mapping[str, float], now: float, ends: float
 ) -> set[str]:
-    """Reserved nodes whose head cannot start before `ends`: a gang ending by then may use them."""
-    return {node for nodes in held.values() if ends <= head_start(nodes, free_at, now) for node in nodes}
+    """Reserved nodes whose head cannot start before `ends`: a gang ending by then may use them. A
+    head whose start is unknown (work without an end on one of its nodes) lends nothing: its start
+    might be a minute away."""
+    lent: set[str] = set()
+    for nodes in held.values():
+        start = head_start(nodes, free_at, now)
+        if math.isfinite(start) and ends <= start:
+            lent.update(nodes)
+    return lent
 
 
 def _never_fit_reason(

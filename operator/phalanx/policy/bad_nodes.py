@@ -2,7 +2,7 @@
 the infrastructure, not of the job's code.
 
 Infrastructure failures: a node lost (NotReady past the bound, or deleted) under a running pod, a
-device error in a pod's termination message (pod_outcome.DEVICE_ERROR_MARKERS), and a hang whose
+device error in a pod's termination message (pod_outcome.DEVICE_ERROR_PATTERNS), and a hang whose
 silent pod ran there. At FAILURES_TO_AVOID of them on one node within REMEMBER_SECONDS, the job's
 next placements keep off it (a required node affinity, which gang admission honours) until
 REMEMBER_SECONDS after the last one; the record then goes. One failure is not enough: a preemption

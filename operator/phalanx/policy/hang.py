@@ -23,6 +23,9 @@ FLOOR_SECONDS: Final = 300.0
 STEP_MULTIPLE: Final = 20
 # Pods are asked whether they still answer once the step has stalled this share of the bound.
 PROBE_AT_SHARE: Final = 0.5
+# A stall counts only while the operator's own poller keeps looking: one it has not looked at for
+# this long (the poller behind, an operator just restarted) is the operator's, not the gang's.
+POLL_STALE_SECONDS: Final = 60.0
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,9 @@ def stalled_since(report: Mapping[str, Any] | None, attempt: int) -> tuple[int, 
     trained a step of this attempt and is not done."""
     if report is None or report.get("attempt") != attempt:
         return None
-    step, seen_at, total = report.get("step"), report.get("step_seen_at"), report.get("total_steps")
+    # last_step moves at every step; step only at logged ones (a trainer without last_step).
+    step = report.get("last_step", report.get("step"))
+    seen_at, total = report.get("step_seen_at"), report.get("total_steps")
     if not isinstance(step, int) or not isinstance(seen_at, (int, float)):
         return None
     if not (report.get("startup") or {}).get("first_step"):
@@ -87,6 +92,9 @@ def detect(
     stalled = now - seen_at
     if stalled <= bound.seconds:
         return None, bound.seconds - stalled
+    polled_at = report.get("polled_at")
+    if isinstance(polled_at, (int, float)) and now - polled_at > POLL_STALE_SECONDS:
+        return None, 5.0  # the poller has not looked lately: no verdict on what it did not see
     silent = report.get("silent_pods")
     names = tuple(sorted(str(p) for p in silent)) if isinstance(silent, (list, tuple)) else ()
     return Hang(step, stalled, bound, names), None

@@ -7,6 +7,7 @@ decision the reconciler acts on. The exit-code contract is in docs/environment.m
 docs/scheduling.md.
 """
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -30,15 +31,16 @@ REASON_OOM: Final = "OOMKilled"
 REASON_EXIT_CODE: Final = "ExitCode"
 REASON_DEADLINE: Final = "DeadlineExceeded"
 REASON_DEVICE_ERROR: Final = "DeviceError"
-# What NVIDIA drivers and CUDA print when the device, not the program, failed: an Xid event, an
-# uncorrectable ECC error, a GPU gone from the bus, an NVLink error. Matched case-insensitively in
-# the trainer container's termination message.
-DEVICE_ERROR_MARKERS: Final = (
-    "Xid",
-    "uncorrectable ECC error",
-    "fallen off the bus",
-    "NVLink error",
-    "CUDA error: ECC",
+# What NVIDIA drivers, CUDA and NCCL print when the device, not the program, failed, as whole
+# phrases (a bare "Xid" is in "txid" and "oxidized"): an Xid event with its number, an uncorrectable
+# ECC error, a GPU gone from the bus, an NVLink error. Searched in the trainer container's
+# termination message.
+DEVICE_ERROR_PATTERNS: Final = (
+    re.compile(r"\bNVRM: Xid\b"),
+    re.compile(r"\bXid[: ]+(\(PCI:[^)]*\)[:,]? *)?\d+"),
+    re.compile(r"uncorrectable ECC error", re.IGNORECASE),
+    re.compile(r"GPU has fallen off the bus", re.IGNORECASE),
+    re.compile(r"\bNVLink (error|fatal)", re.IGNORECASE),
 )
 # Failures this close before a preemption are treated as its consequences too: API timestamps have
 # one-second resolution and node clocks drift a little.
@@ -144,8 +146,11 @@ def _deletion_requested_at(metadata: Mapping[str, Any]) -> float | None:
 def device_error(text: str) -> str | None:
     """The accelerator fault a termination message names (the trainer's last log lines, through
     FallbackToLogsOnError), if any: the node's hardware failed, not the job's code."""
-    lowered = text.lower()
-    return next((marker for marker in DEVICE_ERROR_MARKERS if marker.lower() in lowered), None)
+    for pattern in DEVICE_ERROR_PATTERNS:
+        found = pattern.search(text)
+        if found is not None:
+            return found.group(0)
+    return None
 
 
 def _failure(pod: str, termination: _Termination, retryable_exit_codes: frozenset[int]) -> PodOutcome:

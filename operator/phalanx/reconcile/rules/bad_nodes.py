@@ -52,7 +52,11 @@ def _failures(b: PlanBuilder, seen: Observed) -> list[tuple[str, str]]:
         node = _node_of(by_name.get(str(name)))
         if node:
             failed.append((node, REASON_HANG))
-    return failed
+    # One booking per node per restart: a lost node under two of the job's pods is one incident.
+    first: dict[str, str] = {}
+    for node, reason in failed:
+        first.setdefault(node, reason)
+    return list(first.items())
 
 
 def _node_of(pod: dict[str, Any] | None) -> str | None:

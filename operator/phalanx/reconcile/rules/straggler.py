@@ -15,18 +15,19 @@ MAX_STRAGGLERS = 8
 
 def apply(b: PlanBuilder, seen: Observed) -> bool:
     found = _stragglers(b, seen)
-    was = [s.get("rank") for s in b.old.get("stragglers") or []]
+    old = b.old.get("stragglers") or []
     if found:
+        if {s["rank"] for s in found} == {s.get("rank") for s in old}:
+            return False  # the same ranks: status, condition and event stay as first written
         b.status["stragglers"] = found
         message = "; ".join(
             f"rank {s['rank']} (pod {s['pod']} on node {s['node']}) {s['ratio']}x the others' median "
-            f"data wait + forward for {s['steps']} logged steps in a row"
+            f"data wait + forward, {s['steps']} logged steps in a row"
             for s in found
         )
         b.condition("Straggler", "True", "SlowRank", message)
-        if [s["rank"] for s in found] != was:
-            b.plan.events.append(Event("Warning", "Straggler", message))
-    elif was or any(c["type"] == "Straggler" and c["status"] == "True" for c in b.status["conditions"]):
+        b.plan.events.append(Event("Warning", "Straggler", message))
+    elif old or any(c["type"] == "Straggler" and c["status"] == "True" for c in b.status["conditions"]):
         b.status.pop("stragglers", None)
         b.condition("Straggler", "False", "NoStraggler", "no rank is slower than its peers")
     return False
