@@ -223,6 +223,7 @@ class Topology:
         "The node label whose values are the domains: topology.kubernetes.io/zone, a rack label, "
         "nvidia.com/gpu.clique (an NVLink domain).",
         required=True, max_length=317, extra={"minLength": 1},
+        pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$",
     )  # fmt: skip
     mode: str = api_field(
         "Required: the gang (or each group) within one domain, or wait; Preferred: as few domains as "
@@ -232,8 +233,8 @@ class Topology:
     group_size: int | None = api_field(
         "Required only: each run of this many consecutive ranks shares one domain (the last run may "
         "be shorter); unset, the whole gang does.",
-        minimum=1,
-    )
+        minimum=1, maximum=MAX_REPLICAS,
+    )  # fmt: skip
 
 
 @dataclass
@@ -256,8 +257,8 @@ class Scheduling:
     expected_run_seconds: int | None = api_field(
         "How long the job runs once started, at most (builtin provider): with it the gang may start "
         "early on room a blocked gang holds idle, when it ends before that gang can start.",
-        minimum=1,
-    )
+        minimum=1, maximum=31_536_000,
+    )  # fmt: skip
 
 
 @dataclass
