@@ -71,6 +71,11 @@ ENV_SPARE: Final = "PHALANX_SPARE"
 ENV_COLLECTIVE_TIMEOUT: Final = "PHALANX_COLLECTIVE_TIMEOUT_SECONDS"
 ENV_GENERATION_WAIT: Final = "PHALANX_GENERATION_WAIT_SECONDS"
 
+# spec.runPolicy.restartStrategy, and status.lastRecovery.path of a recovery that took that path.
+RESTART_STRATEGY_FULL: Final = "FullRestart"
+RESTART_STRATEGY_IN_PLACE: Final = "InPlace"
+
+
 # Names the operator owns: a template that sets one of these is rejected at admission.
 RESERVED_ENV_NAMES: Final = (
     ENV_MASTER_ADDR,
