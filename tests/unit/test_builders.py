@@ -150,6 +150,7 @@ def test_in_place_pods_run_a_resident_launcher_at_the_attempts_generation() -> N
     )
     assert env["PHALANX_CONTROL_PORT"] == "9399"
     assert {"name": "control", "containerPort": 9399, "protocol": "TCP"} in trainer_of(pod)["ports"]
+    assert pod["metadata"]["annotations"]["phalanx.dev/resident-launcher"] == "true"
 
 
 def test_full_restart_is_the_default_and_sets_no_launcher_env() -> None:
@@ -157,3 +158,5 @@ def test_full_restart_is_the_default_and_sets_no_launcher_env() -> None:
     assert s.run_policy.restart_strategy == "FullRestart"
     env = env_of(build_worker_pod(JOB, s, 1, 3, {"spec": {"containers": [{"name": "trainer"}]}}))
     assert not {"PHALANX_RESTART_IN_PLACE", "PHALANX_GENERATION", "PHALANX_CONTROL_PORT"} & set(env)
+    pod = build_worker_pod(JOB, s, 1, 3, {"spec": {"containers": [{"name": "trainer"}]}})
+    assert "phalanx.dev/resident-launcher" not in pod["metadata"]["annotations"]

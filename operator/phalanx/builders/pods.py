@@ -157,6 +157,8 @@ def build_worker_pod(
         c.LABEL_ATTEMPT: str(attempt),
     }
     annotations = dict(meta_in.get("annotations") or {})
+    if spec.run_policy.restart_strategy == c.RESTART_STRATEGY_IN_PLACE:
+        annotations[c.ANNOTATION_RESIDENT_LAUNCHER] = "true"
 
     pod_spec["hostname"] = worker_hostname(job.name, index, named_attempt)
     if avoid_nodes:

@@ -17,7 +17,7 @@ from phalanx import metrics
 from phalanx.controller.job_writes import JobWriter
 from phalanx.controller.queue import WorkQueue
 from phalanx.k8s import short_error
-from phalanx.pod_facts import pod_attempt, pod_index
+from phalanx.pod_facts import in_current_attempt, pod_index
 from phalanx.reconcile.plan import parse_iso
 
 log = logging.getLogger("phalanx.controller")
@@ -103,8 +103,7 @@ class ProgressPoller:
         if status.get("phase") != "Running":
             self.targets.pop(key, None)
             return
-        attempt = status.get("attempt")
-        rank0 = next((p for p in pods if pod_attempt(p) == attempt and pod_index(p) == 0), None)
+        rank0 = next((p for p in pods if in_current_attempt(p, status) and pod_index(p) == 0), None)
         ip = (rank0 or {}).get("status", {}).get("podIP")
         if ip and self.targets.get(key) != (target := ProgressTarget(uid, ip)):
             self.targets[key] = target
