@@ -19,6 +19,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, Final
 
 from phalanx import constants as c
@@ -34,12 +35,12 @@ GENERATION_CONCURRENCY: Final = 8
 GENERATION_MAX_BYTES: Final = 64 * 1024
 
 
+@dataclass(frozen=True)
 class GenerationAnswer:
     """What a launcher said: taken (202, or 409 at this generation or newer), or refused and why."""
 
-    def __init__(self, taken: bool, why: str = "") -> None:
-        self.taken = taken
-        self.why = why
+    taken: bool
+    why: str = ""
 
 
 def post_generation(
