@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PYTEST := $(BIN)/pytest
 STAMP := $(VENV)/.installed
 
-.PHONY: help system-deps venv cluster-bin lint typecheck test test-unit test-integration test-e2e test-trainer \
+.PHONY: help system-deps venv cluster-bin kueue-bin lint typecheck test test-unit test-integration test-e2e test-trainer \
         crd crd-check docs chart-lint kind-up demo bench bench-trainer bench-checkpoint bench-gang bench-recovery bench-failover gpu-check dev-up dev-down clean
 
 help:
@@ -26,6 +26,9 @@ venv: $(STAMP) ## create the development virtualenv (.venv) with pinned dependen
 
 cluster-bin: ## build (or reuse from ~/.cache/phalanx) etcd, kube-*, kubectl, kwok, helm
 	bash hack/cluster-bin.sh
+
+kueue-bin: ## build (or reuse from ~/.cache/phalanx) Kueue's manager, CRDs and webhook manifests
+	bash hack/kueue-bin.sh
 
 lint: $(STAMP) ## ruff and the import layering (.importlinter)
 	$(BIN)/ruff check .
@@ -47,13 +50,13 @@ test-unit: $(STAMP) ## unit tests only (no cluster, no torch processes): seconds
 test-trainer: $(STAMP) ## trainer tests (torch.distributed on CPU with gloo)
 	$(PYTEST) -m trainer -q
 
-test-integration: system-deps $(STAMP) cluster-bin ## integration tests against the local control plane
+test-integration: system-deps $(STAMP) cluster-bin kueue-bin ## integration tests against the local control plane
 	$(PYTEST) -m integration -q
 
 test-e2e: system-deps $(STAMP) cluster-bin ## end-to-end: real training through the operator
 	$(PYTEST) -m e2e -q
 
-test: system-deps $(STAMP) cluster-bin lint typecheck crd-check ## the whole suite: lint, types, CRD freshness, all tests
+test: system-deps $(STAMP) cluster-bin kueue-bin lint typecheck crd-check ## the whole suite: lint, types, CRD freshness, all tests
 	$(PYTEST) -q
 
 chart-lint: cluster-bin ## helm lint --strict the chart

@@ -8,8 +8,12 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
+
+if TYPE_CHECKING:
+    from phalanx.devcluster.kueue import KueueSettings
 
 
 def _dev(args: argparse.Namespace) -> int:
@@ -23,7 +27,8 @@ def _dev(args: argparse.Namespace) -> int:
             if args.nodes:
                 pools = tuple(pools_from_config(yaml.safe_load(Path(args.nodes).read_text()) or []))
             started = time.monotonic()
-            kubeconfig = cluster.up(pools, real_nodes=args.real_nodes)
+            kueue = _kueue_settings(args)
+            kubeconfig = cluster.up(pools, real_nodes=args.real_nodes, kueue=kueue or False)
             print(f"Local cluster up in {time.monotonic() - started:.1f}s.", file=sys.stderr)
             print(f"  kubectl --kubeconfig {kubeconfig} get nodes", file=sys.stderr)
             print(kubeconfig)
@@ -35,6 +40,23 @@ def _dev(args: argparse.Namespace) -> int:
         print(f"phalanx dev {args.dev_command}: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _kueue_settings(args: argparse.Namespace) -> KueueSettings | None:
+    """`dev up --kueue [--kueue-wait-for-pods-ready SECONDS]` as KueueSettings (None without --kueue)."""
+    from phalanx.devcluster.kueue import KueueSettings, WaitForPodsReady
+
+    ready = args.kueue_wait_for_pods_ready
+    if ready is not None and not args.kueue:
+        raise SystemExit("phalanx dev up: --kueue-wait-for-pods-ready needs --kueue")
+    if not args.kueue:
+        return None
+    try:
+        return KueueSettings(
+            wait_for_pods_ready=None if ready is None else WaitForPodsReady(timeout_seconds=ready)
+        )
+    except ValueError as exc:
+        raise SystemExit(f"phalanx dev up: --kueue-wait-for-pods-ready: {exc}") from exc
 
 
 MIN_LEASE_SECONDS = 6
@@ -118,6 +140,14 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_argument(
         "--real-nodes", type=int, default=0,
         help="also start N development nodes that run pods as local processes (docs/dev-node.md)",
+    )  # fmt: skip
+    dev.add_argument(
+        "--kueue", action="store_true",
+        help="also run a real Kueue (built by `make kueue-bin`) with its webhooks (docs/dev-cluster.md)",
+    )  # fmt: skip
+    dev.add_argument(
+        "--kueue-wait-for-pods-ready", type=int, metavar="SECONDS",
+        help="with --kueue: turn on Kueue's waitForPodsReady with this timeout",
     )  # fmt: skip
     dev.set_defaults(func=_dev)
     return parser

@@ -41,6 +41,9 @@ FIRST_SIGNAL_EXIT_CODE: Final = 128
 
 DEFAULT_RENDEZVOUS_PORT: Final = 29500
 DEFAULT_METRICS_PORT: Final = 9400
+# With spec.runPolicy.hangTimeoutSeconds, the trainer's collective timeout is that plus this: the
+# operator's Hang verdict (which names the silent pods) comes first, the trainer's is the backstop.
+HANG_COLLECTIVE_MARGIN_SECONDS: Final = 30
 DEFAULT_CONTROL_PORT: Final = 9399  # the resident launcher's control server (restart in place)
 DEFAULT_CHECKPOINT_PATH: Final = "/checkpoints"
 
@@ -70,6 +73,7 @@ ENV_GRACE_PERIOD: Final = "PHALANX_TERMINATION_GRACE_SECONDS"
 ENV_RESTART_IN_PLACE: Final = "PHALANX_RESTART_IN_PLACE"
 ENV_GENERATION: Final = "PHALANX_GENERATION"
 ENV_CONTROL_PORT: Final = "PHALANX_CONTROL_PORT"
+ENV_CONTROL_TOKEN: Final = "PHALANX_CONTROL_TOKEN"
 ENV_SPARE: Final = "PHALANX_SPARE"
 ENV_COLLECTIVE_TIMEOUT: Final = "PHALANX_COLLECTIVE_TIMEOUT_SECONDS"
 ENV_GENERATION_WAIT: Final = "PHALANX_GENERATION_WAIT_SECONDS"
@@ -108,6 +112,7 @@ RESERVED_ENV_NAMES: Final = (
     ENV_RESTART_IN_PLACE,
     ENV_GENERATION,
     ENV_CONTROL_PORT,
+    ENV_CONTROL_TOKEN,
     ENV_SPARE,
     ENV_COLLECTIVE_TIMEOUT,
     ENV_GENERATION_WAIT,
@@ -128,3 +133,32 @@ ENV_NODE_LOST_AFTER: Final = "PHALANX_NODE_LOST_AFTER_SECONDS"
 
 # Progress endpoint the trainer's local rank 0 of global rank 0 serves (JSON, see docs/environment.md).
 PROGRESS_PATH: Final = "/progress"
+
+# torchrun's elastic agent (bring-your-own trainer, docs/torchrun.md). torchrun reads each CLI flag
+# from PET_<FLAG> (torch/distributed/argparse_util.py); builders/torchrun_env.py sets these.
+ENV_PET_RDZV_BACKEND: Final = "PET_RDZV_BACKEND"
+ENV_PET_RDZV_ENDPOINT: Final = "PET_RDZV_ENDPOINT"
+ENV_PET_RDZV_ID: Final = "PET_RDZV_ID"
+ENV_PET_RDZV_CONF: Final = "PET_RDZV_CONF"
+ENV_PET_MAX_RESTARTS: Final = "PET_MAX_RESTARTS"
+ENV_PET_LOCAL_ADDR: Final = "PET_LOCAL_ADDR"
+TORCHRUN_ELASTIC_ENV_NAMES: Final = (
+    ENV_PET_RDZV_BACKEND,
+    ENV_PET_RDZV_ENDPOINT,
+    ENV_PET_RDZV_ID,
+    ENV_PET_RDZV_CONF,
+    ENV_PET_MAX_RESTARTS,
+    ENV_PET_LOCAL_ADDR,
+)
+# c10d is the rendezvous that lets a surviving agent re-form the gang with a replacement agent;
+# torchrun's default ("static") only restarts a gang whose members all stay the same processes.
+TORCHRUN_RDZV_BACKEND: Final = "c10d"
+# A dead agent stays a member of the rendezvous until it has missed this many heartbeats of this
+# interval (torch's defaults: 5 s x 3 = 15 s), and the survivors wait that long for it to be dropped.
+TORCHRUN_KEEP_ALIVE_INTERVAL_SECONDS: Final = 1
+TORCHRUN_KEEP_ALIVE_MAX_ATTEMPTS: Final = 5
+DEFAULT_TORCHRUN_MAX_RESTARTS: Final = 3
+# torch's agent on group rank 0 otherwise serves one store to its workers for the pod's whole life,
+# and a restarted worker finds the previous generation's gloo/NCCL addresses in it (connection
+# refused, or a hang). Off, rank 0's worker hosts a fresh store for every rendezvous round.
+ENV_TORCH_DISABLE_SHARED_RDZV_STORE: Final = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"

@@ -34,8 +34,8 @@ from prometheus_client.registry import Collector
 
 from phalanx.policy import goodput
 
-RestartReason = Literal["failure", "preemption"]
-RESTART_REASONS: Final[tuple[RestartReason, ...]] = ("failure", "preemption")
+RestartReason = Literal["failure", "preemption", "hang"]
+RESTART_REASONS: Final[tuple[RestartReason, ...]] = ("failure", "preemption", "hang")
 TERMINAL_PHASES: Final = ("Succeeded", "Failed")
 JOB_LABELS: Final = ("namespace", "trainingjob")
 
@@ -109,6 +109,12 @@ JOB_PROGRESS: Final = Gauge(
     registry=REGISTRY,
 )
 
+JOB_STRAGGLERS: Final = Gauge(
+    "phalanx_job_straggler_ratio",
+    "The slowest straggler's time over its peers' median (status.stragglers); 0 when none.",
+    JOB_LABELS,
+    registry=REGISTRY,
+)
 JOB_GOODPUT: Final = Gauge(
     "phalanx_job_goodput_ratio",
     "Productive device time over device time since the job was created (status.goodput.ratio).",
@@ -238,6 +244,7 @@ METRIC_NAMES: Final = (
     "phalanx_recovery_phase_seconds",
     "phalanx_job_goodput_ratio",
     "phalanx_job_device_seconds",
+    "phalanx_job_straggler_ratio",
 )
 
 
@@ -335,6 +342,11 @@ def observe_recovery(reason: str, path: str, total_seconds: float, phase_seconds
         RECOVERY_PHASE_SECONDS.labels(phase=phase).observe(seconds)
 
 
+def observe_stragglers(namespace: str, name: str, ratios: list[float]) -> None:
+    """The ratios of the ranks status.stragglers lists now (none: 0)."""
+    JOB_STRAGGLERS.labels(namespace=namespace, trainingjob=name).set(max(ratios, default=0.0))
+
+
 def observe_goodput(namespace: str, name: str, ledger: dict[str, object]) -> None:
     """The job's status.goodput as written (policy/goodput.py)."""
     try:
@@ -384,6 +396,10 @@ def forget_job(namespace: str, name: str) -> None:
         pass
     try:
         JOB_GOODPUT.remove(namespace, name)
+    except KeyError:
+        pass
+    try:
+        JOB_STRAGGLERS.remove(namespace, name)
     except KeyError:
         pass
     if state is not None and state.device_unit is not None:

@@ -160,3 +160,13 @@ def test_full_restart_is_the_default_and_sets_no_launcher_env() -> None:
     assert not {"PHALANX_RESTART_IN_PLACE", "PHALANX_GENERATION", "PHALANX_CONTROL_PORT"} & set(env)
     pod = build_worker_pod(JOB, s, 1, 3, {"spec": {"containers": [{"name": "trainer"}]}})
     assert "phalanx.dev/resident-launcher" not in pod["metadata"]["annotations"]
+
+
+def test_a_hang_bound_in_the_spec_sets_the_trainers_collective_timeout_above_it() -> None:
+    from phalanx import constants as c
+    from phalanx.builders.pods import contract_env
+
+    env = {e["name"]: e["value"] for e in contract_env(JOB, spec(runPolicy={"hangTimeoutSeconds": 45}), 0, 0)}
+    assert env[c.ENV_COLLECTIVE_TIMEOUT] == str(45 + c.HANG_COLLECTIVE_MARGIN_SECONDS)
+    # Unset, the trainer keeps its own default (torch's, or 30 s with restart in place).
+    assert c.ENV_COLLECTIVE_TIMEOUT not in {e["name"] for e in contract_env(JOB, spec(), 0, 0)}

@@ -457,9 +457,18 @@ def test_network_policy_admits_only_job_pods_and_listed_scrapers() -> None:
         assert spec["podSelector"]["matchExpressions"] == [
             {"key": "phalanx.dev/job-name", "operator": "Exists"}
         ]
-        peers, metrics_readers = spec["ingress"]
+        peers, metrics_readers, controllers = spec["ingress"]
         assert peers["from"] == [{"podSelector": spec["podSelector"]}]
+        # Every port between job pods but the launcher's control port: a pod of another job in the
+        # namespace cannot hand this job's launchers a generation (nor can a scraper).
+        assert peers["ports"] == [
+            {"protocol": "TCP", "port": 1, "endPort": 9398},
+            {"protocol": "TCP", "port": 9400, "endPort": 65535},
+            {"protocol": "UDP"},
+        ]
         assert metrics_readers["ports"] == [{"protocol": "TCP", "port": 9400}]
+        assert controllers["ports"] == [{"protocol": "TCP", "port": 9399}]
+        assert controllers["from"] == [metrics_readers["from"][0]]  # the operator, and no one else
         operator, scraper = metrics_readers["from"]
         # The operator reads each trainer's /progress on the metrics port.
         assert operator["namespaceSelector"]["matchLabels"] == {

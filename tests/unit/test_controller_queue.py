@@ -137,3 +137,24 @@ def test_events_from_many_threads_never_run_one_key_twice_at_once_and_none_is_lo
         runner.join(timeout=5)
         kopf_pool.shutdown(wait=False, cancel_futures=True)
         controller.reconcile_pool.shutdown(wait=False, cancel_futures=True)
+
+
+def test_a_job_has_at_most_one_pending_delayed_requeue_the_earliest() -> None:
+    from phalanx.controller.queue import WorkQueue
+
+    async def scenario() -> tuple[int, list[str], int]:
+        work = WorkQueue()
+        for _ in range(100):  # every reconcile asking to look again in 0.3 s (a recheck, a retry)
+            work.enqueue("ns/a", delay=0.3)
+        work.enqueue("ns/a", delay=0.05)  # an earlier need replaces the later timer
+        work.enqueue("ns/b", delay=0.05)
+        pending = len(work.delayed)
+        await asyncio.sleep(0.5)
+        taken = []
+        while not work.queue.empty():
+            taken.append(work.queue.get_nowait())
+        return pending, taken, len(work.delayed)
+
+    pending, taken, left = asyncio.run(scenario())
+    assert pending == 2  # one timer per job, not 101
+    assert sorted(taken) == ["ns/a", "ns/b"] and left == 0

@@ -387,3 +387,56 @@ def test_a_fork_after_cuda_was_initialised_in_the_launcher_fails_clearly(
     with pytest.raises(RuntimeError, match="CUDA was initialised in the resident launcher"):
         phalanx_trainer.resident.fork_worker([], {}, ())
     assert forked == []
+
+
+# ---- the control server takes a generation only from who holds the pod's token ------------------
+
+TOKEN = "s3cret-token-of-this-pod"
+
+
+def _post_with(port: int, headers: Mapping[str, str]) -> tuple[int, dict[str, Any], str | None]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    connection.request("POST", "/generation", body=b'{"generation": 1}', headers=dict(headers))
+    response = connection.getresponse()
+    answer = (response.status, json.loads(response.read()), response.getheader("WWW-Authenticate"))
+    connection.close()
+    return answer
+
+
+@pytest.mark.parametrize(
+    ("headers", "status"),
+    [
+        ({}, 401),
+        ({"Authorization": "Bearer wrong"}, 401),
+        ({"Authorization": TOKEN}, 401),  # no scheme
+        ({"Authorization": f"Basic {TOKEN}"}, 401),
+        ({"Authorization": f"Bearer {TOKEN}"}, 202),
+    ],
+)
+def test_a_generation_is_taken_only_with_the_pods_control_token(
+    forks: list[FakeWorker], headers: dict[str, str], status: int
+) -> None:
+    launcher, _ = launcher_of({"PHALANX_CONTROL_TOKEN": TOKEN})
+    port = free_port()
+    server = ControlServer(port, launcher)
+    answers: list[tuple[int, dict[str, Any], str | None]] = []
+    try:
+        thread = threading.Thread(target=lambda: answers.append(_post_with(port, headers)), daemon=True)
+        thread.start()
+        _serve_one(server)
+        thread.join(10)
+    finally:
+        server.server_close()
+    assert answers and answers[0][0] == status, answers
+    if status == 401:
+        assert answers[0][2] == "Bearer"
+        assert "PHALANX_CONTROL_TOKEN" in answers[0][1]["error"]
+        assert TOKEN not in json.dumps(answers[0][1])  # the answer never echoes the token
+        assert launcher.pending is None and launcher.generation == 0
+    else:
+        assert launcher.pending is not None and launcher.pending.generation == 1
+
+
+def test_workers_never_see_the_control_token(forks: list[FakeWorker]) -> None:
+    launcher_of({"PHALANX_CONTROL_TOKEN": TOKEN})  # starts generation 0's workers
+    assert forks and all("PHALANX_CONTROL_TOKEN" not in worker.env for worker in forks)

@@ -80,6 +80,14 @@ def test_a_spent_failure_budget_fails_the_job_rather_than_restarting_in_place() 
     assert plan.status["phase"] == "Failed" and "inPlace" not in plan.status
 
 
+def test_hangs_spend_the_same_failure_budget() -> None:
+    status = {**RUNNING, "restarts": {"failures": 1, "preemptions": 0, "hangs": 1}}
+    plan = decide(
+        job(status, **IN_PLACE), [resident(0), resident(1, phase="Failed", exit_code=137)], NODES, NOW
+    )
+    assert plan.status["phase"] == "Failed" and "inPlace" not in plan.status
+
+
 def test_full_restart_is_the_default() -> None:
     plan = decide(job(dict(RUNNING)), [resident(0), evicted(1)], NODES, NOW)
     assert set(plan.delete_pods) == {"j-worker-0", "j-worker-1"} and "inPlace" not in plan.status

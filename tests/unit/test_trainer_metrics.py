@@ -21,6 +21,7 @@ pytestmark = pytest.mark.unit
 
 # The keys of the example in docs/environment.md ("Progress"), which the operator parses.
 DOCUMENTED_PROGRESS_KEYS = {
+    "stragglers",
     "startup",
     "seconds_per_step",
     "checkpoint_stall_seconds",

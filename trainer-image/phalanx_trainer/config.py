@@ -119,6 +119,10 @@ class PrecisionConfig:
 class MetricsConfig:
     port: int = -1  # -1: $PHALANX_METRICS_PORT (default 9400) + local rank; 0: no server
     log_every: int = 10  # steps between progress lines from rank 0
+    # A rank slower than this times the median of the others (data wait + forward) for this many
+    # logged steps in a row is reported as a straggler (straggler.py); checked at each logged step.
+    straggler_factor: float = 2.0
+    straggler_steps: int = 20
     # Peak FLOP/s of one device for MFU; 0: from the table of known GPUs (hardware.py), and no MFU
     # on devices it does not list (CPU)
     peak_flops: float = 0.0

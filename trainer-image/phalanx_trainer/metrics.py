@@ -65,6 +65,7 @@ class StepReport:
     samples: int
     memory_allocated_bytes: int = 0
     memory_peak_bytes: int = 0
+    forward_seconds: float = 0.0  # the forward passes alone (inside forward_backward_seconds)
 
     @property
     def step_seconds(self) -> float:
@@ -107,9 +108,11 @@ def build_progress(
     seconds_per_step: float = 0.0,
     checkpoint_stall_seconds: float = 0.0,
     resumed_from_step: int = 0,
+    stragglers: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The /progress document of docs/environment.md."""
     return {
+        "stragglers": stragglers or [],
         "startup": startup_times or {},
         "seconds_per_step": seconds_per_step,
         "checkpoint_stall_seconds": checkpoint_stall_seconds,
@@ -138,6 +141,7 @@ class TrainerMetrics:
     # Seconds the training loop waited for checkpoint saves in this process (goodput's stalls).
     checkpoint_stall_seconds: float = 0.0
     resumed_from_step: int = 0  # the checkpoint's step this process started from (0: none)
+    stragglers: list[dict[str, Any]] = field(default_factory=list)  # rank 0: straggler.py's verdict
     # Rates come from the step starts since the last report (smoothed, so one slow step does not
     # swing them); the phase sums serve only until two steps have started.
     _step_starts: list[float] = field(default_factory=list)
@@ -229,6 +233,7 @@ class TrainerMetrics:
             self._seconds_per_step,
             self.checkpoint_stall_seconds,
             self.resumed_from_step,
+            self.stragglers,
         )
         return self.progress
 

@@ -11,6 +11,7 @@ reaps workers, so forking never copies a lock held by another thread.
 
 from __future__ import annotations
 
+import hmac
 import http.server
 import io
 import json
@@ -177,7 +178,9 @@ class ResidentLauncher:
         emergency_budget_seconds: float = DEFAULT_EMERGENCY_BUDGET_SECONDS,
     ) -> None:
         self.argv = list(argv)
-        self.base_env = dict(env)
+        # The control token authenticates the operator to this launcher only: workers run user code.
+        self.base_env = {k: v for k, v in env.items() if k != contract.ENV_CONTROL_TOKEN}
+        self.control_token = env.get(contract.ENV_CONTROL_TOKEN) or None
         self.start_method = start_method
         self.clock = clock
         self.nproc = _int(env, contract.ENV_NPROC_PER_NODE, 1)
@@ -393,6 +396,9 @@ class _ControlHandler(http.server.BaseHTTPRequestHandler):
         if self.path.rstrip("/") != "/generation":
             self._reply(404, {"error": f"no such path {self.path}; try /generation"})
             return
+        if not self._authorized():
+            self.close_connection = True
+            return
         raw_length = self.headers.get("Content-Length", "")
         length = int(raw_length) if raw_length.strip().isdigit() else 0
         if length <= 0:
@@ -415,12 +421,33 @@ class _ControlHandler(http.server.BaseHTTPRequestHandler):
         status, answer = self.server.launcher.post_generation(body)
         self._reply(status, answer)
 
-    def _reply(self, status: int, body: Mapping[str, Any]) -> None:
+    def _authorized(self) -> bool:
+        """A POST changes what the pod's workers run: with a token set it must carry it (compared
+        in constant time; the answer never names the expected value)."""
+        expected = self.server.launcher.control_token
+        if expected is None:
+            return True
+        scheme, _, given = self.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), expected.encode()):
+            return True
+        self._reply(
+            401,
+            {
+                "error": f"Authorization: expected 'Bearer <token>' with this pod's "
+                f"{contract.ENV_CONTROL_TOKEN} (the operator sends it)"
+            },  # fmt: skip
+            {"WWW-Authenticate": "Bearer"},
+        )
+        return False
+
+    def _reply(self, status: int, body: Mapping[str, Any], headers: Mapping[str, str] | None = None) -> None:
         data = json.dumps(body).encode()
         self.connection.settimeout(REQUEST_DEADLINE_SECONDS)  # the reply is small; a stuck reader is cut off
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.end_headers()
         self.wfile.write(data)
 

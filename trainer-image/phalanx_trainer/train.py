@@ -29,7 +29,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 from torch.nn.parallel import DistributedDataParallel
 
-from phalanx_trainer import contract, startup
+from phalanx_trainer import contract, faults, startup
 from phalanx_trainer.checkpoint import CheckpointManager, PreemptionWatcher
 from phalanx_trainer.checkpoint.rng import RngState
 from phalanx_trainer.config import TrainerConfig, deterministic_enabled
@@ -51,6 +51,7 @@ from phalanx_trainer.precision import (
     local_tensor,
 )
 from phalanx_trainer.schedule import build_scheduler
+from phalanx_trainer.straggler import StragglerTracker
 from phalanx_trainer.timing import PhaseTimer
 
 
@@ -207,6 +208,14 @@ class Trainer:
             self.flops_per_token, self.peak_flops, dist_env.world_size, attempt=dist_env.attempt
         )
         self.timer = PhaseTimer(self.device)
+        # Each rank's own work before it waits for anyone: compared across ranks (straggler.py).
+        self.forward_timer = PhaseTimer(self.device)
+        self.slow_delay = faults.slow_rank_delay(dist_env.rank)
+        self.stragglers = (
+            StragglerTracker(config.metrics.straggler_factor, config.metrics.straggler_steps)
+            if dist_env.world_size > 1 and not self.dims.pp_enabled
+            else None
+        )
         self.server: MetricsServer | None = None
         # DDP and ZeRO-1 replicas hold the same model: only the first data-parallel rank stages it.
         replicated = par.dp_mode in ("ddp", "zero1")
@@ -258,7 +267,10 @@ class Trainer:
                 self._pipeline_step(inputs, targets, sync)
                 continue
             with self._gradient_sync(sync), self._loss_parallel():
+                self.forward_timer.mark()
+                faults.sleep(self.slow_delay)
                 loss = cross_entropy_fp32(self.train_module(inputs), targets)
+                self.forward_timer.mark()
                 self.scaler.scale_loss(loss / self.accumulation).backward()  # type: ignore[no-untyped-call]
             total += local_tensor(loss.detach())
         if self.schedule is not None:
@@ -314,6 +326,23 @@ class Trainer:
             self.scheduler.step()
         return grad_norm, overflow
 
+    def track_stragglers(self, report: StepReport) -> None:
+        """Every rank's data wait + forward of this step to rank 0, which keeps the straggler record
+        (/progress `stragglers`). Collective on all ranks; called at the same logged steps on each."""
+        if self.stragglers is None:
+            return
+        mine = torch.tensor([report.data_wait_seconds + report.forward_seconds], dtype=torch.float64)
+        gathered = [torch.zeros(1, dtype=torch.float64) for _ in range(self.env.world_size)]
+        dist.all_gather(gathered, mine)  # CPU tensors: gloo, also beside NCCL
+        if self.env.rank != 0:
+            return
+        found = self.stragglers.update([float(t.item()) for t in gathered])
+        known = {s["rank"] for s in self.metrics.stragglers}
+        for straggler in found:
+            if straggler.rank not in known:
+                self.log("straggler", step=report.step, **straggler.as_json())
+        self.metrics.stragglers = [s.as_json() for s in found]
+
     def reduce_loss(self, local_loss: torch.Tensor) -> float:
         """Mean over data-parallel ranks, taken from the last pipeline stage. Collective on all ranks."""
         value = local_loss.detach().float().cpu().reshape(1)
@@ -336,6 +365,7 @@ class Trainer:
         # Device time on CUDA; the data wait is the host's, spent inside forward_backward.
         forward_backward_seconds, optimizer_seconds = self.timer.seconds()
         data_wait = self.data.take_wait_seconds()
+        forward_seconds = sum(self.forward_timer.seconds()[::2])  # each micro-batch's forward pass
         self.progress.step += 1
         self.progress.tokens += self.tokens_per_step
         report = StepReport(
@@ -349,6 +379,7 @@ class Trainer:
             data_wait_seconds=data_wait,
             forward_backward_seconds=max(0.0, forward_backward_seconds - data_wait),
             optimizer_seconds=optimizer_seconds,
+            forward_seconds=forward_seconds,
             tokens=self.tokens_per_step,
             samples=self.samples_per_step,
         )
@@ -433,6 +464,7 @@ class Trainer:
                 )
             if step % config.metrics.log_every == 0 or step == config.job.steps:
                 report.loss = self.reduce_loss(local_loss)
+                self.track_stragglers(report)
                 report.memory_allocated_bytes, report.memory_peak_bytes = self._memory()
                 progress = self.metrics.publish(report, self._last_checkpoint())
                 self.log(

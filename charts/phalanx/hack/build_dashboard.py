@@ -108,6 +108,13 @@ ROWS: tuple[Row, ...] = (
                 extra_defaults={"min": 0, "max": 1},
             ),
             Panel(
+                "Stragglers",
+                "Each job's slowest rank over its peers' median (data wait + forward), while one is "
+                "reported; the Straggler condition names the pod and node.",
+                (Query(per_job_max("phalanx_job_straggler_ratio") + " > 0", "{{namespace}}/{{trainingjob}}"),),
+                kind="bargauge",
+            ),
+            Panel(
                 "Device time by kind, per namespace",
                 "Device-seconds of the namespace's jobs: productive, and lost to waiting, start-up, "
                 "recovery, redone steps and checkpoint stalls.",

@@ -216,6 +216,27 @@ class Gang:
 
 
 @dataclass
+class Topology:
+    """Place the gang within domains of a node label (gang/topology.py)."""
+
+    key: str = api_field(
+        "The node label whose values are the domains: topology.kubernetes.io/zone, a rack label, "
+        "nvidia.com/gpu.clique (an NVLink domain).",
+        required=True, max_length=317, extra={"minLength": 1},
+    )  # fmt: skip
+    mode: str = api_field(
+        "Required: the gang (or each group) within one domain, or wait; Preferred: as few domains as "
+        "possible.",
+        default="Required", enum=("Required", "Preferred"),
+    )  # fmt: skip
+    group_size: int | None = api_field(
+        "Required only: each run of this many consecutive ranks shares one domain (the last run may "
+        "be shorter); unset, the whole gang does.",
+        minimum=1,
+    )
+
+
+@dataclass
 class Scheduling:
     """How the gang is scheduled."""
 
@@ -228,6 +249,15 @@ class Scheduling:
     gang: Gang = api_field("Gang settings.", factory=Gang, default={})
     priority_class_name: str | None = api_field("PriorityClass of the pods.", max_length=253)
     queue: str | None = api_field("Queue name (Volcano queue; informational for builtin).", max_length=253)
+    topology: Topology | None = api_field(
+        "builtin provider only: keep the gang within domains of a node label; ranks are consecutive "
+        "per domain.",
+    )
+    expected_run_seconds: int | None = api_field(
+        "How long the job runs once started, at most (builtin provider): with it the gang may start "
+        "early on room a blocked gang holds idle, when it ends before that gang can start.",
+        minimum=1,
+    )
 
 
 @dataclass
@@ -235,7 +265,8 @@ class RunPolicy:
     """Restarts, deadlines, clean-up and suspension."""
 
     backoff_limit: int = api_field(
-        "Gang restarts after retryable failures before the job fails (preemptions are not counted).",
+        "Gang restarts after retryable failures and hangs before the job fails (preemptions are not "
+        "counted).",
         default=3, minimum=0, maximum=1000,
     )  # fmt: skip
     active_deadline_seconds: int | None = api_field(
@@ -261,6 +292,12 @@ class RunPolicy:
         "generation, imports done) and only the lost pods are replaced; the operator falls back to "
         "FullRestart, with an InPlaceFallback event, when that cannot work (docs/reliability.md).",
         default=c.RESTART_STRATEGY_FULL, enum=(c.RESTART_STRATEGY_FULL, c.RESTART_STRATEGY_IN_PLACE),
+    )  # fmt: skip
+    hang_timeout_seconds: int | None = api_field(
+        "Restart the gang (reason Hang) when rank 0 reports no new step for this long; the trainer's "
+        "collective timeout is set 30 s above it. Unset: 20 x the step time, at least 300 s, and the "
+        "trainer keeps its own timeout.",
+        minimum=10, maximum=86400,
     )  # fmt: skip
 
 
@@ -312,6 +349,21 @@ class TrainingJobSpec:
             "fixed, so a smaller gang would hold GPUs it cannot train on; elastic training is not "
             "supported yet",
             field_path=".scheduling.gang.minAvailable",
+            reason="FieldValueInvalid",
+        ),
+        Rule(
+            "!has(self.scheduling.topology) || self.scheduling.provider == 'builtin'",
+            "spec.scheduling.topology needs spec.scheduling.provider builtin (the operator places the "
+            "gang); with volcano or coscheduling use that scheduler's own topology settings",
+            field_path=".scheduling.topology",
+            reason="FieldValueForbidden",
+        ),
+        Rule(
+            "!has(self.scheduling.topology) || !has(self.scheduling.topology.groupSize) || "
+            "self.scheduling.topology.mode == 'Required'",
+            "spec.scheduling.topology.groupSize needs mode Required (Preferred already packs the gang "
+            "into as few domains as it can)",
+            field_path=".scheduling.topology.groupSize",
             reason="FieldValueInvalid",
         ),
         *_IMMUTABLE_WHILE_ACTIVE,
@@ -370,6 +422,10 @@ class Restarts:
     preemptions: int = api_field(
         "Restarts after preemption, eviction or node loss (do not count).", default=0
     )
+    hangs: int = api_field(
+        "Restarts after no step came within the hang bound (count against backoffLimit with failures).",
+        default=0,
+    )
 
 
 @dataclass
@@ -380,6 +436,32 @@ class ReplicaCounts:
     ready: int = api_field("Pods Running and Ready.", default=0)
     succeeded: int = api_field("Pods that exited 0.", default=0)
     failed: int = api_field("Pods that failed.", default=0)
+
+
+@dataclass
+class BadNode:
+    """A node on which this job's pods failed for reasons of the infrastructure (policy/bad_nodes.py)."""
+
+    node: str | None = api_field("The node's name.")
+    failures: int | None = api_field("Infrastructure failures of this job's pods there.")
+    reasons: list[str] | None = api_field(
+        "NodeLost, DeviceError or Hang, newest last (at most 4).", max_items=4
+    )
+    last_failure_time: str | None = api_field("When the newest one was booked (RFC 3339).")
+    avoided_until: str | None = api_field(
+        "At 2 failures: the job's next pods keep off the node until this time (RFC 3339)."
+    )
+
+
+@dataclass
+class StragglerRank:
+    """A rank the trainer reports slower than its peers (docs/trainer.md "Stragglers")."""
+
+    rank: int | None = api_field("Global rank.")
+    pod: str | None = api_field("The pod it runs in.")
+    node: str | None = api_field("The node that pod runs on.")
+    ratio: str | None = api_field("Its data wait + forward time over the other ranks' median (as text).")
+    steps: int | None = api_field("Logged steps in a row it has been over the factor.")
 
 
 @dataclass
@@ -547,6 +629,13 @@ class TrainingJobStatus:
         "spec.runPolicy.restartStrategy InPlace: the current attempt's kept pods (absent otherwise)."
     )
     goodput: Goodput | None = api_field("Goodput and device time by cause (kept up to date while it runs).")
+    bad_nodes: list[BadNode] | None = api_field(
+        "Nodes this job's pods failed on for reasons of the infrastructure; avoided at 2 failures.",
+        max_items=16,
+    )
+    stragglers: list[StragglerRank] | None = api_field(
+        "Ranks of the running attempt slower than their peers (the Straggler condition).", max_items=8
+    )
     observed_generation: int | None = api_field("spec generation last acted on.")
     message: str | None = api_field("The latest condition's message, for a quick look.")
 

@@ -106,6 +106,9 @@ def contract_env(
         values[c.ENV_CONTROL_PORT] = str(c.DEFAULT_CONTROL_PORT)
     if spec.checkpoint.interval_steps:
         values[c.ENV_CHECKPOINT_INTERVAL] = str(spec.checkpoint.interval_steps)
+    if spec.run_policy.hang_timeout_seconds is not None:
+        hang_timeout = spec.run_policy.hang_timeout_seconds + c.HANG_COLLECTIVE_MARGIN_SECONDS
+        values[c.ENV_COLLECTIVE_TIMEOUT] = str(hang_timeout)
     if spec.nccl is not None:
         if spec.nccl.debug:
             values["NCCL_DEBUG"] = spec.nccl.debug
@@ -196,6 +199,9 @@ def build_worker_pod(
             container.get("env") or [],
         )
         _add_limits(container, limits)
+        # A trainer that dies of a device error prints it last: with this the kubelet puts the log's
+        # tail in the termination message, where pod_outcome.device_error looks for it.
+        container.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
         container["volumeMounts"] = [*(container.get("volumeMounts") or []), *mounts]
         ports = container.setdefault("ports", [])
         if not any(p.get("name") == "metrics" for p in ports):

@@ -13,6 +13,8 @@ from phalanx.controller.stores import ClusterStores
 from phalanx.gang.admission import GangRequest
 from phalanx.gang.capacity import PodDemand
 from phalanx.gang.on_creation import plan_on_creation
+from phalanx.gang.requests import topology_request
+from phalanx.pod_facts import pod_index
 from phalanx.providers import provider_for
 
 
@@ -42,8 +44,12 @@ class CreationAdmission:
                 key=key,
                 priority=state.priority_of(spec),
                 created=now,
-                pods=tuple((p["metadata"]["name"], PodDemand.from_pod_spec(p["spec"])) for p in pods),
+                pods=tuple(
+                    (p["metadata"]["name"], PodDemand.from_pod_spec(p["spec"]))
+                    for p in sorted(pods, key=pod_index)
+                ),
                 min_available=spec.min_available,
+                topology=topology_request(spec),
             )
             nodes = state.node_infos.infos(self.stores.nodes.items())
             queued = bool(state.reservations) or self.stores.usage.anyone_waits()

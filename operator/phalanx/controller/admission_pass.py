@@ -21,9 +21,11 @@ from phalanx.controller.preemption import Preemptor
 from phalanx.controller.queue import WorkQueue
 from phalanx.controller.stores import ClusterStores
 from phalanx.gang.admission import GangRequest, admission_order, plan_admission
+from phalanx.gang.backfill import job_end, node_free_at
 from phalanx.gang.preemption import head_of_line_blocked
 from phalanx.gang.requests import waiting_gang
 from phalanx.k8s import KubeApi, short_error
+from phalanx.pod_facts import is_terminal, job_of_pod
 from phalanx.providers import provider_of_raw
 from phalanx.reconcile.plan import FINISHED_PHASES, parse_iso
 
@@ -110,8 +112,10 @@ class AdmissionPass:
             if not requests:
                 return
             nodes = state.node_infos.infos(stores.current_nodes().values())
+            free_at = self._free_at(every_job, now) if any(r.estimate_seconds for r in requests) else None
             # A copy: forget() drops a deleted job's reservation from a reconcile thread.
-            plan = plan_admission(requests, nodes, used, now, reservations=dict(state.reservations))
+            plan = plan_admission(requests, nodes, used, now, reservations=dict(state.reservations),
+                                  free_at=free_at)  # fmt: skip
             state.reservations = dict(plan.reservations)
         jobs_by_key = {object_key(j): j for j in jobs}
         patches = []
@@ -141,6 +145,16 @@ class AdmissionPass:
                 metrics.observe_admission_wait_started(namespace, name, waiting_since)
                 self.writer.write_facts(key, job["metadata"]["uid"], {"admissionMessage": reason})
                 self.work.enqueue_threadsafe(key)
+
+    def _free_at(self, jobs: list[dict[str, Any]], now: float) -> dict[str, float]:
+        """When each node's work ends, for the ETA-aware backfill (gang/backfill.py)."""
+        ends = {object_key(j): job_end(j.get("status") or {}, now) for j in jobs}
+        bound = (
+            (str(p["spec"]["nodeName"]), job_of_pod(p))
+            for p in self.stores.pods.items()
+            if (p.get("spec") or {}).get("nodeName") and not is_terminal(p)
+        )
+        return node_free_at(bound, ends)
 
     def admit_pods(self, patches: list[tuple[str, str, dict[str, Any]]]) -> None:
         """Lifts the gates, several requests at a time: one request per pod, so a big burst of gangs

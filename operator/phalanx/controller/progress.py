@@ -8,6 +8,7 @@ import json
 import logging
 import math
 import time
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final, NamedTuple
@@ -18,6 +19,7 @@ from phalanx.controller.job_writes import JobWriter
 from phalanx.controller.queue import WorkQueue
 from phalanx.k8s import short_error
 from phalanx.pod_facts import in_current_attempt, pod_index
+from phalanx.policy import hang
 from phalanx.reconcile.plan import parse_iso
 
 log = logging.getLogger("phalanx.controller")
@@ -65,19 +67,54 @@ def trainer_facts(report: dict[str, Any]) -> dict[str, Any]:
         number = _number(report.get(key))
         if number is not None and math.isfinite(number) and number >= 0:
             facts[key] = number
-    resumed = report.get("resumed_from_step")
-    if isinstance(resumed, int) and not isinstance(resumed, bool) and resumed >= 0:
-        facts["resumed_from_step"] = resumed
+    stragglers = report.get("stragglers")
+    if isinstance(stragglers, list):
+        facts["stragglers"] = [s for s in stragglers[:8] if isinstance(s, dict)]
+    for key in ("resumed_from_step", "step", "total_steps"):
+        value = report.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            facts[key] = value
     return facts
+
+
+def with_step_timing(facts: dict[str, Any], known: dict[str, Any] | None, now: float) -> dict[str, Any]:
+    """The facts with `step_seen_at`: when this poller first saw rank 0 at this step of this attempt
+    (policy/hang.py measures stalls from it), and the silent pods of the last probe while it lasts."""
+    same = known is not None and all(known.get(k) == facts.get(k) for k in ("attempt", "step"))
+    timed = {**facts, "step_seen_at": known["step_seen_at"] if same and known is not None else now}
+    if same and known is not None and "silent_pods" in known:
+        timed["silent_pods"] = known["silent_pods"]
+    return timed
 
 
 def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+def trainer_answers(ip: str, port: int = c.DEFAULT_METRICS_PORT) -> bool:
+    """Whether the pod's trainer answers on its metrics port at all: only global rank 0 serves
+    /progress, so any HTTP answer (a 404 from the other pods) counts; silence or a refused
+    connection does not."""
+    try:
+        with urllib.request.urlopen(f"http://{ip}:{port}{c.PROGRESS_PATH}", timeout=PROGRESS_TIMEOUT_SECONDS):
+            return True
+    except urllib.error.HTTPError:
+        return True  # it answered
+    except (OSError, ValueError):
+        return False
+
+
 class ProgressTarget(NamedTuple):
     uid: str  # the job this address serves: its progress is written to that job only
     ip: str
+
+
+class HangWatch(NamedTuple):
+    """What the hang probe needs of a running job: its bound and its pods' addresses."""
+
+    attempt: int
+    hang_timeout_seconds: int | None
+    pods: tuple[tuple[str, str], ...]  # (pod name, pod IP) of the current attempt
 
 
 class ProgressPoller:
@@ -92,17 +129,35 @@ class ProgressPoller:
         self.last_progress: dict[str, dict[str, Any]] = {}
         # The newest start-up times rank 0 reported, with the uid of its job (read by the reconcile).
         self.trainer_reports: dict[str, tuple[str, dict[str, Any]]] = {}
+        self.hang_watch: dict[str, HangWatch] = {}
 
     def forget(self, key: str) -> None:
-        for table in (self.targets, self.next_poll, self.failures, self.last_progress, self.trainer_reports):
+        tables = (self.targets, self.next_poll, self.failures, self.last_progress, self.trainer_reports,
+                  self.hang_watch)  # fmt: skip
+        for table in tables:
             table.pop(key, None)
 
-    def track(self, key: str, uid: str, pods: list[dict[str, Any]], status: dict[str, Any]) -> None:
+    def track(
+        self,
+        key: str,
+        uid: str,
+        pods: list[dict[str, Any]],
+        status: dict[str, Any],
+        hang_timeout_seconds: int | None = None,
+    ) -> None:
         """Remembers where global rank 0 of the job with `uid` serves /progress while the job runs
         (polled, and what is read written to that job only)."""
         if status.get("phase") != "Running":
             self.targets.pop(key, None)
+            self.hang_watch.pop(key, None)
             return
+        attempt = status.get("attempt")
+        addresses = tuple(sorted(
+            (p["metadata"]["name"], ip)
+            for p in pods
+            if in_current_attempt(p, status) and (ip := (p.get("status") or {}).get("podIP"))
+        ))  # fmt: skip
+        self.hang_watch[key] = HangWatch(int(attempt or 0), hang_timeout_seconds, addresses)
         rank0 = next((p for p in pods if in_current_attempt(p, status) and pod_index(p) == 0), None)
         ip = (rank0 or {}).get("status", {}).get("podIP")
         if ip and self.targets.get(key) != (target := ProgressTarget(uid, ip)):
@@ -125,6 +180,27 @@ class ProgressPoller:
                 for key, result in zip(batch, results, strict=True):
                     if isinstance(result, Exception):
                         log.warning("progress of %s not recorded: %s", key, short_error(result))
+
+    def _probe_if_stalled(self, key: str, target: ProgressTarget) -> None:
+        """Once the step has stalled half the hang bound, asks every pod once whether it answers,
+        so that a Hang verdict can name the silent ones."""
+        known, watch = self.trainer_reports.get(key), self.hang_watch.get(key)
+        if known is None or known[0] != target.uid or watch is None or "silent_pods" in known[1]:
+            return
+        if not hang.probe_due(known[1], watch.attempt, time.time(), watch.hang_timeout_seconds):
+            return
+        silent = self.silent_pods(watch)
+        self.trainer_reports[key] = (target.uid, {**known[1], "silent_pods": silent})
+        log.warning("%s: no new step since step %s; pods not answering: %s", key, known[1].get("step"),
+                    ", ".join(silent) or "none")  # fmt: skip
+
+    def silent_pods(self, watch: HangWatch) -> list[str]:
+        """The pods whose trainer does not answer /progress within the timeout (a stopped or wedged
+        process serves nothing; one blocked in a collective still answers from its server thread)."""
+
+        with ThreadPoolExecutor(PROGRESS_CONCURRENCY, thread_name_prefix="hang-probe") as pool:
+            answered = list(pool.map(trainer_answers, [ip for _, ip in watch.pods]))
+        return [name for (name, _), ok in zip(watch.pods, answered, strict=True) if not ok]
 
     def poll(self, key: str) -> None:
         """Copies the trainer's /progress into status.progress and status.lastCheckpoint when they change."""
@@ -149,13 +225,16 @@ class ProgressPoller:
             slow = max(0, failures - PROGRESS_PATIENT_ATTEMPTS)
             delay = min(PROGRESS_MAX_BACKOFF_SECONDS, PROGRESS_POLL_SECONDS * 2**slow)
             self.next_poll[key] = time.monotonic() + delay
+            self._probe_if_stalled(key, target)  # rank 0 itself may be the one stopped
             return
         self.failures.pop(key, None)
         namespace, name = key.split("/", 1)
-        facts = trainer_facts(report)
         known = self.trainer_reports.get(key)
+        known_facts = known[1] if known is not None and known[0] == target.uid else None
+        facts = with_step_timing(trainer_facts(report), known_facts, time.time())
         self.trainer_reports[key] = (target.uid, facts)
-        news = ("attempt", "startup", "checkpoint_stall_seconds", "resumed_from_step")
+        self._probe_if_stalled(key, target)
+        news = ("attempt", "startup", "checkpoint_stall_seconds", "resumed_from_step", "stragglers")
         if facts.get("startup") and (known is None or any(known[1].get(k) != facts.get(k) for k in news)):
             # Start-up times end a recovery, stalls cost goodput: the reconcile books them, under
             # the version it decides on.

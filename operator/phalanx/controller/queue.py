@@ -37,6 +37,9 @@ class WorkQueue:
         self.batching: set[str] = set()
         self.job_markers: dict[str, tuple[Any, ...]] = {}  # the last kopf event's marker per job
         self.failures: dict[str, int] = {}  # reconciles failed in a row, per key
+        # At most one pending delayed requeue per key, the earliest asked for: a reconcile asks for
+        # the follow-ups it still needs each time, so a later timer would only repeat the earlier.
+        self.delayed: dict[str, tuple[float, asyncio.TimerHandle]] = {}
         # Set when room may have freed or a gang may wait: the admission pass runs soon.
         self.admission_dirty = asyncio.Event()
         # Pod events arrive on the reflector's thread many per second; they are handed to the loop in
@@ -50,7 +53,7 @@ class WorkQueue:
     # -- on the event loop ------------------------------------------------------------------------
     def enqueue(self, key: str, delay: float = 0.0) -> None:
         if delay > 0:
-            asyncio.get_running_loop().call_later(delay, self.enqueue, key)
+            self._enqueue_later(key, delay)
             return
         if key in self.active:
             self.again.add(key)  # reconcile once more after the running one finishes
@@ -58,6 +61,21 @@ class WorkQueue:
         if key not in self.queued:
             self.queued.add(key)
             self.queue.put_nowait(key)
+
+    def _enqueue_later(self, key: str, delay: float) -> None:
+        loop = asyncio.get_running_loop()
+        due = loop.time() + delay
+        pending = self.delayed.get(key)
+        if pending is not None and pending[0] <= due:
+            return  # an earlier look is already due
+        if pending is not None:
+            pending[1].cancel()
+
+        def fire() -> None:
+            self.delayed.pop(key, None)
+            self.enqueue(key)
+
+        self.delayed[key] = (due, loop.call_later(delay, fire))
 
     def job_event(self, key: str, body: Mapping[str, Any]) -> None:
         """kopf's event for a job (on the loop): reconcile unless only its status changed."""
@@ -82,6 +100,8 @@ class WorkQueue:
     def forget(self, key: str) -> None:
         self.job_markers.pop(key, None)
         self.failures.pop(key, None)
+        # A pending delayed requeue stays (this may run on a reconcile thread, and a timer is the
+        # loop's): it fires once more, the reconcile finds no job, and the entry is gone with it.
 
     async def run_worker(self, reconcile: Callable[[str], list[float]], pool: ThreadPoolExecutor) -> None:
         """One worker: takes keys off the queue and reconciles them in `pool`; reconcile returns the

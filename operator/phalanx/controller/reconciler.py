@@ -160,7 +160,8 @@ class Reconciler:
             if not taken and not refused:
                 followups.append(0.5)
 
-        self.progress.track(key, job["metadata"]["uid"], pods, plan.status)
+        hang_timeout = ((job.get("spec") or {}).get("runPolicy") or {}).get("hangTimeoutSeconds")
+        self.progress.track(key, job["metadata"]["uid"], pods, plan.status, hang_timeout)
         if plan.status.get("phase") in FINISHED_PHASES:
             self.known_jobs.discard(key)  # nothing left to resync; TTL rides on recheck_after
         try:
@@ -274,11 +275,14 @@ class Reconciler:
         if old.get("phase") != new.get("phase") and new.get("phase"):
             metrics.observe_phase_change(namespace, name, old.get("phase"), new["phase"])
         old_restarts, new_restarts = old.get("restarts") or {}, new.get("restarts") or {}
-        for field, reason in (("failures", "failure"), ("preemptions", "preemption")):
+        for field, reason in (("failures", "failure"), ("preemptions", "preemption"), ("hangs", "hang")):
             if new_restarts.get(field, 0) > old_restarts.get(field, 0):
                 metrics.observe_restart(namespace, name, reason)  # type: ignore[arg-type]
         if (new.get("gangTimeouts") or 0) > (old.get("gangTimeouts") or 0):
             metrics.observe_gang_timeout(namespace, name)
+        if new.get("stragglers") != old.get("stragglers"):
+            ratios = [float(s.get("ratio") or 0) for s in new.get("stragglers") or []]
+            metrics.observe_stragglers(namespace, name, ratios)
         if new.get("goodput") and new.get("goodput") != old.get("goodput"):
             metrics.observe_goodput(namespace, name, new["goodput"])
         recovery = new.get("lastRecovery")

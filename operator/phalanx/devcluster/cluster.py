@@ -19,13 +19,16 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from phalanx.devcluster import components
 from phalanx.devcluster.nodes import DEFAULT_POOLS, NodePool, node_manifests
 from phalanx.devcluster.pki import Pki, ensure_pki
 from phalanx.devcluster.processes import process_alive
 from phalanx.ports import free_port
+
+if TYPE_CHECKING:
+    from phalanx.devcluster.kueue import KueueSettings
 
 REQUIRED_BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "kwok", "kubectl")
 STAGES_FILE = Path(__file__).with_name("kwok-stages.yaml")
@@ -129,9 +132,16 @@ class LocalCluster:
 
     # -- lifecycle -----------------------------------------------------------------------------
     def up(
-        self, pools: Sequence[NodePool] = DEFAULT_POOLS, timeout: float = 120.0, real_nodes: int = 0
+        self,
+        pools: Sequence[NodePool] = DEFAULT_POOLS,
+        timeout: float = 120.0,
+        real_nodes: int = 0,
+        kueue: KueueSettings | bool = False,
     ) -> Path:
-        """Starts the control plane and kwok's nodes; `real_nodes` dev-node agents run pods as processes."""
+        """Starts the control plane and kwok's nodes; `real_nodes` dev-node agents run pods as processes.
+
+        `kueue` (True or KueueSettings) also runs a real Kueue against it (phalanx.devcluster.kueue).
+        """
         started = time.monotonic()
         if self.running_components():
             raise ClusterError(
@@ -146,6 +156,13 @@ class LocalCluster:
             except PreflightError as exc:
                 raise ClusterError(str(exc)) from exc
         bin_dir = resolve_bin_dir()
+        if kueue:
+            from phalanx.devcluster.kueue import KueueError, resolve_kueue_dir
+
+            try:
+                resolve_kueue_dir()  # before anything starts: a missing build is a one-line error
+            except KueueError as exc:
+                raise ClusterError(str(exc)) from exc
         for sub in ("run", "logs"):
             (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
         shutil.rmtree(self.state_dir / "etcd", ignore_errors=True)
@@ -176,6 +193,13 @@ class LocalCluster:
                     [str(bin_dir / "kubectl"), f"--kubeconfig={self.kubeconfig}"], names, timeout
                 )
                 self.log(f"development node(s) running pods as local processes: {', '.join(names)}")
+            if kueue:
+                from phalanx.devcluster.kueue import KueueError, KueueSettings, start_kueue
+
+                try:
+                    start_kueue(self, kueue if isinstance(kueue, KueueSettings) else KueueSettings(), timeout)
+                except KueueError as exc:
+                    raise ClusterError(str(exc)) from exc
         except Exception:
             self.down(quiet=True)
             raise
@@ -183,16 +207,19 @@ class LocalCluster:
         return self.kubeconfig
 
     def down(self, quiet: bool = False) -> list[str]:
+        from phalanx.devcluster.kueue import stop_kueue
         from phalanx.devcluster.realnode import stop_real_nodes
 
-        stopped = stop_real_nodes(self.state_dir)
+        # Kueue first: it talks to the API server until its end.
+        stopped = ["kueue"] if stop_kueue(self) else []
+        stopped += stop_real_nodes(self.state_dir)
         # Reverse start order: node simulator and controllers first, etcd last.
         for name in ("kwok", "kube-controller-manager", "kube-scheduler", "kube-apiserver", "etcd"):
             pid = self._read_pid(name)
             if pid is None:
                 continue
             if process_alive(pid):
-                _terminate(pid)
+                terminate(pid)
                 stopped.append(name)
             self._pid_file(name).unlink(missing_ok=True)
         if not quiet:
@@ -217,11 +244,18 @@ class LocalCluster:
                 ready = True
             except (urllib.error.URLError, OSError):
                 ready = False
+        from phalanx.devcluster.kueue import kueue_state
+
+        kueue = kueue_state(self)
+        kueue_info = (
+            None if kueue is None else {"pid": kueue.pid, "webhooks": kueue.webhook_url, "log": kueue.log}
+        )
         return {
             "state_dir": str(self.state_dir),
             "kubeconfig": str(self.kubeconfig) if self.kubeconfig.exists() else None,
             "running": running,
             "api_ready": ready,
+            "kueue": kueue_info,
         }
 
     # -- nodes -----------------------------------------------------------------------------
@@ -253,8 +287,12 @@ class LocalCluster:
                          "-p", json.dumps({"status": m["status"]}))  # fmt: skip
         return [m["metadata"]["name"] for m in manifests]
 
+    def start_component(self, component: components.Component) -> int:
+        """Starts a process beside the control plane (Kueue), logged and pid-filed like the others."""
+        return self._start(component)
+
     # -- internals -------------------------------------------------------------------------
-    def _start(self, component: components.Component) -> None:
+    def _start(self, component: components.Component) -> int:
         log = self.log_file(component.name).open("ab")
         proc = subprocess.Popen(
             component.argv,
@@ -265,6 +303,7 @@ class LocalCluster:
         )
         self._pid_file(component.name).write_text(str(proc.pid))
         self.log(f"started {component.name} (pid {proc.pid}, log {self.log_file(component.name)})")
+        return proc.pid
 
     def _read_pid(self, name: str) -> int | None:
         try:
@@ -331,7 +370,8 @@ class LocalCluster:
         raise ClusterError("the default service account never appeared; see kube-controller-manager's log")
 
 
-def _terminate(pid: int, grace: float = 10.0) -> None:
+def terminate(pid: int, grace: float = 10.0) -> None:
+    """SIGTERM to the process group `pid` leads, SIGKILL after `grace` seconds."""
     try:
         os.killpg(pid, signal.SIGTERM)
     except ProcessLookupError:

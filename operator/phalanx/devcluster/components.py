@@ -141,3 +141,33 @@ def kwok(bin_dir: Path, kubeconfig: Path, stages: Path, ports: Ports) -> Compone
             "--server-address=127.0.0.1:" + str(ports.kwok),
         ),
     )
+
+
+# Kueue v0.17 reads its metrics serving cert from this fixed path when its internal cert management
+# is off. The manager runs in a private mount namespace whose /etc is an overlay: the real /etc
+# below, the state dir's etc_upper (holding kueue/metrics/certs) on top. The host's /etc stays as is.
+KUEUE_METRICS_CERT_DIR = "/etc/kueue/metrics/certs"
+_OVERLAY_THEN_EXEC = (
+    'mount -t overlay phalanx-kueue-etc -o "lowerdir=/etc,upperdir=$1,workdir=$2" /etc'
+    ' && shift 2 && exec "$@"'
+)
+
+
+def kueue_manager(
+    binary: Path, config: Path, kubeconfig: Path, etc_upper: Path, etc_work: Path, as_root: bool
+) -> Component:
+    for path in (etc_upper, etc_work):
+        if any(ch in str(path) for ch in ",:\\"):
+            raise ValueError(
+                f"state directory {path} holds ',', ':' or '\\': overlayfs options cannot name it"
+            )
+    # Without root, a user namespace (mapping the caller to root) is what lets mount run.
+    namespaces = ("--mount",) if as_root else ("--user", "--map-root-user", "--mount")
+    return Component(
+        "kueue",
+        (
+            "unshare", *namespaces, "--propagation", "private",
+            "sh", "-c", _OVERLAY_THEN_EXEC, "kueue-etc", str(etc_upper), str(etc_work),
+            str(binary), f"--config={config}", f"--kubeconfig={kubeconfig}", "--zap-log-level=info",
+        ),
+    )  # fmt: skip

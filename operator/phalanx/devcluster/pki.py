@@ -101,3 +101,25 @@ def ensure_pki(directory: Path) -> Pki:
     _openssl("rsa", "-in", str(pki.service_account_key), "-pubout", "-out", str(pki.service_account_pub),
              cwd=directory)  # fmt: skip
     return pki
+
+
+def issue_serving_cert(pki: Pki, out_dir: Path, common_name: str, sans: tuple[str, ...]) -> tuple[Path, Path]:
+    """A serving cert signed by the dev cluster's CA, as out_dir/tls.crt and tls.key.
+
+    For local servers the API server calls (Kueue's webhooks): it trusts them through the CA bundle
+    in their webhook configuration. The names are controller-runtime's defaults for a cert dir.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    key, csr, crt, ext = (out_dir / name for name in ("tls.key", "tls.csr", "tls.crt", "tls.ext"))
+    ext.write_text(
+        "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n"
+        "extendedKeyUsage=serverAuth\nsubjectAltName=" + ",".join(sans) + "\n"
+    )
+    _openssl("genrsa", "-out", str(key), "2048", cwd=out_dir)
+    _openssl("req", "-new", "-key", str(key), "-subj", f"/CN={common_name}", "-out", str(csr), cwd=out_dir)
+    _openssl(
+        "x509", "-req", "-in", str(csr), "-CA", str(pki.ca_cert), "-CAkey", str(pki.ca_key),
+        "-CAcreateserial", "-CAserial", str(out_dir / "ca.srl"), "-days", "3650", "-sha256",
+        "-extfile", str(ext), "-out", str(crt), cwd=out_dir,
+    )  # fmt: skip
+    return crt, key

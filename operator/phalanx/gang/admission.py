@@ -25,6 +25,7 @@ from phalanx.gang.capacity import (
     shortage,
 )
 from phalanx.gang.explain import NodeOutlook, explain_never_fits, explain_waiting
+from phalanx.gang.topology import TopologyRequest, closest_domains, place_with_topology
 
 
 @dataclass(frozen=True)
@@ -32,8 +33,12 @@ class GangRequest:
     key: str  # "namespace/name"
     priority: int
     created: float
-    pods: Sequence[tuple[str, PodDemand]]  # (pod name, demand)
+    pods: Sequence[tuple[str, PodDemand]]  # (pod name, demand), in rank order
     min_available: int = 0  # 0 means every pod
+    topology: TopologyRequest | None = None  # spec.scheduling.topology (gang/topology.py)
+    # How long the gang runs once started, as the job itself estimates it (None: no estimate). A
+    # gang with one may backfill onto a blocked head's nodes when it ends before the head can start.
+    estimate_seconds: float | None = None
 
     @property
     def needed(self) -> int:
@@ -219,6 +224,7 @@ def plan_admission(
     *,
     reservations: Mapping[str, Sequence[str]] | None = None,
     max_reservations: int = 1,
+    free_at: Mapping[str, float] | None = None,
 ) -> AdmissionPlan:
     """Decide which waiting gangs to admit now and where each of their pods goes.
 
@@ -226,6 +232,11 @@ def plan_admission(
     now: stamped on the plan as computed_at (the admission time for the gang timeout).
     reservations: the previous plan's reservations, so a blocked head keeps the nodes it waits for.
     max_reservations: how many blocked gangs (in order) may hold nodes; 1 is EASY backfilling.
+    free_at: when the work running on each node now ends (from the running jobs' ETAs; inf when some
+    of it has none; a node absent runs nothing). With it, a gang that has an estimate may also use
+    the free room of a blocked head's reserved nodes when it ends no later than the head can start
+    (the latest free_at of those nodes): the head's start does not move, and GPUs that would idle
+    while it waits train meanwhile (conservative backfilling, docs/scheduling.md).
     """
     cluster = ClusterState(nodes, used)
     previous = reservations or {}
@@ -244,10 +255,10 @@ def plan_admission(
             continue
         counts = [(demand, len(names)) for demand, names in groups]
         needed = gang.needed
-        shape: _Shape = (tuple(counts), needed)
+        shape: _Shape = (tuple(counts), needed, gang.topology, gang.estimate_seconds if free_at else None)
 
         if shape not in never_fit_cache:
-            never_fit_cache[shape] = _never_fit_reason(cluster, groups, counts, needed)
+            never_fit_cache[shape] = _never_fit_reason(cluster, groups, counts, needed, gang.topology)
         never_reason = never_fit_cache[shape]
         if never_reason is not None:
             never[gang.key] = never_reason
@@ -259,7 +270,14 @@ def plan_admission(
             continue
 
         candidates = {demand: cluster.unreserved(demand) for demand, _ in groups}
-        placements = place_gang(groups, needed, candidates, cluster.free, copies_in_free=cluster.copies)
+        placements = _place(gang, groups, needed, candidates, cluster)
+        if placements is None and free_at is not None and gang.estimate_seconds is not None and held:
+            ends = now + gang.estimate_seconds
+            lendable = lendable_nodes(held, free_at, now, ends)
+            if lendable:
+                wider = {d: [n for n in cluster.eligible(d) if n not in cluster.reserved_by or n in lendable]
+                         for d, _ in groups}  # fmt: skip
+                placements = _place(gang, groups, needed, wider, cluster)
         if placements is not None:
             cluster.take(placements, {pod: demand for demand, names in groups for pod in names})
             admitted.append(Admission(gang.key, tuple(placements)))
@@ -267,10 +285,12 @@ def plan_admission(
 
         outlooks = cluster.outlooks(groups[0][0], ever=False)
         reason = explain_waiting(counts, needed, outlooks, cluster.reserved_by)
+        if gang.topology is not None and gang.topology.required:
+            reason = closest_domains(groups, candidates, cluster.free, cluster.nodes, gang.topology)
         waiting_reasons[gang.key] = reason
         blocked_cache[shape] = (cluster.version, reason)
         if len(held) < max_reservations:
-            nodes_held = _reserve(cluster, groups, needed, candidates, previous.get(gang.key))
+            nodes_held = _reserve(cluster, groups, needed, candidates, previous.get(gang.key), gang.topology)
             if nodes_held:
                 held[gang.key] = nodes_held
                 cluster.reserve(gang.key, nodes_held)
@@ -284,17 +304,58 @@ def plan_admission(
     )
 
 
-_Shape = tuple[tuple[tuple[PodDemand, int], ...], int]
+_Shape = tuple[tuple[tuple[PodDemand, int], ...], int, TopologyRequest | None, float | None]
+
+
+def _place(
+    gang: GangRequest,
+    groups: Sequence[PodGroup],
+    needed: int,
+    candidates: Mapping[PodDemand, Sequence[str]],
+    cluster: ClusterState,
+) -> list[tuple[str, str]] | None:
+    if gang.topology is None:
+        return place_gang(groups, needed, candidates, cluster.free, copies_in_free=cluster.copies)
+    return place_with_topology(
+        groups, needed, candidates, cluster.free, cluster.nodes, gang.topology, place_gang
+    )
+
+
+def head_start(nodes: Sequence[str], free_at: Mapping[str, float], now: float) -> float:
+    """The earliest a blocked head can start on the nodes it holds: when the work on all of them
+    has ended (inf when some of it has no estimate)."""
+    return max((free_at.get(node, now) for node in nodes), default=now)
+
+
+def lendable_nodes(
+    held: Mapping[str, Sequence[str]], free_at: Mapping[str, float], now: float, ends: float
+) -> set[str]:
+    """Reserved nodes whose head cannot start before `ends`: a gang ending by then may use them."""
+    return {node for nodes in held.values() if ends <= head_start(nodes, free_at, now) for node in nodes}
 
 
 def _never_fit_reason(
-    cluster: ClusterState, groups: Sequence[PodGroup], counts: Sequence[tuple[PodDemand, int]], needed: int
+    cluster: ClusterState,
+    groups: Sequence[PodGroup],
+    counts: Sequence[tuple[PodDemand, int]],
+    needed: int,
+    topology: TopologyRequest | None = None,
 ) -> str | None:
     """None when the gang fits the cluster emptied of all work with every node recovered."""
     everywhere = {demand: cluster.eligible(demand, ever=True) for demand, _ in groups}
-    if place_gang(groups, needed, everywhere, cluster.allocatable) is not None:
+    if topology is None:
+        if place_gang(groups, needed, everywhere, cluster.allocatable) is not None:
+            return None
+        return explain_never_fits(counts, needed, cluster.outlooks(groups[0][0], ever=True))
+    fits = place_with_topology(
+        groups, needed, everywhere, cluster.allocatable, cluster.nodes, topology, place_gang
+    )
+    if fits is not None:
         return None
-    return explain_never_fits(counts, needed, cluster.outlooks(groups[0][0], ever=True))
+    return (
+        closest_domains(groups, everywhere, cluster.allocatable, cluster.nodes, topology)
+        + " on an empty cluster"
+    )
 
 
 def _reserve(
@@ -303,12 +364,19 @@ def _reserve(
     needed: int,
     candidates: Mapping[PodDemand, Sequence[str]],
     previous: Sequence[str] | None,
+    topology: TopologyRequest | None = None,
 ) -> tuple[str, ...]:
     """The nodes a blocked gang will run on once the work on them finishes.
 
     Keep the previous reservation when it is still usable; otherwise fill the nodes where the most
-    of the gang fits right now (they are likely to free up first), judged on allocatable.
+    of the gang fits right now (they are likely to free up first), judged on allocatable. A gang
+    with a topology holds the nodes of the domains it would take on allocatable.
     """
+    if topology is not None:
+        held = place_with_topology(
+            groups, needed, candidates, cluster.allocatable, cluster.nodes, topology, place_gang
+        )
+        return tuple(sorted({node for _, node in held})) if held else ()
     if previous:
         kept = set(previous)
         available: set[str] = set().union(*candidates.values())

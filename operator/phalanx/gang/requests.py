@@ -10,9 +10,11 @@ from typing import Any, Final
 from phalanx.api.schema import parse
 from phalanx.api.v1alpha1 import TrainingJobSpec
 from phalanx.gang.admission import GangRequest
+from phalanx.gang.backfill import estimate_seconds
 from phalanx.gang.capacity import PodDemand
 from phalanx.gang.preemption import RunningGang
-from phalanx.pod_facts import in_current_attempt, is_deleting, is_gated
+from phalanx.gang.topology import TopologyRequest
+from phalanx.pod_facts import in_current_attempt, is_deleting, is_gated, pod_index
 
 # Order value for a gang whose admission was interrupted: ahead of every PriorityClass (max 1e9).
 FINISH_ADMISSION_PRIORITY: Final = 2**40
@@ -56,10 +58,22 @@ def waiting_gang(
         key=key,
         priority=priority,
         created=created,
-        pods=tuple((p["metadata"]["name"], PodDemand.from_pod_spec(p["spec"])) for p in pods),
+        # In rank order: with a topology, the ranks of one domain come out consecutive.
+        pods=tuple(
+            (p["metadata"]["name"], PodDemand.from_pod_spec(p["spec"])) for p in sorted(pods, key=pod_index)
+        ),
         min_available=min_available,
+        topology=topology_request(spec),
+        estimate_seconds=estimate_seconds(spec, job.get("status") or {}),
     )
     return WaitingGang(request, {p["metadata"]["name"]: p for p in pods}, finishing)
+
+
+def topology_request(spec: TrainingJobSpec) -> TopologyRequest | None:
+    topology = spec.scheduling.topology
+    if topology is None:
+        return None
+    return TopologyRequest(topology.key, topology.mode == "Required", topology.group_size or 0)
 
 
 def running_gang(

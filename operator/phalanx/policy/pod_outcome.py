@@ -29,6 +29,17 @@ REASON_EVICTED: Final = "Evicted"
 REASON_OOM: Final = "OOMKilled"
 REASON_EXIT_CODE: Final = "ExitCode"
 REASON_DEADLINE: Final = "DeadlineExceeded"
+REASON_DEVICE_ERROR: Final = "DeviceError"
+# What NVIDIA drivers and CUDA print when the device, not the program, failed: an Xid event, an
+# uncorrectable ECC error, a GPU gone from the bus, an NVLink error. Matched case-insensitively in
+# the trainer container's termination message.
+DEVICE_ERROR_MARKERS: Final = (
+    "Xid",
+    "uncorrectable ECC error",
+    "fallen off the bus",
+    "NVLink error",
+    "CUDA error: ECC",
+)
 # Failures this close before a preemption are treated as its consequences too: API timestamps have
 # one-second resolution and node clocks drift a little.
 CASCADE_TOLERANCE_SECONDS: Final = 2.0
@@ -130,9 +141,23 @@ def _deletion_requested_at(metadata: Mapping[str, Any]) -> float | None:
     return deadline - float(metadata.get("deletionGracePeriodSeconds") or 0)
 
 
+def device_error(text: str) -> str | None:
+    """The accelerator fault a termination message names (the trainer's last log lines, through
+    FallbackToLogsOnError), if any: the node's hardware failed, not the job's code."""
+    lowered = text.lower()
+    return next((marker for marker in DEVICE_ERROR_MARKERS if marker.lower() in lowered), None)
+
+
 def _failure(pod: str, termination: _Termination, retryable_exit_codes: frozenset[int]) -> PodOutcome:
     code = termination.exit_code
     where = f"container {termination.container} exited with code {code}"
+    fault = device_error(termination.message)
+    if fault is not None:
+        # Retryable whatever the code: the next attempt runs elsewhere (policy/bad_nodes.py).
+        message = f"{where} after a device error ({fault})"
+        return PodOutcome(
+            pod, OutcomeKind.FAILED_RETRYABLE, REASON_DEVICE_ERROR, message, code, termination.finished_at
+        )
     if termination.reason == REASON_OOM:
         return PodOutcome(
             pod,

@@ -53,7 +53,7 @@ def parse_time(value: str | None) -> float | None:
 
 def _restarts_total(status: Mapping[str, Any]) -> int:
     restarts = status.get("restarts") or {}
-    return int(restarts.get("failures", 0) or 0) + int(restarts.get("preemptions", 0) or 0)
+    return sum(int(restarts.get(cause, 0) or 0) for cause in ("failures", "preemptions", "hangs"))
 
 
 def _restart_reason(status: Mapping[str, Any]) -> str:

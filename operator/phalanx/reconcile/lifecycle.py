@@ -26,11 +26,13 @@ from phalanx.reconcile.plan import Plan, PlanBuilder, parse_iso
 from phalanx.reconcile.rules import (
     admission,
     backoff,
+    bad_nodes,
     creation,
     deadline,
     failure,
     gang_timeout,
     goodput,
+    hang,
     housekeeping,
     in_place,
     node_loss,
@@ -39,6 +41,7 @@ from phalanx.reconcile.rules import (
     restart,
     resume,
     running,
+    straggler,
     success,
     suspend,
     ttl,
@@ -61,6 +64,7 @@ STEPS: Final[tuple[Rule, ...]] = (
     in_place.apply,  # restartStrategy InPlace: keep the running pods, replace the lost (or say why not)
     failure.apply,  # a worker failed: Failed, or a restart while backoffLimit allows
     preemption.apply,  # a worker was preempted: restart, the failure budget untouched
+    hang.apply,  # every worker runs, yet rank 0 reports no new step within the bound: restart (Hang)
     admission.apply,  # a pod still gated: wait for admission; otherwise Admitted
     running.apply,  # every replica runs: Running
     gang_timeout.after_admission,  # admitted, not running whole within the timeout: tear down, requeue
@@ -69,8 +73,10 @@ STEPS: Final[tuple[Rule, ...]] = (
 
 # Then, whichever rule decided, the bookkeeping every decision gets:
 AFTER_EVERY_DECISION: Final[tuple[Rule, ...]] = (
+    bad_nodes.apply,  # status.badNodes: a restart the infrastructure caused, booked against its node
     recovery.apply,  # status.lastRecovery: this pass's and the trainer's times; Recovered once complete
     goodput.apply,  # status.goodput: book the time since the last pass (after recovery: it reads it)
+    straggler.apply,  # status.stragglers and the Straggler condition, from rank 0's report
     success.progress_done,  # a succeeded job's progress reads 100%
 )
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from phalanx.policy import bad_nodes
 from phalanx.policy.node_loss import attempt_in_names
 from phalanx.providers import provider_for
 from phalanx.reconcile.conditions import get_condition, set_condition
@@ -30,7 +31,9 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
         lingering_on = {
             p.get("spec", {}).get("nodeName") for p in seen.stale if p["metadata"]["name"] in seen.left_behind
         }
-        b.plan.avoid_nodes = sorted(n for n in lingering_on if n)
+        # Off lost nodes where the older pods linger, and off nodes that failed this job twice.
+        avoid = {n for n in lingering_on if n} | set(bad_nodes.avoided(status.get("badNodes"), b.now))
+        b.plan.avoid_nodes = sorted(avoid)
         if attempt == 0 or status.get("phase") not in ("Restarting",):
             b.phase("Pending", "Created", f"created {spec.replicas} pod(s) for attempt {attempt}")
         return True

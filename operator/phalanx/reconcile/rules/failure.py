@@ -18,7 +18,7 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
         return False
     failures = status["restarts"].get("failures", 0)
     limit = seen.spec.run_policy.backoff_limit
-    if failures >= limit:
+    if failures + status["restarts"].get("hangs", 0) >= limit:  # hangs spend the same budget
         fail(b, seen.current, "BackoffLimitExceeded", f"{verdict.message}; backoffLimit={limit} reached")
         return True
     status["restarts"]["failures"] = failures + 1

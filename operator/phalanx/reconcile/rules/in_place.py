@@ -35,7 +35,8 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
     if verdict.kind not in (VerdictKind.RESTART_PREEMPTION, VerdictKind.RESTART_FAILURE):
         return False
     failure = verdict.kind is VerdictKind.RESTART_FAILURE
-    if failure and restarts.get("failures", 0) >= seen.spec.run_policy.backoff_limit:
+    spent = restarts.get("failures", 0) + restarts.get("hangs", 0)  # hangs spend the same budget
+    if failure and spent >= seen.spec.run_policy.backoff_limit:
         return False  # rules/failure.py fails the job
     decision = plan_in_place(seen.spec.run_policy.restart_strategy, b.old, seen.outcomes, seen.current)
     if decision is None:

@@ -1,0 +1,102 @@
+"""When a running gang counts as hung (pure): no training step for longer than a bound.
+
+A rank stuck in a collective (a peer stopped, a wedged device, a deadlock in user code) blocks every
+other rank at its next collective, and the gang still looks Running: its pods are up and their
+processes alive. The operator sees it in rank 0's /progress: the step stops advancing. The bound is
+spec.runPolicy.hangTimeoutSeconds when set; else STEP_MULTIPLE times the step time the trainer
+reports, never below FLOOR_SECONDS (saves, evaluation and data-set passes stall the loop for a
+while without anything being wrong).
+
+The trainer's own collective timeout is set c.HANG_COLLECTIVE_MARGIN_SECONDS above a bound the spec
+sets (builders/pods.py), so the
+operator acts first and can name the pods that stopped answering; the trainer's timeout is the
+backstop when the operator cannot act.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+FLOOR_SECONDS: Final = 300.0
+STEP_MULTIPLE: Final = 20
+# Pods are asked whether they still answer once the step has stalled this share of the bound.
+PROBE_AT_SHARE: Final = 0.5
+
+
+@dataclass(frozen=True)
+class HangBound:
+    seconds: float
+    source: str  # how it was chosen, for the message
+
+
+@dataclass(frozen=True)
+class Hang:
+    step: int
+    stalled_seconds: float
+    bound: HangBound
+    silent_pods: tuple[str, ...]  # pods whose trainer did not answer when asked
+
+    def message(self) -> str:
+        who = (
+            f"; not answering: {', '.join(self.silent_pods)}"
+            if self.silent_pods
+            else "; every pod still answers (a collective or the loop is stuck)"
+        )
+        return (
+            f"no training step for {self.stalled_seconds:.0f}s since step {self.step} "
+            f"(bound {self.bound.seconds:.0f}s: {self.bound.source}){who}"
+        )
+
+
+def hang_bound(spec_seconds: int | None, seconds_per_step: float | None) -> HangBound:
+    if spec_seconds is not None:
+        return HangBound(float(spec_seconds), "spec.runPolicy.hangTimeoutSeconds")
+    if seconds_per_step and seconds_per_step * STEP_MULTIPLE > FLOOR_SECONDS:
+        return HangBound(seconds_per_step * STEP_MULTIPLE, f"{STEP_MULTIPLE} x the step time")
+    return HangBound(FLOOR_SECONDS, f"the {FLOOR_SECONDS:.0f}s floor")
+
+
+def stalled_since(report: Mapping[str, Any] | None, attempt: int) -> tuple[int, float] | None:
+    """The step rank 0 of this attempt last reached and since when (the poller's clock), when it has
+    trained a step of this attempt and is not done."""
+    if report is None or report.get("attempt") != attempt:
+        return None
+    step, seen_at, total = report.get("step"), report.get("step_seen_at"), report.get("total_steps")
+    if not isinstance(step, int) or not isinstance(seen_at, (int, float)):
+        return None
+    if not (report.get("startup") or {}).get("first_step"):
+        return None  # start-up and restore are the recovery timeline's, not a hang
+    if isinstance(total, int) and step >= total:
+        return None  # the final save and the exit are not training steps
+    return step, float(seen_at)
+
+
+def detect(
+    report: Mapping[str, Any] | None, attempt: int, now: float, spec_seconds: int | None
+) -> tuple[Hang | None, float | None]:
+    """The hang, if the gang is hung now; else the seconds after which to look again (None: nothing
+    to look at)."""
+    since = stalled_since(report, attempt)
+    if since is None or report is None:
+        return None, None
+    step, seen_at = since
+    per_step = report.get("seconds_per_step")
+    bound = hang_bound(spec_seconds, per_step if isinstance(per_step, (int, float)) else None)
+    stalled = now - seen_at
+    if stalled <= bound.seconds:
+        return None, bound.seconds - stalled
+    silent = report.get("silent_pods")
+    names = tuple(sorted(str(p) for p in silent)) if isinstance(silent, (list, tuple)) else ()
+    return Hang(step, stalled, bound, names), None
+
+
+def probe_due(report: Mapping[str, Any] | None, attempt: int, now: float, spec_seconds: int | None) -> bool:
+    """Time to ask every pod whether its trainer still answers (so a verdict can name the silent)."""
+    since = stalled_since(report, attempt)
+    if since is None or report is None:
+        return False
+    per_step = report.get("seconds_per_step")
+    bound = hang_bound(spec_seconds, per_step if isinstance(per_step, (int, float)) else None)
+    return now - since[1] >= bound.seconds * PROBE_AT_SHARE
