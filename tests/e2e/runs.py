@@ -63,6 +63,12 @@ def job_status(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
     return status
 
 
+def restart_counts(status: dict[str, Any]) -> dict[str, int]:
+    """status.restarts with every cause, a missing one as 0 (the API server defaults new ones)."""
+    restarts = status.get("restarts") or {}
+    return {cause: int(restarts.get(cause) or 0) for cause in ("failures", "preemptions", "hangs")}
+
+
 def wait_job_phase(
     cluster: Cluster, namespace: str, name: str, phases: tuple[str, ...], timeout: float
 ) -> str:

@@ -27,6 +27,7 @@ from tests.e2e.runs import (
     process_start_time,
     rank0_attempts,
     rank0_generations,
+    restart_counts,
     running_processes_of,
     wait_for_generation_step,
     wait_for_step,
@@ -142,7 +143,7 @@ def test_restarting_the_operator_mid_training_disturbs_nothing(uninterrupted: Ru
     status = uninterrupted.status
     assert status["phase"] == "Succeeded"
     assert status.get("attempt", 0) == 0
-    assert status["restarts"] == {"failures": 0, "preemptions": 0}
+    assert restart_counts(status) == {"failures": 0, "preemptions": 0, "hangs": 0}
     # The same two pods before and after: none recreated, none duplicated.
     assert status["pods_after"] == status["pods_before_operator_restart"]
     assert sorted(status["pods_after"]) == ["plain-worker-0", "plain-worker-1"]
@@ -160,7 +161,7 @@ def test_an_evicted_job_resumes_from_checkpoint_with_the_same_losses(
 
     assert wait_job_phase(cluster, e2e_namespace, name, ("Succeeded", "Failed"), RUN_TIMEOUT) == "Succeeded"
     status = job_status(cluster, e2e_namespace, name)
-    assert status["restarts"] == {"failures": 0, "preemptions": 1}
+    assert restart_counts(status) == {"failures": 0, "preemptions": 1, "hangs": 0}
     first, second = rank0_attempts(real_node, e2e_namespace, name)
     assert first.preempted_at is not None, "rank 0 did not checkpoint on SIGTERM"
     assert second.resumed_from is not None and second.finished
@@ -294,7 +295,7 @@ def test_an_evicted_worker_is_replaced_in_place_and_the_survivor_keeps_its_pod(
 
     status = job_status(cluster, e2e_namespace, name)
     assert status["phase"] == "Succeeded", status
-    assert status["restarts"] == {"failures": 0, "preemptions": 1}
+    assert restart_counts(status) == {"failures": 0, "preemptions": 1, "hangs": 0}
     after = pod_uids(cluster, e2e_namespace, name)
     assert after[f"{name}-worker-0"] == before[f"{name}-worker-0"]  # the survivor was never deleted
     assert after[f"{name}-worker-1"] != before[f"{name}-worker-1"]
@@ -337,7 +338,7 @@ def test_a_sigkilled_worker_is_replaced_in_place_from_the_last_periodic_checkpoi
 
     assert wait_job_phase(cluster, e2e_namespace, name, ("Succeeded", "Failed"), RUN_TIMEOUT) == "Succeeded"
     status = job_status(cluster, e2e_namespace, name)
-    assert status["restarts"] == {"failures": 1, "preemptions": 0}
+    assert restart_counts(status) == {"failures": 1, "preemptions": 0, "hangs": 0}
     after = pod_uids(cluster, e2e_namespace, name)
     assert after[f"{name}-worker-0"] == before[f"{name}-worker-0"]
     assert after[f"{name}-worker-1"] != before[f"{name}-worker-1"]
