@@ -143,7 +143,7 @@ def test_restarting_the_operator_mid_training_disturbs_nothing(uninterrupted: Ru
     status = uninterrupted.status
     assert status["phase"] == "Succeeded"
     assert status.get("attempt", 0) == 0
-    assert restart_counts(status) == {"failures": 0, "preemptions": 0, "hangs": 0}
+    assert status["restarts"] == {"failures": 0, "preemptions": 0, "hangs": 0}
     # The same two pods before and after: none recreated, none duplicated.
     assert status["pods_after"] == status["pods_before_operator_restart"]
     assert sorted(status["pods_after"]) == ["plain-worker-0", "plain-worker-1"]
@@ -161,7 +161,7 @@ def test_an_evicted_job_resumes_from_checkpoint_with_the_same_losses(
 
     assert wait_job_phase(cluster, e2e_namespace, name, ("Succeeded", "Failed"), RUN_TIMEOUT) == "Succeeded"
     status = job_status(cluster, e2e_namespace, name)
-    assert restart_counts(status) == {"failures": 0, "preemptions": 1, "hangs": 0}
+    assert status["restarts"] == {"failures": 0, "preemptions": 1, "hangs": 0}
     first, second = rank0_attempts(real_node, e2e_namespace, name)
     assert first.preempted_at is not None, "rank 0 did not checkpoint on SIGTERM"
     assert second.resumed_from is not None and second.finished

@@ -269,7 +269,7 @@ def test_gang_that_cannot_fully_start_is_torn_down_requeued_and_succeeds_once_ca
         )  # fmt: skip
         assert status["attempt"] == 1 and status["requeueAfter"] in status["message"]
         assert status["phase"] == "Pending"
-        assert status["restarts"] == {"failures": 0, "preemptions": 0}
+        assert status["restarts"] == {"failures": 0, "preemptions": 0, "hangs": 0}
         # No partial gang keeps GPUs: the half that ran is stopped (the other waits for a kubelet).
         wait_for(lambda: [p["spec"]["nodeName"] for p in pods_in(cluster, namespace, "stuck")] == [dead],
                  timeout=15, what="only the never-started pod left")  # fmt: skip
@@ -286,7 +286,7 @@ def test_gang_that_cannot_fully_start_is_torn_down_requeued_and_succeeds_once_ca
                         "--grace-period=0")  # fmt: skip
         done = wait_phase(cluster, namespace, "stuck", "Succeeded", timeout=45)
         assert done["attempt"] == 1 and done["gangTimeouts"] == 1
-        assert done["restarts"] == {"failures": 0, "preemptions": 0}
+        assert done["restarts"] == {"failures": 0, "preemptions": 0, "hangs": 0}
     finally:
         cluster.delete_nodes([dead])
 
@@ -325,8 +325,8 @@ def test_higher_priority_gang_preempts_a_lower_one_which_resumes_as_the_next_att
     wait_phase(cluster, namespace, "high", "Succeeded", timeout=30)
     resumed = wait_phase(cluster, namespace, "low", "Running", timeout=30)
     assert resumed["attempt"] == 1
-    assert resumed["restarts"] == {"failures": 0, "preemptions": 1}
-    assert job_status(cluster, namespace, "high")["restarts"] == {"failures": 0, "preemptions": 0}
+    assert resumed["restarts"] == {"failures": 0, "preemptions": 1, "hangs": 0}
+    assert job_status(cluster, namespace, "high")["restarts"] == {"failures": 0, "preemptions": 0, "hangs": 0}
 
 
 def test_one_victim_per_preemption_while_its_pods_take_their_grace_period(
@@ -447,7 +447,7 @@ def test_preemption_evicts_the_victims_pods_and_tells_the_victim_who_preempted_i
     assert any(said in e["message"] for e in events["items"] if e["reason"] == "PreemptedByPriority")
     wait_phase(cluster, namespace, "high", "Running", timeout=30)
     resumed = wait_phase(cluster, namespace, "low", "Running", timeout=60)
-    assert resumed["restarts"] == {"failures": 0, "preemptions": 1}
+    assert resumed["restarts"] == {"failures": 0, "preemptions": 1, "hangs": 0}
     assert condition(resumed, "Preempted").get("status") == "False", "running again: no longer preempted"
 
 
@@ -471,7 +471,7 @@ def test_node_deleted_under_a_running_gang_restarts_it_on_other_nodes(
         and s.get("phase") == "Running" and s,
         timeout=100, what="recovery attempt running",
     )  # fmt: skip
-    assert status["restarts"] == {"failures": 0, "preemptions": 1}
+    assert status["restarts"] == {"failures": 0, "preemptions": 1, "hangs": 0}
     pods = pods_in(cluster, namespace, "survivor")
     assert sorted(p["metadata"]["labels"]["phalanx.dev/attempt"] for p in pods) == ["1", "1"]
     placed = {p["spec"]["nodeName"] for p in pods}
@@ -515,7 +515,7 @@ def test_a_gang_with_a_pod_on_a_node_that_stops_heartbeating_runs_again_on_other
     elapsed = time.monotonic() - silenced_at
     print(f"running again {elapsed:.1f}s after the node went silent")
     assert node_ready_status(cluster, silent) == "Unknown"
-    assert status["restarts"] == {"failures": 0, "preemptions": 1}
+    assert status["restarts"] == {"failures": 0, "preemptions": 1, "hangs": 0}
     events = cluster.get_json(
         "events", "-n", namespace, "--field-selector", "involvedObject.name=partitioned"
     )
@@ -568,7 +568,7 @@ def test_operator_killed_in_the_middle_of_admitting_a_gang_finishes_it_after_res
     pods = pods_in(cluster, namespace, "half")
     assert sorted(p["metadata"]["name"] for p in pods) == [f"half-worker-{i}" for i in range(4)]
     assert not any(is_gated(p) for p in pods) and all(p["spec"].get("nodeName") for p in pods)
-    assert status["attempt"] == 0 and status["restarts"] == {"failures": 0, "preemptions": 0}
+    assert status["attempt"] == 0 and status["restarts"] == {"failures": 0, "preemptions": 0, "hangs": 0}
     per_node: dict[str, int] = {}
     for pod in pods:
         per_node[pod["spec"]["nodeName"]] = per_node.get(pod["spec"]["nodeName"], 0) + gpus_of(pod)

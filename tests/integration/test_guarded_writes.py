@@ -148,7 +148,7 @@ def test_a_job_recreated_by_name_while_restarting_starts_clean(
     status = wait_phase(cluster, namespace, "again", "Running", timeout=60)
 
     assert status.get("attempt", 0) == 0, status
-    assert status.get("restarts", {}) in ({}, {"failures": 0, "preemptions": 0}), status
+    assert status.get("restarts", {}) in ({}, {"failures": 0, "preemptions": 0, "hangs": 0}), status
     assert not [x for x in status.get("conditions", []) if x["type"] in ("Failed", "Preempted")], status
     current = [p for p in job_pods(cluster, namespace, "again") if not p["metadata"].get("deletionTimestamp")]
     assert current and all(p["metadata"]["ownerReferences"][0]["uid"] == new_uid for p in current)

@@ -116,7 +116,7 @@ def test_retryable_failures_restart_the_gang_until_the_backoff_limit(
     cluster.apply(training_job("flaky", replicas=2, run_for="1s", exit_code=137, runPolicy={"backoffLimit": 2}),
                   namespace)  # fmt: skip
     status = wait_phase(cluster, namespace, "flaky", "Failed", timeout=90)
-    assert status["restarts"] == {"failures": 2, "preemptions": 0}
+    assert status["restarts"] == {"failures": 2, "preemptions": 0, "hangs": 0}
     assert status["attempt"] == 2
     failed = next(c for c in status["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "BackoffLimitExceeded"
@@ -169,7 +169,7 @@ def test_suspend_deletes_pods_keeps_status_and_resume_starts_a_new_attempt(
         '{"spec":{"runPolicy":{"suspend":false}}}',
     )
     status = wait_phase(cluster, namespace, "pause", "Running")
-    assert status["attempt"] == 1 and status["restarts"] == {"failures": 0, "preemptions": 0}
+    assert status["attempt"] == 1 and status["restarts"] == {"failures": 0, "preemptions": 0, "hangs": 0}
 
 
 def test_ttl_after_finished_deletes_the_job_and_its_pods(

@@ -105,7 +105,7 @@ def test_operator_restarted_three_times_while_a_job_runs_changes_nothing(
     after = job_status(cluster, namespace, "steady")
     assert pod_uids(cluster, namespace, "steady") == uids
     assert after["phase"] == "Running" and after["attempt"] == 0
-    assert after["restarts"] == {"failures": 0, "preemptions": 0}
+    assert after["restarts"] == {"failures": 0, "preemptions": 0, "hangs": 0}
     # A restart that re-derives the same state writes nothing: the status is what it was.
     assert after == before
     assert not [e for e in events_of(cluster, namespace, "steady") if e["type"] == "Warning"]
@@ -165,7 +165,7 @@ def test_job_submitted_while_the_api_server_answers_429_and_503_converges_withou
     assert any(e.upstream_status is None for e in injected), "some requests were refused outright"
 
     status = wait_phase(cluster, namespace, "storm", "Succeeded", timeout=60)
-    assert status["attempt"] == 0 and status["restarts"] == {"failures": 0, "preemptions": 0}
+    assert status["attempt"] == 0 and status["restarts"] == {"failures": 0, "preemptions": 0, "hangs": 0}
     assert sorted(pod_uids(cluster, namespace, "storm")) == [f"storm-worker-{i}" for i in range(3)]
     created = [e for e in pod_creations() if e.upstream_status == 201]
     assert len(created) == 3, f"each pod created exactly once, the API server created {len(created)}"
@@ -222,7 +222,7 @@ def test_unowned_pod_with_the_jobs_labels_is_a_name_conflict_never_adopted_or_de
     job_uid = cluster.get_json("tj", "held", "-n", namespace)["metadata"]["uid"]
     worker0 = cluster.get_json("pod", "held-worker-0", "-n", namespace)["metadata"]
     assert worker0["uid"] != squatter_uid and worker0["ownerReferences"][0]["uid"] == job_uid
-    assert status["attempt"] == 0 and status["restarts"] == {"failures": 0, "preemptions": 0}
+    assert status["attempt"] == 0 and status["restarts"] == {"failures": 0, "preemptions": 0, "hangs": 0}
 
 
 def test_a_service_another_owner_controls_is_a_name_conflict_not_adopted(
@@ -324,7 +324,7 @@ def test_stale_status_written_by_someone_else_is_corrected_on_the_next_pass(
         what="the operator restoring a truthful status",
     )
     assert restored["readySummary"] == "2/2" and restored["message"] == truthful["message"]
-    assert restored["attempt"] == 0 and restored["restarts"] == {"failures": 0, "preemptions": 0}
+    assert restored["attempt"] == 0 and restored["restarts"] == {"failures": 0, "preemptions": 0, "hangs": 0}
     assert pod_uids(cluster, namespace, "truth") == uids
 
 
@@ -360,7 +360,9 @@ def test_a_permanent_failure_whose_status_write_is_lost_still_fails_the_job(
     # Had the operator stopped worker-1 before recording why, the next pass would read the missing
     # pod as someone else's deletion: a preemption, and a restart around the failure.
     status = wait_phase(cluster, namespace, "doomed", "Failed", timeout=60)
-    assert status["attempt"] == 0 and status["restarts"] == {"failures": 0, "preemptions": 0}, status
+    assert status["attempt"] == 0 and status["restarts"] == {"failures": 0, "preemptions": 0, "hangs": 0}, (
+        status
+    )
     assert "exited with code 1" in status["message"], status["message"]
     assert "failpoint: status write of" in current_log(operator_losing_status_writes), "the write was lost"
 
@@ -378,9 +380,11 @@ def test_a_retryable_failure_whose_status_write_is_lost_is_still_counted_as_a_fa
         timeout=60,
         what="the gang restarted as attempt 1",
     )
-    assert status["restarts"] == {"failures": 1, "preemptions": 0}, status
+    assert status["restarts"] == {"failures": 1, "preemptions": 0, "hangs": 0}, status
     status = wait_phase(cluster, namespace, "flaky", "Running", timeout=60)
-    assert status["attempt"] == 1 and status["restarts"] == {"failures": 1, "preemptions": 0}, status
+    assert status["attempt"] == 1 and status["restarts"] == {"failures": 1, "preemptions": 0, "hangs": 0}, (
+        status
+    )
     assert "failpoint: status write of" in current_log(operator_losing_status_writes), "the write was lost"
 
 
@@ -450,7 +454,7 @@ def test_a_gang_the_resource_quota_admits_only_half_of_is_reported_and_torn_down
         timeout=timeout + 30,
         what="the partial gang torn down",
     )
-    assert torn["attempt"] == 1 and torn["restarts"] == {"failures": 0, "preemptions": 0}, torn
+    assert torn["attempt"] == 1 and torn["restarts"] == {"failures": 0, "preemptions": 0, "hangs": 0}, torn
     said = wait_for(
         lambda: [e["message"] for e in events_of(cluster, namespace, "half") if e["reason"] == "GangTimeout"],
         timeout=10,

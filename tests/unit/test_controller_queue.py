@@ -158,3 +158,40 @@ def test_a_job_has_at_most_one_pending_delayed_requeue_the_earliest() -> None:
     pending, taken, left = asyncio.run(scenario())
     assert pending == 2  # one timer per job, not 101
     assert sorted(taken) == ["ns/a", "ns/b"] and left == 0
+
+
+def test_priority_classes_are_listed_at_most_every_refresh_and_a_failed_list_keeps_the_last() -> None:
+    from phalanx.controller.admission_state import PRIORITY_REFRESH_SECONDS, PriorityValues
+
+    calls: list[float] = []
+    now = [0.0]
+    answers: list[dict[str, int] | Exception] = [{"high": 1000}, RuntimeError("503"), {"high": 2000}]
+
+    def fetch() -> dict[str, int]:
+        calls.append(now[0])
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    values = PriorityValues(fetch, clock=lambda: now[0])
+    assert values.current() == {"high": 1000}
+    for step in range(10):  # ten passes within the refresh: no request
+        now[0] = step
+        assert values.current() == {"high": 1000}
+    now[0] = PRIORITY_REFRESH_SECONDS
+    assert values.current() == {"high": 1000}  # the list failed: last values serve
+    now[0] += 1
+    assert values.current() == {"high": 2000}  # tried again at the next pass
+    assert len(calls) == 3
+
+
+def test_a_priority_class_a_job_names_that_is_not_known_yet_is_listed_at_once() -> None:
+    from phalanx.controller.admission_state import PriorityValues
+
+    now = [0.0]
+    answers = [{"low": 100}, {"low": 100, "urgent": 10_000}]
+    values = PriorityValues(lambda: answers.pop(0), clock=lambda: now[0])
+    assert values.current({"low"}) == {"low": 100}
+    now[0] = 2.0  # a test (or a person) creates a class and submits a job naming it
+    assert values.current({"low", "urgent"})["urgent"] == 10_000

@@ -15,7 +15,7 @@ from phalanx import metrics
 from phalanx.builders.pods import admitted_pod
 from phalanx.cache import object_key
 from phalanx.controller import failpoints
-from phalanx.controller.admission_state import AdmissionState
+from phalanx.controller.admission_state import AdmissionState, PriorityValues
 from phalanx.controller.job_writes import JobWriter
 from phalanx.controller.preemption import Preemptor
 from phalanx.controller.queue import WorkQueue
@@ -64,6 +64,7 @@ class AdmissionPass:
         self.write_pool = write_pool
         self.clock = clock
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="admission")
+        self.priority_values = PriorityValues(lambda: self.api.priority_values())
 
     async def run(self) -> None:
         """Runs a pass soon after something changed (work.admission_dirty), else every few seconds."""
@@ -90,11 +91,15 @@ class AdmissionPass:
         if not jobs:
             state.reservations.clear()
             return
+        named = {
+            n for j in jobs if (n := ((j.get("spec") or {}).get("scheduling") or {}).get("priorityClassName"))
+        }
+        priorities = self.priority_values.current(named)  # before the lock: it may ask the API
         # Under the lock that admission at creation takes: one plan at a time.
         with state.lock:
             # Admitted but not bound yet; and admitted at creation, the create's reply still on its way.
             used = state.used_with_assumed(stores.usage)
-            state.priorities = self.api.priority_values()
+            state.priorities = priorities
             requests: list[GangRequest] = []
             gated_pods: dict[str, dict[str, dict[str, Any]]] = {}
             finishing: set[str] = set()  # gangs whose interrupted admission is being completed

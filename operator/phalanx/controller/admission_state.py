@@ -7,11 +7,50 @@ values as the last pass read them; node_infos: parsed nodes, re-parsed only when
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
+from collections.abc import Callable
+from typing import Final
 
 from phalanx.api.v1alpha1 import TrainingJobSpec
 from phalanx.gang.capacity import NodeInfoCache, Resources
 from phalanx.gang.usage import UsageIndex
+
+log = logging.getLogger("phalanx.controller")
+
+# A PriorityClass's value cannot change (the API server refuses the update), so listing them on every
+# admission pass (one request per pass, under the admission lock) bought nothing but new and deleted
+# classes: a class a job names that is not known yet is listed at once (at most every
+# PRIORITY_UNKNOWN_SECONDS), the rest every PRIORITY_REFRESH_SECONDS.
+PRIORITY_REFRESH_SECONDS: Final = 30.0
+PRIORITY_UNKNOWN_SECONDS: Final = 1.0
+
+
+class PriorityValues:
+    """PriorityClass name -> value, listed at most every PRIORITY_REFRESH_SECONDS, or sooner for a
+    name not known yet; a failed list keeps the last values (and is tried again at the next pass)."""
+
+    def __init__(
+        self, fetch: Callable[[], dict[str, int]], clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.fetch = fetch
+        self.clock = clock
+        self.values: dict[str, int] = {}
+        self.fetched_at: float | None = None
+
+    def current(self, named: set[str] | frozenset[str] = frozenset()) -> dict[str, int]:
+        """named: the PriorityClasses the waiting jobs name."""
+        now = self.clock()
+        age = None if self.fetched_at is None else now - self.fetched_at
+        unknown = bool(named - self.values.keys())
+        if age is None or age >= PRIORITY_REFRESH_SECONDS or (unknown and age >= PRIORITY_UNKNOWN_SECONDS):
+            try:
+                self.values = self.fetch()
+                self.fetched_at = now
+            except Exception as err:  # an API error must not stop admission; old values serve
+                log.warning("PriorityClasses not listed (keeping the last %d): %s", len(self.values), err)
+        return self.values
 
 
 class AdmissionState:
