@@ -24,6 +24,9 @@ LABEL_ATTEMPT: Final = f"{GROUP}/attempt"
 LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 MANAGED_BY: Final = "phalanx"
 GANG_SCHEDULING_GATE: Final = f"{GROUP}/gang"
+# On a pod whose trainer is a resident launcher (restartStrategy InPlace): the operator's pod
+# stores keep metadata, not the container env, so this is what says a pod can restart in place.
+ANNOTATION_RESIDENT_LAUNCHER: Final = f"{GROUP}/resident-launcher"
 
 # Exit-code contract between trainer and operator (docs/environment.md).
 EXIT_SUCCESS: Final = 0
@@ -78,6 +81,12 @@ ENV_CONTROL_TOKEN: Final = "PHALANX_CONTROL_TOKEN"
 ENV_SPARE: Final = "PHALANX_SPARE"
 ENV_COLLECTIVE_TIMEOUT: Final = "PHALANX_COLLECTIVE_TIMEOUT_SECONDS"
 ENV_GENERATION_WAIT: Final = "PHALANX_GENERATION_WAIT_SECONDS"
+
+# spec.runPolicy.restartStrategy, and status.lastRecovery.path of a recovery that took that path.
+RESTART_STRATEGY_FULL: Final = "FullRestart"
+RESTART_STRATEGY_IN_PLACE: Final = "InPlace"
+# The resident launcher's control endpoint the operator POSTs a restart generation to.
+GENERATION_PATH: Final = "/generation"
 
 # Names the operator owns: a template that sets one of these is rejected at admission.
 RESERVED_ENV_NAMES: Final = (

@@ -36,6 +36,26 @@ def pod_attempt(pod: Mapping[str, Any]) -> int:
         return -1
 
 
+def kept_pod_uids(status: Mapping[str, Any]) -> dict[str, str]:
+    """name -> uid of the pods an in-place attempt keeps from an earlier one (status.inPlace), while
+    that attempt is the current one; empty otherwise."""
+    in_place = status.get("inPlace") or {}
+    if in_place.get("attempt") != int(status.get("attempt") or 0):
+        return {}
+    return {str(k.get("name")): str(k.get("uid")) for k in in_place.get("keptPods") or []}
+
+
+def in_current_attempt(pod: Mapping[str, Any], status: Mapping[str, Any]) -> bool:
+    """The one answer to "is this pod part of the job's current attempt": created for it (its
+    attempt label), or kept by it when it restarts in place (this very pod: name and uid). Observed,
+    housekeeping, the progress client, gang timeout and admission all ask here."""
+    if pod_attempt(pod) == int(status.get("attempt") or 0):
+        return True
+    metadata = pod.get("metadata") or {}
+    kept = kept_pod_uids(status)
+    return bool(kept) and kept.get(str(metadata.get("name"))) == str(metadata.get("uid"))
+
+
 def pod_index(pod: Mapping[str, Any]) -> int:
     """The pod's replica index (its global rank's worker); -1 without a readable label."""
     try:

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from phalanx.demo import Attempt, parse_trainer_log
+from phalanx.demo import ATTEMPT_HEADER, Attempt, parse_trainer_log
 from phalanx.ports import free_port
 from tests.conftest import Cluster, RealNode, wait_for
 
@@ -63,6 +63,12 @@ def job_status(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
     return status
 
 
+def restart_counts(status: dict[str, Any]) -> dict[str, int]:
+    """status.restarts with every cause, a missing one as 0 (the API server defaults new ones)."""
+    restarts = status.get("restarts") or {}
+    return {cause: int(restarts.get(cause) or 0) for cause in ("failures", "preemptions", "hangs")}
+
+
 def wait_job_phase(
     cluster: Cluster, namespace: str, name: str, phases: tuple[str, ...], timeout: float
 ) -> str:
@@ -77,6 +83,45 @@ def wait_job_phase(
 
 def rank0_attempts(node: RealNode, namespace: str, job: str) -> list[Attempt]:
     return parse_trainer_log(node.log(namespace, f"{job}-worker-0", "trainer"))
+
+
+def rank0_generations(node: RealNode, namespace: str, job: str) -> list[Attempt]:
+    """Rank 0's runs, one per restart generation: a pod kept in place (restartStrategy InPlace)
+    starts no new container, its launcher forks new workers, whose rank 0 logs `group_ready` first."""
+    lines: list[str] = []
+    started = False  # whether the run being read has logged anything after its start
+    for line in node.log(namespace, f"{job}-worker-0", "trainer").splitlines():
+        if line.startswith(ATTEMPT_HEADER):
+            started = False
+        elif '"event": "group_ready"' in line and started:
+            lines.append(f"{ATTEMPT_HEADER}(same pod: next restart generation)")
+            started = False
+        elif line.startswith("{"):
+            started = started or '"event": "progress"' in line or '"event": "resumed"' in line
+        lines.append(line)
+    return parse_trainer_log("\n".join(lines))
+
+
+def wait_for_generation_step(
+    node: RealNode, namespace: str, job: str, generation: int, step: int, timeout: float
+) -> None:
+    """Waits until rank 0 of restart `generation` logged `step` or later."""
+
+    def reached() -> bool:
+        runs = rank0_generations(node, namespace, job)
+        return len(runs) > generation and runs[generation].last_step >= step and bool(runs[generation].steps)
+
+    wait_for(reached, timeout=timeout, interval=0.5, what=f"{job} generation {generation} at step {step}")
+
+
+def process_start_time(pid: int) -> int | None:
+    """The start time of process `pid` in clock ticks since boot (/proc/<pid>/stat), None if gone:
+    the same pid and start time is the same process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
 
 
 def wait_for_step(node: RealNode, namespace: str, job: str, attempt: int, step: int, timeout: float) -> float:

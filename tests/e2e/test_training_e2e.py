@@ -24,8 +24,12 @@ from tests.e2e.runs import (
     job_manifests,
     job_status,
     pod_uids,
+    process_start_time,
     rank0_attempts,
+    rank0_generations,
+    restart_counts,
     running_processes_of,
+    wait_for_generation_step,
     wait_for_step,
     wait_job_phase,
 )
@@ -176,16 +180,18 @@ def test_an_evicted_job_resumes_from_checkpoint_with_the_same_losses(
     }
     assert mismatched == {}
     assert_recovery_timeline(cluster, e2e_namespace, name, status, attempt=1, reason="Preempted")
+    print(f"\nfull-restart eviction recovery: {status['lastRecovery']['summary']}")
     ledger = assert_goodput_books_every_second({**status, **job_times(cluster, e2e_namespace, name)})
     assert ledger["recoverySeconds"] > 0 and device_seconds(ledger, "redoneSteps") == 0  # no step lost
 
 
 def assert_recovery_timeline(
-    cluster: Cluster, namespace: str, name: str, status: dict[str, Any], attempt: int, reason: str
-) -> None:
+    cluster: Cluster, namespace: str, name: str, status: dict[str, Any], attempt: int, reason: str,
+    path: str = "FullRestart",
+) -> None:  # fmt: skip
     """status.lastRecovery holds every phase, in order, and a Recovered event tells the total."""
     recovery = status["lastRecovery"]
-    assert (recovery["attempt"], recovery["reason"], recovery["path"]) == (attempt, reason, "FullRestart")
+    assert (recovery["attempt"], recovery["reason"], recovery["path"]) == (attempt, reason, path)
     phases = recovery["phasesMilliseconds"]
     assert set(phases) == set(PHASES), recovery
     ordered = [phases[phase] for phase in PHASES]
@@ -233,6 +239,117 @@ def test_a_sigkilled_worker_resumes_from_the_last_periodic_checkpoint(
     # At the demo's pace (tens of milliseconds a step on one core) that is well under a device-second.
     redone = device_seconds(ledger, "redoneSteps")
     assert (redone > 0) == (recovery["stepAtDisruption"] > recovery["resumedFromStep"]), ledger
+
+
+IN_PLACE = {"restartStrategy": "InPlace"}
+
+
+def launcher_of(node: RealNode, pod_uid: str) -> tuple[int, int | None] | None:
+    """The pid of the pod's trainer container (the resident launcher) and its start time; None
+    once the dev node has removed the pod."""
+    try:
+        pid = int((node.state_dir / "pods" / pod_uid / "trainer.pid").read_text())
+    except FileNotFoundError:
+        return None
+    return pid, process_start_time(pid)
+
+
+def pods_seen_until_finished(cluster: Cluster, namespace: str, name: str, timeout: float) -> set[str]:
+    """The uid of every pod of the job seen, sampled every second until it finishes."""
+    seen: set[str] = set()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        seen |= set(pod_uids(cluster, namespace, name).values())
+        if job_status(cluster, namespace, name).get("phase") in ("Succeeded", "Failed"):
+            return seen
+        time.sleep(1.0)
+    raise AssertionError(f"{name} did not finish in {timeout:.0f}s; last status: "
+                         f"{job_status(cluster, namespace, name)}")  # fmt: skip
+
+
+def world_size_of(cluster: Cluster, namespace: str, pod: str) -> str:
+    trainer = cluster.get_json("pod", pod, "-n", namespace)["spec"]["containers"][0]
+    return str(next(e["value"] for e in trainer["env"] if e["name"] == "WORLD_SIZE"))
+
+
+def test_an_evicted_worker_is_replaced_in_place_and_the_survivor_keeps_its_pod(
+    cluster: Cluster, e2e_namespace: str, real_node: RealNode, operator: OperatorProcess, uninterrupted: Run,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    """restartStrategy InPlace: only the evicted pod is replaced; worker-0 is the same pod, the same
+    launcher process, and training resumes from the SIGTERM checkpoint with the same losses."""
+    name = "inplace"
+    cluster.apply(job_manifests(name, real_node, tmp_path, steps=STEPS, interval=INTERVAL, run_policy=IN_PLACE),
+                  e2e_namespace)  # fmt: skip
+    wait_for_step(real_node, e2e_namespace, name, 0, STEPS // 3, timeout=RUN_TIMEOUT)
+    before = pod_uids(cluster, e2e_namespace, name)
+    world_size = world_size_of(cluster, e2e_namespace, f"{name}-worker-1")
+    launcher = launcher_of(real_node, before[f"{name}-worker-0"])
+    assert launcher is not None and launcher[1] is not None
+
+    evict(cluster, e2e_namespace, f"{name}-worker-1")
+    wait_for_generation_step(real_node, e2e_namespace, name, 1, STEPS // 3 + 5, timeout=RUN_TIMEOUT)
+    # The launcher that trained generation 0 forked generation 1: same pid, same start time.
+    assert launcher_of(real_node, before[f"{name}-worker-0"]) == launcher, "worker-0's launcher is gone"
+    seen = pods_seen_until_finished(cluster, e2e_namespace, name, RUN_TIMEOUT)
+
+    status = job_status(cluster, e2e_namespace, name)
+    assert status["phase"] == "Succeeded", status
+    assert restart_counts(status) == {"failures": 0, "preemptions": 1, "hangs": 0}
+    after = pod_uids(cluster, e2e_namespace, name)
+    assert after[f"{name}-worker-0"] == before[f"{name}-worker-0"]  # the survivor was never deleted
+    assert after[f"{name}-worker-1"] != before[f"{name}-worker-1"]
+    assert seen | set(before.values()) == {*before.values(), after[f"{name}-worker-1"]}  # one new pod
+    assert world_size_of(cluster, e2e_namespace, f"{name}-worker-1") == world_size
+    first, second = rank0_generations(real_node, e2e_namespace, name)
+    assert first.preempted_at is not None, "rank 0 did not checkpoint on the peer's SIGTERM"
+    assert second.resumed_from == first.last_step and second.finished  # nothing redone
+    reference = uninterrupted.losses(0)
+    resumed = {step: record.loss for step, record in second.steps.items()}
+    assert sorted(resumed) == list(range(second.resumed_from + 1, STEPS + 1))
+    mismatched = {s: (loss, reference[s]) for s, loss in resumed.items() if abs(loss - reference[s]) > 1.5e-5}
+    assert mismatched == {}  # the tolerance of the full-restart test above, for the same reason
+    assert_recovery_timeline(
+        cluster, e2e_namespace, name, status, attempt=1, reason="Preempted", path="InPlace"
+    )
+    print(f"\nin-place eviction recovery: {status['lastRecovery']['summary']}")
+
+
+def test_a_sigkilled_worker_is_replaced_in_place_from_the_last_periodic_checkpoint(
+    cluster: Cluster, e2e_namespace: str, real_node: RealNode, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    name = "inplace-killed"
+    cluster.apply(
+        job_manifests(name, real_node, tmp_path, steps=STEPS, interval=INTERVAL, grace=5, procs=1,
+                      run_policy=IN_PLACE),
+        e2e_namespace,
+    )  # fmt: skip
+    wait_for_step(real_node, e2e_namespace, name, 0, INTERVAL + INTERVAL // 2, timeout=RUN_TIMEOUT)
+    wait_for(lambda: any(tmp_path.glob("step-*")), timeout=RUN_TIMEOUT, what="a committed checkpoint")
+    before = pod_uids(cluster, e2e_namespace, name)
+    launcher = launcher_of(real_node, before[f"{name}-worker-0"])
+    assert launcher is not None and launcher[1] is not None
+
+    pgid = int((real_node.state_dir / "pods" / before[f"{name}-worker-1"] / "trainer.pid").read_text())
+    os.killpg(pgid, signal.SIGKILL)  # the whole pod at once: no process lives to save anything
+    committed_at_kill = max((int(d.name.removeprefix("step-")) for d in tmp_path.glob("step-*")), default=0)
+    wait_for_generation_step(real_node, e2e_namespace, name, 1, committed_at_kill + 1, timeout=RUN_TIMEOUT)
+    assert launcher_of(real_node, before[f"{name}-worker-0"]) == launcher, "worker-0's launcher is gone"
+
+    assert wait_job_phase(cluster, e2e_namespace, name, ("Succeeded", "Failed"), RUN_TIMEOUT) == "Succeeded"
+    status = job_status(cluster, e2e_namespace, name)
+    assert restart_counts(status) == {"failures": 1, "preemptions": 0, "hangs": 0}
+    after = pod_uids(cluster, e2e_namespace, name)
+    assert after[f"{name}-worker-0"] == before[f"{name}-worker-0"]
+    assert after[f"{name}-worker-1"] != before[f"{name}-worker-1"]
+    first, second = rank0_generations(real_node, e2e_namespace, name)[:2]
+    assert first.preempted_at is None  # no checkpoint on the way out: the peer died mid-step
+    assert second.resumed_from is not None and second.resumed_from % INTERVAL == 0 and second.resumed_from > 0
+    assert second.resumed_from >= committed_at_kill and second.finished
+    assert 0 <= first.last_step - second.resumed_from < 2 * INTERVAL
+    assert_recovery_timeline(cluster, e2e_namespace, name, status, attempt=1, reason="FailureRestart",
+                             path="InPlace")  # fmt: skip
+    print(f"\nin-place SIGKILL recovery: {status['lastRecovery']['summary']}")
 
 
 def test_a_job_whose_command_exits_1_fails_after_its_backoff_limit(

@@ -139,6 +139,29 @@ def test_every_variable_the_contract_sets_is_reserved() -> None:
     assert names - set(c.NCCL_DEFAULTS) - set(c.RESERVED_ENV_NAMES) == set()
 
 
+def test_in_place_pods_run_a_resident_launcher_at_the_attempts_generation() -> None:
+    template = {"spec": {"containers": [{"name": "trainer"}]}}
+    pod = build_worker_pod(JOB, spec(runPolicy={"restartStrategy": "InPlace"}), 1, 3, template)
+    env = env_of(pod)
+    assert (env["PHALANX_RESTART_IN_PLACE"], env["PHALANX_GENERATION"], env["PHALANX_ATTEMPT"]) == (
+        "true",
+        "3",
+        "3",
+    )
+    assert env["PHALANX_CONTROL_PORT"] == "9399"
+    assert {"name": "control", "containerPort": 9399, "protocol": "TCP"} in trainer_of(pod)["ports"]
+    assert pod["metadata"]["annotations"]["phalanx.dev/resident-launcher"] == "true"
+
+
+def test_full_restart_is_the_default_and_sets_no_launcher_env() -> None:
+    s = spec()
+    assert s.run_policy.restart_strategy == "FullRestart"
+    env = env_of(build_worker_pod(JOB, s, 1, 3, {"spec": {"containers": [{"name": "trainer"}]}}))
+    assert not {"PHALANX_RESTART_IN_PLACE", "PHALANX_GENERATION", "PHALANX_CONTROL_PORT"} & set(env)
+    pod = build_worker_pod(JOB, s, 1, 3, {"spec": {"containers": [{"name": "trainer"}]}})
+    assert "phalanx.dev/resident-launcher" not in pod["metadata"]["annotations"]
+
+
 def test_a_hang_bound_in_the_spec_sets_the_trainers_collective_timeout_above_it() -> None:
     from phalanx import constants as c
     from phalanx.builders.pods import contract_env

@@ -91,3 +91,22 @@ def test_only_running_or_admitted_gangs_with_bound_pods_can_be_stopped() -> None
         running_gang("ns/j", a_job(phase="Admitted"), [a_pod(0, False)], priority_of=at(0), started=0.0)
         is None
     )
+
+
+def test_an_in_place_attempt_asks_for_its_replacement_beside_the_pod_it_keeps() -> None:
+    # Restart in place: worker-0 (attempt 0) is kept by attempt 1 and holds its node; only the
+    # replacement worker-1 waits at the gate, and the gang finishes its admission first.
+    kept = a_pod(0, False, attempt=0, node="n0")
+    kept["metadata"]["uid"] = "k0"
+    in_place = {"attempt": 1, "keptPods": [{"name": "j-worker-0", "uid": "k0"}]}
+    job = a_job(attempt=1, inPlace=in_place, phase="Pending")
+    waiting = waiting_gang("ns/j", job, [kept, a_pod(1, True, attempt=1)], priority_of=at(3), created=0.0)
+    assert waiting is not None and set(waiting.gated) == {"j-worker-1"}
+    assert waiting.finishing and waiting.request.priority == FINISH_ADMISSION_PRIORITY
+    assert waiting.request.min_available == 1
+    # Without status.inPlace the old pod is not the attempt's: half a gang asks for nothing.
+    assert waiting_gang("ns/j", a_job(attempt=1), [kept, a_pod(1, True, attempt=1)], at(3), 0.0) is None
+    running = running_gang(
+        "ns/j", {**job, "status": {**job["status"], "phase": "Running"}}, [kept], at(3), 0.0
+    )
+    assert running is not None and [name for name, _, _ in running.pods] == ["j-worker-0"]

@@ -287,6 +287,13 @@ class RunPolicy:
         "Exit codes 1-127 that are retryable failures rather than permanent ones.", max_items=64,
         extra={"items": {"minimum": 1, "maximum": 127}},
     )  # fmt: skip
+    restart_strategy: str = api_field(
+        "How a gang recovers when some of its pods are disrupted. FullRestart: every pod is replaced. "
+        "InPlace: the pods still running are kept (their resident launchers start the next restart "
+        "generation, imports done) and only the lost pods are replaced; the operator falls back to "
+        "FullRestart, with an InPlaceFallback event, when that cannot work (docs/reliability.md).",
+        default=c.RESTART_STRATEGY_FULL, enum=(c.RESTART_STRATEGY_FULL, c.RESTART_STRATEGY_IN_PLACE),
+    )  # fmt: skip
     hang_timeout_seconds: int | None = api_field(
         "Restart the gang (reason Hang) when rank 0 reports no new step for this long; the trainer's "
         "collective timeout is set 30 s above it, at least 600 s. Unset: 20 x the step time, at "
@@ -505,7 +512,9 @@ class LastRecovery:
 
     attempt: int | None = api_field("The attempt that recovers.")
     reason: str | None = api_field("Why the gang restarted: Preempted, FailureRestart or a node's loss.")
-    path: str | None = api_field("How it recovers: FullRestart (every pod replaced).")
+    path: str | None = api_field(
+        "How it recovers: FullRestart (every pod replaced) or InPlace (only the lost pods replaced)."
+    )
     disrupted_time: str | None = api_field("When the operator saw the disruption (RFC 3339, milliseconds).")
     phases_milliseconds: RecoveryPhases | None = api_field("When each phase ended, since disruptedTime.")
     step_at_disruption: int | None = api_field(
@@ -572,6 +581,24 @@ class Goodput:
 
 
 @dataclass
+class KeptPod:
+    """A pod of an earlier attempt that the in-place attempt keeps."""
+
+    name: str = api_field("Pod name.", required=True, default="")
+    uid: str = api_field("Pod uid: a pod recreated under the name is not the kept one.", required=True,
+                         default="")  # fmt: skip
+
+
+@dataclass
+class InPlace:
+    """The attempt that restarts in place, and the pods it keeps (they count as its own)."""
+
+    attempt: int | None = api_field("The in-place attempt (the restart generation its pods run).")
+    kept_pods: list[KeptPod] | None = api_field("The running pods kept from the disrupted attempt.")
+    time: str | None = api_field("When the in-place restart began (RFC 3339).")
+
+
+@dataclass
 class TrainingJobStatus:
     """Observed state, written by the operator only."""
 
@@ -601,6 +628,9 @@ class TrainingJobStatus:
     last_checkpoint: LastCheckpoint | None = api_field("Newest checkpoint reported by the trainer.")
     progress: Progress | None = api_field("Training progress.")
     last_recovery: LastRecovery | None = api_field("Timeline of the newest gang restart.")
+    in_place: InPlace | None = api_field(
+        "spec.runPolicy.restartStrategy InPlace: the current attempt's kept pods (absent otherwise)."
+    )
     goodput: Goodput | None = api_field("Goodput and device time by cause (kept up to date while it runs).")
     bad_nodes: list[BadNode] | None = api_field(
         "Nodes this job's pods failed on for reasons of the infrastructure; avoided at 2 failures.",

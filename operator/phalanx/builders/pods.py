@@ -98,6 +98,12 @@ def contract_env(
         c.ENV_PREEMPTION_EXIT_CODE: str(c.EXIT_CHECKPOINTED_ON_PREEMPTION),
         c.ENV_GRACE_PERIOD: str(spec.run_policy.termination_grace_period_seconds),
     }
+    if spec.run_policy.restart_strategy == c.RESTART_STRATEGY_IN_PLACE:
+        # A resident launcher (docs/trainer.md, "Restart in place"): the restart generation is the
+        # attempt, so a replacement pod joins the generation its kept peers are told to start.
+        values[c.ENV_RESTART_IN_PLACE] = "true"
+        values[c.ENV_GENERATION] = str(attempt)
+        values[c.ENV_CONTROL_PORT] = str(c.DEFAULT_CONTROL_PORT)
     if spec.checkpoint.interval_steps:
         values[c.ENV_CHECKPOINT_INTERVAL] = str(spec.checkpoint.interval_steps)
     if spec.run_policy.hang_timeout_seconds is not None:
@@ -154,6 +160,8 @@ def build_worker_pod(
         c.LABEL_ATTEMPT: str(attempt),
     }
     annotations = dict(meta_in.get("annotations") or {})
+    if spec.run_policy.restart_strategy == c.RESTART_STRATEGY_IN_PLACE:
+        annotations[c.ANNOTATION_RESIDENT_LAUNCHER] = "true"
 
     pod_spec["hostname"] = worker_hostname(job.name, index, named_attempt)
     if avoid_nodes:
@@ -198,6 +206,9 @@ def build_worker_pod(
         ports = container.setdefault("ports", [])
         if not any(p.get("name") == "metrics" for p in ports):
             ports.append({"name": "metrics", "containerPort": c.DEFAULT_METRICS_PORT, "protocol": "TCP"})
+        in_place = spec.run_policy.restart_strategy == c.RESTART_STRATEGY_IN_PLACE
+        if in_place and not any(p.get("containerPort") == c.DEFAULT_CONTROL_PORT for p in ports):
+            ports.append({"name": "control", "containerPort": c.DEFAULT_CONTROL_PORT, "protocol": "TCP"})
         if not any(p.get("containerPort") == spec.rendezvous.port for p in ports):
             ports.append({"name": "rendezvous", "containerPort": spec.rendezvous.port, "protocol": "TCP"})
 

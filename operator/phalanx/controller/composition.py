@@ -7,6 +7,7 @@ their loops. It decides nothing itself; each part is one module of this package:
 - reconciler.py: one reconcile of one job (decide, record, act); job_writes.py: status and events
 - admission_at_creation.py, admission_pass.py, preemption.py: gang admission (provider builtin)
 - progress.py: the HTTP client that copies the trainer's /progress into status
+- generations.py: the HTTP client that tells kept pods their restart generation (restart in place)
 - failpoints.py: the crash hooks the integration tests set
 """
 
@@ -24,6 +25,7 @@ from phalanx import metrics
 from phalanx.controller.admission_at_creation import CreationAdmission
 from phalanx.controller.admission_pass import AdmissionPass
 from phalanx.controller.admission_state import AdmissionState
+from phalanx.controller.generations import GenerationPublisher
 from phalanx.controller.job_writes import JobWriter
 from phalanx.controller.preemption import Preemptor
 from phalanx.controller.progress import ProgressPoller
@@ -62,12 +64,13 @@ class Controller:
         self.write_pool = ThreadPoolExecutor(WRITE_CONCURRENCY, thread_name_prefix="writes")
         self.writer = JobWriter(api, self.stores, self.write_pool)
         self.progress = ProgressPoller(self.writer, self.work)
+        self.generations = GenerationPublisher(self.work)
         admission = AdmissionState()
         self.reconciler = Reconciler(
             api, self.stores, self.writer, self.work,
             CreationAdmission(self.stores, admission, enabled=settings.admit_on_creation), self.progress,
             self.write_pool, self.forget, clock, settings.node_lost_after_seconds, settings.cluster_domain,
-            settings.allow_host_path_checkpoints,
+            settings.allow_host_path_checkpoints, generations=self.generations,
         )  # fmt: skip
         preemptor = Preemptor(api, self.stores, admission, self.writer, self.work, clock)
         self.admission = AdmissionPass(
@@ -106,6 +109,7 @@ class Controller:
         self.reconciler.known_jobs.discard(key)
         self.work.forget(key)
         self.progress.forget(key)
+        self.generations.forget(key)
         self.admission.state.reservations.pop(key, None)
         self.admission.preemptor.preempting.pop(key, None)
         namespace, name = key.split("/", 1)
@@ -159,7 +163,8 @@ class Controller:
         for task in self.tasks:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
-        pools = (self.write_pool, self.reconcile_pool, self.progress.pool, self.admission.pool)
+        pools = (self.write_pool, self.reconcile_pool, self.progress.pool, self.admission.pool,
+                 self.generations.pool)  # fmt: skip
 
         def drain() -> None:
             for pool in pools:

@@ -18,7 +18,7 @@ from phalanx import metrics
 from phalanx.controller.job_writes import JobWriter
 from phalanx.controller.queue import WorkQueue
 from phalanx.k8s import short_error
-from phalanx.pod_facts import pod_attempt, pod_index
+from phalanx.pod_facts import in_current_attempt, pod_index
 from phalanx.policy import hang
 from phalanx.reconcile.plan import parse_iso
 
@@ -157,10 +157,10 @@ class ProgressPoller:
         addresses = tuple(sorted(
             (p["metadata"]["name"], ip)
             for p in pods
-            if pod_attempt(p) == attempt and (ip := (p.get("status") or {}).get("podIP"))
+            if in_current_attempt(p, status) and (ip := (p.get("status") or {}).get("podIP"))
         ))  # fmt: skip
         self.hang_watch[key] = HangWatch(int(attempt or 0), hang_timeout_seconds, addresses)
-        rank0 = next((p for p in pods if pod_attempt(p) == attempt and pod_index(p) == 0), None)
+        rank0 = next((p for p in pods if in_current_attempt(p, status) and pod_index(p) == 0), None)
         ip = (rank0 or {}).get("status", {}).get("podIP")
         if ip and self.targets.get(key) != (target := ProgressTarget(uid, ip)):
             self.targets[key] = target

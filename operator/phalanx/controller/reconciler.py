@@ -22,6 +22,7 @@ from phalanx.builders.pods import JobRef, build_headless_service, build_worker_p
 from phalanx.cache import object_key
 from phalanx.controller import failpoints
 from phalanx.controller.admission_at_creation import CreationAdmission
+from phalanx.controller.generations import GenerationPublisher
 from phalanx.controller.job_writes import JobWriter, status_diff
 from phalanx.controller.progress import ProgressPoller
 from phalanx.controller.queue import WorkQueue
@@ -54,7 +55,8 @@ class Reconciler:
                  creation_admission: CreationAdmission, progress: ProgressPoller,
                  write_pool: ThreadPoolExecutor, forget: Callable[[str], None], clock: Callable[[], float],
                  node_lost_after: float, cluster_domain: str,
-                 allow_host_path_checkpoints: bool = False) -> None:  # fmt: skip
+                 allow_host_path_checkpoints: bool = False,
+                 generations: GenerationPublisher | None = None) -> None:  # fmt: skip
         self.api = api
         self.stores = stores
         self.writer = writer
@@ -68,6 +70,8 @@ class Reconciler:
         self.cluster_domain = cluster_domain
         self.allow_host_path_checkpoints = allow_host_path_checkpoints  # policy/host_path.py
         self.known_jobs: set[str] = set()  # resynced now and then; finished jobs leave it
+        # Tells an in-place attempt's kept pods their restart generation (controller/generations.py).
+        self.generations = generations if generations is not None else GenerationPublisher(work)
 
     def reconcile(self, key: str) -> list[float]:
         """One level-triggered pass; returns the delays after which to look at this job again."""
@@ -168,6 +172,9 @@ class Reconciler:
             # Decide once more on what was just written (a finished job's TTL, say, is timed from
             # the completionTime this write set): the job's own status events no longer enqueue it.
             followups.append(0.0)
+        # Only once the status that keeps them is stored: a launcher never starts a generation the
+        # job's status does not know.
+        self.generations.publish(key, job["metadata"]["uid"], pods, plan.status)
         self._observe(namespace, name, recorded, plan.status)
         for event in plan.events:
             writer.record_event(job, event.type, event.reason, event.message, iso(now))
@@ -185,9 +192,14 @@ class Reconciler:
         self, job: dict[str, Any], pods: list[dict[str, Any]], nodes: dict[str, dict[str, Any]], now: float
     ) -> Plan:
         """decide(), with what rank 0 of this very job (its uid) last reported in /progress."""
-        reported = self.progress.trainer_reports.get(object_key(job))
-        report = reported[1] if reported is not None and reported[0] == job["metadata"].get("uid") else None
-        return decide(job, pods, nodes, now, self.node_lost_after, trainer_report=report)
+        key = object_key(job)
+        reported = self.progress.trainer_reports.get(key)
+        uid = job["metadata"].get("uid")
+        report = reported[1] if reported is not None and reported[0] == uid else None
+        attempt = int((job.get("status") or {}).get("attempt") or 0)
+        refusals = self.generations.refusals(key, str(uid), attempt)
+        return decide(job, pods, nodes, now, self.node_lost_after, trainer_report=report,
+                      launcher_refusals=refusals)  # fmt: skip
 
     def _create_gang(
         self, key: str, job: dict[str, Any], ref: JobRef, spec: TrainingJobSpec, plan: Plan, now: float

@@ -14,7 +14,7 @@ from phalanx.gang.backfill import estimate_seconds
 from phalanx.gang.capacity import PodDemand
 from phalanx.gang.preemption import RunningGang
 from phalanx.gang.topology import TopologyRequest
-from phalanx.pod_facts import is_deleting, is_gated, pod_attempt, pod_index
+from phalanx.pod_facts import in_current_attempt, is_deleting, is_gated, pod_index
 
 # Order value for a gang whose admission was interrupted: ahead of every PriorityClass (max 1e9).
 FINISH_ADMISSION_PRIORITY: Final = 2**40
@@ -38,8 +38,8 @@ def waiting_gang(
     admit half a gang) or when none of its pods waits."""
     spec = parse(TrainingJobSpec, job["spec"])
     priority = priority_of(spec)
-    attempt = (job.get("status") or {}).get("attempt", 0)
-    current = [p for p in own_pods if pod_attempt(p) == attempt]
+    status = job.get("status") or {}
+    current = [p for p in own_pods if in_current_attempt(p, status)]
     pods = [p for p in current if is_gated(p)]
     if len(current) < spec.replicas or not pods:
         return None
@@ -87,9 +87,7 @@ def running_gang(
     bound = [
         (p["metadata"]["name"], p["spec"]["nodeName"], PodDemand.from_pod_spec(p["spec"]))
         for p in own_pods
-        if pod_attempt(p) == status.get("attempt", 0)
-        and p.get("spec", {}).get("nodeName")
-        and not is_deleting(p)
+        if in_current_attempt(p, status) and p.get("spec", {}).get("nodeName") and not is_deleting(p)
     ]
     if not bound:
         return None

@@ -21,6 +21,8 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any, Final, TypeGuard
 
+from phalanx import constants as c
+
 PHASES: Final = ("podsStopped", "podsRunning", "rendezvousDone", "stateRestored", "firstStep")
 OPERATOR_PHASES: Final = PHASES[:2]
 # /progress `startup` keys (docs/environment.md) -> phase
@@ -29,7 +31,8 @@ TRAINER_PHASES: Final = {
     "restored": "stateRestored",
     "first_step": "firstStep",
 }
-PATH_FULL_RESTART: Final = "FullRestart"
+PATH_FULL_RESTART: Final = c.RESTART_STRATEGY_FULL
+PATH_IN_PLACE: Final = c.RESTART_STRATEGY_IN_PLACE
 TRAINER_REPORT_GRACE_SECONDS: Final = 300.0  # after podsRunning, how long to wait for the trainer's phases
 
 
@@ -60,6 +63,12 @@ def _restart_reason(status: Mapping[str, Any]) -> str:
     return "Restarting"
 
 
+def recovery_path(status: Mapping[str, Any]) -> str:
+    """InPlace while the current attempt keeps pods of the one before (status.inPlace), else FullRestart."""
+    in_place = status.get("inPlace") or {}
+    return PATH_IN_PLACE if in_place.get("attempt") == int(status.get("attempt") or 0) else PATH_FULL_RESTART
+
+
 def is_complete(recovery: Mapping[str, Any] | None) -> TypeGuard[Mapping[str, Any]]:
     return isinstance(recovery, Mapping) and "firstStep" in (recovery.get("phasesMilliseconds") or {})
 
@@ -79,7 +88,7 @@ def after_reconcile(old: Mapping[str, Any], new: Mapping[str, Any], now: float) 
         opened: dict[str, Any] = {
             "attempt": int(new.get("attempt") or 0),
             "reason": _restart_reason(new),
-            "path": PATH_FULL_RESTART,
+            "path": recovery_path(new),
             "disruptedTime": iso_ms(now),
             "phasesMilliseconds": {},
         }
@@ -94,7 +103,13 @@ def after_reconcile(old: Mapping[str, Any], new: Mapping[str, Any], now: float) 
         # The recovering attempt was torn down uncounted (a gang timeout, a suspension): the same
         # recovery goes on with the next attempt, whose pods have to run again.
         phases = {k: v for k, v in (recovery.get("phasesMilliseconds") or {}).items() if k == "podsStopped"}
-        return {**recovery, "attempt": new.get("attempt"), "phasesMilliseconds": phases}
+        # An in-place restart that fell back goes on as a full one.
+        return {
+            **recovery,
+            "attempt": new.get("attempt"),
+            "path": recovery_path(new),
+            "phasesMilliseconds": phases,
+        }
     seen = {
         "podsStopped": new.get("phase") != "Restarting",
         "podsRunning": new.get("phase") == "Running",

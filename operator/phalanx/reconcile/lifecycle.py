@@ -34,6 +34,7 @@ from phalanx.reconcile.rules import (
     goodput,
     hang,
     housekeeping,
+    in_place,
     node_loss,
     preemption,
     recovery,
@@ -55,10 +56,12 @@ STEPS: Final[tuple[Rule, ...]] = (
     resume.apply,  # no longer suspended: a fresh attempt, the deadline's clock reset
     deadline.apply,  # activeDeadlineSeconds passed since startTime: fail
     backoff.apply,  # after a gang timeout: wait in Pending until requeueAfter
+    in_place.fallback,  # restarting in place and a launcher refused, or no replacement ran in time: full restart
     restart.apply,  # between attempts: wait for the previous attempt's pods to stop
     creation.apply,  # create the missing pods (tear down a gang the API refused in part too long)
     node_loss.apply,  # a node going silent: look again the moment it counts as lost
     success.apply,  # every worker exited 0: Succeeded
+    in_place.apply,  # restartStrategy InPlace: keep the running pods, replace the lost (or say why not)
     failure.apply,  # a worker failed: Failed, or a restart while backoffLimit allows
     preemption.apply,  # a worker was preempted: restart, the failure budget untouched
     hang.apply,  # every worker runs, yet rank 0 reports no new step within the bound: restart (Hang)
@@ -85,9 +88,12 @@ def decide(
     now: float,
     node_lost_after: float = DEFAULT_NODE_LOST_AFTER_SECONDS,
     trainer_report: Mapping[str, Any] | None = None,
+    launcher_refusals: Mapping[str, str] | None = None,
 ) -> Plan:
     """node_lost_after: seconds a node may be not Ready before its pods count as lost;
-    trainer_report: what rank 0 of this job (this uid) last reported in /progress, if anything."""
+    trainer_report: what rank 0 of this job (this uid) last reported in /progress, if anything;
+    launcher_refusals: kept pods of the current in-place attempt whose launcher refused its
+    generation or could not be reached (pod name -> why)."""
     b = PlanBuilder(job, now)
     seen = Observed(
         spec=parse(TrainingJobSpec, job.get("spec")),
@@ -99,6 +105,8 @@ def decide(
         pod_template=(job.get("spec") or {}).get("template", {}).get("spec") or {},
         created=parse_iso((job.get("metadata") or {}).get("creationTimestamp")),
         trainer_report=trainer_report,
+        in_place=b.status.get("inPlace"),
+        launcher_refusals=launcher_refusals or {},
     )
     for rule in STEPS:
         if rule(b, seen):

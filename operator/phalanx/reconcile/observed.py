@@ -9,7 +9,7 @@ from functools import cached_property
 from typing import Any
 
 from phalanx.api.v1alpha1 import TrainingJobSpec
-from phalanx.pod_facts import is_terminal, pod_attempt, pod_index
+from phalanx.pod_facts import in_current_attempt, is_terminal, pod_index
 from phalanx.policy.node_loss import lost_node_names, not_ready_since, on_lost_node
 from phalanx.policy.pod_outcome import (
     REASON_NODE_LOST,
@@ -42,16 +42,25 @@ class Observed:
     created: float | None = None
     # What rank 0 of this job (this uid) last reported in /progress: attempt, start-up times, stalls.
     trainer_report: Mapping[str, Any] | None = None
+    # status.inPlace: the pods an in-place attempt keeps from the one before (pod_facts.py).
+    in_place: Mapping[str, Any] | None = None
+    # Launchers of the in-place attempt's kept pods that refused or could not be reached when
+    # told its generation (controller/generations.py): pod name -> why.
+    launcher_refusals: Mapping[str, str] = field(default_factory=dict)
+
+    @cached_property
+    def _status(self) -> dict[str, Any]:
+        return {"attempt": self.attempt, "inPlace": self.in_place}
 
     @cached_property
     def current(self) -> dict[int, dict[str, Any]]:
-        """The current attempt's pods by replica index."""
-        return {pod_index(p): p for p in self.pods if pod_attempt(p) == self.attempt}
+        """The current attempt's pods by replica index (the pods it keeps in place included)."""
+        return {pod_index(p): p for p in self.pods if in_current_attempt(p, self._status)}
 
     @cached_property
     def stale(self) -> list[dict[str, Any]]:
-        """Pods of older attempts."""
-        return [p for p in self.pods if pod_attempt(p) != self.attempt]
+        """Pods of older attempts (not kept in place)."""
+        return [p for p in self.pods if not in_current_attempt(p, self._status)]
 
     @cached_property
     def lost_nodes(self) -> frozenset[str]:

@@ -13,6 +13,7 @@ def new_attempt(b: PlanBuilder, current: dict[int, dict[str, Any]]) -> None:
     b.status["attempt"] = int(b.status["attempt"]) + 1
     b.status.pop("admittedTime", None)
     b.status.pop("createdAttempt", None)
+    b.status.pop("inPlace", None)  # a new attempt of its own pods keeps none (rules/in_place.py)
     b.plan.delete_pods.extend(p["metadata"]["name"] for p in current.values() if not is_deleting(p))
 
 

@@ -1,0 +1,152 @@
+"""Publishing a restart generation to the kept pods of an in-place attempt (thin I/O; the decision
+is reconcile/rules/in_place.py, the launcher's side docs/trainer.md "Restart in place").
+
+After the status that keeps the pods is written, each kept pod's resident launcher is POSTed
+generation N (the attempt) with PHALANX_ATTEMPT=N, concurrently and with a short timeout, off the
+reconcile's thread. Idempotent: a pod told (uid, N) is not told again by this process, and after an
+operator restart the launcher answers 409 with its generation at N or newer, which counts as done.
+A launcher that refuses (409 below N: it is exiting) or cannot be reached is a fact the next
+reconcile reads (refusals()): rules/in_place.py falls back to a full restart.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Final
+
+from phalanx import constants as c
+from phalanx.controller.queue import WorkQueue
+from phalanx.pod_facts import kept_pod_uids
+
+log = logging.getLogger("phalanx.controller")
+
+GENERATION_TIMEOUT_SECONDS: Final = 2.0  # the launcher answers from its reaping loop, within ~1 s
+GENERATION_TRIES: Final = 3  # a launcher busy forking may miss one; three misses is unreachable
+GENERATION_RETRY_SECONDS: Final = 1.0
+GENERATION_CONCURRENCY: Final = 8
+GENERATION_MAX_BYTES: Final = 64 * 1024
+
+
+@dataclass(frozen=True)
+class GenerationAnswer:
+    """What a launcher said: taken (202, or 409 at this generation or newer), or refused and why."""
+
+    taken: bool
+    why: str = ""
+
+
+def post_generation(
+    pod_ip: str, port: int, body: Mapping[str, Any], headers: Mapping[str, str]
+) -> tuple[int, dict[str, Any]]:
+    """The one POST to a resident launcher's control server: (HTTP status, JSON answer). Raises
+    OSError when it cannot be reached. The one place to add authentication headers."""
+    request = urllib.request.Request(
+        f"http://{pod_ip}:{port}{c.GENERATION_PATH}",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", **headers},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=GENERATION_TIMEOUT_SECONDS) as response:
+            return response.status, _json(response.read(GENERATION_MAX_BYTES))
+    except urllib.error.HTTPError as err:
+        return err.code, _json(err.read(GENERATION_MAX_BYTES))
+
+
+def _json(raw: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(raw or b"{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def judge_answer(status: int, answer: Mapping[str, Any], generation: int) -> GenerationAnswer:
+    """202: taken. 409 with the launcher at (or pending) this generation or newer: it has it already
+    (a repeat after an operator restart). Any other answer: refused, with the launcher's words."""
+    if status == 202:
+        return GenerationAnswer(True)
+    if status == 409:
+        held = [answer.get("generation"), answer.get("pending_generation")]
+        if any(isinstance(g, int) and not isinstance(g, bool) and g >= generation for g in held):
+            return GenerationAnswer(True)
+    return GenerationAnswer(False, f"HTTP {status}: {str(answer.get('error') or 'no reason given')[:200]}")
+
+
+class GenerationPublisher:
+    def __init__(self, work: WorkQueue, headers: Mapping[str, str] | None = None) -> None:
+        self.work = work
+        self.headers = dict(headers or {})
+        self.pool = ThreadPoolExecutor(GENERATION_CONCURRENCY, thread_name_prefix="generation")
+        self._lock = threading.Lock()
+        self._told: set[tuple[str, int]] = set()  # (pod uid, generation) taken, or being told now
+        # job key -> (job uid, attempt, {pod name: why}): launchers that did not take the generation.
+        self._refused: dict[str, tuple[str, int, dict[str, str]]] = {}
+
+    def forget(self, key: str) -> None:
+        with self._lock:
+            self._refused.pop(key, None)
+
+    def refusals(self, key: str, job_uid: str, attempt: int) -> dict[str, str]:
+        """Kept pods of this job's current attempt whose launcher refused it or was unreachable."""
+        with self._lock:
+            found = self._refused.get(key)
+        if found is None or found[0] != job_uid or found[1] != attempt:
+            return {}
+        return dict(found[2])
+
+    def publish(self, key: str, job_uid: str, pods: list[dict[str, Any]], status: Mapping[str, Any]) -> None:
+        """Tells every kept pod of the current in-place attempt its generation, once (in the
+        background); returns at once."""
+        kept = kept_pod_uids(status)
+        if not kept or status.get("phase") in ("Succeeded", "Failed"):
+            return
+        attempt = int(status.get("attempt") or 0)
+        by_name = {p["metadata"]["name"]: p for p in pods}
+        for name, uid in kept.items():
+            pod = by_name.get(name)
+            ip = ((pod or {}).get("status") or {}).get("podIP")
+            if pod is None or pod["metadata"].get("uid") != uid or not ip:
+                continue  # gone: the pod's own outcome says so to the next reconcile
+            with self._lock:
+                if (uid, attempt) in self._told:
+                    continue
+                self._told.add((uid, attempt))
+            self.pool.submit(self._tell, key, job_uid, name, uid, str(ip), attempt)
+
+    def _tell(self, key: str, job_uid: str, pod: str, uid: str, ip: str, attempt: int) -> None:
+        body = {
+            "generation": attempt,
+            "env": {c.ENV_ATTEMPT: str(attempt)},
+            "stop": "checkpoint",
+        }
+        answer = GenerationAnswer(False, "not tried")
+        for tries in range(1, GENERATION_TRIES + 1):
+            try:
+                answer = judge_answer(
+                    *post_generation(ip, c.DEFAULT_CONTROL_PORT, body, self.headers), attempt
+                )
+                break
+            except OSError as err:
+                answer = GenerationAnswer(False, f"unreachable at {ip}:{c.DEFAULT_CONTROL_PORT}: {err}")
+                if tries < GENERATION_TRIES:
+                    time.sleep(GENERATION_RETRY_SECONDS)
+        if answer.taken:
+            log.info("%s: %s took restart generation %d", key, pod, attempt)
+            return
+        log.warning("%s: %s did not take restart generation %d: %s", key, pod, attempt, answer.why)
+        with self._lock:
+            self._told.discard((uid, attempt))
+            known = self._refused.get(key)
+            pods = dict(known[2]) if known is not None and known[:2] == (job_uid, attempt) else {}
+            pods[pod] = answer.why
+            self._refused[key] = (job_uid, attempt, pods)
+        self.work.enqueue_threadsafe(key)

@@ -1,0 +1,119 @@
+"""Restart in place (spec.runPolicy.restartStrategy: InPlace), pure: can a disruption of some pods of
+a running gang be recovered by keeping the others, and if not, why not.
+
+Kept pods stay up with their resident launcher (docs/trainer.md, "Restart in place"): the operator
+tells each the next restart generation and replaces only the lost pods, under the same names. When
+that cannot work the caller falls back to the full gang restart and says why (an InPlaceFallback
+Warning event). The reasons, in the order they are checked:
+
+- a second disruption before the in-place attempt trained its first step (two failures in one
+  generation: the survivors' state is no better than a checkpoint's);
+- the gang was not running whole (nothing warm to keep, or a rank never joined);
+- a lost pod is not a preemption or a retryable failure (it succeeded, or still waits);
+- no pod is left running;
+- worker-0 was lost: it hosts the rendezvous store every rank of the generation meets at;
+- a lost pod is on a lost node: it may never go, and its name is taken by it;
+- a kept pod runs no resident launcher (it was created before restartStrategy was InPlace).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from phalanx import constants as c
+from phalanx.pod_facts import is_deleting
+from phalanx.policy.pod_outcome import REASON_NODE_LOST, OutcomeKind, PodOutcome
+
+REASON_IN_PLACE_FALLBACK: Final = "InPlaceFallback"
+RETRYABLE_LOSSES: Final = (OutcomeKind.PREEMPTED, OutcomeKind.FAILED_RETRYABLE)
+
+
+@dataclass(frozen=True)
+class KeptPod:
+    index: int
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True)
+class InPlaceRestart:
+    """Keep these pods, replace the pods of these replica indices."""
+
+    kept: tuple[KeptPod, ...]
+    lost: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """A full gang restart instead, and why (for the InPlaceFallback event)."""
+
+    why: str
+
+
+def runs_resident_launcher(pod: Mapping[str, Any]) -> bool:
+    """The pod was built with a resident launcher (builders/pods.py, restartStrategy InPlace). Read
+    from its annotation: the pod stores keep metadata, not the containers' env (cache.py)."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    return annotations.get(c.ANNOTATION_RESIDENT_LAUNCHER) == "true"
+
+
+def in_place_attempt_unfinished(status: Mapping[str, Any]) -> bool:
+    """The current attempt restarted in place and has not trained its first step yet."""
+    in_place = status.get("inPlace") or {}
+    attempt = int(status.get("attempt") or 0)
+    if in_place.get("attempt") != attempt:
+        return False
+    recovery = status.get("lastRecovery") or {}
+    first_step_done = "firstStep" in (recovery.get("phasesMilliseconds") or {})
+    return not (recovery.get("attempt") == attempt and first_step_done)
+
+
+def plan_in_place(
+    strategy: str,
+    status: Mapping[str, Any],
+    outcomes: Sequence[PodOutcome],
+    current: Mapping[int, Mapping[str, Any]],
+) -> InPlaceRestart | Fallback | None:
+    """For a disruption the gang would restart for: keep the running pods, or fall back (why).
+    None when the job does not restart in place. `status` is the job's status before this
+    decision; `outcomes` one per replica index; `current` the attempt's pods by index."""
+    if strategy != c.RESTART_STRATEGY_IN_PLACE:
+        return None
+    attempt = int(status.get("attempt") or 0)
+    if in_place_attempt_unfinished(status):
+        return Fallback(f"a second disruption before attempt {attempt}, restarted in place, trained its "
+                        "first step (two failures in one generation)")  # fmt: skip
+    if status.get("phase") != "Running":
+        return Fallback(f"the gang was not running whole (phase {status.get('phase') or 'Pending'})")
+    lost = [(i, o) for i, o in enumerate(outcomes) if o.kind is not OutcomeKind.RUNNING]
+    for _, outcome in lost:
+        if outcome.kind not in RETRYABLE_LOSSES:
+            return Fallback(f"{outcome.pod} is {outcome.kind.value}, not preempted or failed retryably")
+    if len(lost) == len(outcomes):
+        return Fallback("no pod of the gang is left running")
+    if any(i == 0 for i, _ in lost):
+        return Fallback(f"{outcomes[0].pod} (rank 0, the host of the generation's rendezvous store) was lost")
+    on_lost_node = [o.pod for _, o in lost if o.reason == REASON_NODE_LOST]
+    if on_lost_node:
+        return Fallback(f"{', '.join(on_lost_node)} on a lost node: it may never go, and holds its name")
+    kept: list[KeptPod] = []
+    lost_indices = {i for i, _ in lost}
+    for index in range(len(outcomes)):
+        if index in lost_indices:
+            continue
+        pod = current[index]
+        metadata = pod.get("metadata") or {}
+        if is_deleting(pod) or not (pod.get("status") or {}).get("podIP"):
+            return Fallback(f"{metadata.get('name')} is going away or has no address")
+        if not runs_resident_launcher(pod):
+            return Fallback(f"{metadata.get('name')} runs no resident launcher (created before "
+                            f"restartStrategy was {c.RESTART_STRATEGY_IN_PLACE})")  # fmt: skip
+        kept.append(KeptPod(index, str(metadata.get("name")), str(metadata.get("uid"))))
+    return InPlaceRestart(tuple(kept), tuple(sorted(lost_indices)))
+
+
+def kept_pods_status(restart: InPlaceRestart) -> list[dict[str, str]]:
+    """status.inPlace.keptPods."""
+    return [{"name": k.name, "uid": k.uid} for k in restart.kept]

@@ -1,0 +1,93 @@
+"""Restart in place (spec.runPolicy.restartStrategy InPlace; policy/in_place.py), pure.
+
+apply: a preemption or retryable failure of some pods of a running gang moves to attempt+1 keeping
+the pods still running (status.inPlace, written with the attempt in one status write); only the lost
+pods are deleted, and their indices are recreated once they are gone (rules/restart.py,
+rules/creation.py). The restart counts as the rule it stands in for would count it: a preemption
+leaves the failure budget alone, a retryable failure spends it. Where in place cannot work, an
+InPlaceFallback event says why and the ordinary rules restart the whole gang.
+
+fallback: the in-place attempt cannot go on (a kept pod's launcher refused its generation or could
+not be reached, or the replacement did not run within the gang timeout): a full restart as a new,
+uncounted attempt of the same recovery (the disruption was counted once already).
+"""
+
+from __future__ import annotations
+
+from phalanx.pod_facts import is_deleting
+from phalanx.policy.in_place import (
+    REASON_IN_PLACE_FALLBACK,
+    Fallback,
+    in_place_attempt_unfinished,
+    kept_pods_status,
+    plan_in_place,
+)
+from phalanx.policy.pod_outcome import VerdictKind
+from phalanx.providers import provider_for
+from phalanx.reconcile.observed import Observed
+from phalanx.reconcile.plan import Event, PlanBuilder, parse_iso
+from phalanx.reconcile.rules.restart import restart_reason
+from phalanx.reconcile.rules.transitions import new_attempt
+
+
+def apply(b: PlanBuilder, seen: Observed) -> bool:
+    verdict, restarts = seen.verdict, b.status["restarts"]
+    if verdict.kind not in (VerdictKind.RESTART_PREEMPTION, VerdictKind.RESTART_FAILURE):
+        return False
+    failure = verdict.kind is VerdictKind.RESTART_FAILURE
+    spent = restarts.get("failures", 0) + restarts.get("hangs", 0)  # hangs spend the same budget
+    if failure and spent >= seen.spec.run_policy.backoff_limit:
+        return False  # rules/failure.py fails the job
+    decision = plan_in_place(seen.spec.run_policy.restart_strategy, b.old, seen.outcomes, seen.current)
+    if decision is None:
+        return False
+    if isinstance(decision, Fallback):
+        b.plan.events.append(
+            Event("Warning", REASON_IN_PLACE_FALLBACK, f"{decision.why}; restarting the whole gang instead")
+        )
+        return False  # rules/failure.py or rules/preemption.py restarts the gang, counted as ever
+    counter = "failures" if failure else "preemptions"
+    restarts[counter] = restarts.get(counter, 0) + 1
+    attempt = int(b.status["attempt"]) + 1
+    b.status["attempt"] = attempt
+    for bookkeeping in ("admittedTime", "createdAttempt", "requeueAfter"):
+        b.status.pop(bookkeeping, None)
+    b.status["inPlace"] = {"attempt": attempt, "keptPods": kept_pods_status(decision), "time": b.now_iso}
+    lost = [seen.current[i] for i in decision.lost if i in seen.current]
+    b.plan.delete_pods.extend(p["metadata"]["name"] for p in lost if not is_deleting(p))
+    kept = ", ".join(k.name for k in decision.kept)
+    replaced = ", ".join(f"worker-{i}" for i in decision.lost)
+    b.phase("Restarting", "FailureRestart" if failure else "Preempted",
+            f"{verdict.message}; restarting in place as attempt {attempt}: keeping {kept}, "
+            f"replacing {replaced}", "Warning")  # fmt: skip
+    return True
+
+
+def fallback(b: PlanBuilder, seen: Observed) -> bool:
+    if not in_place_attempt_unfinished(b.status):
+        return False
+    why = _why_fall_back(b, seen)
+    if why is None:
+        return False
+    reason = restart_reason(b)
+    new_attempt(b, seen.current)
+    b.status.pop("requeueAfter", None)
+    message = f"{why}; restarting the whole gang as attempt {b.status['attempt']} from the newest checkpoint"
+    b.plan.events.append(Event("Warning", REASON_IN_PLACE_FALLBACK, message))
+    b.phase("Restarting", reason, message, "Warning")
+    return True
+
+
+def _why_fall_back(b: PlanBuilder, seen: Observed) -> str | None:
+    kept = {k.get("name") for k in (b.status.get("inPlace") or {}).get("keptPods") or []}
+    refused = sorted((pod, why) for pod, why in seen.launcher_refusals.items() if pod in kept)
+    if refused:
+        return "; ".join(f"the launcher of {pod} did not take the generation: {why}" for pod, why in refused)
+    timeout = seen.spec.scheduling.gang.timeout_seconds if provider_for(seen.spec).admits_gangs else 0
+    since = parse_iso((b.status.get("inPlace") or {}).get("time"))
+    if timeout <= 0 or since is None or seen.running >= seen.spec.replicas:
+        return None
+    if b.now < since + timeout:
+        b.recheck(since + timeout - b.now)
+        return None
+    return f"the replacement pod(s) did not run within spec.scheduling.gang.timeoutSeconds={timeout}"

@@ -1,0 +1,269 @@
+"""Restart in place through decide() (reconcile/rules/in_place.py): the transition that keeps the
+running pods, what the next passes do with them, and every fallback to a full restart with its
+InPlaceFallback event."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from phalanx.api.schema import parse
+from phalanx.api.v1alpha1 import TrainingJobSpec
+from phalanx.builders.pods import JobRef, build_worker_pod
+from phalanx.cache import slim_pod
+from phalanx.reconcile.lifecycle import decide
+from phalanx.reconcile.plan import Event, iso
+from tests.unit.lifecycle_fixtures import NODES, NOW, RUNNING, job, not_ready_node, pod
+
+pytestmark = pytest.mark.unit
+
+IN_PLACE = {"runPolicy": {"restartStrategy": "InPlace", "backoffLimit": 2}}
+LAUNCHER = {"phalanx.dev/resident-launcher": "true"}
+
+
+def resident(index: int, attempt: int = 0, **extra: Any) -> dict[str, Any]:
+    """A pod whose trainer container is a resident launcher (builders/pods.py, restartStrategy InPlace)."""
+    status = {"podIP": f"10.0.0.{index + 1}", **extra.pop("status", {})}
+    metadata = {"annotations": LAUNCHER, **extra.pop("metadata", {})}
+    return pod(index, attempt, status=status, metadata=metadata, **extra)
+
+
+def evicted(index: int, attempt: int = 0) -> dict[str, Any]:
+    return resident(index, attempt, phase="Failed", exit_code=75)
+
+
+def fallbacks(events: list[Event]) -> list[str]:
+    return [e.message for e in events if e.reason == "InPlaceFallback"]
+
+
+def in_place_status(attempt: int = 1, kept: tuple[str, ...] = ("j-worker-0",)) -> dict[str, Any]:
+    return {
+        "attempt": attempt,
+        "phase": "Restarting",
+        "restarts": {"failures": 0, "preemptions": 1},
+        "inPlace": {"attempt": attempt, "keptPods": [{"name": n, "uid": f"p{n[-1]}-0"} for n in kept],
+                    "time": iso(NOW - 5)},
+        "lastRecovery": {"attempt": attempt, "path": "InPlace", "disruptedTime": "2027-01-15T08:00:00.000Z",
+                         "phasesMilliseconds": {}},
+    }  # fmt: skip
+
+
+def test_an_evicted_worker_is_replaced_alone_and_the_running_one_is_kept() -> None:
+    plan = decide(job(dict(RUNNING), **IN_PLACE), [resident(0), evicted(1)], NODES, NOW)
+    assert plan.status["attempt"] == 1
+    assert plan.status["restarts"] == {"failures": 0, "preemptions": 1}
+    assert plan.status["inPlace"] == {"attempt": 1, "keptPods": [{"name": "j-worker-0", "uid": "p0-0"}],
+                                      "time": iso(NOW)}  # fmt: skip
+    assert plan.delete_pods == ["j-worker-1"]  # worker-0 stays
+    assert plan.status["phase"] == "Restarting"
+    assert (
+        "restarting in place as attempt 1: keeping j-worker-0, replacing worker-1" in plan.status["message"]
+    )
+    assert plan.status["lastRecovery"]["path"] == "InPlace"
+    assert fallbacks(plan.events) == []
+
+
+def test_a_retryable_failure_spends_the_failure_budget_as_a_full_restart_would() -> None:
+    plan = decide(job(dict(RUNNING), **IN_PLACE), [resident(0), resident(1, phase="Failed", exit_code=137)],
+                  NODES, NOW)  # fmt: skip
+    assert plan.status["restarts"] == {"failures": 1, "preemptions": 0}
+    assert plan.status["inPlace"]["attempt"] == 1 and plan.delete_pods == ["j-worker-1"]
+    assert plan.status["lastRecovery"]["reason"] == "FailureRestart"
+
+
+def test_a_spent_failure_budget_fails_the_job_rather_than_restarting_in_place() -> None:
+    status = {**RUNNING, "restarts": {"failures": 2, "preemptions": 0}}
+    plan = decide(
+        job(status, **IN_PLACE), [resident(0), resident(1, phase="Failed", exit_code=137)], NODES, NOW
+    )
+    assert plan.status["phase"] == "Failed" and "inPlace" not in plan.status
+
+
+def test_hangs_spend_the_same_failure_budget() -> None:
+    status = {**RUNNING, "restarts": {"failures": 1, "preemptions": 0, "hangs": 1}}
+    plan = decide(
+        job(status, **IN_PLACE), [resident(0), resident(1, phase="Failed", exit_code=137)], NODES, NOW
+    )
+    assert plan.status["phase"] == "Failed" and "inPlace" not in plan.status
+
+
+def test_full_restart_is_the_default() -> None:
+    plan = decide(job(dict(RUNNING)), [resident(0), evicted(1)], NODES, NOW)
+    assert set(plan.delete_pods) == {"j-worker-0", "j-worker-1"} and "inPlace" not in plan.status
+    assert fallbacks(plan.events) == []
+
+
+def test_the_kept_pod_counts_as_the_new_attempt_and_only_the_lost_index_is_created() -> None:
+    # Next pass: the evicted pod is gone; worker-0 (attempt label 0) belongs to attempt 1.
+    status = in_place_status()
+    plan = decide(job(status, **IN_PLACE), [resident(0)], NODES, NOW)
+    assert plan.create_indices == [1] and not plan.attempt_in_names
+    assert plan.delete_pods == []  # housekeeping does not take the kept pod for an older attempt's
+    assert plan.status["replicas"]["active"] == 1
+
+
+def test_a_pod_under_a_kept_name_with_another_uid_is_not_kept() -> None:
+    stranger = resident(0, metadata={"uid": "someone-else"})
+    plan = decide(job(in_place_status(), **IN_PLACE), [stranger], NODES, NOW)
+    assert plan.delete_pods == ["j-worker-0"] and plan.status["phase"] == "Restarting"
+
+
+def test_the_replacement_waits_for_the_lost_pod_to_go() -> None:
+    going = evicted(1)
+    going["metadata"]["deletionTimestamp"] = iso(NOW - 1)
+    plan = decide(job(in_place_status(), **IN_PLACE), [resident(0), going], NODES, NOW)
+    assert plan.create_indices == [] and plan.delete_pods == []
+    assert plan.status["message"] == "waiting for 1 pod(s) of the previous attempt to stop"
+
+
+def test_kept_and_replacement_running_is_running_again() -> None:
+    status = {**in_place_status(), "createdAttempt": 1, "admittedTime": iso(NOW - 2)}
+    plan = decide(job(status, **IN_PLACE), [resident(0), resident(1, attempt=1)], NODES, NOW)
+    assert plan.status["phase"] == "Running"
+    assert plan.status["lastRecovery"]["phasesMilliseconds"].keys() >= {"podsStopped", "podsRunning"}
+
+
+def test_a_second_disruption_before_the_first_step_falls_back_to_a_full_restart() -> None:
+    status = {**in_place_status(), "createdAttempt": 1, "phase": "Running"}
+    plan = decide(job(status, **IN_PLACE), [resident(0), evicted(1, attempt=1)], NODES, NOW)
+    assert set(plan.delete_pods) == {"j-worker-0", "j-worker-1"}
+    assert plan.status["attempt"] == 2 and "inPlace" not in plan.status
+    assert plan.status["restarts"] == {"failures": 0, "preemptions": 2}  # counted as ever
+    assert plan.status["lastRecovery"]["path"] == "FullRestart"
+    [why] = fallbacks(plan.events)
+    assert "two failures in one generation" in why and why.endswith("restarting the whole gang instead")
+
+
+def test_after_its_first_step_an_in_place_attempt_may_restart_in_place_again() -> None:
+    status = {**in_place_status(), "createdAttempt": 1, "phase": "Running"}
+    status["lastRecovery"] = {**status["lastRecovery"], "phasesMilliseconds": {"firstStep": 4000}}
+    kept, lost = resident(0), evicted(1, attempt=1)
+    plan = decide(job(status, **IN_PLACE), [kept, lost], NODES, NOW)
+    assert plan.status["inPlace"]["attempt"] == 2 and plan.delete_pods == ["j-worker-1"]
+    assert plan.status["inPlace"]["keptPods"] == [{"name": "j-worker-0", "uid": "p0-0"}]
+
+
+@pytest.mark.parametrize(
+    ("pods", "why"),
+    [
+        ([evicted(0), resident(1)], "rank 0, the host of the generation's rendezvous store"),
+        ([evicted(0), evicted(1)], "no pod of the gang is left running"),
+        ([pod(0, status={"podIP": "10.0.0.1"}), evicted(1)], "runs no resident launcher"),
+        ([resident(0), resident(1, phase="Succeeded", exit_code=0), evicted(2)], "j-worker-1 is Succeeded"),
+    ],
+)
+def test_what_in_place_cannot_recover_restarts_the_whole_gang_and_says_why(
+    pods: list[dict[str, Any]], why: str
+) -> None:
+    spec = {**IN_PLACE, "replicas": len(pods)}
+    plan = decide(job(dict(RUNNING), **spec), pods, NODES, NOW)
+    assert plan.status["phase"] == "Restarting" and "inPlace" not in plan.status
+    assert {p["metadata"]["name"] for p in pods if p["status"]["phase"] != "Succeeded"} <= set(
+        plan.delete_pods
+    )
+    [message] = fallbacks(plan.events)
+    assert why in message, message
+    assert any(e.type == "Warning" and e.reason == "InPlaceFallback" for e in plan.events)
+
+
+def test_a_pod_on_a_lost_node_falls_back_it_holds_its_name() -> None:
+    nodes = {**NODES, "n1": not_ready_node("n1", NOW - 600)}
+    lost = resident(1, spec={"nodeName": "n1"})
+    plan = decide(job(dict(RUNNING), **IN_PLACE), [resident(0), lost], nodes, NOW, node_lost_after=60)
+    assert "inPlace" not in plan.status and "j-worker-0" in plan.delete_pods
+    [message] = fallbacks(plan.events)
+    assert "on a lost node" in message
+
+
+def test_a_gang_not_yet_running_whole_falls_back() -> None:
+    status = {**RUNNING, "phase": "Admitted"}
+    plan = decide(job(status, **IN_PLACE), [resident(0), evicted(1)], NODES, NOW)
+    assert "inPlace" not in plan.status
+    [message] = fallbacks(plan.events)
+    assert "not running whole (phase Admitted)" in message
+
+
+def test_a_launcher_that_refused_its_generation_falls_back_without_counting_again() -> None:
+    status = in_place_status()
+    refusals = {"j-worker-0": "HTTP 409: the launcher is exiting"}
+    plan = decide(job(status, **IN_PLACE), [resident(0)], NODES, NOW, launcher_refusals=refusals)
+    assert plan.status["attempt"] == 2 and "inPlace" not in plan.status
+    assert plan.delete_pods == ["j-worker-0"]  # the kept pod goes too: every pod is replaced
+    assert plan.status["restarts"] == {"failures": 0, "preemptions": 1}  # the disruption counted once
+    assert (
+        plan.status["lastRecovery"]["path"] == "FullRestart" and plan.status["lastRecovery"]["attempt"] == 2
+    )
+    [message] = fallbacks(plan.events)
+    assert (
+        "the launcher of j-worker-0 did not take the generation: HTTP 409: the launcher is exiting" in message
+    )
+
+
+def test_a_refusal_of_another_pod_or_attempt_changes_nothing() -> None:
+    plan = decide(job(in_place_status(), **IN_PLACE), [resident(0)], NODES, NOW,
+                  launcher_refusals={"j-worker-1": "unreachable"})  # fmt: skip
+    assert plan.status["attempt"] == 1 and plan.create_indices == [1]
+
+
+def test_a_replacement_not_running_within_the_gang_timeout_falls_back() -> None:
+    status = {**in_place_status(), "inPlace": {**in_place_status()["inPlace"], "time": iso(NOW - 301)}}
+    gated = resident(1, attempt=1, phase="Pending", spec={"schedulingGates": [{"name": "phalanx.dev/gang"}]})
+    plan = decide(job({**status, "createdAttempt": 1}, **IN_PLACE), [resident(0), gated], NODES, NOW)
+    assert plan.status["attempt"] == 2 and set(plan.delete_pods) == {"j-worker-0", "j-worker-1"}
+    [message] = fallbacks(plan.events)
+    assert "did not run within spec.scheduling.gang.timeoutSeconds=300" in message
+
+
+def test_before_the_gang_timeout_the_replacement_is_waited_for_and_looked_at_again_in_time() -> None:
+    gated = resident(1, attempt=1, phase="Pending", spec={"schedulingGates": [{"name": "phalanx.dev/gang"}]})
+    plan = decide(
+        job({**in_place_status(), "createdAttempt": 1}, **IN_PLACE), [resident(0), gated], NODES, NOW
+    )
+    assert plan.status["attempt"] == 1 and plan.delete_pods == [] and fallbacks(plan.events) == []
+    assert plan.recheck_after is not None and plan.recheck_after <= 295
+
+
+# -- where the in-place rules stand in reconcile/lifecycle.py's order ---------------------------
+
+
+def test_a_permanent_failure_fails_the_job_rather_than_restarting_in_place() -> None:
+    plan = decide(job(dict(RUNNING), **IN_PLACE), [resident(0), resident(1, phase="Failed", exit_code=1)],
+                  NODES, NOW)  # fmt: skip
+    assert plan.status["phase"] == "Failed" and "inPlace" not in plan.status and fallbacks(plan.events) == []
+
+
+def test_a_passed_deadline_beats_an_in_place_restart() -> None:
+    spec = {"runPolicy": {**IN_PLACE["runPolicy"], "activeDeadlineSeconds": 30}}
+    plan = decide(job(dict(RUNNING), **spec), [resident(0), evicted(1)], NODES, NOW)
+    assert plan.status["phase"] == "Failed" and "inPlace" not in plan.status
+
+
+def test_suspension_of_an_in_place_attempt_deletes_the_kept_pods_too() -> None:
+    spec = {"runPolicy": {**IN_PLACE["runPolicy"], "suspend": True}}
+    plan = decide(job(in_place_status(), **spec), [resident(0)], NODES, NOW)
+    assert plan.status["phase"] == "Suspended" and plan.delete_pods == ["j-worker-0"]
+
+
+def test_a_launcher_refusal_is_acted_on_before_waiting_for_the_lost_pod() -> None:
+    going = evicted(1)
+    going["metadata"]["deletionTimestamp"] = iso(NOW - 1)
+    plan = decide(job(in_place_status(), **IN_PLACE), [resident(0), going], NODES, NOW,
+                  launcher_refusals={"j-worker-0": "unreachable"})  # fmt: skip
+    assert plan.status["attempt"] == 2 and plan.delete_pods == ["j-worker-0"]
+
+
+def test_the_transition_is_decided_on_the_pod_stores_slim_copies_of_built_pods() -> None:
+    # The reconcile reads pods from the watch-fed store (cache.slim_pod), which drops the env: what
+    # marks a resident launcher must survive that (it failed so in the e2e test before the annotation).
+    raw = job(dict(RUNNING), **IN_PLACE)
+    spec = parse(TrainingJobSpec, raw["spec"])
+    ref = JobRef("j", "ns", "u")
+    built = [build_worker_pod(ref, spec, i, 0, raw["spec"]["template"]) for i in range(2)]
+    for i, p in enumerate(built):
+        p["metadata"]["uid"] = f"p{i}-0"
+        p["spec"]["nodeName"] = "n0"
+        p["status"] = {"phase": "Running", "podIP": f"10.0.0.{i + 1}"}
+    built[1]["metadata"]["deletionTimestamp"] = iso(NOW - 1)  # evicted: terminating
+    plan = decide(raw, [slim_pod(p) for p in built], NODES, NOW)
+    assert plan.status["inPlace"]["keptPods"] == [{"name": "j-worker-0", "uid": "p0-0"}], plan.events
