@@ -27,6 +27,9 @@ GANG_SCHEDULING_GATE: Final = f"{GROUP}/gang"
 # On a pod whose trainer is a resident launcher (restartStrategy InPlace): the operator's pod
 # stores keep metadata, not the container env, so this is what says a pod can restart in place.
 ANNOTATION_RESIDENT_LAUNCHER: Final = f"{GROUP}/resident-launcher"
+# A random bearer token per in-place pod: the launcher reads it (downward API env), the operator
+# sends it with each POST /generation (docs/trainer.md "Restart in place").
+ANNOTATION_CONTROL_TOKEN: Final = f"{GROUP}/control-token"
 
 # Exit-code contract between trainer and operator (docs/environment.md).
 EXIT_SUCCESS: Final = 0

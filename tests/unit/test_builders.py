@@ -174,3 +174,22 @@ def test_a_hang_bound_in_the_spec_sets_the_trainers_collective_timeout_above_it(
     assert env[c.ENV_COLLECTIVE_TIMEOUT] == str(3600 + c.HANG_COLLECTIVE_MARGIN_SECONDS)
     # Unset, the trainer keeps its own default (torch's, or 30 s with restart in place).
     assert c.ENV_COLLECTIVE_TIMEOUT not in {e["name"] for e in contract_env(JOB, spec(), 0, 0)}
+
+
+def test_an_in_place_pod_carries_its_control_token_in_an_annotation_the_launcher_reads() -> None:
+    from phalanx import constants as c
+    from phalanx.builders.pods import build_worker_pod
+
+    in_place = spec(runPolicy={"restartStrategy": "InPlace"})
+    template = {"spec": {"containers": [{"name": "trainer", "image": "t"}]}}
+    pod = build_worker_pod(JOB, in_place, 0, 0, template, control_token="tok")
+    assert pod["metadata"]["annotations"][c.ANNOTATION_CONTROL_TOKEN] == "tok"
+    env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
+    source = env[c.ENV_CONTROL_TOKEN]["valueFrom"]["fieldRef"]["fieldPath"]
+    assert (
+        source == f"metadata.annotations['{c.ANNOTATION_CONTROL_TOKEN}']"
+        and "value" not in env[c.ENV_CONTROL_TOKEN]
+    )
+    # A full restart's pods run no control server: no token.
+    plain = build_worker_pod(JOB, spec(), 0, 0, template, control_token="tok")
+    assert c.ANNOTATION_CONTROL_TOKEN not in (plain["metadata"].get("annotations") or {})

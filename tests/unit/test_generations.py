@@ -39,11 +39,13 @@ class Launcher(BaseHTTPRequestHandler):
 
     generation = 0
     bodies: list[dict[str, Any]] = []
+    authorizations: list[str | None] = []
     exiting = False
 
     def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         Launcher.bodies.append(body)
+        Launcher.authorizations.append(self.headers.get("Authorization"))
         if Launcher.exiting or body["generation"] <= Launcher.generation:
             code, answer = 409, {"error": "refused", "generation": Launcher.generation}
         else:
@@ -74,6 +76,7 @@ def launcher(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(c, "DEFAULT_CONTROL_PORT", server.server_address[1])
     monkeypatch.setattr(generations, "GENERATION_RETRY_SECONDS", 0.05)
     Launcher.generation, Launcher.bodies, Launcher.exiting = 0, [], False
+    Launcher.authorizations = []
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield
@@ -141,3 +144,13 @@ def test_nothing_is_sent_without_kept_pods_or_for_a_replaced_pod() -> None:
     publisher.publish("ns/j", "job-uid", [stranger], STATUS)
     settle(publisher)
     assert Launcher.bodies == []
+
+
+@pytest.mark.usefixtures("launcher")
+def test_the_pods_control_token_goes_with_its_post_and_no_other_pods() -> None:
+    publisher = GenerationPublisher(Recorded())
+    pod = kept_pod()
+    pod["metadata"]["annotations"] = {c.ANNOTATION_CONTROL_TOKEN: "tok-of-worker-0"}
+    publisher.publish("ns/j", "job-uid", [pod], STATUS)
+    settle(publisher)
+    assert Launcher.authorizations == ["Bearer tok-of-worker-0"]

@@ -144,6 +144,7 @@ def build_worker_pod(
     cluster_domain: str = "cluster.local",
     attempt_in_name: bool = False,
     avoid_nodes: Sequence[str] = (),
+    control_token: str | None = None,
 ) -> dict[str, Any]:
     """Pod `<job>-worker-<index>` of `attempt` (`<job>-worker-<index>-a<attempt>` with attempt_in_name,
     see policy/node_loss.py), kept off `avoid_nodes` (lost nodes where the previous attempt's pods
@@ -162,6 +163,8 @@ def build_worker_pod(
     annotations = dict(meta_in.get("annotations") or {})
     if spec.run_policy.restart_strategy == c.RESTART_STRATEGY_IN_PLACE:
         annotations[c.ANNOTATION_RESIDENT_LAUNCHER] = "true"
+        if control_token:
+            annotations[c.ANNOTATION_CONTROL_TOKEN] = control_token
 
     pod_spec["hostname"] = worker_hostname(job.name, index, named_attempt)
     if avoid_nodes:
@@ -198,6 +201,13 @@ def build_worker_pod(
             contract_env(job, spec, index, attempt, cluster_domain, attempt_in_name),
             container.get("env") or [],
         )
+        if c.ANNOTATION_CONTROL_TOKEN in annotations:
+            # From the pod's own annotation, not a literal: the operator reads it back from its
+            # pod store (which keeps metadata, not the containers' env) to authenticate its POSTs.
+            path = f"metadata.annotations['{c.ANNOTATION_CONTROL_TOKEN}']"
+            container["env"].insert(
+                0, {"name": c.ENV_CONTROL_TOKEN, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+            )
         _add_limits(container, limits)
         # A trainer that dies of a device error prints it last: with this the kubelet puts the log's
         # tail in the termination message, where pod_outcome.device_error looks for it.

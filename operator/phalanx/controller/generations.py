@@ -120,9 +120,13 @@ class GenerationPublisher:
                 if (uid, attempt) in self._told:
                     continue
                 self._told.add((uid, attempt))
-            self.pool.submit(self._tell, key, job_uid, name, uid, str(ip), attempt)
+            token = ((pod.get("metadata") or {}).get("annotations") or {}).get(c.ANNOTATION_CONTROL_TOKEN)
+            self.pool.submit(self._tell, key, job_uid, name, uid, str(ip), attempt, token)
 
-    def _tell(self, key: str, job_uid: str, pod: str, uid: str, ip: str, attempt: int) -> None:
+    def _tell(
+        self, key: str, job_uid: str, pod: str, uid: str, ip: str, attempt: int, token: str | None = None
+    ) -> None:
+        headers = {**self.headers, **({"Authorization": f"Bearer {token}"} if token else {})}
         body = {
             "generation": attempt,
             "env": {c.ENV_ATTEMPT: str(attempt)},
@@ -131,9 +135,7 @@ class GenerationPublisher:
         answer = GenerationAnswer(False, "not tried")
         for tries in range(1, GENERATION_TRIES + 1):
             try:
-                answer = judge_answer(
-                    *post_generation(ip, c.DEFAULT_CONTROL_PORT, body, self.headers), attempt
-                )
+                answer = judge_answer(*post_generation(ip, c.DEFAULT_CONTROL_PORT, body, headers), attempt)
                 break
             except OSError as err:
                 answer = GenerationAnswer(False, f"unreachable at {ip}:{c.DEFAULT_CONTROL_PORT}: {err}")

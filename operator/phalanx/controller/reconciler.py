@@ -9,6 +9,7 @@ made, and only if the job is still the version decided on.
 from __future__ import annotations
 
 import copy
+import secrets
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -232,6 +233,7 @@ class Reconciler:
                 cluster_domain=self.cluster_domain,
                 attempt_in_name=plan.attempt_in_names,
                 avoid_nodes=plan.avoid_nodes,
+                control_token=secrets.token_urlsafe(32),
             )
             for index in plan.create_indices
         ]
