@@ -88,10 +88,45 @@ ENV_GENERATION_WAIT: Final = "PHALANX_GENERATION_WAIT_SECONDS"
 # spec.runPolicy.restartStrategy, and status.lastRecovery.path of a recovery that took that path.
 RESTART_STRATEGY_FULL: Final = "FullRestart"
 RESTART_STRATEGY_IN_PLACE: Final = "InPlace"
+# What keeps a pod's processes across a restart in place (spec.runPolicy.inPlaceLauncher): the
+# trainer image's resident launcher (told each generation by the operator), or torchrun's elastic
+# agent (it re-forms the gang by itself: c10d rendezvous, builders/torchrun_env.py).
+IN_PLACE_LAUNCHER_PHALANX: Final = "Phalanx"
+IN_PLACE_LAUNCHER_TORCHRUN: Final = "Torchrun"
+RESIDENT_TORCHRUN: Final = "torchrun"  # the resident-launcher annotation's value for a torchrun agent
 # The resident launcher's control endpoint the operator POSTs a restart generation to.
 GENERATION_PATH: Final = "/generation"
 
 # Names the operator owns: a template that sets one of these is rejected at admission.
+# torchrun's elastic agent (bring-your-own trainer, docs/torchrun.md). torchrun reads each CLI flag
+# from PET_<FLAG> (torch/distributed/argparse_util.py); builders/torchrun_env.py sets these.
+ENV_PET_RDZV_BACKEND: Final = "PET_RDZV_BACKEND"
+ENV_PET_RDZV_ENDPOINT: Final = "PET_RDZV_ENDPOINT"
+ENV_PET_RDZV_ID: Final = "PET_RDZV_ID"
+ENV_PET_RDZV_CONF: Final = "PET_RDZV_CONF"
+ENV_PET_MAX_RESTARTS: Final = "PET_MAX_RESTARTS"
+ENV_PET_LOCAL_ADDR: Final = "PET_LOCAL_ADDR"
+TORCHRUN_ELASTIC_ENV_NAMES: Final = (
+    ENV_PET_RDZV_BACKEND,
+    ENV_PET_RDZV_ENDPOINT,
+    ENV_PET_RDZV_ID,
+    ENV_PET_RDZV_CONF,
+    ENV_PET_MAX_RESTARTS,
+    ENV_PET_LOCAL_ADDR,
+)
+# c10d is the rendezvous that lets a surviving agent re-form the gang with a replacement agent;
+# torchrun's default ("static") only restarts a gang whose members all stay the same processes.
+TORCHRUN_RDZV_BACKEND: Final = "c10d"
+# A dead agent stays a member of the rendezvous until it has missed this many heartbeats of this
+# interval (torch's defaults: 5 s x 3 = 15 s), and the survivors wait that long for it to be dropped.
+TORCHRUN_KEEP_ALIVE_INTERVAL_SECONDS: Final = 1
+TORCHRUN_KEEP_ALIVE_MAX_ATTEMPTS: Final = 5
+DEFAULT_TORCHRUN_MAX_RESTARTS: Final = 3
+# torch's agent on group rank 0 otherwise serves one store to its workers for the pod's whole life,
+# and a restarted worker finds the previous generation's gloo/NCCL addresses in it (connection
+# refused, or a hang). Off, rank 0's worker hosts a fresh store for every rendezvous round.
+ENV_TORCH_DISABLE_SHARED_RDZV_STORE: Final = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+
 RESERVED_ENV_NAMES: Final = (
     ENV_MASTER_ADDR,
     ENV_MASTER_PORT,
@@ -123,6 +158,8 @@ RESERVED_ENV_NAMES: Final = (
     ENV_SPARE,
     ENV_COLLECTIVE_TIMEOUT,
     ENV_GENERATION_WAIT,
+    *TORCHRUN_ELASTIC_ENV_NAMES,
+    ENV_TORCH_DISABLE_SHARED_RDZV_STORE,
 )
 
 # NCCL defaults the user may override through the template's env.
@@ -140,32 +177,3 @@ ENV_NODE_LOST_AFTER: Final = "PHALANX_NODE_LOST_AFTER_SECONDS"
 
 # Progress endpoint the trainer's local rank 0 of global rank 0 serves (JSON, see docs/environment.md).
 PROGRESS_PATH: Final = "/progress"
-
-# torchrun's elastic agent (bring-your-own trainer, docs/torchrun.md). torchrun reads each CLI flag
-# from PET_<FLAG> (torch/distributed/argparse_util.py); builders/torchrun_env.py sets these.
-ENV_PET_RDZV_BACKEND: Final = "PET_RDZV_BACKEND"
-ENV_PET_RDZV_ENDPOINT: Final = "PET_RDZV_ENDPOINT"
-ENV_PET_RDZV_ID: Final = "PET_RDZV_ID"
-ENV_PET_RDZV_CONF: Final = "PET_RDZV_CONF"
-ENV_PET_MAX_RESTARTS: Final = "PET_MAX_RESTARTS"
-ENV_PET_LOCAL_ADDR: Final = "PET_LOCAL_ADDR"
-TORCHRUN_ELASTIC_ENV_NAMES: Final = (
-    ENV_PET_RDZV_BACKEND,
-    ENV_PET_RDZV_ENDPOINT,
-    ENV_PET_RDZV_ID,
-    ENV_PET_RDZV_CONF,
-    ENV_PET_MAX_RESTARTS,
-    ENV_PET_LOCAL_ADDR,
-)
-# c10d is the rendezvous that lets a surviving agent re-form the gang with a replacement agent;
-# torchrun's default ("static") only restarts a gang whose members all stay the same processes.
-TORCHRUN_RDZV_BACKEND: Final = "c10d"
-# A dead agent stays a member of the rendezvous until it has missed this many heartbeats of this
-# interval (torch's defaults: 5 s x 3 = 15 s), and the survivors wait that long for it to be dropped.
-TORCHRUN_KEEP_ALIVE_INTERVAL_SECONDS: Final = 1
-TORCHRUN_KEEP_ALIVE_MAX_ATTEMPTS: Final = 5
-DEFAULT_TORCHRUN_MAX_RESTARTS: Final = 3
-# torch's agent on group rank 0 otherwise serves one store to its workers for the pod's whole life,
-# and a restarted worker finds the previous generation's gloo/NCCL addresses in it (connection
-# refused, or a hang). Off, rank 0's worker hosts a fresh store for every rendezvous round.
-ENV_TORCH_DISABLE_SHARED_RDZV_STORE: Final = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"

@@ -193,3 +193,23 @@ def test_an_in_place_pod_carries_its_control_token_in_an_annotation_the_launcher
     # A full restart's pods run no control server: no token.
     plain = build_worker_pod(JOB, spec(), 0, 0, template, control_token="tok")
     assert c.ANNOTATION_CONTROL_TOKEN not in (plain["metadata"].get("annotations") or {})
+
+
+def test_a_torchrun_in_place_pod_gets_torchruns_elastic_settings_and_no_control_server() -> None:
+    from phalanx import constants as c
+    from phalanx.builders.pods import build_worker_pod
+    from phalanx.policy.in_place import runs_resident_launcher, takes_generations
+
+    torchrun = spec(
+        runPolicy={"restartStrategy": "InPlace", "inPlaceLauncher": "Torchrun", "backoffLimit": 4}
+    )
+    template = {"spec": {"containers": [{"name": "trainer", "image": "t", "command": ["torchrun", "x.py"]}]}}
+    pod = build_worker_pod(JOB, torchrun, 1, 0, template, control_token="tok")
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert env[c.ENV_PET_RDZV_BACKEND] == "c10d" and env[c.ENV_PET_MAX_RESTARTS] == "4"
+    assert env[c.ENV_PET_RDZV_ID] == JOB.uid and env[c.ENV_PET_LOCAL_ADDR].startswith(f"{JOB.name}-worker-1.")
+    assert c.ENV_RESTART_IN_PLACE not in env and c.ENV_CONTROL_TOKEN not in env
+    assert not any(
+        p["containerPort"] == c.DEFAULT_CONTROL_PORT for p in pod["spec"]["containers"][0]["ports"]
+    )
+    assert runs_resident_launcher(pod) and not takes_generations(pod)  # kept in place, never POSTed

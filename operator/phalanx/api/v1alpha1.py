@@ -294,6 +294,14 @@ class RunPolicy:
         "FullRestart, with an InPlaceFallback event, when that cannot work (docs/reliability.md).",
         default=c.RESTART_STRATEGY_FULL, enum=(c.RESTART_STRATEGY_FULL, c.RESTART_STRATEGY_IN_PLACE),
     )  # fmt: skip
+    in_place_launcher: str = api_field(
+        "With InPlace, what the trainer container runs. Phalanx: the trainer image (its resident "
+        "launcher takes each restart generation from the operator). Torchrun: a plain `torchrun "
+        "script.py`; its pods get torchrun's elastic settings (c10d rendezvous on worker-0, max "
+        "restarts = backoffLimit) and the agents take the replacement pod in by themselves "
+        "(docs/torchrun.md).",
+        default=c.IN_PLACE_LAUNCHER_PHALANX, enum=(c.IN_PLACE_LAUNCHER_PHALANX, c.IN_PLACE_LAUNCHER_TORCHRUN),
+    )  # fmt: skip
     hang_timeout_seconds: int | None = api_field(
         "Restart the gang (reason Hang) when rank 0 reports no new step for this long; the trainer's "
         "collective timeout is set 30 s above it, at least 600 s. Unset: 20 x the step time, at "

@@ -10,6 +10,7 @@ from typing import Any
 from phalanx import constants as c
 from phalanx.api.v1alpha1 import TrainingJobSpec
 from phalanx.builders.names import service_name, worker_fqdn, worker_hostname, worker_pod_name
+from phalanx.builders.torchrun_env import elastic_env
 from phalanx.providers import provider_for
 
 SHM_VOLUME = "phalanx-dshm"
@@ -64,6 +65,14 @@ def accelerator_limits(spec: TrainingJobSpec) -> dict[str, str]:
     return {}
 
 
+def torchrun_in_place(spec: TrainingJobSpec) -> bool:
+    """Restart in place through torchrun's elastic agent (spec.runPolicy.inPlaceLauncher Torchrun)."""
+    policy = spec.run_policy
+    return policy.restart_strategy == c.RESTART_STRATEGY_IN_PLACE and (
+        policy.in_place_launcher == c.IN_PLACE_LAUNCHER_TORCHRUN
+    )
+
+
 def contract_env(
     job: JobRef,
     spec: TrainingJobSpec,
@@ -98,7 +107,17 @@ def contract_env(
         c.ENV_PREEMPTION_EXIT_CODE: str(c.EXIT_CHECKPOINTED_ON_PREEMPTION),
         c.ENV_GRACE_PERIOD: str(spec.run_policy.termination_grace_period_seconds),
     }
-    if spec.run_policy.restart_strategy == c.RESTART_STRATEGY_IN_PLACE:
+    if torchrun_in_place(spec):
+        # torchrun's elastic agent keeps the pod's processes and re-forms the gang by itself.
+        local = worker_fqdn(
+            job.name, job.namespace, index, cluster_domain, attempt if attempt_in_name else None
+        )
+        values.update(elastic_env(
+            spec.replicas, spec.effective_procs_per_replica, master, spec.rendezvous.port, job.uid,
+            spec.run_policy.backoff_limit, replica_index=index, local_addr=local,
+            join_timeout_seconds=spec.rendezvous.timeout_seconds,
+        ))  # fmt: skip
+    elif spec.run_policy.restart_strategy == c.RESTART_STRATEGY_IN_PLACE:
         # A resident launcher (docs/trainer.md, "Restart in place"): the restart generation is the
         # attempt, so a replacement pod joins the generation its kept peers are told to start.
         values[c.ENV_RESTART_IN_PLACE] = "true"
@@ -161,7 +180,9 @@ def build_worker_pod(
         c.LABEL_ATTEMPT: str(attempt),
     }
     annotations = dict(meta_in.get("annotations") or {})
-    if spec.run_policy.restart_strategy == c.RESTART_STRATEGY_IN_PLACE:
+    if torchrun_in_place(spec):
+        annotations[c.ANNOTATION_RESIDENT_LAUNCHER] = c.RESIDENT_TORCHRUN
+    elif spec.run_policy.restart_strategy == c.RESTART_STRATEGY_IN_PLACE:
         annotations[c.ANNOTATION_RESIDENT_LAUNCHER] = "true"
         if control_token:
             annotations[c.ANNOTATION_CONTROL_TOKEN] = control_token
@@ -216,7 +237,9 @@ def build_worker_pod(
         ports = container.setdefault("ports", [])
         if not any(p.get("name") == "metrics" for p in ports):
             ports.append({"name": "metrics", "containerPort": c.DEFAULT_METRICS_PORT, "protocol": "TCP"})
-        in_place = spec.run_policy.restart_strategy == c.RESTART_STRATEGY_IN_PLACE
+        in_place = spec.run_policy.restart_strategy == c.RESTART_STRATEGY_IN_PLACE and not torchrun_in_place(
+            spec
+        )
         if in_place and not any(p.get("containerPort") == c.DEFAULT_CONTROL_PORT for p in ports):
             ports.append({"name": "control", "containerPort": c.DEFAULT_CONTROL_PORT, "protocol": "TCP"})
         if not any(p.get("containerPort") == spec.rendezvous.port for p in ports):

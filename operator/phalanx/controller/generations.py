@@ -25,6 +25,7 @@ from typing import Any, Final
 from phalanx import constants as c
 from phalanx.controller.queue import WorkQueue
 from phalanx.pod_facts import kept_pod_uids
+from phalanx.policy.in_place import takes_generations
 
 log = logging.getLogger("phalanx.controller")
 
@@ -116,6 +117,8 @@ class GenerationPublisher:
             ip = ((pod or {}).get("status") or {}).get("podIP")
             if pod is None or pod["metadata"].get("uid") != uid or not ip:
                 continue  # gone: the pod's own outcome says so to the next reconcile
+            if not takes_generations(pod):
+                continue  # a torchrun agent: it takes the replacement in by itself
             with self._lock:
                 if (uid, attempt) in self._told:
                     continue

@@ -53,8 +53,15 @@ class Fallback:
 
 
 def runs_resident_launcher(pod: Mapping[str, Any]) -> bool:
-    """The pod was built with a resident launcher (builders/pods.py, restartStrategy InPlace). Read
-    from its annotation: the pod stores keep metadata, not the containers' env (cache.py)."""
+    """The pod was built to outlive its workers (builders/pods.py, restartStrategy InPlace): the
+    trainer's resident launcher, or torchrun's elastic agent. Read from its annotation: the pod
+    stores keep metadata, not the containers' env (cache.py)."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    return annotations.get(c.ANNOTATION_RESIDENT_LAUNCHER) in ("true", c.RESIDENT_TORCHRUN)
+
+
+def takes_generations(pod: Mapping[str, Any]) -> bool:
+    """Its resident launcher is told each generation (a torchrun agent re-forms the gang itself)."""
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     return annotations.get(c.ANNOTATION_RESIDENT_LAUNCHER) == "true"
 
