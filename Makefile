@@ -7,7 +7,7 @@ PYTEST := $(BIN)/pytest
 STAMP := $(VENV)/.installed
 
 .PHONY: help system-deps venv cluster-bin kueue-bin lint typecheck test test-unit test-integration test-e2e test-trainer \
-        crd crd-check docs chart-lint kind-up demo bench bench-trainer bench-checkpoint bench-gang bench-recovery bench-failover gpu-check dev-up dev-down clean
+        crd crd-check docs chart-lint kind-up demo bench bench-trainer bench-checkpoint bench-gang bench-recovery bench-goodput bench-failover gpu-check dev-up dev-down clean
 
 help:
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -91,8 +91,11 @@ bench-gang: $(STAMP) cluster-bin
 bench-failover: $(STAMP) cluster-bin ## leader failover: SIGKILL and SIGTERM the leader, 5 rounds each
 	$(BIN)/python bench/failover_bench.py
 
-bench-recovery: system-deps $(STAMP) cluster-bin
+bench-recovery: system-deps $(STAMP) cluster-bin ## full restart vs restart in place, 6 evictions each, interleaved -> bench/results/recovery.json
 	$(BIN)/python bench/recovery_bench.py
+
+bench-goodput: system-deps $(STAMP) cluster-bin ## not in CI, over an hour: 30 min jobs, an eviction every 5 min, in place vs full restart -> bench/results/goodput.json
+	$(BIN)/python bench/goodput_bench.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

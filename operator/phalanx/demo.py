@@ -267,8 +267,9 @@ class Demo:
         return out.stdout
 
     # -- the job -------------------------------------------------------------------------------
-    def submit(self, steps: int | None = None) -> int:
-        """Applies the example with the checkpoint directory moved under the output directory."""
+    def submit(self, steps: int | None = None, run_policy: dict[str, Any] | None = None) -> int:
+        """Applies the example with the checkpoint directory moved under the output directory (and
+        `run_policy` merged into spec.runPolicy)."""
         import yaml
 
         documents = list(yaml.safe_load_all(DEMO_JOB.read_text()))
@@ -279,6 +280,7 @@ class Demo:
             "hostPath": {"path": str(checkpoints), "type": "DirectoryOrCreate"}
         }
         job["spec"]["rendezvous"]["port"] = free_port()
+        job["spec"]["runPolicy"] = {**job["spec"].get("runPolicy", {}), **(run_policy or {})}
         config_map = next(d for d in documents if d["kind"] == "ConfigMap")
         total = int(yaml.safe_load(config_map["data"]["trainer.yaml"])["job"]["steps"])
         if steps is not None:

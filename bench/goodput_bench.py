@@ -1,0 +1,172 @@
+"""Goodput under preemption: a long job evicted every few minutes, restart in place against a full
+gang restart, in the same run. Not part of CI: at its defaults it takes over an hour.
+
+    python bench/goodput_bench.py [--minutes 30] [--evict-every 300] [--paths in_place,full_restart]
+
+1. A reference run of the demo job, undisturbed, gives the median step time of this machine now
+   (the trainer's own step time: data wait, forward/backward, optimizer).
+2. Per path, a job sized to train for about `--minutes` undisturbed, with one worker evicted
+   (Eviction API, alternating workers) every `--evict-every` seconds of wall time, each once the
+   previous recovery completed.
+
+goodput = (steps in the final model x the reference median step time) / (wall time from submission to
+success): start-up, recovery, redone steps and checkpoint stalls all count against it. Writes
+bench/results/goodput.json: `goodput` (restart in place), `goodput_full_restart`, the reference step
+time, the evictions and each job's status.goodput ledger (the operator's own accounting of the same
+time, by cause), and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from phalanx.demo import JOB, Demo, kept_steps, parse_trainer_log
+
+RESULTS = Path(__file__).resolve().parent / "results"
+STRATEGY = {"full_restart": "FullRestart", "in_place": "InPlace"}
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+def reference_step_seconds(demo: Demo, steps: int, timeout: float) -> float:
+    demo.submit(steps)
+    wait_done(demo, timeout, "reference")
+    records = kept_steps(parse_trainer_log(demo.rank0_log())).values()
+    seconds = [r.step_seconds for r in records if r.step > 1]  # the first step warms up
+    if not seconds:
+        raise RuntimeError(f"the reference run logged no steps; see {demo.out_dir}")
+    return statistics.median(seconds)
+
+
+def wait_done(demo: Demo, timeout: float, what: str) -> dict[str, Any]:
+    began = time.monotonic()
+    while time.monotonic() - began < timeout:
+        status = demo.job_status()
+        if status.get("phase") == "Succeeded":
+            return status
+        if status.get("phase") == "Failed":
+            raise RuntimeError(f"{what}: the job failed ({status.get('message')}); see {demo.out_dir}")
+        time.sleep(1.0)
+    raise RuntimeError(f"{what}: not done after {timeout:.0f}s; see {demo.out_dir}")
+
+
+def evicted_run(demo: Demo, path: str, steps: int, every: float, step_seconds: float,
+                timeout: float) -> dict[str, Any]:  # fmt: skip
+    submitted = time.time()
+    demo.submit(steps, run_policy={"restartStrategy": STRATEGY[path]})
+    evictions: list[dict[str, Any]] = []
+    next_at = submitted + every
+    last_report = 0.0
+    status: dict[str, Any] = {}
+    while time.time() - submitted < timeout:
+        status = demo.job_status()
+        if status.get("phase") in ("Succeeded", "Failed"):
+            break
+        recovery = status.get("lastRecovery") or {}
+        recovered = "firstStep" in (recovery.get("phasesMilliseconds") or {})
+        settled = not evictions or (recovery.get("attempt") == len(evictions) and recovered)
+        if (
+            evictions
+            and recovered
+            and "path" not in evictions[-1]
+            and recovery.get("attempt") == len(evictions)
+        ):
+            evictions[-1].update(path=recovery.get("path"), summary=recovery.get("summary"))
+        if time.time() >= next_at and settled and status.get("phase") == "Running":
+            pod = f"{JOB}-worker-{(len(evictions) + 1) % 2}"
+            step = (status.get("progress") or {}).get("step")
+            evictions.append({"at_seconds": round(time.time() - submitted, 1), "pod": pod, "step": step})
+            say(f"  {path}: {time.time() - submitted:.0f}s, step {step}: evicting {pod}")
+            demo.evict(pod)
+            next_at = time.time() + every
+        if time.time() - last_report >= 60:
+            last_report = time.time()
+            progress = status.get("progress") or {}
+            say(f"  {path}: {time.time() - submitted:.0f}s, step {progress.get('step')}/{steps}, "
+                f"goodput so far {(status.get('goodput') or {}).get('ratio')}")  # fmt: skip
+        time.sleep(0.5)
+    wall = time.time() - submitted
+    if status.get("phase") != "Succeeded":
+        raise RuntimeError(f"{path}: the job ended {status.get('phase') or 'nowhere'} after {wall:.0f}s")
+    final_steps = max(kept_steps(parse_trainer_log(demo.rank0_log())), default=0)
+    return {
+        "goodput": round(final_steps * step_seconds / wall, 4),
+        "steps": final_steps,
+        "wall_seconds": round(wall, 1),
+        "evictions": evictions,
+        "restarts": status.get("restarts"),
+        "ledger": status.get("goodput"),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--minutes", type=float, default=30.0, help="undisturbed training time per job")
+    parser.add_argument("--evict-every", type=float, default=300.0, help="seconds between evictions")
+    parser.add_argument("--paths", default="in_place,full_restart")
+    parser.add_argument("--reference-steps", type=int, default=200)
+    parser.add_argument("--out", type=Path, default=RESULTS / "goodput.json")
+    args = parser.parse_args(argv)
+    paths = [p.strip() for p in args.paths.split(",") if p.strip()]
+    if unknown := [p for p in paths if p not in STRATEGY]:
+        parser.error(f"--paths: unknown {unknown}; choose from {', '.join(STRATEGY)}")
+
+    from phalanx.devcluster.cluster import default_state_dir
+
+    state_dir = default_state_dir("bench-goodput")
+    work = state_dir.parent / "bench-goodput-runs"
+    (work / "reference").mkdir(parents=True, exist_ok=True)
+    reference = Demo(work / "reference", state_dir, say, namespace="goodput-reference")
+    runs: dict[str, dict[str, Any]] = {}
+    try:
+        reference.up()
+        say(f"reference: {args.reference_steps} steps, undisturbed")
+        step_seconds = reference_step_seconds(reference, args.reference_steps, timeout=1800)
+        steps = max(args.reference_steps, int(args.minutes * 60 / step_seconds))
+        say(f"median step {step_seconds * 1000:.1f} ms: {steps} steps per job (~{args.minutes:.0f} min)")
+        for path in paths:
+            (work / path).mkdir(parents=True, exist_ok=True)
+            demo = Demo(
+                work / path, reference.cluster.state_dir, say, namespace=f"goodput-{path.replace('_', '-')}"
+            )
+            demo.kubectl, demo.api = reference.kubectl, reference.api
+            say(f"{path}: {steps} steps, an eviction every {args.evict_every:.0f}s")
+            runs[path] = evicted_run(demo, path, steps, args.evict_every, step_seconds,
+                                     timeout=max(3600.0, 4 * args.minutes * 60))  # fmt: skip
+    finally:
+        reference.down()
+
+    result = {
+        "benchmark": "goodput",
+        "goodput": runs.get("in_place", {}).get("goodput"),
+        "goodput_full_restart": runs.get("full_restart", {}).get("goodput"),
+        "goal": 0.97,
+        "reference_step_seconds": round(step_seconds, 5),
+        "minutes": args.minutes,
+        "evict_every_seconds": args.evict_every,
+        "runs": runs,
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg": os.getloadavg()},
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    say(f"{'path':<14} {'goodput':>8} {'evictions':>9} {'wall s':>8}  operator's ratio")
+    for path, run in runs.items():
+        ratio = (run["ledger"] or {}).get("ratio")
+        say(f"{path:<14} {run['goodput']:>8} {len(run['evictions']):>9} {run['wall_seconds']:>8}  {ratio}")
+    say(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
