@@ -5,9 +5,9 @@ gang restart, in the same run. Not part of CI: at its defaults it takes over an 
 
 1. A reference run of the demo job, undisturbed, gives the median step time of this machine now
    (the trainer's own step time: data wait, forward/backward, optimizer).
-2. Per path, a job sized to train for about `--minutes` undisturbed, with one worker evicted
-   (Eviction API, alternating workers) every `--evict-every` seconds of wall time, each once the
-   previous recovery completed.
+2. Per path, a job sized to train for about `--minutes` undisturbed, with worker-1 evicted
+   (Eviction API) every `--evict-every` seconds of wall time, each once the previous recovery
+   completed (worker-0 hosts the rendezvous store: losing it falls back to a full restart).
 
 goodput = (steps in the final model x the reference median step time) / (wall time from submission to
 success): start-up, recovery, redone steps and checkpoint stalls all count against it. Writes
@@ -83,7 +83,7 @@ def evicted_run(demo: Demo, path: str, steps: int, every: float, step_seconds: f
         ):
             evictions[-1].update(path=recovery.get("path"), summary=recovery.get("summary"))
         if time.time() >= next_at and settled and status.get("phase") == "Running":
-            pod = f"{JOB}-worker-{(len(evictions) + 1) % 2}"
+            pod = f"{JOB}-worker-1"  # losing worker-0 (the rendezvous host) falls back to a full restart
             step = (status.get("progress") or {}).get("step")
             evictions.append({"at_seconds": round(time.time() - submitted, 1), "pod": pod, "step": step})
             say(f"  {path}: {time.time() - submitted:.0f}s, step {step}: evicting {pod}")

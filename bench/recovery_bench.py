@@ -5,9 +5,10 @@
 
 Brings up its own local cluster with one dev node and the operator (phalanx.demo's set-up). Each
 round runs the demo job once per path, the order alternating from round to round so that a slow
-patch of the shared machine falls on both, and evicts one worker (through the Eviction API, as
-`kubectl drain` does) `--evictions-per-job` times per job, alternating between the two workers, at
-evenly spaced steps, each after the previous recovery has completed. Paths:
+patch of the shared machine falls on both, and evicts worker-1 (through the Eviction API, as
+`kubectl drain` does) `--evictions-per-job` times per job, at evenly spaced steps, each after the
+previous recovery has completed. Worker-0 is not evicted: it hosts the rendezvous store, and losing
+it makes an in-place job fall back to a full restart (docs/reliability.md). Paths:
 
 - full_restart: spec.runPolicy.restartStrategy FullRestart (today's default): every pod goes, every
   rank starts cold;
@@ -67,7 +68,7 @@ def run_job(demo: Demo, path: str, steps: int, evictions: int, timeout: float) -
         step = (status.get("progress") or {}).get("step")
         if evicted_at is None and len(recoveries) < len(targets) and isinstance(step, int):
             if step >= targets[len(recoveries)] and status.get("phase") == "Running":
-                pod = f"{JOB}-worker-{(len(recoveries) + 1) % 2}"
+                pod = f"{JOB}-worker-1"  # the same disruption on both paths (losing worker-0 falls back)
                 demo.say(f"  {path}: step {step}: evicting {pod}")
                 evicted_at = time.time()
                 demo.evict(pod)
