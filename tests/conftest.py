@@ -24,6 +24,22 @@ from phalanx.devcluster.nodes import DEFAULT_POOLS, NodePool, node_manifests
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
+# Under pytest-xdist (`make test` runs `-n 2 --dist loadgroup`) each worker is its own test session
+# with its own cluster and operator. The torch-heavy tests (e2e training, the trainer matrix) share
+# one group, so they run one after another on one worker instead of fighting for the 2 cores, while
+# the other worker takes the integration tests, which mostly wait on real timers. Every other file is
+# a group of its own: its module-scoped fixtures (a reference run, a trained model) are built once.
+TORCH_GROUP = "torch"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if getattr(config.option, "dist", "no") == "no":
+        return
+    for item in items:
+        heavy = item.get_closest_marker("e2e") or item.get_closest_marker("trainer")
+        group = TORCH_GROUP if heavy else item.path.relative_to(REPO_ROOT).as_posix()
+        item.add_marker(pytest.mark.xdist_group(group))
+
 
 @dataclass
 class Cluster:
