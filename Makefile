@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 # on one worker. PYTEST_WORKERS=0 runs in one process. PYTEST_ARGS: extra arguments (--durations=30).
 PYTEST_WORKERS ?= 2
 PYTEST_ARGS ?=
-XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadgroup)
+XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadscope)
 
 .PHONY: help system-deps venv cluster-bin lint typecheck test test-unit test-integration test-e2e test-trainer \
         crd crd-check docs chart-lint kind-up demo bench bench-trainer bench-checkpoint bench-gang bench-recovery bench-failover gpu-check dev-up dev-down clean

@@ -24,21 +24,28 @@ from phalanx.devcluster.nodes import DEFAULT_POOLS, NodePool, node_manifests
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
-# Under pytest-xdist (`make test` runs `-n 2 --dist loadgroup`) each worker is its own test session
-# with its own cluster and operator. The torch-heavy tests (e2e training, the trainer matrix) share
-# one group, so they run one after another on one worker instead of fighting for the 2 cores, while
-# the other worker takes the integration tests, which mostly wait on real timers. Every other file is
-# a group of its own: its module-scoped fixtures (a reference run, a trained model) are built once.
+# Under pytest-xdist (`make test` runs `-n 2 --dist loadscope`) each worker is its own test session
+# with its own cluster and operator. The torch-heavy tests (tests/e2e training, tests/trainer) form one
+# scope, so they run one after another on one worker instead of fighting for the 2 cores, while the
+# other worker takes the integration tests, which mostly wait on real timers. Every other file is a
+# scope of its own, so its module-scoped fixtures (a reference run, a trained model) are built once.
+# (xdist's own loadgroup cannot group with pytest 9: it renames item._nodeid, which pytest 9 dropped.)
 TORCH_GROUP = "torch"
+TORCH_HEAVY_DIRS = ("tests/e2e/", "tests/trainer/")
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if getattr(config.option, "dist", "no") == "no":
-        return
-    for item in items:
-        heavy = item.get_closest_marker("e2e") or item.get_closest_marker("trainer")
-        group = TORCH_GROUP if heavy else item.path.relative_to(REPO_ROOT).as_posix()
-        item.add_marker(pytest.mark.xdist_group(group))
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getoption("dist") != "loadscope":
+        return None  # xdist's own scheduler for the mode asked for
+    from xdist.scheduler import LoadScopeScheduling
+
+    class TorchHeavyTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return TORCH_GROUP if path.startswith(TORCH_HEAVY_DIRS) else path
+
+    return TorchHeavyTogether(config, log)
 
 
 @dataclass
