@@ -5,6 +5,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 PYTEST := $(BIN)/pytest
 STAMP := $(VENV)/.installed
+# `make test` and `make test-integration` run on PYTEST_WORKERS pytest-xdist workers, each with its
+# own cluster and operator; tests/conftest.py keeps the torch-heavy tests on one worker and each file
+# on one worker. PYTEST_WORKERS=0 runs in one process. PYTEST_ARGS: extra arguments (--durations=30).
+PYTEST_WORKERS ?= 2
+PYTEST_ARGS ?=
+XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadscope)
 
 .PHONY: help system-deps venv cluster-bin kueue-bin lint typecheck test test-unit test-integration test-e2e test-trainer \
         crd crd-check docs chart-lint kind-up demo bench bench-trainer bench-checkpoint bench-gang bench-recovery bench-goodput bench-failover gpu-check dev-up dev-down clean
@@ -51,13 +57,13 @@ test-trainer: $(STAMP) ## trainer tests (torch.distributed on CPU with gloo)
 	$(PYTEST) -m trainer -q
 
 test-integration: system-deps $(STAMP) cluster-bin kueue-bin ## integration tests against the local control plane
-	$(PYTEST) -m integration -q
+	$(PYTEST) -m integration -q $(XDIST) $(PYTEST_ARGS)
 
 test-e2e: system-deps $(STAMP) cluster-bin ## end-to-end: real training through the operator
 	$(PYTEST) -m e2e -q
 
 test: system-deps $(STAMP) cluster-bin kueue-bin lint typecheck crd-check ## the whole suite: lint, types, CRD freshness, all tests
-	$(PYTEST) -q
+	$(PYTEST) -q $(XDIST) $(PYTEST_ARGS)
 
 chart-lint: cluster-bin ## helm lint --strict the chart
 	"$$(bash hack/cluster-bin.sh --print-dir)/helm" lint --strict charts/phalanx --kube-version 1.36.3

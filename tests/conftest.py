@@ -24,6 +24,29 @@ from phalanx.devcluster.nodes import DEFAULT_POOLS, NodePool, node_manifests
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
+# Under pytest-xdist (`make test` runs `-n 2 --dist loadscope`) each worker is its own test session
+# with its own cluster and operator. The torch-heavy tests (tests/e2e training, tests/trainer) form one
+# scope, so they run one after another on one worker instead of fighting for the 2 cores, while the
+# other worker takes the integration tests, which mostly wait on real timers. Every other file is a
+# scope of its own, so its module-scoped fixtures (a reference run, a trained model) are built once.
+# (xdist's own loadgroup cannot group with pytest 9: it renames item._nodeid, which pytest 9 dropped.)
+TORCH_GROUP = "torch"
+TORCH_HEAVY_DIRS = ("tests/e2e/", "tests/trainer/")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getoption("dist") != "loadscope":
+        return None  # xdist's own scheduler for the mode asked for
+    from xdist.scheduler import LoadScopeScheduling
+
+    class TorchHeavyTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return TORCH_GROUP if path.startswith(TORCH_HEAVY_DIRS) else path
+
+    return TorchHeavyTogether(config, log)
+
 
 @dataclass
 class Cluster:
