@@ -122,6 +122,10 @@ TORCHRUN_RDZV_BACKEND: Final = "c10d"
 TORCHRUN_KEEP_ALIVE_INTERVAL_SECONDS: Final = 1
 TORCHRUN_KEEP_ALIVE_MAX_ATTEMPTS: Final = 5
 DEFAULT_TORCHRUN_MAX_RESTARTS: Final = 3
+# An agent's restart budget lasts the pod's whole life and every in-place recovery spends one on
+# every kept agent (its workers fail with the lost peer): the operator keeps the job's budget
+# (backoffLimit, preemptions free), so the agents get one they never reach.
+TORCHRUN_IN_PLACE_MAX_RESTARTS: Final = 1_000_000
 # torch's agent on group rank 0 otherwise serves one store to its workers for the pod's whole life,
 # and a restarted worker finds the previous generation's gloo/NCCL addresses in it (connection
 # refused, or a hang). Off, rank 0's worker hosts a fresh store for every rendezvous round.

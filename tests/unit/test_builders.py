@@ -206,7 +206,11 @@ def test_a_torchrun_in_place_pod_gets_torchruns_elastic_settings_and_no_control_
     template = {"spec": {"containers": [{"name": "trainer", "image": "t", "command": ["torchrun", "x.py"]}]}}
     pod = build_worker_pod(JOB, torchrun, 1, 0, template, control_token="tok")
     env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
-    assert env[c.ENV_PET_RDZV_BACKEND] == "c10d" and env[c.ENV_PET_MAX_RESTARTS] == "4"
+    # The operator keeps the budget (preemptions free): the agents get one they never reach.
+    assert env[c.ENV_PET_RDZV_BACKEND] == "c10d" and env[c.ENV_PET_MAX_RESTARTS] == str(
+        c.TORCHRUN_IN_PLACE_MAX_RESTARTS
+    )
+    assert "join_timeout=" in env[c.ENV_PET_RDZV_CONF]
     assert env[c.ENV_PET_RDZV_ID] == JOB.uid and env[c.ENV_PET_LOCAL_ADDR].startswith(f"{JOB.name}-worker-1.")
     assert c.ENV_RESTART_IN_PLACE not in env and c.ENV_CONTROL_TOKEN not in env
     assert not any(

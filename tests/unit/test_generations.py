@@ -85,7 +85,11 @@ def launcher(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def kept_pod(ip: str = "127.0.0.1") -> dict[str, Any]:
-    return {"metadata": {"name": "j-worker-0", "uid": "u0"}, "status": {"podIP": ip}}
+    annotations = {c.ANNOTATION_RESIDENT_LAUNCHER: "true"}  # built with the trainer's resident launcher
+    return {
+        "metadata": {"name": "j-worker-0", "uid": "u0", "annotations": annotations},
+        "status": {"podIP": ip},
+    }
 
 
 STATUS = {"attempt": 1, "phase": "Restarting", "inPlace": {"attempt": 1, "keptPods": [{"name": "j-worker-0", "uid": "u0"}]}}  # fmt: skip
@@ -150,7 +154,17 @@ def test_nothing_is_sent_without_kept_pods_or_for_a_replaced_pod() -> None:
 def test_the_pods_control_token_goes_with_its_post_and_no_other_pods() -> None:
     publisher = GenerationPublisher(Recorded())
     pod = kept_pod()
-    pod["metadata"]["annotations"] = {c.ANNOTATION_CONTROL_TOKEN: "tok-of-worker-0"}
+    pod["metadata"]["annotations"][c.ANNOTATION_CONTROL_TOKEN] = "tok-of-worker-0"
     publisher.publish("ns/j", "job-uid", [pod], STATUS)
     settle(publisher)
     assert Launcher.authorizations == ["Bearer tok-of-worker-0"]
+
+
+@pytest.mark.usefixtures("launcher")
+def test_a_torchrun_pod_kept_in_place_is_told_nothing() -> None:
+    publisher = GenerationPublisher(Recorded())
+    pod = kept_pod()
+    pod["metadata"]["annotations"][c.ANNOTATION_RESIDENT_LAUNCHER] = c.RESIDENT_TORCHRUN
+    publisher.publish("ns/j", "job-uid", [pod], STATUS)
+    settle(publisher)
+    assert Launcher.bodies == []

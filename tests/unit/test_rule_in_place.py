@@ -267,3 +267,23 @@ def test_the_transition_is_decided_on_the_pod_stores_slim_copies_of_built_pods()
     built[1]["metadata"]["deletionTimestamp"] = iso(NOW - 1)  # evicted: terminating
     plan = decide(raw, [slim_pod(p) for p in built], NODES, NOW)
     assert plan.status["inPlace"]["keptPods"] == [{"name": "j-worker-0", "uid": "p0-0"}], plan.events
+
+
+def test_a_kept_pod_that_fails_on_its_own_is_judged_and_counted_not_taken_for_a_refusal() -> None:
+    # From the review: its launcher answers no more (refusal) and the gang timeout passed, yet the
+    # pod's own exit 1 is what happened: the job fails as any permanent failure fails it.
+    status = {**in_place_status(), "inPlace": {**in_place_status()["inPlace"], "time": iso(NOW - 400)}}
+    crashed = resident(0, phase="Failed", exit_code=1)
+    plan = decide(job({**status, "createdAttempt": 1}, **IN_PLACE), [crashed, resident(1, attempt=1)], NODES, NOW,
+                  launcher_refusals={"j-worker-0": "unreachable"})  # fmt: skip
+    assert plan.status["phase"] == "Failed" and not fallbacks(plan.events)
+
+
+def test_a_kept_pod_gone_before_the_replacement_runs_is_a_second_disruption_not_recreated_quietly() -> None:
+    # From the review: worker-1 evicted, worker-0 and worker-2 kept; worker-2's node is deleted.
+    status = in_place_status(kept=("j-worker-0", "j-worker-2"))
+    plan = decide(job(status, replicas=3, **IN_PLACE), [resident(0)], NODES, NOW)
+    assert plan.status["attempt"] == 2 and "inPlace" not in plan.status
+    assert plan.status["restarts"]["preemptions"] == 2  # counted: a disruption of its own
+    [message] = fallbacks(plan.events)
+    assert "j-worker-2 gone" in message

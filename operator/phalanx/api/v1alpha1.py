@@ -297,8 +297,8 @@ class RunPolicy:
     in_place_launcher: str = api_field(
         "With InPlace, what the trainer container runs. Phalanx: the trainer image (its resident "
         "launcher takes each restart generation from the operator). Torchrun: a plain `torchrun "
-        "script.py`; its pods get torchrun's elastic settings (c10d rendezvous on worker-0, max "
-        "restarts = backoffLimit) and the agents take the replacement pod in by themselves "
+        "script.py`; its pods get torchrun's elastic settings (c10d rendezvous on worker-0; the "
+        "operator keeps the restart budget) and the agents take the replacement pod in by themselves "
         "(docs/torchrun.md).",
         default=c.IN_PLACE_LAUNCHER_PHALANX, enum=(c.IN_PLACE_LAUNCHER_PHALANX, c.IN_PLACE_LAUNCHER_TORCHRUN),
     )  # fmt: skip

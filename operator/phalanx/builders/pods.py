@@ -114,8 +114,13 @@ def contract_env(
         )
         values.update(elastic_env(
             spec.replicas, spec.effective_procs_per_replica, master, spec.rendezvous.port, job.uid,
-            spec.run_policy.backoff_limit, replica_index=index, local_addr=local,
-            join_timeout_seconds=spec.rendezvous.timeout_seconds,
+            c.TORCHRUN_IN_PLACE_MAX_RESTARTS, replica_index=index, local_addr=local,
+            # The kept agents wait for the replacement: the lost pod's grace period, admission and
+            # the gang timeout may all come first.
+            join_timeout_seconds=max(
+                spec.rendezvous.timeout_seconds,
+                spec.run_policy.termination_grace_period_seconds + spec.scheduling.gang.timeout_seconds + 60,
+            ),
         ))  # fmt: skip
     elif spec.run_policy.restart_strategy == c.RESTART_STRATEGY_IN_PLACE:
         # A resident launcher (docs/trainer.md, "Restart in place"): the restart generation is the

@@ -14,7 +14,7 @@ uncounted attempt of the same recovery (the disruption was counted once already)
 
 from __future__ import annotations
 
-from phalanx.pod_facts import is_deleting
+from phalanx.pod_facts import is_deleting, is_terminal
 from phalanx.policy.in_place import (
     REASON_IN_PLACE_FALLBACK,
     Fallback,
@@ -66,7 +66,17 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
 def fallback(b: PlanBuilder, seen: Observed) -> bool:
     if not in_place_attempt_unfinished(b.status):
         return False
-    why = _why_fall_back(b, seen)
+    gone = _kept_gone(b, seen)
+    why = (
+        f"kept pod(s) {', '.join(gone)} gone before the attempt trained (a second disruption)"
+        if gone
+        else None
+    )
+    if gone:
+        restarts = b.status["restarts"]
+        restarts["preemptions"] = restarts.get("preemptions", 0) + 1  # a disruption of its own
+    else:
+        why = _why_fall_back(b, seen)
     if why is None:
         return False
     reason = restart_reason(b)
@@ -78,8 +88,21 @@ def fallback(b: PlanBuilder, seen: Observed) -> bool:
     return True
 
 
+def _kept_gone(b: PlanBuilder, seen: Observed) -> list[str]:
+    """Kept pods no longer there (deleted, their node gone): creation must not quietly recreate them
+    as if they were the lost ones."""
+    present = {(p["metadata"]["name"], p["metadata"].get("uid")) for p in seen.current.values()}
+    kept = (b.status.get("inPlace") or {}).get("keptPods") or []
+    return sorted(str(k.get("name")) for k in kept if (k.get("name"), k.get("uid")) not in present)
+
+
 def _why_fall_back(b: PlanBuilder, seen: Observed) -> str | None:
     kept = {k.get("name") for k in (b.status.get("inPlace") or {}).get("keptPods") or []}
+    by_name = {p["metadata"]["name"]: p for p in seen.current.values()}
+    # A kept pod that ended on its own has an outcome of its own: failure.py or preemption.py
+    # judge and count it (a crash is no refusal to take a generation, nor a slow replacement).
+    if any(is_terminal(by_name[name]) for name in kept if name in by_name):
+        return None
     refused = sorted((pod, why) for pod, why in seen.launcher_refusals.items() if pod in kept)
     if refused:
         return "; ".join(f"the launcher of {pod} did not take the generation: {why}" for pod, why in refused)
