@@ -178,6 +178,9 @@ MIG_RESOURCE_PREFIX: Final = "nvidia.com/mig-"
 
 # Operator setting: seconds a node may be not Ready before gangs with pods there restart elsewhere.
 ENV_NODE_LOST_AFTER: Final = "PHALANX_NODE_LOST_AFTER_SECONDS"
+# The longest wait before a failed reconcile is tried again (doubling from 2 s up to it).
+ENV_RETRY_MAX_SECONDS: Final = "PHALANX_RETRY_MAX_SECONDS"
+RETRY_MAX_SECONDS: Final = 60.0
 
 # Progress endpoint the trainer's local rank 0 of global rank 0 serves (JSON, see docs/environment.md).
 PROGRESS_PATH: Final = "/progress"

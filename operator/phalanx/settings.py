@@ -52,6 +52,8 @@ class OperatorSettings:
     admit_on_creation: bool = True
     # Seconds a node may be not Ready before the gangs with pods there restart (policy/node_loss.py).
     node_lost_after_seconds: float = DEFAULT_NODE_LOST_AFTER_SECONDS
+    # The longest wait before a failed reconcile is tried again (doubling from 2 s up to it).
+    retry_max_seconds: float = c.RETRY_MAX_SECONDS
 
     @classmethod
     def from_environment(
@@ -64,8 +66,22 @@ class OperatorSettings:
             "cluster_domain": environ.get(ENV_CLUSTER_DOMAIN) or "cluster.local",
             "admit_on_creation": environ.get(ENV_ADMIT_ON_CREATION, "true").lower() != "false",
             "node_lost_after_seconds": node_lost_after_from_env(environ),
+            "retry_max_seconds": _positive_seconds(environ, c.ENV_RETRY_MAX_SECONDS, c.RETRY_MAX_SECONDS),
         }
         return cls(**{**from_environment, **from_command_line})
+
+
+def _positive_seconds(environ: Mapping[str, str], name: str, default: float) -> float:
+    raw = environ.get(name, "")
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: expected a number of seconds, such as 60") from None
+    if value <= 0:
+        raise ValueError(f"{name}={raw!r}: expected more than 0 seconds")
+    return value
 
 
 def node_lost_after_from_env(environ: Mapping[str, str] = os.environ) -> float:

@@ -181,7 +181,9 @@ def test_namespaced_install_confines_the_operator_to_its_namespaces(
     cluster.get_json("role", release.fullname, "-n", namespace)
     # The API server took the job pods' policy as rendered (port ranges around the control port).
     policy = cluster.get_json("networkpolicy", f"{release.fullname}-job-pods", "-n", namespace)
-    assert [rule["ports"] for rule in policy["spec"]["ingress"]][-1] == [{"protocol": "TCP", "port": 9399}]
+    assert [rule.get("ports") for rule in policy["spec"]["ingress"]][-1] == [
+        {"protocol": "TCP", "port": 9399}
+    ]
     cluster.get_json("rolebinding", release.fullname, "-n", namespace)
     for verb, resource, extra in NEEDED_IN_WATCHED_NAMESPACE:
         assert release.can_i(verb, resource, *extra, namespace=namespace), f"cannot {verb} {resource}"

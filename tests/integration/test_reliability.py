@@ -122,7 +122,10 @@ def proxied_operator(
     proxy = FaultProxy(upstream_from_kubeconfig(cluster.kubeconfig, tmp_path)).start()
     kubeconfig = proxy_kubeconfig(proxy, tmp_path / "proxy-kubeconfig")
     operator.stop()
-    operator.start(extra_env={"KUBECONFIG": str(kubeconfig)})
+    # Failed reconciles retried at least every 4 s (PHALANX_RETRY_MAX_SECONDS): the storm below fails
+    # every other request of each endpoint, so a reconcile needing several succeeds on few tries;
+    # with the default 60 s cap the 300 s wait held 9 tries and the test failed in CI (2 runs of 4).
+    operator.start(extra_env={"KUBECONFIG": str(kubeconfig), "PHALANX_RETRY_MAX_SECONDS": "4"})
     try:
         wait_for(
             lambda: any(
@@ -154,8 +157,8 @@ def test_job_submitted_while_the_api_server_answers_429_and_503_converges_withou
         cluster.apply(training_job("storm", replicas=3, gpus=NO_GPUS, run_for="2s"), namespace)
         wait_for(
             lambda: any(e.injected and e.upstream_status == 201 for e in pod_creations()),
-            # A failed reconcile is retried after 2, 4, 8, ... 60 s, and every other request of each
-            # endpoint fails: a reconcile that needs several endpoints may take 7-8 tries (about 4 min).
+            # A failed reconcile is retried after 2, then every 4 s here, and every other request of
+            # each endpoint fails: a reconcile that needs several endpoints may take many tries.
             timeout=300,
             what="a pod created whose answer the proxy replaced with an error",
         )

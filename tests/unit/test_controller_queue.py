@@ -197,3 +197,12 @@ def test_a_priority_class_a_job_names_that_is_not_known_yet_is_listed_at_once() 
     assert values.current({"low"}) == {"low": 100}
     now[0] = 2.0  # a test (or a person) creates a class and submits a job naming it
     assert values.current({"low", "urgent"})["urgent"] == 10_000
+
+
+def test_the_retry_cap_comes_from_the_environment_and_a_bad_value_names_the_variable() -> None:
+    from phalanx.settings import OperatorSettings
+
+    assert OperatorSettings.from_environment({}).retry_max_seconds == 60.0
+    assert OperatorSettings.from_environment({"PHALANX_RETRY_MAX_SECONDS": "4"}).retry_max_seconds == 4.0
+    with pytest.raises(ValueError, match="PHALANX_RETRY_MAX_SECONDS"):
+        OperatorSettings.from_environment({"PHALANX_RETRY_MAX_SECONDS": "soon"})

@@ -57,7 +57,7 @@ class Controller:
         self.namespaces = list(settings.namespaces)
         self.workers = workers
         self.stores = ClusterStores()
-        self.work = WorkQueue()
+        self.work = WorkQueue(retry_max_seconds=settings.retry_max_seconds)
         # Own threads per kind of work: asyncio's default pool (cores + 4) would let slow progress
         # polls of unreachable pods hold up reconciles and the admission pass.
         self.reconcile_pool = ThreadPoolExecutor(workers, thread_name_prefix="reconcile")

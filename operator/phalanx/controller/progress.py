@@ -155,7 +155,7 @@ class ProgressPoller:
             return
         attempt = status.get("attempt")
         addresses = tuple(sorted(
-            (p["metadata"]["name"], ip)
+            (str((p.get("metadata") or {}).get("name", "")), ip)
             for p in pods
             if in_current_attempt(p, status) and (ip := (p.get("status") or {}).get("podIP"))
         ))  # fmt: skip

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final
 
+from phalanx import constants as c
 from phalanx import metrics
 from phalanx.k8s import short_error
 from phalanx.policy.job_events import event_marker
@@ -22,14 +23,15 @@ from phalanx.policy.job_events import event_marker
 log = logging.getLogger("phalanx.controller")
 
 RETRY_BASE_SECONDS: Final = 2.0
-RETRY_MAX_SECONDS: Final = 60.0
+RETRY_MAX_SECONDS: Final = c.RETRY_MAX_SECONDS
 # Pod events of one job come in bursts (a gang is created, admitted, bound and started together):
 # one reconcile per burst, not one per event.
 POD_EVENT_BATCH_SECONDS: Final = 1.0
 
 
 class WorkQueue:
-    def __init__(self) -> None:
+    def __init__(self, retry_max_seconds: float = RETRY_MAX_SECONDS) -> None:
+        self.retry_max_seconds = retry_max_seconds
         self.queue: asyncio.Queue[str] = asyncio.Queue()
         self.queued: set[str] = set()
         self.active: set[str] = set()
@@ -123,7 +125,7 @@ class WorkQueue:
             except Exception as exc:  # a failed reconcile is retried, never fatal
                 # Backing off: a job in a namespace being deleted is refused (403) until it is gone.
                 failures = self.failures[key] = self.failures.get(key, 0) + 1
-                delay = min(RETRY_MAX_SECONDS, RETRY_BASE_SECONDS * 2 ** (failures - 1))
+                delay = min(self.retry_max_seconds, RETRY_BASE_SECONDS * 2 ** (failures - 1))
                 log.warning("reconcile of %s failed (%d in a row), retrying in %.0fs: %s",
                             key, failures, delay, short_error(exc))  # fmt: skip
                 self.enqueue(key, delay=delay)
