@@ -345,7 +345,7 @@ def test_one_victim_per_preemption_while_its_pods_take_their_grace_period(
                                    scheduling={"priorityClassName": low_class},
                                    runPolicy={"terminationGracePeriodSeconds": 60}), namespace)  # fmt: skip
     for name in names:
-        wait_phase(cluster, namespace, name, "Running", timeout=40)
+        wait_phase(cluster, namespace, name, "Running", timeout=90)  # three gangs at once on a loaded machine
     cluster.apply(training_job("high", replicas=1, gpus=8, run_for="5s", placement=placement,
                                scheduling={"priorityClassName": high_class}), namespace)  # fmt: skip
 
