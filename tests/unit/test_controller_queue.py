@@ -206,3 +206,29 @@ def test_the_retry_cap_comes_from_the_environment_and_a_bad_value_names_the_vari
     assert OperatorSettings.from_environment({"PHALANX_RETRY_MAX_SECONDS": "4"}).retry_max_seconds == 4.0
     with pytest.raises(ValueError, match="PHALANX_RETRY_MAX_SECONDS"):
         OperatorSettings.from_environment({"PHALANX_RETRY_MAX_SECONDS": "soon"})
+
+
+def test_a_status_patch_removes_the_nested_keys_the_new_status_no_longer_has() -> None:
+    # A merge patch merges objects: the second recovery's timeline kept the first one's phases and
+    # summary when lastRecovery was sent whole (found by make bench-recovery, two evictions a job).
+    from phalanx.controller.job_writes import status_diff
+
+    old = {"attempt": 1, "lastRecovery": {"attempt": 1, "summary": "recovered in 6.1s",
+                                           "phasesMilliseconds": {"podsStopped": 1150, "firstStep": 6105}}}  # fmt: skip
+    new = {"attempt": 2, "lastRecovery": {"attempt": 2, "phasesMilliseconds": {}}}
+    patch = status_diff(old, new)
+    assert patch == {"attempt": 2, "lastRecovery": {"attempt": 2, "summary": None,
+                                                    "phasesMilliseconds": {"podsStopped": None, "firstStep": None}}}  # fmt: skip
+
+    def merge(target: object, change: object) -> object:  # RFC 7386, as the API server applies it
+        if not isinstance(change, dict):
+            return change
+        result = dict(target) if isinstance(target, dict) else {}
+        for key, value in change.items():
+            if value is None:
+                result.pop(key, None)
+            else:
+                result[key] = merge(result.get(key), value)
+        return result
+
+    assert merge(old, patch) == new

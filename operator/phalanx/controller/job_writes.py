@@ -16,8 +16,19 @@ log = logging.getLogger("phalanx.controller")
 
 
 def status_diff(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
-    """A merge patch that turns `old` into `new` (None removes a key); only what changed."""
-    patch: dict[str, Any] = {k: v for k, v in new.items() if old.get(k) != v}
+    """A merge patch that turns `old` into `new` (None removes a key); only what changed. Nested
+    objects are diffed too: a merge patch merges an object into the stored one, so sending the new
+    object whole would keep the old one's keys it no longer has (a new recovery timeline kept the
+    last one's phases and summary)."""
+    patch: dict[str, Any] = {}
+    for key, value in new.items():
+        before = old.get(key)
+        if before == value:
+            continue
+        if isinstance(before, dict) and isinstance(value, dict):
+            patch[key] = status_diff(before, value)
+        else:
+            patch[key] = value
     for key in old:
         if key not in new:
             patch[key] = None
