@@ -19,14 +19,13 @@ time, by cause), and prints a table.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from result_file import write_result
 
 from phalanx.demo import JOB, Demo, kept_steps, parse_trainer_log
 
@@ -155,11 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         "minutes": args.minutes,
         "evict_every_seconds": args.evict_every,
         "runs": runs,
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg": os.getloadavg()},
-        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result)
     say(f"{'path':<14} {'goodput':>8} {'evictions':>9} {'wall s':>8}  operator's ratio")
     for path, run in runs.items():
         ratio = (run["ledger"] or {}).get("ratio")

@@ -29,14 +29,13 @@ and each job's status.goodput.ratio. Writes bench/results/recovery.json and prin
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from result_file import write_result
 
 from phalanx.demo import JOB, Demo
 from phalanx.policy.recovery_timeline import parse_time
@@ -195,11 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         "evictions_per_job": args.evictions_per_job,
         **summary,
         "jobs": jobs,
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg": os.getloadavg()},
-        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result)
     print(table(summary))
     print(f"wrote {args.out}")
     return 0
