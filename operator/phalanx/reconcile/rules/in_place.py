@@ -8,7 +8,8 @@ leaves the failure budget alone, a retryable failure spends it. Where in place c
 InPlaceFallback event says why and the ordinary rules restart the whole gang.
 
 fallback: the in-place attempt cannot go on (a kept pod's launcher refused its generation or could
-not be reached, or the replacement did not run within the gang timeout): a full restart as a new,
+not be reached, a kept pod crashed before the attempt's first step, or the replacement did not run
+within the gang timeout): a full restart as a new,
 uncounted attempt of the same recovery (the disruption was counted once already).
 """
 
@@ -22,7 +23,7 @@ from phalanx.policy.in_place import (
     kept_pods_status,
     plan_in_place,
 )
-from phalanx.policy.pod_outcome import VerdictKind
+from phalanx.policy.pod_outcome import OutcomeKind, VerdictKind
 from phalanx.providers import provider_for
 from phalanx.reconcile.observed import Observed
 from phalanx.reconcile.plan import Event, PlanBuilder, parse_iso
@@ -99,9 +100,20 @@ def _kept_gone(b: PlanBuilder, seen: Observed) -> list[str]:
 def _why_fall_back(b: PlanBuilder, seen: Observed) -> str | None:
     kept = {k.get("name") for k in (b.status.get("inPlace") or {}).get("keptPods") or []}
     by_name = {p["metadata"]["name"]: p for p in seen.current.values()}
-    # A kept pod that ended on its own has an outcome of its own: failure.py or preemption.py
-    # judge and count it (a crash is no refusal to take a generation, nor a slow replacement).
-    if any(is_terminal(by_name[name]) for name in kept if name in by_name):
+    ended = [o for o in seen.outcomes if o.pod in kept and is_terminal(by_name[o.pod])]
+    # A kept rank that crashes before the attempt trains crashed because its peer went (a torchrun
+    # agent giving up on the rendezvous, a worker stuck in a collective): the disruption's cascade,
+    # as in a full restart (policy/pod_outcome.py), not a failure of its own. A genuine bug recurs in
+    # the full restart, with no disruption before it, and fails the job then. A kept pod preempted
+    # is a disruption of its own: preemption.py counts it.
+    crashed = [o for o in ended if o.kind in (OutcomeKind.FAILED_PERMANENT, OutcomeKind.FAILED_RETRYABLE)]
+    if crashed:
+        return "; ".join(
+            f"kept pod {o.pod} failed ({o.message}) before attempt {b.status['attempt']} trained its first "
+            "step: a consequence of the disruption it was kept through"
+            for o in crashed
+        )
+    if ended:
         return None
     refused = sorted((pod, why) for pod, why in seen.launcher_refusals.items() if pod in kept)
     if refused:
