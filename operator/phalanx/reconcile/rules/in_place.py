@@ -28,7 +28,7 @@ from phalanx.providers import provider_for
 from phalanx.reconcile.observed import Observed
 from phalanx.reconcile.plan import Event, PlanBuilder, parse_iso
 from phalanx.reconcile.rules.restart import restart_reason
-from phalanx.reconcile.rules.transitions import new_attempt
+from phalanx.reconcile.rules.transitions import failure_budget_spent, new_attempt
 
 
 def apply(b: PlanBuilder, seen: Observed) -> bool:
@@ -36,8 +36,7 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
     if verdict.kind not in (VerdictKind.RESTART_PREEMPTION, VerdictKind.RESTART_FAILURE):
         return False
     failure = verdict.kind is VerdictKind.RESTART_FAILURE
-    spent = restarts.get("failures", 0) + restarts.get("hangs", 0)  # hangs spend the same budget
-    if failure and spent >= seen.spec.run_policy.backoff_limit:
+    if failure and failure_budget_spent(restarts) >= seen.spec.run_policy.backoff_limit:
         return False  # rules/failure.py fails the job
     decision = plan_in_place(seen.spec.run_policy.restart_strategy, b.old, seen.outcomes, seen.current)
     if decision is None:
