@@ -127,7 +127,9 @@ class Rendezvous:
 
     port: int = api_field("MASTER_PORT.", default=c.DEFAULT_RENDEZVOUS_PORT, minimum=1024, maximum=65535)
     timeout_seconds: int = api_field(
-        "How long workers wait for rank 0's address to resolve and accept connections.",
+        "How long workers wait for rank 0's address to resolve and accept connections. Restarting in "
+        "place, at least terminationGracePeriodSeconds + the gang timeout + 60: the kept ranks wait "
+        "for the replacement pod.",
         default=600, minimum=10, maximum=86400,
     )  # fmt: skip
 
