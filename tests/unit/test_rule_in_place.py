@@ -54,7 +54,7 @@ def test_an_evicted_worker_is_replaced_alone_and_the_running_one_is_kept() -> No
     assert plan.status["attempt"] == 1
     assert plan.status["restarts"] == {"failures": 0, "preemptions": 1}
     assert plan.status["inPlace"] == {"attempt": 1, "keptPods": [{"name": "j-worker-0", "uid": "p0-0"}],
-                                      "time": iso(NOW)}  # fmt: skip
+                                      "time": iso(NOW), "stop": "checkpoint"}  # fmt: skip
     assert plan.delete_pods == ["j-worker-1"]  # worker-0 stays
     assert plan.status["phase"] == "Restarting"
     assert (
@@ -70,6 +70,9 @@ def test_a_retryable_failure_spends_the_failure_budget_as_a_full_restart_would()
     assert plan.status["restarts"] == {"failures": 1, "preemptions": 0}
     assert plan.status["inPlace"]["attempt"] == 1 and plan.delete_pods == ["j-worker-1"]
     assert plan.status["lastRecovery"]["reason"] == "FailureRestart"
+    # The lost rank can agree on no checkpoint: the kept ones stop at once (review M6); a
+    # preempted rank checkpoints with its peers on SIGTERM, so there they stop at the checkpoint.
+    assert plan.status["inPlace"]["stop"] == "now"
 
 
 def test_a_spent_failure_budget_fails_the_job_rather_than_restarting_in_place() -> None:
