@@ -606,6 +606,12 @@ class InPlace:
     attempt: int | None = api_field("The in-place attempt (the restart generation its pods run).")
     kept_pods: list[KeptPod] | None = api_field("The running pods kept from the disrupted attempt.")
     time: str | None = api_field("When the in-place restart began (RFC 3339).")
+    stop: str | None = api_field(
+        "How the kept pods stop their workers: checkpoint (a preemption: every rank agrees on a step "
+        "and saves) or now (a failure: the lost rank can agree on nothing; the newest checkpoint is "
+        "loaded).",
+        enum=("checkpoint", "now"),
+    )
 
 
 @dataclass

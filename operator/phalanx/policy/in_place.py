@@ -28,6 +28,10 @@ from phalanx.policy.pod_outcome import REASON_NODE_LOST, OutcomeKind, PodOutcome
 
 REASON_IN_PLACE_FALLBACK: Final = "InPlaceFallback"
 RETRYABLE_LOSSES: Final = (OutcomeKind.PREEMPTED, OutcomeKind.FAILED_RETRYABLE)
+# How the kept ranks stop their workers (status.inPlace.stop, sent with the generation; the
+# trainer's restart_policy.StopMode).
+STOP_AT_CHECKPOINT: Final = "checkpoint"
+STOP_NOW: Final = "now"
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,8 @@ from __future__ import annotations
 from phalanx.pod_facts import is_deleting, is_terminal
 from phalanx.policy.in_place import (
     REASON_IN_PLACE_FALLBACK,
+    STOP_AT_CHECKPOINT,
+    STOP_NOW,
     Fallback,
     in_place_attempt_unfinished,
     kept_pods_status,
@@ -52,7 +54,12 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
     b.status["attempt"] = attempt
     for bookkeeping in ("admittedTime", "createdAttempt", "requeueAfter"):
         b.status.pop(bookkeeping, None)
-    b.status["inPlace"] = {"attempt": attempt, "keptPods": kept_pods_status(decision), "time": b.now_iso}
+    # A preempted rank checkpoints with its peers on SIGTERM (the agreed stop), so the kept ranks
+    # stop at that checkpoint; after a crash there is no one to agree with: they stop now, and the
+    # state comes from the newest checkpoint.
+    stop = STOP_NOW if failure else STOP_AT_CHECKPOINT
+    b.status["inPlace"] = {"attempt": attempt, "keptPods": kept_pods_status(decision), "time": b.now_iso,
+                           "stop": stop}  # fmt: skip
     lost = [seen.current[i] for i in decision.lost if i in seen.current]
     b.plan.delete_pods.extend(p["metadata"]["name"] for p in lost if not is_deleting(p))
     kept = ", ".join(k.name for k in decision.kept)
