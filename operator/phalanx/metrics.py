@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Final, Literal
+from typing import Any, Final, Literal
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (
@@ -32,7 +32,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from phalanx.policy import goodput
+from phalanx.policy import goodput, recovery_timeline
 
 RestartReason = Literal["failure", "preemption", "hang"]
 RESTART_REASONS: Final[tuple[RestartReason, ...]] = ("failure", "preemption", "hang")
@@ -365,6 +365,31 @@ def observe_goodput(namespace: str, name: str, ledger: dict[str, object]) -> Non
         state.device_unit = unit
 
     _JOBS.update(namespace, name, remember_unit)
+
+
+def observe_status(namespace: str, name: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
+    """What a decision changed in a job's status (`old` as stored before it, `new` as written)."""
+    if old.get("phase") != new.get("phase") and new.get("phase"):
+        observe_phase_change(namespace, name, old.get("phase"), new["phase"])
+    old_restarts, new_restarts = old.get("restarts") or {}, new.get("restarts") or {}
+    for field_name, reason in (("failures", "failure"), ("preemptions", "preemption"), ("hangs", "hang")):
+        if new_restarts.get(field_name, 0) > old_restarts.get(field_name, 0):
+            observe_restart(namespace, name, reason)  # type: ignore[arg-type]
+    if (new.get("gangTimeouts") or 0) > (old.get("gangTimeouts") or 0):
+        observe_gang_timeout(namespace, name)
+    if new.get("stragglers") != old.get("stragglers"):
+        ratios = [float(s.get("ratio") or 0) for s in new.get("stragglers") or []]
+        observe_stragglers(namespace, name, ratios)
+    if new.get("goodput") and new.get("goodput") != old.get("goodput"):
+        observe_goodput(namespace, name, new["goodput"])
+    recovery = new.get("lastRecovery")
+    if recovery_timeline.is_complete(recovery) and not recovery_timeline.is_complete(old.get("lastRecovery")):
+        observe_recovery(
+            str(recovery.get("reason")),
+            str(recovery.get("path")),
+            recovery["phasesMilliseconds"]["firstStep"] / 1000,
+            recovery_timeline.phase_durations(recovery),
+        )
 
 
 @contextmanager
