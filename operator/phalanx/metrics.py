@@ -156,6 +156,7 @@ class _JobState:
     waiting_since: float | None = None
     restart_reasons: set[str] = field(default_factory=set)
     device_unit: str | None = None
+    levels_shown: bool = False  # observe_status showed its stored levels (see there)
 
 
 class _JobCollector(Collector):
@@ -169,6 +170,11 @@ class _JobCollector(Collector):
     def update(self, namespace: str, name: str, change: Callable[[_JobState], None]) -> None:
         with self._lock:
             change(self._jobs.setdefault((namespace, name), _JobState()))
+
+    def levels_shown(self, namespace: str, name: str) -> bool:
+        with self._lock:
+            state = self._jobs.get((namespace, name))
+            return state is not None and state.levels_shown
 
     def pop(self, namespace: str, name: str) -> _JobState | None:
         with self._lock:
@@ -367,8 +373,27 @@ def observe_goodput(namespace: str, name: str, ledger: dict[str, object]) -> Non
     _JOBS.update(namespace, name, remember_unit)
 
 
+def _restore_levels(namespace: str, name: str, stored: Mapping[str, Any]) -> None:
+    """The gauges of a job as its stored status has them; nothing counted (it happened before)."""
+    before = _JOBS.phase_counts()
+
+    def set_phase(state: _JobState) -> None:
+        state.phase = stored.get("phase")
+        state.levels_shown = True
+
+    _JOBS.update(namespace, name, set_phase)
+    _refresh_phase_gauge(before)
+    observe_stragglers(namespace, name, [float(s.get("ratio") or 0) for s in stored.get("stragglers") or []])
+    if stored.get("goodput"):
+        observe_goodput(namespace, name, stored["goodput"])
+
+
 def observe_status(namespace: str, name: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
-    """What a decision changed in a job's status (`old` as stored before it, `new` as written)."""
+    """What a decision changed in a job's status (`old` as stored before it, `new` as written).
+    The first time this process sees a job (an operator just started or took over), its stored
+    levels are shown first: a gauge set only on change would stay missing while nothing moves."""
+    if not _JOBS.levels_shown(namespace, name):
+        _restore_levels(namespace, name, old)
     if old.get("phase") != new.get("phase") and new.get("phase"):
         observe_phase_change(namespace, name, old.get("phase"), new["phase"])
     old_restarts, new_restarts = old.get("restarts") or {}, new.get("restarts") or {}

@@ -54,3 +54,11 @@ def test_a_change_seen_by_this_process_is_counted_once() -> None:
         LABELS["namespace"], LABELS["trainingjob"], {"phase": "Succeeded"}, {"phase": "Succeeded"}
     )
     assert sample("phalanx_jobs_finished_total", {"result": "succeeded"}) == finished_before + 1
+
+
+def test_levels_are_shown_even_when_another_series_of_the_job_came_first() -> None:
+    # After a restart the admission pass may time a pending gang's wait before its first reconcile.
+    metrics.observe_admission_wait_started(LABELS["namespace"], LABELS["trainingjob"], 0.0)
+    metrics.observe_status(LABELS["namespace"], LABELS["trainingjob"], {"phase": "Running", "stragglers": [{"ratio": 3.0}]},
+                           {"phase": "Running", "stragglers": [{"ratio": 3.0}]})  # fmt: skip
+    assert sample("phalanx_job_straggler_ratio", LABELS) == 3.0
