@@ -342,6 +342,14 @@ _IMMUTABLE_WHILE_ACTIVE = (
         field_path=".template",
     ),
     Rule(
+        "(has(self.scheduling.topology) == has(oldSelf.scheduling.topology) && "
+        "(!has(self.scheduling.topology) || self.scheduling.topology == oldSelf.scheduling.topology)) || "
+        f"{_SUSPENDED_BEFORE_OR_AFTER}",
+        "spec.scheduling.topology can change only while the job is suspended: the running gang was "
+        "placed, and its ranks numbered, by the domains it names",
+        field_path=".scheduling.topology",
+    ),
+    Rule(
         "self.scheduling.provider == oldSelf.scheduling.provider",
         "spec.scheduling.provider cannot change; delete and recreate the job",
         field_path=".scheduling.provider",
