@@ -210,12 +210,16 @@ def test_a_refusal_of_another_pod_or_attempt_changes_nothing() -> None:
 
 
 def test_a_replacement_not_running_within_the_gang_timeout_falls_back() -> None:
-    status = {**in_place_status(), "inPlace": {**in_place_status()["inPlace"], "time": iso(NOW - 301)}}
+    # The lost pod's grace period (60 s by default) first, then the gang timeout (300 s).
+    status = {**in_place_status(), "inPlace": {**in_place_status()["inPlace"], "time": iso(NOW - 361)}}
     gated = resident(1, attempt=1, phase="Pending", spec={"schedulingGates": [{"name": "phalanx.dev/gang"}]})
     plan = decide(job({**status, "createdAttempt": 1}, **IN_PLACE), [resident(0), gated], NODES, NOW)
     assert plan.status["attempt"] == 2 and set(plan.delete_pods) == {"j-worker-0", "j-worker-1"}
     [message] = fallbacks(plan.events)
-    assert "did not run within spec.scheduling.gang.timeoutSeconds=300" in message
+    assert (
+        "did not run within spec.runPolicy.terminationGracePeriodSeconds=60 + spec.scheduling.gang.timeoutSeconds=300"
+        in message
+    )
 
 
 def test_before_the_gang_timeout_the_replacement_is_waited_for_and_looked_at_again_in_time() -> None:
@@ -224,7 +228,7 @@ def test_before_the_gang_timeout_the_replacement_is_waited_for_and_looked_at_aga
         job({**in_place_status(), "createdAttempt": 1}, **IN_PLACE), [resident(0), gated], NODES, NOW
     )
     assert plan.status["attempt"] == 1 and plan.delete_pods == [] and fallbacks(plan.events) == []
-    assert plan.recheck_after is not None and plan.recheck_after <= 295
+    assert plan.recheck_after is not None and plan.recheck_after <= 355  # inPlace.time was 5 s ago
 
 
 # -- where the in-place rules stand in reconcile/lifecycle.py's order ---------------------------
