@@ -147,6 +147,10 @@ RECOVERY_PHASE_SECONDS: Final = Histogram(
 )
 
 
+# How long a deleted job's name is remembered: a reconcile under way when it went shows no ghost series.
+DELETED_REMEMBERED_SECONDS: Final = 600.0
+
+
 @dataclass
 class _JobState:
     """What the scrape-time collector needs about one job."""
@@ -166,18 +170,31 @@ class _JobCollector(Collector):
         self._clock = clock
         self._lock = threading.Lock()
         self._jobs: dict[tuple[str, str], _JobState] = {}
+        # Deleted jobs (when): a reconcile still under way for one must not show its levels again.
+        self._deleted: dict[tuple[str, str], float] = {}
 
     def update(self, namespace: str, name: str, change: Callable[[_JobState], None]) -> None:
         with self._lock:
             change(self._jobs.setdefault((namespace, name), _JobState()))
 
-    def levels_shown(self, namespace: str, name: str) -> bool:
+    def levels_wanted(self, namespace: str, name: str) -> bool:
+        """Its stored levels are still to be shown: not shown yet, and the job was not deleted."""
         with self._lock:
             state = self._jobs.get((namespace, name))
-            return state is not None and state.levels_shown
+            shown = state is not None and state.levels_shown
+            return not shown and (namespace, name) not in self._deleted
+
+    def created(self, namespace: str, name: str) -> None:
+        with self._lock:
+            self._deleted.pop((namespace, name), None)  # a new job under a deleted one's name
 
     def pop(self, namespace: str, name: str) -> _JobState | None:
         with self._lock:
+            now = self._clock()
+            for key, at in list(self._deleted.items()):
+                if now - at > DELETED_REMEMBERED_SECONDS:
+                    del self._deleted[key]
+            self._deleted[(namespace, name)] = now
             return self._jobs.pop((namespace, name), None)
 
     def phase_counts(self) -> dict[str, int]:
@@ -263,6 +280,7 @@ def _refresh_phase_gauge(previous_phases: Iterable[str]) -> None:
 def observe_job_created(namespace: str, name: str) -> None:
     """A TrainingJob was seen for the first time (its create handler ran)."""
     JOBS_CREATED.inc()
+    _JOBS.created(namespace, name)
 
 
 def observe_phase_change(namespace: str, name: str, old: str | None, new: str) -> None:
@@ -392,7 +410,7 @@ def observe_status(namespace: str, name: str, old: Mapping[str, Any], new: Mappi
     """What a decision changed in a job's status (`old` as stored before it, `new` as written).
     The first time this process sees a job (an operator just started or took over), its stored
     levels are shown first: a gauge set only on change would stay missing while nothing moves."""
-    if not _JOBS.levels_shown(namespace, name):
+    if _JOBS.levels_wanted(namespace, name):
         _restore_levels(namespace, name, old)
     if old.get("phase") != new.get("phase") and new.get("phase"):
         observe_phase_change(namespace, name, old.get("phase"), new["phase"])
