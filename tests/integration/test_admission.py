@@ -79,6 +79,9 @@ def test_the_topology_of_an_active_job_changes_only_while_suspended(
         result = patch_job(cluster, namespace, "placed", {"spec": {"scheduling": {"topology": change}}})
         assert result.returncode != 0, change
         assert "spec.scheduling.topology can change only while the job is suspended" in result.stderr
+    cluster.apply(training_job("unplaced", replicas=2), namespace)  # adding one is a change too
+    result = patch_job(cluster, namespace, "unplaced", {"spec": {"scheduling": {"topology": rack}}})
+    assert result.returncode != 0 and "spec.scheduling.topology can change only" in result.stderr
     result = patch_job(cluster, namespace, "placed", {"spec": {"runPolicy": {"suspend": True},
                        "scheduling": {"topology": {**rack, "mode": "Preferred"}}}})  # fmt: skip
     assert result.returncode == 0, result.stderr
