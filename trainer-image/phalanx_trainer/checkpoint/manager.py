@@ -61,6 +61,7 @@ from phalanx_trainer.checkpoint.state import (
     StagingArea,
     apply_per_rank,
     apply_sharded,
+    checkpointed_optimizer,
     collect,
     fill_tensors,
     overlay_plain_values,
@@ -209,6 +210,8 @@ class CheckpointManager:
             self.storage_bytes_per_second = self._probe_storage()
         if not self.config.resume:
             return None
+        optimizer = checkpointed_optimizer(app_state)
+        optimizer_was_fresh = optimizer is not None and not optimizer.state
         live, _ = collect(app_state)
         live_skeleton, live_tensors = split_tensors(live)
         unfinished = unfinished_newer_than(self.root, -1) if self.rank == 0 else []
@@ -250,6 +253,10 @@ class CheckpointManager:
                 f"start fresh. Move the damaged step-* folders away to start fresh (reasons logged above)"
             )
         if chosen is None:
+            if optimizer_was_fresh and optimizer is not None:
+                # collect() -> torch's get_state_dict created the optimizer's state with one zero-gradient
+                # step at lr 0; kept, it would count (AdamW's bias correction would start at step 2).
+                optimizer.state.clear()
             return None
         folder, manifest, small = chosen
         self._apply(folder, manifest, app_state, small, live_skeleton, live_tensors)
