@@ -510,9 +510,8 @@ class Restarts:
         "Restarts after no step came within the hang bound (count against backoffLimit with failures).",
         default=0,
     )
-    resizes: int = api_field(
-        "spec.elastic: restarts to grow the gang at a checkpoint (do not count).", default=0
-    )
+    # No default: the API server would add it to every job's status, elastic or not.
+    resizes: int | None = api_field("spec.elastic: restarts to grow the gang at a checkpoint (do not count).")
 
 
 @dataclass
