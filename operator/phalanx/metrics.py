@@ -34,8 +34,8 @@ from prometheus_client.registry import Collector
 
 from phalanx.policy import goodput, recovery_timeline
 
-RestartReason = Literal["failure", "preemption", "hang"]
-RESTART_REASONS: Final[tuple[RestartReason, ...]] = ("failure", "preemption", "hang")
+RestartReason = Literal["failure", "preemption", "hang", "resize"]
+RESTART_REASONS: Final[tuple[RestartReason, ...]] = ("failure", "preemption", "hang", "resize")
 TERMINAL_PHASES: Final = ("Succeeded", "Failed")
 JOB_LABELS: Final = ("namespace", "trainingjob")
 
@@ -113,6 +113,12 @@ JOB_STRAGGLERS: Final = Gauge(
     "phalanx_job_straggler_ratio",
     "The slowest straggler's time over its peers' median (status.stragglers); 0 when none.",
     JOB_LABELS,
+    registry=REGISTRY,
+)
+JOB_RESIZES: Final = Counter(
+    "phalanx_job_resizes",
+    "Size changes of an elastic gang between attempts, by direction (grow or shrink).",
+    (*JOB_LABELS, "direction"),
     registry=REGISTRY,
 )
 JOB_GOODPUT: Final = Gauge(
@@ -268,6 +274,7 @@ METRIC_NAMES: Final = (
     "phalanx_job_goodput_ratio",
     "phalanx_job_device_seconds",
     "phalanx_job_straggler_ratio",
+    "phalanx_job_resizes_total",
 )
 
 
@@ -371,6 +378,13 @@ def observe_stragglers(namespace: str, name: str, ratios: list[float]) -> None:
     JOB_STRAGGLERS.labels(namespace=namespace, trainingjob=name).set(max(ratios, default=0.0))
 
 
+def observe_replicas(namespace: str, name: str, old: int | None, new: int) -> None:
+    """status.currentReplicas was set: a resize when an earlier size changed."""
+    if old is not None and old != new:
+        direction = "grow" if new > old else "shrink"
+        JOB_RESIZES.labels(namespace=namespace, trainingjob=name, direction=direction).inc()
+
+
 def observe_goodput(namespace: str, name: str, ledger: dict[str, object]) -> None:
     """The job's status.goodput as written (policy/goodput.py)."""
     try:
@@ -415,9 +429,12 @@ def observe_status(namespace: str, name: str, old: Mapping[str, Any], new: Mappi
     if old.get("phase") != new.get("phase") and new.get("phase"):
         observe_phase_change(namespace, name, old.get("phase"), new["phase"])
     old_restarts, new_restarts = old.get("restarts") or {}, new.get("restarts") or {}
-    for field_name, reason in (("failures", "failure"), ("preemptions", "preemption"), ("hangs", "hang")):
-        if new_restarts.get(field_name, 0) > old_restarts.get(field_name, 0):
+    for field_name, reason in (("failures", "failure"), ("preemptions", "preemption"), ("hangs", "hang"),
+                               ("resizes", "resize")):  # fmt: skip
+        if new_restarts.get(field_name, 0) > (old_restarts.get(field_name) or 0):
             observe_restart(namespace, name, reason)  # type: ignore[arg-type]
+    if isinstance(new.get("currentReplicas"), int):
+        observe_replicas(namespace, name, old.get("currentReplicas"), new["currentReplicas"])
     if (new.get("gangTimeouts") or 0) > (old.get("gangTimeouts") or 0):
         observe_gang_timeout(namespace, name)
     if new.get("stragglers") != old.get("stragglers"):
@@ -470,6 +487,11 @@ def forget_job(namespace: str, name: str) -> None:
         JOB_STRAGGLERS.remove(namespace, name)
     except KeyError:
         pass
+    for direction in ("grow", "shrink"):
+        try:
+            JOB_RESIZES.remove(namespace, name, direction)
+        except KeyError:
+            pass
     if state is not None and state.device_unit is not None:
         for kind in goodput.TOTALS:
             try:

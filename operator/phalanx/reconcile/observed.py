@@ -10,6 +10,7 @@ from typing import Any
 
 from phalanx.api.v1alpha1 import TrainingJobSpec
 from phalanx.pod_facts import in_current_attempt, is_terminal, pod_index
+from phalanx.policy.elastic import Room
 from phalanx.policy.node_loss import lost_node_names, not_ready_since, on_lost_node
 from phalanx.policy.pod_outcome import (
     REASON_NODE_LOST,
@@ -47,6 +48,15 @@ class Observed:
     # Launchers of the in-place attempt's kept pods that refused or could not be reached when
     # told its generation (controller/generations.py): pod name -> why.
     launcher_refusals: Mapping[str, str] = field(default_factory=dict)
+    # The spec as written; `spec` above is the one the current attempt runs (an elastic gang's
+    # replicas are its status.currentReplicas, policy/elastic.py). None: the same as `spec`.
+    written_spec: TrainingJobSpec | None = None
+    # Elastic jobs: the free room for more of the job's pods, and whether others wait (None: unknown).
+    room: Room | None = None
+
+    @property
+    def as_written(self) -> TrainingJobSpec:
+        return self.written_spec if self.written_spec is not None else self.spec
 
     @cached_property
     def _status(self) -> dict[str, Any]:
