@@ -8,10 +8,9 @@ import pytest
 
 from phalanx.api.schema import parse
 from phalanx.api.v1alpha1 import TrainingJobSpec
+from phalanx.pod_facts import attempt_replicas, attempt_spec
 from phalanx.policy.elastic import (
     Room,
-    attempt_replicas,
-    attempt_spec,
     checkpointed_since_admission,
     grow_size,
     resize_message,

@@ -29,9 +29,9 @@ from phalanx.controller.progress import ProgressPoller
 from phalanx.controller.queue import WorkQueue
 from phalanx.controller.stores import ClusterStores
 from phalanx.k8s import CreationRefused, KubeApi, StatusConflict
-from phalanx.pod_facts import is_owned_by
+from phalanx.pod_facts import attempt_spec, is_owned_by
 from phalanx.policy import bad_nodes
-from phalanx.policy.elastic import Room, attempt_spec
+from phalanx.policy.elastic import Room
 from phalanx.policy.host_path import REASON_HOST_PATH_NOT_ALLOWED, host_path_refusal
 from phalanx.reconcile.lifecycle import decide
 from phalanx.reconcile.plan import FINISHED_PHASES, Event, Plan, iso, merged_events

@@ -14,8 +14,7 @@ from phalanx.gang.backfill import estimate_seconds
 from phalanx.gang.capacity import PodDemand
 from phalanx.gang.preemption import RunningGang
 from phalanx.gang.topology import TopologyRequest
-from phalanx.pod_facts import in_current_attempt, is_deleting, is_gated, pod_index
-from phalanx.policy.elastic import attempt_spec
+from phalanx.pod_facts import attempt_spec, in_current_attempt, is_deleting, is_gated, pod_index
 
 # Order value for a gang whose admission was interrupted: ahead of every PriorityClass (max 1e9).
 FINISH_ADMISSION_PRIORITY: Final = 2**40

@@ -15,7 +15,6 @@ elastic gang never preempts, nor delays the head of the queue, to grow. docs/ela
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -34,23 +33,6 @@ class Room:
     """The cluster as the admission pass sees it, for one job's pod shape."""
 
     pods: int  # more pods of this shape that fit now: free room, outside other gangs' reservations
-
-
-def attempt_replicas(spec: TrainingJobSpec, status: Mapping[str, Any]) -> int:
-    """The size of the current attempt: spec.replicas, or for an elastic job the size it was given
-    (status.currentReplicas), kept within the spec's range."""
-    if spec.elastic is None:
-        return spec.replicas
-    current = status.get("currentReplicas")
-    if not isinstance(current, int):
-        return spec.replicas
-    return max(spec.elastic.min_replicas, min(spec.replicas, current))
-
-
-def attempt_spec(spec: TrainingJobSpec, status: Mapping[str, Any]) -> TrainingJobSpec:
-    """The spec as the current attempt runs it: replicas is the attempt's size."""
-    replicas = attempt_replicas(spec, status)
-    return spec if replicas == spec.replicas else dataclasses.replace(spec, replicas=replicas)
 
 
 def start_size(spec: TrainingJobSpec, room: Room | None) -> int:

@@ -20,7 +20,8 @@ from typing import Any, Final
 
 from phalanx.api.schema import parse
 from phalanx.api.v1alpha1 import TrainingJobSpec
-from phalanx.policy.elastic import Room, attempt_spec
+from phalanx.pod_facts import attempt_spec
+from phalanx.policy.elastic import Room
 from phalanx.policy.node_loss import DEFAULT_NODE_LOST_AFTER_SECONDS
 from phalanx.reconcile.observed import Observed
 from phalanx.reconcile.plan import Plan, PlanBuilder, parse_iso
