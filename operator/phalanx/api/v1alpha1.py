@@ -344,7 +344,9 @@ class RunPolicy:
 _SUSPENDED_BEFORE_OR_AFTER = "oldSelf.runPolicy.suspend || self.runPolicy.suspend"
 _IMMUTABLE_WHILE_ACTIVE = (
     Rule(
-        "!has(oldSelf.replicas) || (has(self.replicas) && self.replicas == oldSelf.replicas) || "
+        # Adding or removing replicas is a change too: a job may be stored without it (derived).
+        "(has(self.replicas) == has(oldSelf.replicas) && "
+        "(!has(self.replicas) || self.replicas == oldSelf.replicas)) || "
         f"{_SUSPENDED_BEFORE_OR_AFTER}",
         "spec.replicas can change only while the job is suspended (set spec.runPolicy.suspend: true first)",
         field_path=".replicas",
@@ -430,6 +432,13 @@ class TrainingJobSpec:
             "spec.elastic needs spec.runPolicy.restartStrategy FullRestart: a resize changes "
             "WORLD_SIZE, which every rank must restart to learn",
             field_path=".runPolicy.restartStrategy",
+            reason="FieldValueForbidden",
+        ),
+        Rule(
+            "!has(self.elastic) || !has(self.scheduling.topology) || self.scheduling.topology.mode != 'Required'",
+            "spec.elastic cannot be used with spec.scheduling.topology mode Required: an elastic attempt is "
+            "sized by the free room, not by what one domain holds; use mode Preferred",
+            field_path=".elastic",
             reason="FieldValueForbidden",
         ),
         Rule(
