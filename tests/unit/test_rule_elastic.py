@@ -91,3 +91,12 @@ def test_the_size_is_kept_while_the_attempt_has_pods() -> None:
     status = {"attempt": 0, "currentReplicas": 2}
     plan = decide(elastic_job(status), [pod(0, phase="Pending")], NODES, NOW, room=Room(pods=0))
     assert plan.create_indices == [1] and plan.status["currentReplicas"] == 2
+
+
+def test_a_gang_whose_ranks_are_finishing_does_not_grow() -> None:
+    # From the review: rank 1 exited 0 while rank 0 is in its final save; a grow would kill the save
+    # and rerun the end of the job from the checkpoint.
+    j = job(checkpointed({**RUNNING, "currentReplicas": 2}), elastic={"minReplicas": 1, "maxReplicas": 3})
+    del j["spec"]["replicas"]
+    plan = decide(j, [pod(0), pod(1, phase="Succeeded", exit_code=0)], NODES, NOW, room=Room(pods=1))
+    assert plan.status["attempt"] == 0 and not plan.delete_pods, plan.status.get("message")
