@@ -15,7 +15,9 @@ def grow(b: PlanBuilder, seen: Observed) -> bool:
     written = seen.as_written
     if written.elastic is None or b.old.get("phase") != "Running":
         return False
-    if seen.verdict.kind is not VerdictKind.RUNNING:
+    # Every rank still training: one that exited 0 means the job is finishing (rank 0 may be in
+    # its final save), and a restart would throw that away.
+    if seen.verdict.kind is not VerdictKind.RUNNING or seen.verdict.succeeded:
         return False
     current = seen.spec.replicas
     if current >= written.replicas or seen.running < current:
