@@ -118,9 +118,13 @@ def test_an_elastic_job_starts_small_grows_at_a_checkpoint_and_keeps_its_global_
     )  # fmt: skip
     assert (grown.get("restarts") or {}).get("resizes") == 1, grown["restarts"]
     assert int((grown.get("restarts") or {}).get("failures") or 0) == 0
-    reasons = [e["reason"] for e in cluster.get_json("events", "-n", namespace)["items"]
-               if e["involvedObject"].get("name") == "elastic"]  # fmt: skip
-    assert "Resized" in reasons, reasons
+
+    def job_event_reasons() -> list[str]:
+        return [e["reason"] for e in cluster.get_json("events", "-n", namespace)["items"]
+                if e["involvedObject"].get("kind") == "TrainingJob" and e["involvedObject"].get("name") == "elastic"]  # fmt: skip
+
+    # Events are recorded after the status write that made the change.
+    wait_for(lambda: "Resized" in job_event_reasons(), timeout=30, what="a Resized event")
 
     final = wait_job_phase(cluster, namespace, "elastic", ("Succeeded", "Failed"), timeout=TIMEOUT)
     assert final == "Succeeded", job_status(cluster, namespace, "elastic")
