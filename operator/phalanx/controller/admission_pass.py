@@ -64,7 +64,9 @@ class AdmissionPass:
         self.write_pool = write_pool
         self.clock = clock
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="admission")
-        self.priority_values = PriorityValues(lambda: self.api.priority_values())
+        self.priority_values = PriorityValues(
+            lambda: self.api.priority_values(), watched=stores.priority_classes
+        )
 
     async def run(self) -> None:
         """Runs a pass soon after something changed (work.admission_dirty), else every few seconds."""
