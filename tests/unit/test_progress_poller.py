@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from typing import Any
 
 import pytest
@@ -96,3 +97,23 @@ def test_the_interval_comes_from_the_environment() -> None:
     assert configured.progress_status_seconds == 2.0
     with pytest.raises(ValueError, match="PHALANX_PROGRESS_STATUS_SECONDS"):
         OperatorSettings.from_environment({"PHALANX_PROGRESS_STATUS_SECONDS": "0"})
+
+
+def test_the_backfill_reads_the_eta_the_interval_held_back(trainer: Trainer) -> None:
+    from phalanx.controller.admission_pass import AdmissionPass
+    from phalanx.controller.stores import ClusterStores
+
+    writer = RecordingWriter()
+    polling = poller(writer, seconds=30.0)
+    trainer.report["eta_seconds"] = 600
+    polling.poll("ns/job")  # written: the status says 600 s
+    trainer.now += 20.0
+    trainer.report.update(step=50, eta_seconds=580)
+    polling.poll("ns/job")  # held back by the interval
+    passing = AdmissionPass(None, ClusterStores(), None, None, None, None, None, time.time)  # type: ignore[arg-type]
+    passing.fresh_progress = polling.held_back
+    job = {"metadata": {"name": "job", "namespace": "ns", "uid": "uid-1"},
+           "status": {"phase": "Running", "progress": writer.writes[0]["progress"]}}  # fmt: skip
+    assert passing._freshest_status(job)["progress"]["etaSeconds"] == 580
+    other = {**job, "metadata": {**job["metadata"], "uid": "uid-2"}}  # a job re-created by name
+    assert passing._freshest_status(other)["progress"]["etaSeconds"] == 600

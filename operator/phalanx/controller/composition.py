@@ -78,6 +78,8 @@ class Controller:
         self.admission = AdmissionPass(
             api, self.stores, admission, self.writer, preemptor, self.work, self.write_pool, clock
         )
+        # The ETA-aware backfill reads the newest ETA, not the one the write interval let through.
+        self.admission.fresh_progress = self.progress.held_back
         self.watch = WatchCallbacks(self.stores, self.work)
         self.reflectors: list[Reflector] = []
         self.tasks: list[asyncio.Task[None]] = []

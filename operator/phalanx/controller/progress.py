@@ -147,6 +147,12 @@ class ProgressPoller:
         for table in tables:
             table.pop(key, None)
 
+    def held_back(self, key: str, uid: str) -> dict[str, Any] | None:
+        """status.progress as last read for the job with `uid`, if newer than its status (the
+        interval held it back); the backfill reads its ETA from here, not a 30 s old one."""
+        held = self.unwritten.get(key)
+        return held[1].get("progress") if held is not None and held[0] == uid else None
+
     def take_unwritten(self, key: str, uid: str) -> dict[str, Any] | None:
         """status.progress as last read for the job with `uid`, if the interval held it back; the
         reconcile writes it with a phase change (a finished job shows its last step)."""
