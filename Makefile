@@ -91,8 +91,9 @@ bench-trainer: $(STAMP)
 gpu-check: $(STAMP) ## on a GPU machine: NCCL all-reduce busbw, bf16 FSDP run of gpt-125m-gpu.toml, MFU -> bench/results/gpu.json
 	$(BIN)/python bench/gpu_check.py
 
-bench-gang: $(STAMP) cluster-bin
+bench-gang: $(STAMP) cluster-bin ## admission cost, contention, footprint, then the steady state (PHALANX_BENCH_STEADY_SECONDS: a shorter window)
 	$(BIN)/python bench/gang_bench.py
+	$(BIN)/python bench/steady_state.py
 
 bench-kueue: $(STAMP) cluster-bin kueue-bin ## the same gangs via builtin admission, via Kueue, and as Kueue pod groups -> bench/results/kueue.json
 	$(BIN)/python bench/kueue_bench.py

@@ -284,6 +284,9 @@ class OperatorProcess:
             # As in the chart's pod: the Lease lives in the operator's namespace, named after the pod.
             "POD_NAME": self.identity,
             "POD_NAMESPACE": OPERATOR_IDENTITY_NAMESPACE,
+            # The e2e tests sample status.progress while a short run trains: every second, not the
+            # chart's 30 s (policy/progress_writes.py).
+            "PHALANX_PROGRESS_STATUS_SECONDS": "1",
             **(extra_env or {}),
         }
         self.proc = subprocess.Popen(

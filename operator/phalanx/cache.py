@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from phalanx import constants as c
 from phalanx.pod_facts import TERMINAL_PHASES
@@ -107,6 +108,11 @@ def slim_job(job: Mapping[str, Any]) -> Slim:
     return {"metadata": metadata, "spec": job.get("spec") or {}, "status": job.get("status") or {}}
 
 
+def slim_priority_class(priority_class: Mapping[str, Any]) -> Slim:
+    """Its name and value: all the admission pass reads."""
+    return {"metadata": _metadata(priority_class), "value": int(priority_class.get("value") or 0)}
+
+
 def object_key(obj: Mapping[str, Any]) -> str:
     metadata = obj.get("metadata") or {}
     namespace = metadata.get("namespace")
@@ -120,6 +126,17 @@ def resource_version(obj: Mapping[str, Any]) -> int:
         return int((obj.get("metadata") or {}).get("resourceVersion") or 0)
     except ValueError:
         return 0
+
+
+INDEX_PRIMARY: Final = "primary"  # the index a store is built with (pods: their TrainingJob)
+INDEX_NODE: Final = "node"  # pods by spec.nodeName
+# How long a deleted key is remembered: far longer than any reply to our own write can take (the
+# client's read timeout is a minute), so a late reply never brings a deleted object back.
+TOMBSTONE_SECONDS: Final = 300.0
+
+
+def node_of(pod: Slim) -> str | None:
+    return (pod.get("spec") or {}).get("nodeName") or None
 
 
 SHARED_STRING_MAX = 24  # short values repeat across objects: phases, reasons, labels, timestamps
@@ -156,18 +173,27 @@ class Store:
         slim: Callable[[Mapping[str, Any]], Slim],
         index: Callable[[Slim], str | None] | None = None,
         observer: StoreObserver | None = None,
+        by_node: bool = False,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._slim = slim
         # Told of every change under the store's lock, so it sees them in the store's order.
         self._observer = observer
         self._lock = threading.Lock()
         self._objects: dict[str, Slim] = {}
-        # One secondary index (for pods: their TrainingJob), value -> keys.
-        self._index_of = index
-        self._index: dict[str, set[str]] = {}
-        # Deleted keys and the revision of the delete: a late reply to our own write must not bring
-        # a deleted object back.
-        self._deleted: dict[str, int] = {}
+        # Secondary indexes, name -> (value of an object, value -> keys): for pods their TrainingJob
+        # (INDEX_PRIMARY) and their node (INDEX_NODE: a node event reads its pods, not every pod).
+        self._indexes: dict[str, tuple[Callable[[Slim], str | None], dict[str, set[str]]]] = {}
+        if index is not None:
+            self._indexes[INDEX_PRIMARY] = (index, {})
+        if by_node:
+            self._indexes[INDEX_NODE] = (node_of, {})
+        # Deleted keys, the revision of the delete and when it was seen: a late reply to our own
+        # write must not bring a deleted object back. Kept TOMBSTONE_SECONDS, not until the next list
+        # (a watch resumes without listing for days, and every deleted pod would stay).
+        self._deleted: dict[str, tuple[int, float]] = {}
+        self._clock = clock
+        self._pruned_at = clock()
         # The lists that must arrive before the store is synced: one per namespace reflector.
         self._unlisted: set[str | None] = {None}
         self.synced = threading.Event()
@@ -177,15 +203,25 @@ class Store:
         with self._lock:
             self._unlisted = set(namespaces)
 
+    def slimmed(self, items: Iterable[Mapping[str, Any]]) -> dict[str, Slim]:
+        """key -> slim copy of each object (a list page: the raw page can go as soon as it is read)."""
+        return {object_key(o): compact(self._slim(o)) for o in items}
+
     def replace(
         self, items: Iterable[Mapping[str, Any]], list_version: int, namespace: str | None = None
     ) -> None:
-        """A full list at list_version: the truth for every object not written after it.
+        """A full list at list_version (raw objects); see replace_slimmed."""
+        self.replace_slimmed(self.slimmed(items), list_version, namespace)
+
+    def replace_slimmed(
+        self, fresh: dict[str, Slim], list_version: int, namespace: str | None = None
+    ) -> None:
+        """A full list at list_version, slimmed already (slimmed()): the truth for every object not
+        written after it.
 
         `namespace`: the list covers that namespace only (one reflector per watched namespace feeds
         one store), so objects of other namespaces are kept as they are.
         """
-        fresh = {object_key(o): compact(self._slim(o)) for o in items}
         prefix = f"{namespace}/" if namespace is not None else ""
 
         def covered(key: str) -> bool:
@@ -198,8 +234,9 @@ class Store:
                 if not covered(key) or resource_version(obj) > list_version:
                     fresh[key] = obj  # another namespace's, or created (and assumed) after the list
             self._objects = fresh
-            self._deleted = {k: v for k, v in self._deleted.items() if v > list_version or not covered(k)}
-            self._index = {}
+            self._deleted = {k: v for k, v in self._deleted.items() if v[0] > list_version or not covered(k)}
+            for _, values in self._indexes.values():
+                values.clear()
             for key, obj in fresh.items():
                 self._index_add(key, obj)
             if self._observer is not None:
@@ -213,7 +250,8 @@ class Store:
         """Stores obj unless a newer copy is held; returns (old, new) when it changed the store."""
         key, version = object_key(obj), resource_version(obj)
         with self._lock:
-            if self._deleted.get(key, -1) >= version:
+            tombstone = self._deleted.get(key)
+            if tombstone is not None and tombstone[0] >= version:
                 return None
             old = self._objects.get(key)
             if old is not None and resource_version(old) >= version:
@@ -234,7 +272,11 @@ class Store:
             old = self._objects.get(key)
             if old is not None and resource_version(old) > version:
                 return None  # recreated since
-            self._deleted[key] = version
+            now = self._clock()
+            self._deleted[key] = (version, now)
+            if now - self._pruned_at >= TOMBSTONE_SECONDS:
+                self._deleted = {k: v for k, v in self._deleted.items() if now - v[1] < TOMBSTONE_SECONDS}
+                self._pruned_at = now
             old = self._objects.pop(key, None)
             if old is not None:
                 self._index_remove(key, old)
@@ -243,23 +285,30 @@ class Store:
             return old
 
     def _index_add(self, key: str, obj: Slim) -> None:
-        value = self._index_of(obj) if self._index_of else None
-        if value is not None:
-            self._index.setdefault(value, set()).add(key)
+        for value_of, values in self._indexes.values():
+            value = value_of(obj)
+            if value is not None:
+                values.setdefault(value, set()).add(key)
 
     def _index_remove(self, key: str, obj: Slim) -> None:
-        value = self._index_of(obj) if self._index_of else None
-        if value is not None:
-            keys = self._index.get(value)
+        for value_of, values in self._indexes.values():
+            value = value_of(obj)
+            keys = values.get(value) if value is not None else None
             if keys is not None:
                 keys.discard(key)
                 if not keys:
-                    del self._index[value]
+                    del values[value]  # type: ignore[arg-type]
 
-    def indexed(self, value: str) -> list[Slim]:
-        """The objects whose index value is `value` (for pods: the pods of one TrainingJob)."""
+    def indexed(self, value: str, index: str = INDEX_PRIMARY) -> list[Slim]:
+        """The objects whose `index` value is `value` (for pods: the pods of one TrainingJob, or with
+        INDEX_NODE the pods bound to one node)."""
         with self._lock:
-            return [self._objects[k] for k in self._index.get(value, ())]
+            entry = self._indexes.get(index)
+            return [self._objects[k] for k in (entry[1].get(value, ()) if entry is not None else ())]
+
+    def tombstones(self) -> int:
+        with self._lock:
+            return len(self._deleted)
 
     def get(self, key: str) -> Slim | None:
         with self._lock:

@@ -183,6 +183,8 @@ ENV_NODE_LOST_AFTER: Final = "PHALANX_NODE_LOST_AFTER_SECONDS"
 # The longest wait before a failed reconcile is tried again (doubling from 2 s up to it).
 ENV_RETRY_MAX_SECONDS: Final = "PHALANX_RETRY_MAX_SECONDS"
 RETRY_MAX_SECONDS: Final = 60.0
+# The least seconds between two writes of a running job's status.progress (policy/progress_writes.py).
+ENV_PROGRESS_STATUS_SECONDS: Final = "PHALANX_PROGRESS_STATUS_SECONDS"
 
 # Progress endpoint the trainer's local rank 0 of global rank 0 serves (JSON, see docs/environment.md).
 PROGRESS_PATH: Final = "/progress"

@@ -257,6 +257,10 @@ class KubeApi:
         items: list[dict[str, Any]] = self._json(out)["items"]
         return items
 
+    def priority_classes_request(self, **params: Any) -> Any:
+        """List or watch PriorityClasses (the admission pass's values, reflector.py)."""
+        return self.scheduling.list_priority_class(_preload_content=False, **_without_none(params))
+
     def priority_values(self) -> dict[str, int]:
         out = self._json(self.scheduling.list_priority_class(_preload_content=False))
         return {pc["metadata"]["name"]: int(pc.get("value", 0)) for pc in out["items"]}

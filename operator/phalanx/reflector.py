@@ -2,7 +2,7 @@
 
 The kubernetes client's own Watch turns every event into model objects, which costs more CPU than
 the rest of the operator on a busy cluster; this reads the watch stream's JSON lines directly.
-Lists are paged so a large cluster never sits in memory twice.
+Lists are paged, and each page slimmed as it arrives, so a large cluster's raw list is never held.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,18 +90,20 @@ class Reflector:
                     self._stop.wait(delay)
 
     def _list(self) -> str:
-        items: list[Mapping[str, Any]] = []
+        # Each page is slimmed as it arrives: only one raw page is held at a time, never the list.
+        fresh: dict[str, Slim] = {}
         token: str | None = None
         while True:
             response = self.request(limit=LIST_PAGE_SIZE, _continue=token, watch=False)
             page = json.loads(response.data)
-            items.extend(page.get("items") or ())
+            fresh.update(self.store.slimmed(page.get("items") or ()))
             token = (page.get("metadata") or {}).get("continue")
             if not token:
                 version = str(page["metadata"]["resourceVersion"])
                 break
+            del page, response
         before = self.store.as_dict()
-        self.store.replace(items, int(version), self.namespace)
+        self.store.replace_slimmed(fresh, int(version), self.namespace)
         if self.on_change is not None:
             after = self.store.as_dict()
             for key in before.keys() | after.keys():

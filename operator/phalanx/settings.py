@@ -14,6 +14,7 @@ from typing import Any, Final
 from phalanx import constants as c
 from phalanx import leader
 from phalanx.policy.node_loss import DEFAULT_NODE_LOST_AFTER_SECONDS
+from phalanx.policy.progress_writes import DEFAULT_PROGRESS_STATUS_SECONDS
 
 
 def default_identity() -> str:
@@ -54,6 +55,9 @@ class OperatorSettings:
     node_lost_after_seconds: float = DEFAULT_NODE_LOST_AFTER_SECONDS
     # The longest wait before a failed reconcile is tried again (doubling from 2 s up to it).
     retry_max_seconds: float = c.RETRY_MAX_SECONDS
+    # The least seconds between two status.progress writes of a running job; a new checkpoint and a
+    # phase change are written at once (policy/progress_writes.py).
+    progress_status_seconds: float = DEFAULT_PROGRESS_STATUS_SECONDS
 
     @classmethod
     def from_environment(
@@ -67,6 +71,9 @@ class OperatorSettings:
             "admit_on_creation": environ.get(ENV_ADMIT_ON_CREATION, "true").lower() != "false",
             "node_lost_after_seconds": node_lost_after_from_env(environ),
             "retry_max_seconds": _positive_seconds(environ, c.ENV_RETRY_MAX_SECONDS, c.RETRY_MAX_SECONDS),
+            "progress_status_seconds": _positive_seconds(
+                environ, c.ENV_PROGRESS_STATUS_SECONDS, DEFAULT_PROGRESS_STATUS_SECONDS
+            ),
         }
         return cls(**{**from_environment, **from_command_line})
 

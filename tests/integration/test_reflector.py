@@ -114,13 +114,13 @@ def test_one_job_store_fed_by_two_namespaces_keeps_both_across_a_relist(
 
 
 def store_replacements(store: Store) -> Any:
-    """Counts the store's full lists from now on (wraps Store.replace on this one instance)."""
+    """Counts the store's full lists from now on (wraps Store.replace_slimmed on this one instance)."""
     calls = [0]
-    original = store.replace
+    original = store.replace_slimmed
 
     def counting(*args: Any, **kwargs: Any) -> None:
         original(*args, **kwargs)
         calls[0] += 1
 
-    store.replace = counting  # type: ignore[method-assign]
+    store.replace_slimmed = counting  # type: ignore[method-assign]
     return lambda: calls[0]

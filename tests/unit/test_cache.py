@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 
 from phalanx.cache import (
+    INDEX_NODE,
+    TOMBSTONE_SECONDS,
     Store,
     compact,
     frees_or_changes_capacity,
@@ -87,6 +89,37 @@ def test_the_job_index_follows_upserts_deletes_and_lists() -> None:
     store.replace([pod("llm-worker-2", 10)], list_version=10)
     assert [p["metadata"]["name"] for p in store.indexed("ns/llm")] == ["llm-worker-2"]
     assert store.indexed("ns/other") == []
+
+
+def test_the_node_index_follows_binding_deletes_and_lists() -> None:
+    store = Store(slim_pod, index=job_of_pod, by_node=True)
+    store.upsert(pod("llm-worker-0", 1))  # not bound yet: on no node
+    store.upsert(pod("llm-worker-1", 2, node="n1"))
+    assert [p["metadata"]["name"] for p in store.indexed("n1", index=INDEX_NODE)] == ["llm-worker-1"]
+    store.upsert(pod("llm-worker-0", 3, node="n1"))
+    names = sorted(p["metadata"]["name"] for p in store.indexed("n1", index=INDEX_NODE))
+    assert names == ["llm-worker-0", "llm-worker-1"]
+    store.delete(pod("llm-worker-1", 4, node="n1"))
+    assert [p["metadata"]["name"] for p in store.indexed("n1", index=INDEX_NODE)] == ["llm-worker-0"]
+    store.replace([pod("llm-worker-2", 10, node="n2")], list_version=10)
+    assert store.indexed("n1", index=INDEX_NODE) == []
+    assert [p["metadata"]["name"] for p in store.indexed("n2", index=INDEX_NODE)] == ["llm-worker-2"]
+    # the job index is still there beside it
+    assert [p["metadata"]["name"] for p in store.indexed("ns/llm")] == ["llm-worker-2"]
+
+
+def test_tombstones_are_pruned_after_their_time_without_a_list() -> None:
+    now = [0.0]
+    store = Store(slim_pod, clock=lambda: now[0])
+    for i in range(100):
+        store.upsert(pod(f"w-{i}", 2 * i + 1))
+        store.delete(pod(f"w-{i}", 2 * i + 2))
+    assert store.tombstones() == 100
+    assert store.upsert(pod("w-0", 1)) is None  # a late reply within the time stays out
+    now[0] = TOMBSTONE_SECONDS + 1
+    store.upsert(pod("last", 500))
+    store.delete(pod("last", 501))  # a delete after the time prunes the old ones
+    assert store.tombstones() == 1
 
 
 def test_a_slim_node_keeps_capacity_taints_labels_and_readiness_without_heartbeats() -> None:

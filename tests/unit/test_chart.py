@@ -501,6 +501,12 @@ def test_the_lost_node_bound_reaches_the_operator_as_its_setting() -> None:
     assert env["PHALANX_NODE_LOST_AFTER_SECONDS"] == "20"
 
 
+def test_the_progress_write_interval_reaches_the_operator_as_its_setting() -> None:
+    (container,) = the_deployment(rendered("default"))["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["PHALANX_PROGRESS_STATUS_SECONDS"] == "30"
+
+
 def test_values_schema_rejects_bad_values(tmp_path: Path) -> None:
     bad_values: list[dict[str, Any]] = [
         {"watchNamespaces": ["Not_A_Namespace"]},
@@ -509,6 +515,7 @@ def test_values_schema_rejects_bad_values(tmp_path: Path) -> None:
         {"metrics": {"prometheusRule": {"thresholds": {"noProgressMinutes": 0}}}},
         {"replicas": 2},
         {"operator": {"nodeLostAfterSeconds": -1}},
+        {"operator": {"progressStatusSeconds": 0}},
     ]
     for values in bad_values:
         result = helm(

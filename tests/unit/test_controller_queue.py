@@ -232,3 +232,23 @@ def test_a_status_patch_removes_the_nested_keys_the_new_status_no_longer_has() -
         return result
 
     assert merge(old, patch) == new
+
+
+def test_once_the_priority_class_watch_has_listed_no_pass_lists_them() -> None:
+    from phalanx.cache import Store, slim_priority_class
+    from phalanx.controller.admission_state import PriorityValues
+
+    calls: list[int] = []
+    watched = Store(slim_priority_class)
+
+    def fetch() -> dict[str, int]:
+        calls.append(1)
+        return {"high": 1000}
+
+    values = PriorityValues(fetch, clock=lambda: 0.0, watched=watched)
+    assert values.current({"high"}) == {"high": 1000}  # not listed by the watch yet: asked once
+    watched.replace([{"metadata": {"name": "high", "resourceVersion": "5"}, "value": 1000}], 5)
+    watched.upsert({"metadata": {"name": "urgent", "resourceVersion": "6"}, "value": 10_000})
+    for _ in range(10):
+        assert values.current({"high", "urgent"}) == {"high": 1000, "urgent": 10_000}
+    assert len(calls) == 1

@@ -148,6 +148,7 @@ JOB_BODY = {"metadata": {"name": JOB.name, "namespace": JOB.namespace, "uid": JO
 KUBE_API_CALLS: dict[str, Callable[[k8s.KubeApi, str | None], Iterable[Any]]] = {
     "pods_request": lambda api, _: [api.pods_request(watch=w) for w in (False, True)],
     "nodes_request": lambda api, _: [api.nodes_request(watch=w) for w in (False, True)],
+    "priority_classes_request": lambda api, _: [api.priority_classes_request(watch=w) for w in (False, True)],
     "jobs_request": lambda api, ns: [api.jobs_request(ns, watch=w) for w in (False, True)],
     "get_job": lambda api, _: [api.get_job(JOB.namespace, JOB.name)],
     "patch_job_status": lambda api, _: [

@@ -64,7 +64,11 @@ class AdmissionPass:
         self.write_pool = write_pool
         self.clock = clock
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="admission")
-        self.priority_values = PriorityValues(lambda: self.api.priority_values())
+        # (job key, uid) -> progress newer than its status, if any (the progress poller's held_back).
+        self.fresh_progress: Callable[[str, str], dict[str, Any] | None] = lambda key, uid: None
+        self.priority_values = PriorityValues(
+            lambda: self.api.priority_values(), watched=stores.priority_classes
+        )
 
     async def run(self) -> None:
         """Runs a pass soon after something changed (work.admission_dirty), else every few seconds."""
@@ -153,13 +157,19 @@ class AdmissionPass:
 
     def _free_at(self, jobs: list[dict[str, Any]], now: float) -> dict[str, float]:
         """When each node's work ends, for the ETA-aware backfill (gang/backfill.py)."""
-        ends = {object_key(j): job_end(j.get("status") or {}, now) for j in jobs}
+        ends = {object_key(j): job_end(self._freshest_status(j), now) for j in jobs}
         bound = (
             (str(p["spec"]["nodeName"]), job_of_pod(p))
             for p in self.stores.pods.items()
             if (p.get("spec") or {}).get("nodeName") and not is_terminal(p)
         )
         return node_free_at(bound, ends)
+
+    def _freshest_status(self, job: dict[str, Any]) -> dict[str, Any]:
+        """The job's status with the newest progress read (its ETA), should the status lag it."""
+        status = job.get("status") or {}
+        fresh = self.fresh_progress(object_key(job), str(job["metadata"].get("uid") or ""))
+        return {**status, "progress": fresh} if fresh is not None else status
 
     def admit_pods(self, patches: list[tuple[str, str, dict[str, Any]]]) -> None:
         """Lifts the gates, several requests at a time: one request per pod, so a big burst of gangs

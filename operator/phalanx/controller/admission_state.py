@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Final
 
 from phalanx.api.v1alpha1 import TrainingJobSpec
+from phalanx.cache import Store
 from phalanx.gang.capacity import NodeInfoCache, Resources
 from phalanx.gang.usage import UsageIndex
 
@@ -21,26 +22,34 @@ log = logging.getLogger("phalanx.controller")
 
 # A PriorityClass's value cannot change (the API server refuses the update), so listing them on every
 # admission pass (one request per pass, under the admission lock) bought nothing but new and deleted
-# classes: a class a job names that is not known yet is listed at once (at most every
-# PRIORITY_UNKNOWN_SECONDS), the rest every PRIORITY_REFRESH_SECONDS.
+# classes. They are watched (a reflector feeds a store); until that store has listed, a class a job
+# names that is not known yet is listed at once (at most every PRIORITY_UNKNOWN_SECONDS), the rest
+# every PRIORITY_REFRESH_SECONDS.
 PRIORITY_REFRESH_SECONDS: Final = 30.0
 PRIORITY_UNKNOWN_SECONDS: Final = 1.0
 
 
 class PriorityValues:
-    """PriorityClass name -> value, listed at most every PRIORITY_REFRESH_SECONDS, or sooner for a
-    name not known yet; a failed list keeps the last values (and is tried again at the next pass)."""
+    """PriorityClass name -> value: from the watch-fed store once it has listed (no request at all);
+    before that listed at most every PRIORITY_REFRESH_SECONDS, or sooner for a name not known yet; a
+    failed list keeps the last values (and is tried again at the next pass)."""
 
     def __init__(
-        self, fetch: Callable[[], dict[str, int]], clock: Callable[[], float] = time.monotonic
+        self,
+        fetch: Callable[[], dict[str, int]],
+        clock: Callable[[], float] = time.monotonic,
+        watched: Store | None = None,
     ) -> None:
         self.fetch = fetch
         self.clock = clock
+        self.watched = watched
         self.values: dict[str, int] = {}
         self.fetched_at: float | None = None
 
     def current(self, named: set[str] | frozenset[str] = frozenset()) -> dict[str, int]:
         """named: the PriorityClasses the waiting jobs name."""
+        if self.watched is not None and self.watched.synced.is_set():
+            return {pc["metadata"]["name"]: int(pc.get("value") or 0) for pc in self.watched.items()}
         now = self.clock()
         age = None if self.fetched_at is None else now - self.fetched_at
         unknown = bool(named - self.values.keys())

@@ -35,12 +35,14 @@ from phalanx.controller.stores import ClusterStores
 from phalanx.controller.watch import WatchCallbacks
 from phalanx.k8s import KubeApi
 from phalanx.leader import LeaderElector
+from phalanx.policy.resync import due_for_resync
 from phalanx.reflector import Reflector, per_namespace
 from phalanx.settings import Clock, OperatorSettings
 
 log = logging.getLogger("phalanx.controller")
 
 RESYNC_SECONDS: Final = 20.0
+RESYNC_TICK_SECONDS: Final = 1.0  # the resync's share of jobs is enqueued once a tick
 # On shutdown, how long running reconciles and admission writes may take to finish (well within the
 # pod's 30 s grace period); the lease is released only if they did.
 DRAIN_SECONDS: Final = 10.0
@@ -63,7 +65,7 @@ class Controller:
         self.reconcile_pool = ThreadPoolExecutor(workers, thread_name_prefix="reconcile")
         self.write_pool = ThreadPoolExecutor(WRITE_CONCURRENCY, thread_name_prefix="writes")
         self.writer = JobWriter(api, self.stores, self.write_pool)
-        self.progress = ProgressPoller(self.writer, self.work)
+        self.progress = ProgressPoller(self.writer, self.work, settings.progress_status_seconds)
         self.generations = GenerationPublisher(self.work)
         admission = AdmissionState()
         self.reconciler = Reconciler(
@@ -76,6 +78,8 @@ class Controller:
         self.admission = AdmissionPass(
             api, self.stores, admission, self.writer, preemptor, self.work, self.write_pool, clock
         )
+        # The ETA-aware backfill reads the newest ETA, not the one the write interval let through.
+        self.admission.fresh_progress = self.progress.held_back
         self.watch = WatchCallbacks(self.stores, self.work)
         self.reflectors: list[Reflector] = []
         self.tasks: list[asyncio.Task[None]] = []
@@ -120,6 +124,12 @@ class Controller:
         self.reflectors = [
             Reflector("pods", self.api.pods_request, stores.pods, watch.on_pod_change).start(),
             Reflector("nodes", self.api.nodes_request, stores.nodes, watch.on_node_change).start(),
+            Reflector(
+                "priorityclasses",
+                self.api.priority_classes_request,
+                stores.priority_classes,
+                lambda *_: self.work.admission_dirty_threadsafe(),
+            ).start(),  # a new class may let a job in
             *(
                 reflector.start()
                 for reflector in per_namespace(
@@ -150,10 +160,19 @@ class Controller:
         await self.work.run_worker(lambda key: self.reconcile(key), self.reconcile_pool)
 
     async def _resync_loop(self) -> None:
+        """Every job once per RESYNC_SECONDS, a share of them each tick (policy/resync.py)."""
+        slots = round(RESYNC_SECONDS / RESYNC_TICK_SECONDS)
+        tick = 0
         while True:
-            await asyncio.sleep(RESYNC_SECONDS)
-            for key in list(self.reconciler.known_jobs):
+            await asyncio.sleep(RESYNC_TICK_SECONDS)
+            tick = (tick + 1) % slots
+            jobs = [(key, self._uid_of(key)) for key in list(self.reconciler.known_jobs)]
+            for key in due_for_resync(jobs, tick, slots):
                 self.work.enqueue(key)
+
+    def _uid_of(self, key: str) -> str:
+        job = self.stores.jobs.get(key)
+        return str((job or {}).get("metadata", {}).get("uid") or key)
 
     async def stop(self, drain_seconds: float = DRAIN_SECONDS) -> bool:
         """Stops the loops and waits up to `drain_seconds` for the writer threads to finish what they

@@ -88,13 +88,15 @@ class GenerationPublisher:
         self.headers = dict(headers or {})
         self.pool = ThreadPoolExecutor(GENERATION_CONCURRENCY, thread_name_prefix="generation")
         self._lock = threading.Lock()
-        self._told: set[tuple[str, int]] = set()  # (pod uid, generation) taken, or being told now
+        # job key -> (pod uid, generation) taken, or being told now; the job's entry goes with it.
+        self._told: dict[str, set[tuple[str, int]]] = {}
         # job key -> (job uid, attempt, {pod name: why}): launchers that did not take the generation.
         self._refused: dict[str, tuple[str, int, dict[str, str]]] = {}
 
     def forget(self, key: str) -> None:
         with self._lock:
             self._refused.pop(key, None)
+            self._told.pop(key, None)
 
     def refusals(self, key: str, job_uid: str, attempt: int) -> dict[str, str]:
         """Kept pods of this job's current attempt whose launcher refused it or was unreachable."""
@@ -121,9 +123,12 @@ class GenerationPublisher:
             if not takes_generations(pod):
                 continue  # a torchrun agent: it takes the replacement in by itself
             with self._lock:
-                if (uid, attempt) in self._told:
+                told = self._told.setdefault(key, set())
+                if (uid, attempt) in told:
                     continue
-                self._told.add((uid, attempt))
+                # Earlier attempts' generations are never told again: only this one's is kept.
+                told -= {t for t in told if t[1] < attempt}
+                told.add((uid, attempt))
             token = ((pod.get("metadata") or {}).get("annotations") or {}).get(c.ANNOTATION_CONTROL_TOKEN)
             self.pool.submit(self._tell, key, job_uid, name, uid, str(ip), attempt, token, stop)
 
@@ -158,7 +163,7 @@ class GenerationPublisher:
             return
         log.warning("%s: %s did not take restart generation %d: %s", key, pod, attempt, answer.why)
         with self._lock:
-            self._told.discard((uid, attempt))
+            self._told.get(key, set()).discard((uid, attempt))
             known = self._refused.get(key)
             pods = dict(known[2]) if known is not None and known[:2] == (job_uid, attempt) else {}
             pods[pod] = answer.why

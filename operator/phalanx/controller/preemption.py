@@ -53,8 +53,12 @@ class Preemptor:
         sees its pods deleted by someone else, restarts as a preemption, and waits for capacity.
         """
         now = time.monotonic()
-        # A copy: forget() drops a deleted job from another thread.
-        if any(now - at < PREEMPTION_COOLDOWN_SECONDS for at in list(self.preempting.values())):
+        # A new dict, not edited in place: forget() drops a deleted job from another thread. Victims
+        # past the cooldown leave it (a victim that runs again is never forgotten).
+        self.preempting = {
+            k: at for k, at in list(self.preempting.items()) if now - at < PREEMPTION_COOLDOWN_SECONDS
+        }
+        if self.preempting:
             return  # let the last victims finish terminating before choosing again
         running = []
         for job in jobs:

@@ -1,5 +1,6 @@
 """The progress client: polls global rank 0's /progress (HTTP, docs/environment.md) while a job
-runs, and copies it into status.progress and status.lastCheckpoint when it changes."""
+runs, keeps the newest report in memory (hang detection, metrics and the reconcile read it), and
+copies it into status.progress and status.lastCheckpoint when policy/progress_writes.py says so."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from phalanx.controller.queue import WorkQueue
 from phalanx.k8s import short_error
 from phalanx.pod_facts import in_current_attempt, pod_index
 from phalanx.policy import hang
+from phalanx.policy.progress_writes import DEFAULT_PROGRESS_STATUS_SECONDS, progress_write_due
 from phalanx.reconcile.plan import parse_iso
 
 log = logging.getLogger("phalanx.controller")
@@ -118,15 +120,21 @@ class HangWatch(NamedTuple):
 
 
 class ProgressPoller:
-    def __init__(self, writer: JobWriter, work: WorkQueue) -> None:
+    def __init__(
+        self, writer: JobWriter, work: WorkQueue, status_seconds: float = DEFAULT_PROGRESS_STATUS_SECONDS
+    ) -> None:
         self.writer = writer
         self.work = work
+        self.status_seconds = status_seconds  # the least time between two progress writes of a job
         # Own threads: slow polls of unreachable pods must not hold up reconciles or admission.
         self.pool = ThreadPoolExecutor(PROGRESS_CONCURRENCY, thread_name_prefix="progress")
         self.targets: dict[str, ProgressTarget] = {}  # job key -> rank 0's pod IP, for the job's uid
         self.next_poll: dict[str, float] = {}
         self.failures: dict[str, int] = {}
-        self.last_progress: dict[str, dict[str, Any]] = {}
+        self.last_progress: dict[str, dict[str, Any]] = {}  # the status patch last written, per job
+        self.written_at: dict[str, float] = {}  # when (monotonic) it was written
+        # Read but held back by the interval, with its job's uid: a phase change writes it at once.
+        self.unwritten: dict[str, tuple[str, dict[str, Any]]] = {}
         # The newest start-up times rank 0 reported, with the uid of its job (read by the reconcile).
         self.trainer_reports: dict[str, tuple[str, dict[str, Any]]] = {}
         self.hang_watch: dict[str, HangWatch] = {}
@@ -135,9 +143,23 @@ class ProgressPoller:
 
     def forget(self, key: str) -> None:
         tables = (self.targets, self.next_poll, self.failures, self.last_progress, self.trainer_reports,
-                  self.hang_watch)  # fmt: skip
+                  self.hang_watch, self.written_at, self.unwritten)  # fmt: skip
         for table in tables:
             table.pop(key, None)
+
+    def held_back(self, key: str, uid: str) -> dict[str, Any] | None:
+        """status.progress as last read for the job with `uid`, if newer than its status (the
+        interval held it back); the backfill reads its ETA from here, not a 30 s old one."""
+        held = self.unwritten.get(key)
+        return held[1].get("progress") if held is not None and held[0] == uid else None
+
+    def take_unwritten(self, key: str, uid: str) -> dict[str, Any] | None:
+        """status.progress as last read for the job with `uid`, if the interval held it back; the
+        reconcile writes it with a phase change (a finished job shows its last step)."""
+        held = self.unwritten.pop(key, None)
+        if held is None or held[0] != uid:
+            return None
+        return held[1].get("progress")
 
     def track(
         self,
@@ -222,7 +244,8 @@ class ProgressPoller:
         return [name for (name, _), ok in zip(watch.pods, answered, strict=True) if not ok]
 
     def poll(self, key: str) -> None:
-        """Copies the trainer's /progress into status.progress and status.lastCheckpoint when they change."""
+        """Reads the trainer's /progress; copies it into status.progress and status.lastCheckpoint when
+        they changed and the write is due (policy/progress_writes.py)."""
         target = self.targets.get(key)
         if target is None:
             return
@@ -274,10 +297,18 @@ class ProgressPoller:
         total, step = report.get("total_steps"), report.get("step")
         if isinstance(total, int) and isinstance(step, int) and total > 0:
             metrics.observe_progress(namespace, name, step, total)
-        if self.last_progress.get(key) != patch:
-            if not self.writer.write_facts(key, target.uid, patch):
-                # Its job is gone (or re-created under the name: that one gets its own target).
-                if self.targets.get(key) == target:
-                    self.targets.pop(key, None)
-                return
-            self.last_progress[key] = patch
+        written, now = self.last_progress.get(key), time.monotonic()
+        if written == patch:
+            self.unwritten.pop(key, None)
+            return
+        if not progress_write_due(written, self.written_at.get(key), patch, now, self.status_seconds):
+            self.unwritten[key] = (target.uid, patch)
+            return
+        if not self.writer.write_facts(key, target.uid, patch):
+            # Its job is gone (or re-created under the name: that one gets its own target).
+            if self.targets.get(key) == target:
+                self.targets.pop(key, None)
+            return
+        self.last_progress[key] = patch
+        self.written_at[key] = now
+        self.unwritten.pop(key, None)

@@ -100,10 +100,26 @@ class WorkQueue:
         asyncio.get_running_loop().call_later(POD_EVENT_BATCH_SECONDS, due)
 
     def forget(self, key: str) -> None:
+        """The job is gone (from any thread): drop what is kept for it, its pending timer included
+        (a finished job's TTL or a retry's backoff would otherwise hold it for minutes)."""
         self.job_markers.pop(key, None)
         self.failures.pop(key, None)
-        # A pending delayed requeue stays (this may run on a reconcile thread, and a timer is the
-        # loop's): it fires once more, the reconcile finds no job, and the entry is gone with it.
+        loop = getattr(self, "loop", None)
+        if loop is None:
+            return
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
+            self._cancel_delayed(key)
+        else:  # a timer is the loop's
+            loop.call_soon_threadsafe(self._cancel_delayed, key)
+
+    def _cancel_delayed(self, key: str) -> None:
+        pending = self.delayed.pop(key, None)
+        if pending is not None:
+            pending[1].cancel()
 
     async def run_worker(self, reconcile: Callable[[str], list[float]], pool: ThreadPoolExecutor) -> None:
         """One worker: takes keys off the queue and reconciles them in `pool`; reconcile returns the

@@ -163,6 +163,12 @@ class Reconciler:
             if not taken and not refused:
                 followups.append(0.5)
 
+        if plan.status.get("phase") != old_status.get("phase"):
+            # The progress the write interval held back goes with the phase change: a finished job
+            # shows its last step (policy/progress_writes.py).
+            held = self.progress.take_unwritten(key, job["metadata"]["uid"])
+            if held is not None:
+                plan.status["progress"] = held
         hang_timeout = ((job.get("spec") or {}).get("runPolicy") or {}).get("hangTimeoutSeconds")
         self.progress.track(key, job["metadata"]["uid"], pods, plan.status, hang_timeout)
         if plan.status.get("phase") in FINISHED_PHASES:

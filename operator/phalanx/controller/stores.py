@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from phalanx.cache import Store, object_key, slim_job, slim_node, slim_pod
+from phalanx.cache import Store, object_key, slim_job, slim_node, slim_pod, slim_priority_class
 from phalanx.gang.usage import UsageIndex
 from phalanx.pod_facts import is_owned_by, job_of_pod
 
@@ -13,9 +13,11 @@ from phalanx.pod_facts import is_owned_by, job_of_pod
 class ClusterStores:
     def __init__(self) -> None:
         self.usage = UsageIndex()  # room held per node, fed by the pod store
-        self.pods = Store(slim_pod, index=job_of_pod, observer=self.usage)
+        self.pods = Store(slim_pod, index=job_of_pod, observer=self.usage, by_node=True)
         self.nodes = Store(slim_node)
         self.jobs = Store(slim_job)
+        # Not part of synced(): until listed, admission lists them itself (admission_state.py).
+        self.priority_classes = Store(slim_priority_class)
 
     def synced(self) -> bool:
         """Every store has listed once: a decision over the whole cluster may be made."""

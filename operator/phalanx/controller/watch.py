@@ -3,7 +3,7 @@ job into keys for the work queue and a wake-up for the admission pass. Nothing i
 
 from __future__ import annotations
 
-from phalanx.cache import Slim, frees_or_changes_capacity, node_changed_for_admission
+from phalanx.cache import INDEX_NODE, Slim, frees_or_changes_capacity, node_changed_for_admission
 from phalanx.controller.queue import WorkQueue
 from phalanx.controller.stores import ClusterStores
 from phalanx.pod_facts import job_of_pod
@@ -40,7 +40,7 @@ class WatchCallbacks:
             self.work.admission_dirty_threadsafe()
         if new is None or (old is not None and node_is_ready(old) and not node_is_ready(new)):
             # Gone or no longer Ready: the jobs with pods there decide now, not at the next resync.
-            for pod in self.stores.pods.items():
+            for pod in self.stores.pods.indexed(key, index=INDEX_NODE):  # its pods, not every pod
                 job = job_of_pod(pod)
-                if job is not None and (pod.get("spec") or {}).get("nodeName") == key:
+                if job is not None:
                     self.work.enqueue_threadsafe(job)

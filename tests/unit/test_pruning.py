@@ -1,0 +1,55 @@
+"""Every map the controller keeps per job or pod is pruned when its job or pod goes (issue 17): at
+thousands of jobs a map that only grows is the operator's memory, job after job."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from tests.unit.test_generations import STATUS, Recorded, kept_pod, launcher, settle  # noqa: F401 - the fixture
+
+pytestmark = pytest.mark.unit
+
+
+def test_forgetting_a_job_cancels_its_pending_delayed_requeue() -> None:
+    from phalanx.controller.queue import WorkQueue
+
+    async def scenario() -> int:
+        work = WorkQueue()
+        work.loop = asyncio.get_running_loop()
+        work.enqueue("ns/gone", delay=600.0)  # a finished job's TTL, a retry's backoff
+        # The reconcile that finds the job gone forgets it on its own thread.
+        forgetting = threading.Thread(target=work.forget, args=("ns/gone",))
+        forgetting.start()
+        forgetting.join()
+        await asyncio.sleep(0.05)  # the hand-off to the loop
+        return len(work.delayed)
+
+    assert asyncio.run(scenario()) == 0
+
+
+@pytest.mark.usefixtures("launcher")
+def test_forgetting_a_job_drops_what_the_generation_publisher_told_its_pods() -> None:
+    from phalanx.controller.generations import GenerationPublisher
+
+    publisher = GenerationPublisher(Recorded())
+    publisher.publish("ns/j", "job-uid", [kept_pod()], STATUS)
+    settle(publisher)
+    publisher.forget("ns/j")
+    assert len(publisher._told) == 0
+
+
+def test_victims_past_the_preemption_cooldown_leave_the_preempting_map() -> None:
+    from phalanx.controller.preemption import PREEMPTION_COOLDOWN_SECONDS, Preemptor
+
+    preemptor = Preemptor(None, None, None, None, None, time.time)  # type: ignore[arg-type]
+    now = time.monotonic()
+    # A victim that restarted and runs again is never forgotten (its job is not deleted).
+    preemptor.preempting = {"ns/long-ago": now - 10 * PREEMPTION_COOLDOWN_SECONDS, "ns/just-now": now}
+    head: Any = None
+    preemptor.preempt_for(head, [], [], {})  # within the cooldown of ns/just-now: nothing chosen
+    assert list(preemptor.preempting) == ["ns/just-now"]

@@ -1,0 +1,57 @@
+"""What a node event enqueues (controller/watch.py): the jobs with pods on that node, found through
+the pod store's node index."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from phalanx.cache import slim_node
+from phalanx.controller.stores import ClusterStores
+from phalanx.controller.watch import WatchCallbacks
+
+pytestmark = pytest.mark.unit
+
+
+class Recorded:
+    def __init__(self) -> None:
+        self.jobs: list[str] = []
+        self.admission = 0
+
+    def enqueue_threadsafe(self, key: str) -> None:
+        self.jobs.append(key)
+
+    def admission_dirty_threadsafe(self) -> None:
+        self.admission += 1
+
+
+def pod(name: str, job: str, node: str, version: int) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": "ns", "uid": f"u-{name}", "resourceVersion": str(version),
+                     "labels": {"phalanx.dev/job-name": job}},
+        "spec": {"nodeName": node, "containers": [{"name": "trainer"}]},
+        "status": {"phase": "Running"},
+    }  # fmt: skip
+
+
+def node(name: str, ready: str, version: int) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "resourceVersion": str(version)},
+        "status": {"conditions": [{"type": "Ready", "status": ready}]},
+    }
+
+
+def test_a_node_that_goes_not_ready_enqueues_only_the_jobs_with_pods_there() -> None:
+    stores, work = ClusterStores(), Recorded()
+    for i, (job, where) in enumerate([("a", "n1"), ("a", "n2"), ("b", "n2"), ("c", "n3")]):
+        stores.pods.upsert(pod(f"{job}-{i}", job, where, i + 1))
+    callbacks = WatchCallbacks(stores, work)  # type: ignore[arg-type]
+    callbacks.on_node_change("n2", slim_node(node("n2", "True", 1)), slim_node(node("n2", "Unknown", 2)))
+    assert sorted(work.jobs) == ["ns/a", "ns/b"]
+    work.jobs.clear()
+    callbacks.on_node_change("n3", slim_node(node("n3", "True", 1)), None)  # deleted
+    assert work.jobs == ["ns/c"]
+    work.jobs.clear()
+    callbacks.on_node_change("n1", slim_node(node("n1", "True", 1)), slim_node(node("n1", "True", 2)))
+    assert work.jobs == []  # still Ready: nothing for the jobs to decide
