@@ -140,6 +140,9 @@ def test_quota_for_one_job_runs_one_and_the_other_waits_with_kueues_reason(
     (podset,) = wl["spec"]["podSets"]
     assert podset["name"] == "workers" and podset["count"] == 2
     assert status["admission"]["by"] == "Kueue" and status["admission"]["clusterQueue"] == queues.cq
+    # What Kueue's waitForPodsReady reads: the owner says when the whole gang runs.
+    wait_for(lambda: condition(workload_of(cluster, namespace, "first") or {}, "PodsReady") == "True",
+             timeout=15, what="the first Workload PodsReady")  # fmt: skip
     # The flavor's node labels and tolerations were injected: the private nodes are the only fit.
     for pod in job_pods(cluster, namespace, "first"):
         assert pod["spec"]["nodeSelector"] == queues.placement["nodeSelector"]
@@ -228,3 +231,19 @@ def test_a_mig_job_is_admitted_only_against_a_flavor_with_its_profile(
         queued("other", gpus=None, resources={"mig": {"profile": "3g.40gb", "count": 1}}), namespace
     )
     waiting_message(cluster, namespace, "other", "mig-3g.40gb")
+
+
+def test_a_job_managed_by_another_controller_is_left_alone(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    # MultiKueue's contract: the manager cluster's copy names the MultiKueue controller; a worker
+    # cluster's copy (no managedBy) is this operator's. Neither gets a Workload from here.
+    cluster.apply(training_job("elsewhere", managedBy="kueue.x-k8s.io/multikueue"), namespace)
+    cluster.apply(training_job("here", managedBy="phalanx.dev/operator"), namespace)
+    wait_running(cluster, namespace, "here")
+    assert (
+        job_status(cluster, namespace, "elsewhere") == {} and job_pods(cluster, namespace, "elsewhere") == []
+    )
+    changed = cluster.kubectl("patch", "tj", "elsewhere", "-n", namespace, "--type=merge",
+                              "-p", '{"spec": {"managedBy": "phalanx.dev/operator"}}', check=False)  # fmt: skip
+    assert changed.returncode != 0 and "spec.managedBy is immutable" in changed.stderr, changed.stderr
