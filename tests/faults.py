@@ -3,8 +3,11 @@
 `FaultProxy` listens on plain HTTP on 127.0.0.1 and forwards every request to the real API server
 over HTTPS with the cluster's admin client certificate. Responses are relayed as they arrive, so
 watches stream through. While a fault window is open, the proxy answers instead of the API server
-for the first, third, fifth... request of each endpoint (method + path): every kind of call meets
-a refusal, and a retry of that call gets through. With `lost_answers`, a chosen write (POST, PUT,
+for requests drawn at random (a seeded generator, a set probability), never more than a set number
+in a row on one endpoint (method + path), so a retried call gets through, and only until a set
+number of faults was served: the window is measured in tries, not seconds, so a slow machine sees
+the same storm as a fast one. The first request to chosen paths is always refused, so what a test
+is about (a lost pod creation) meets the storm for sure. With `lost_answers`, a chosen write (POST, PUT,
 PATCH, DELETE) first reaches the API server and only its answer is replaced: the change is made and
 the client is told it failed, as when a load balancer gives up after the API server committed.
 `proxy_kubeconfig` writes a kubeconfig that points a client at the proxy.
@@ -15,12 +18,13 @@ from __future__ import annotations
 import base64
 import http.client
 import json
+import random
 import ssl
 import threading
 import time
 import urllib.parse
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -114,44 +118,69 @@ def status_body(code: int, reason: str, message: str, retry_after: int | None) -
     return json.dumps(body).encode()
 
 
-class FaultPlan:
-    """Which requests get an injected answer: every other request of each endpoint while open.
+@dataclass(frozen=True)
+class Storm:
+    """What a fault window serves (see the module docstring)."""
 
-    Statuses rotate over `statuses`, so with (429, 503) an endpoint sees 429 on its first request,
-    503 on its third, and so on. Thread-safe: the proxy serves each connection on its own thread.
-    """
+    statuses: tuple[int, ...] = (429, 503)
+    probability: float = 0.5
+    seed: int = 0
+    faults: int = 24  # the window closes itself after serving this many
+    most_in_a_row: int = 2  # per endpoint: the next try after this many refusals gets through
+    first_refused: tuple[str, ...] = ()  # path prefixes whose first request is always refused
+    include_watches: bool = True
+    lost_answers: bool = False
+
+
+class FaultPlan:
+    """Which requests get an injected answer while a window is open. Statuses rotate over the
+    storm's, so with (429, 503) faults alternate. Thread-safe: the proxy serves each connection on
+    its own thread."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._statuses: tuple[int, ...] = ()
-        self._include_watches = True
-        self._lost_answers = False
-        self._seen: Counter[tuple[str, str]] = Counter()
+        self._storm: Storm | None = None
+        self._random = random.Random(0)
+        self._in_a_row: Counter[tuple[str, str]] = Counter()
+        self._refused_first: set[str] = set()
         self._injected = 0
 
-    def open(self, statuses: Sequence[int], include_watches: bool, lost_answers: bool) -> None:
+    def open(self, storm: Storm) -> None:
         with self._lock:
-            self._statuses = tuple(statuses)
-            self._include_watches = include_watches
-            self._lost_answers = lost_answers
-            self._seen.clear()
+            self._storm = storm
+            self._random = random.Random(storm.seed)
+            self._in_a_row.clear()
+            self._refused_first.clear()
+            self._injected = 0
 
     def close(self) -> None:
         with self._lock:
-            self._statuses = ()
+            self._storm = None
+
+    @property
+    def injected(self) -> int:
+        with self._lock:
+            return self._injected
 
     def fault_for(self, method: str, path: str, is_watch: bool) -> Fault | None:
         with self._lock:
-            if not self._statuses or (is_watch and not self._include_watches):
+            storm = self._storm
+            if storm is None or self._injected >= storm.faults or (is_watch and not storm.include_watches):
                 return None
-            endpoint = (method, urllib.parse.urlsplit(path).path)
-            nth = self._seen[endpoint]
-            self._seen[endpoint] += 1
-            if nth % 2:
+            route = urllib.parse.urlsplit(path).path
+            endpoint = (method, route)
+            first = next((p for p in storm.first_refused if route.startswith(p)), None)
+            if first is not None and first not in self._refused_first:
+                self._refused_first.add(first)
+            elif (
+                self._in_a_row[endpoint] >= storm.most_in_a_row or self._random.random() >= storm.probability
+            ):
+                self._in_a_row[endpoint] = 0
                 return None
-            status = self._statuses[self._injected % len(self._statuses)]
+            self._in_a_row[endpoint] += 1
+            status = storm.statuses[self._injected % len(storm.statuses)]
             self._injected += 1
-            return Fault(status, after_upstream=self._lost_answers and method in WRITE_METHODS)
+            return Fault(status, after_upstream=storm.lost_answers and method in WRITE_METHODS)
 
 
 class FaultProxy:
@@ -184,10 +213,8 @@ class FaultProxy:
         self._server.server_close()
 
     @contextmanager
-    def fault_window(
-        self, statuses: Sequence[int] = (429, 503), include_watches: bool = True, lost_answers: bool = False
-    ) -> Iterator[None]:
-        self.plan.open(statuses, include_watches, lost_answers)
+    def fault_window(self, storm: Storm) -> Iterator[None]:
+        self.plan.open(storm)
         try:
             yield
         finally:

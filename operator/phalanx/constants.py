@@ -84,6 +84,8 @@ ENV_CHECKPOINT_INTERVAL: Final = "PHALANX_CHECKPOINT_INTERVAL_STEPS"
 ENV_CHECKPOINT_KEEP: Final = "PHALANX_CHECKPOINT_KEEP"
 ENV_METRICS_PORT: Final = "PHALANX_METRICS_PORT"
 ENV_RENDEZVOUS_TIMEOUT: Final = "PHALANX_RENDEZVOUS_TIMEOUT_SECONDS"
+# Beyond the gang timeout, what a replacement pod may take to start and reach the rendezvous.
+REPLACEMENT_START_MARGIN_SECONDS: Final = 60
 ENV_PREEMPTION_EXIT_CODE: Final = "PHALANX_PREEMPTION_EXIT_CODE"
 ENV_GRACE_PERIOD: Final = "PHALANX_TERMINATION_GRACE_SECONDS"
 # Restart in place: the pod's launcher stays resident and restarts its workers per generation.

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Final, Literal
+from typing import Any, Final, Literal
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (
@@ -32,7 +32,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from phalanx.policy import goodput
+from phalanx.policy import goodput, recovery_timeline
 
 RestartReason = Literal["failure", "preemption", "hang"]
 RESTART_REASONS: Final[tuple[RestartReason, ...]] = ("failure", "preemption", "hang")
@@ -158,6 +158,7 @@ class _JobState:
     waiting_since: float | None = None
     restart_reasons: set[str] = field(default_factory=set)
     device_unit: str | None = None
+    levels_shown: bool = False  # observe_status showed its stored levels (see there)
 
 
 class _JobCollector(Collector):
@@ -171,6 +172,11 @@ class _JobCollector(Collector):
     def update(self, namespace: str, name: str, change: Callable[[_JobState], None]) -> None:
         with self._lock:
             change(self._jobs.setdefault((namespace, name), _JobState()))
+
+    def levels_shown(self, namespace: str, name: str) -> bool:
+        with self._lock:
+            state = self._jobs.get((namespace, name))
+            return state is not None and state.levels_shown
 
     def pop(self, namespace: str, name: str) -> _JobState | None:
         with self._lock:
@@ -377,6 +383,54 @@ def observe_goodput(namespace: str, name: str, ledger: dict[str, object]) -> Non
         state.device_unit = unit
 
     _JOBS.update(namespace, name, remember_unit)
+
+
+def _restore_levels(namespace: str, name: str, stored: Mapping[str, Any]) -> None:
+    """The gauges of a job as its stored status has them; nothing counted (it happened before)."""
+    before = _JOBS.phase_counts()
+
+    def set_phase(state: _JobState) -> None:
+        state.phase = stored.get("phase")
+        state.levels_shown = True
+
+    _JOBS.update(namespace, name, set_phase)
+    _refresh_phase_gauge(before)
+    observe_stragglers(namespace, name, [float(s.get("ratio") or 0) for s in stored.get("stragglers") or []])
+    if stored.get("goodput"):
+        observe_goodput(namespace, name, stored["goodput"])
+
+
+def observe_status(namespace: str, name: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
+    """What a decision changed in a job's status (`old` as stored before it, `new` as written).
+    The first time this process sees a job (an operator just started or took over), its stored
+    levels are shown first: a gauge set only on change would stay missing while nothing moves."""
+    if not _JOBS.levels_shown(namespace, name):
+        _restore_levels(namespace, name, old)
+    if old.get("phase") != new.get("phase") and new.get("phase"):
+        observe_phase_change(namespace, name, old.get("phase"), new["phase"])
+    old_restarts, new_restarts = old.get("restarts") or {}, new.get("restarts") or {}
+    for field_name, reason in (("failures", "failure"), ("preemptions", "preemption"), ("hangs", "hang")):
+        if new_restarts.get(field_name, 0) > old_restarts.get(field_name, 0):
+            observe_restart(namespace, name, reason)  # type: ignore[arg-type]
+    admission = new.get("admission") or {}
+    if admission.get("by") == "Kueue" and admission != (old.get("admission") or {}):
+        waited = float(admission.get("waitedSeconds") or 0)
+        observe_kueue_admitted(namespace, name, str(admission.get("clusterQueue") or ""), waited)
+    if (new.get("gangTimeouts") or 0) > (old.get("gangTimeouts") or 0):
+        observe_gang_timeout(namespace, name)
+    if new.get("stragglers") != old.get("stragglers"):
+        ratios = [float(s.get("ratio") or 0) for s in new.get("stragglers") or []]
+        observe_stragglers(namespace, name, ratios)
+    if new.get("goodput") and new.get("goodput") != old.get("goodput"):
+        observe_goodput(namespace, name, new["goodput"])
+    recovery = new.get("lastRecovery")
+    if recovery_timeline.is_complete(recovery) and not recovery_timeline.is_complete(old.get("lastRecovery")):
+        observe_recovery(
+            str(recovery.get("reason")),
+            str(recovery.get("path")),
+            recovery["phasesMilliseconds"]["firstStep"] / 1000,
+            recovery_timeline.phase_durations(recovery),
+        )
 
 
 @contextmanager

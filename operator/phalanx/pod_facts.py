@@ -36,13 +36,18 @@ def pod_attempt(pod: Mapping[str, Any]) -> int:
         return -1
 
 
+def restarted_in_place(status: Mapping[str, Any]) -> bool:
+    """The current attempt restarted in place: status.inPlace belongs to it, not to an earlier one."""
+    in_place = status.get("inPlace") or {}
+    return bool(in_place) and in_place.get("attempt") == int(status.get("attempt") or 0)
+
+
 def kept_pod_uids(status: Mapping[str, Any]) -> dict[str, str]:
     """name -> uid of the pods an in-place attempt keeps from an earlier one (status.inPlace), while
     that attempt is the current one; empty otherwise."""
-    in_place = status.get("inPlace") or {}
-    if in_place.get("attempt") != int(status.get("attempt") or 0):
+    if not restarted_in_place(status):
         return {}
-    return {str(k.get("name")): str(k.get("uid")) for k in in_place.get("keptPods") or []}
+    return {str(k.get("name")): str(k.get("uid")) for k in status["inPlace"].get("keptPods") or []}
 
 
 def in_current_attempt(pod: Mapping[str, Any], status: Mapping[str, Any]) -> bool:

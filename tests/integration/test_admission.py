@@ -68,6 +68,22 @@ def test_shape_fields_are_immutable_unless_suspended(
     assert cluster.get_json("tj", "frozen", "-n", namespace)["spec"]["replicas"] == 3
 
 
+def test_the_topology_of_an_active_job_changes_only_while_suspended(
+    cluster: Cluster, crd_installed: None, namespace: str
+) -> None:
+    # From the first review (m7): the placement a running gang was admitted under must not move
+    # under it (its ranks follow the domains); as with the template, suspend first.
+    rack = {"key": "example.com/rack", "mode": "Required"}
+    cluster.apply(training_job("placed", replicas=2, scheduling={"topology": rack}), namespace)
+    for change in ({**rack, "mode": "Preferred"}, None):
+        result = patch_job(cluster, namespace, "placed", {"spec": {"scheduling": {"topology": change}}})
+        assert result.returncode != 0, change
+        assert "spec.scheduling.topology can change only while the job is suspended" in result.stderr
+    result = patch_job(cluster, namespace, "placed", {"spec": {"runPolicy": {"suspend": True},
+                       "scheduling": {"topology": {**rack, "mode": "Preferred"}}}})  # fmt: skip
+    assert result.returncode == 0, result.stderr
+
+
 def patch_job(cluster: Cluster, namespace: str, name: str, patch: dict[str, Any]) -> Any:
     return cluster.kubectl(
         "patch", "tj", name, "-n", namespace, "--type=merge", "-p", json.dumps(patch), check=False

@@ -217,3 +217,23 @@ def test_a_torchrun_in_place_pod_gets_torchruns_elastic_settings_and_no_control_
         p["containerPort"] == c.DEFAULT_CONTROL_PORT for p in pod["spec"]["containers"][0]["ports"]
     )
     assert runs_resident_launcher(pod) and not takes_generations(pod)  # kept in place, never POSTed
+
+
+def test_kept_ranks_wait_at_the_rendezvous_as_long_as_a_replacement_may_take_to_arrive() -> None:
+    # From the in-place review (M3): a kept pod's workers start waiting for the replacement the
+    # moment the generation is posted; the lost pod's grace period, admission and the gang timeout
+    # may all pass before it arrives. A rendezvous timeout shorter than that ended the generation
+    # (exit 76) before the replacement came, every time the timeout was set short.
+    from phalanx import constants as c
+    from phalanx.builders.pods import build_worker_pod
+
+    runs = {"restartStrategy": "InPlace", "terminationGracePeriodSeconds": 30}
+    short = spec(
+        runPolicy=runs, rendezvous={"timeoutSeconds": 60}, scheduling={"gang": {"timeoutSeconds": 120}}
+    )
+    template = {"spec": {"containers": [{"name": "trainer", "image": "t"}]}}
+    env = env_of(build_worker_pod(JOB, short, 1, 0, template))
+    assert int(env[c.ENV_RENDEZVOUS_TIMEOUT]) >= 30 + 120 + 60
+    # A full restart's rendezvous is the spec's, as set.
+    full = spec(rendezvous={"timeoutSeconds": 60}, scheduling={"gang": {"timeoutSeconds": 120}})
+    assert env_of(build_worker_pod(JOB, full, 1, 0, template))[c.ENV_RENDEZVOUS_TIMEOUT] == "60"

@@ -110,6 +110,18 @@ def test_each_kept_pod_is_told_once_its_generation_and_attempt() -> None:
 
 
 @pytest.mark.usefixtures("launcher")
+def test_a_gang_broken_by_a_failure_is_told_to_stop_now_not_to_agree_a_checkpoint() -> None:
+    # From the in-place review (M6): after a crash or SIGKILL the lost rank can agree on nothing;
+    # asking the kept ranks for a checkpoint only waits out their stop deadline (a rank stuck in a
+    # collective never reaches the step boundary). The state comes from the newest checkpoint.
+    status = {**STATUS, "inPlace": {**STATUS["inPlace"], "stop": "now"}}
+    publisher = GenerationPublisher(Recorded())
+    publisher.publish("ns/j", "job-uid", [kept_pod()], status)
+    settle(publisher)
+    assert [b["stop"] for b in Launcher.bodies] == ["now"]
+
+
+@pytest.mark.usefixtures("launcher")
 def test_after_an_operator_restart_the_repeat_is_answered_409_and_counts_as_done() -> None:
     Launcher.generation = 1
     publisher = GenerationPublisher(Recorded())

@@ -54,7 +54,7 @@ def test_an_evicted_worker_is_replaced_alone_and_the_running_one_is_kept() -> No
     assert plan.status["attempt"] == 1
     assert plan.status["restarts"] == {"failures": 0, "preemptions": 1}
     assert plan.status["inPlace"] == {"attempt": 1, "keptPods": [{"name": "j-worker-0", "uid": "p0-0"}],
-                                      "time": iso(NOW)}  # fmt: skip
+                                      "time": iso(NOW), "stop": "checkpoint"}  # fmt: skip
     assert plan.delete_pods == ["j-worker-1"]  # worker-0 stays
     assert plan.status["phase"] == "Restarting"
     assert (
@@ -70,6 +70,9 @@ def test_a_retryable_failure_spends_the_failure_budget_as_a_full_restart_would()
     assert plan.status["restarts"] == {"failures": 1, "preemptions": 0}
     assert plan.status["inPlace"]["attempt"] == 1 and plan.delete_pods == ["j-worker-1"]
     assert plan.status["lastRecovery"]["reason"] == "FailureRestart"
+    # The lost rank can agree on no checkpoint: the kept ones stop at once (review M6); a
+    # preempted rank checkpoints with its peers on SIGTERM, so there they stop at the checkpoint.
+    assert plan.status["inPlace"]["stop"] == "now"
 
 
 def test_a_spent_failure_budget_fails_the_job_rather_than_restarting_in_place() -> None:
@@ -269,14 +272,36 @@ def test_the_transition_is_decided_on_the_pod_stores_slim_copies_of_built_pods()
     assert plan.status["inPlace"]["keptPods"] == [{"name": "j-worker-0", "uid": "p0-0"}], plan.events
 
 
-def test_a_kept_pod_that_fails_on_its_own_is_judged_and_counted_not_taken_for_a_refusal() -> None:
-    # From the review: its launcher answers no more (refusal) and the gang timeout passed, yet the
-    # pod's own exit 1 is what happened: the job fails as any permanent failure fails it.
+def test_a_kept_pod_that_fails_before_the_first_step_is_a_consequence_of_the_disruption() -> None:
+    # From the in-place review (C2): a kept rank that crashes with an ordinary exit code while its
+    # peer is being replaced (a torchrun agent giving up on the rendezvous, a worker the launcher
+    # could not stop cleanly) crashed because of the disruption. As in a full restart's cascade
+    # (policy/pod_outcome.py), that must not fail the job: the whole gang restarts from the newest
+    # checkpoint, uncounted (the disruption was counted once). A genuine bug recurs in that attempt,
+    # with no disruption before it, and fails the job then.
     status = {**in_place_status(), "inPlace": {**in_place_status()["inPlace"], "time": iso(NOW - 400)}}
     crashed = resident(0, phase="Failed", exit_code=1)
     plan = decide(job({**status, "createdAttempt": 1}, **IN_PLACE), [crashed, resident(1, attempt=1)], NODES, NOW,
                   launcher_refusals={"j-worker-0": "unreachable"})  # fmt: skip
+    assert plan.status["phase"] == "Restarting" and plan.status["attempt"] == 2
+    assert plan.status["restarts"] == {"failures": 0, "preemptions": 1}
+    [message] = fallbacks(plan.events)
+    assert "j-worker-0 failed" in message and "before attempt 1 trained its first step" in message
+    assert "did not take the generation" not in message  # the crash is what happened, not a refusal
+
+
+def test_a_kept_pod_that_fails_after_the_first_step_is_judged_and_counted_on_its_own() -> None:
+    status = {**in_place_status(), "createdAttempt": 1, "phase": "Running"}
+    status["lastRecovery"] = {**status["lastRecovery"], "phasesMilliseconds": {"firstStep": 4000}}
+    crashed = resident(0, phase="Failed", exit_code=1)
+    plan = decide(job(status, **IN_PLACE), [crashed, resident(1, attempt=1)], NODES, NOW)
     assert plan.status["phase"] == "Failed" and not fallbacks(plan.events)
+
+
+def test_a_kept_pod_preempted_before_the_first_step_is_a_second_disruption_counted() -> None:
+    status = {**in_place_status(), "createdAttempt": 1}
+    plan = decide(job(status, **IN_PLACE), [evicted(0), resident(1, attempt=1)], NODES, NOW)
+    assert plan.status["attempt"] == 2 and plan.status["restarts"]["preemptions"] == 2
 
 
 def test_a_kept_pod_gone_before_the_replacement_runs_is_a_second_disruption_not_recreated_quietly() -> None:

@@ -127,7 +127,9 @@ class Rendezvous:
 
     port: int = api_field("MASTER_PORT.", default=c.DEFAULT_RENDEZVOUS_PORT, minimum=1024, maximum=65535)
     timeout_seconds: int = api_field(
-        "How long workers wait for rank 0's address to resolve and accept connections.",
+        "How long workers wait for rank 0's address to resolve and accept connections. Restarting in "
+        "place, at least terminationGracePeriodSeconds + the gang timeout + 60: the kept ranks wait "
+        "for the replacement pod.",
         default=600, minimum=10, maximum=86400,
     )  # fmt: skip
 
@@ -338,6 +340,14 @@ _IMMUTABLE_WHILE_ACTIVE = (
         "spec.template can change only while the job is suspended (nodeSelector, tolerations, affinity "
         "and schedulingGates too: a queue sets them in the update that unsuspends it)",
         field_path=".template",
+    ),
+    Rule(
+        "(has(self.scheduling.topology) == has(oldSelf.scheduling.topology) && "
+        "(!has(self.scheduling.topology) || self.scheduling.topology == oldSelf.scheduling.topology)) || "
+        f"{_SUSPENDED_BEFORE_OR_AFTER}",
+        "spec.scheduling.topology can change only while the job is suspended: the running gang was "
+        "placed, and its ranks numbered, by the domains it names",
+        field_path=".scheduling.topology",
     ),
     Rule(
         "self.scheduling.provider == oldSelf.scheduling.provider",
@@ -630,6 +640,12 @@ class InPlace:
     attempt: int | None = api_field("The in-place attempt (the restart generation its pods run).")
     kept_pods: list[KeptPod] | None = api_field("The running pods kept from the disrupted attempt.")
     time: str | None = api_field("When the in-place restart began (RFC 3339).")
+    stop: str | None = api_field(
+        "How the kept pods stop their workers: checkpoint (a preemption: every rank agrees on a step "
+        "and saves) or now (a failure: the lost rank can agree on nothing; the newest checkpoint is "
+        "loaded).",
+        enum=("checkpoint", "now"),
+    )
 
 
 @dataclass

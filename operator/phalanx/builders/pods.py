@@ -73,6 +73,17 @@ def torchrun_in_place(spec: TrainingJobSpec) -> bool:
     )
 
 
+def rendezvous_timeout_seconds(spec: TrainingJobSpec) -> int:
+    """How long a rank waits for its peers. Restarting in place, the kept ranks start waiting for
+    the replacement when the generation is posted, and the lost pod's grace period, admission and
+    the gang timeout may all pass before it arrives: they wait that long, or the spec's when longer."""
+    timeout = spec.rendezvous.timeout_seconds
+    if spec.run_policy.restart_strategy != c.RESTART_STRATEGY_IN_PLACE:
+        return timeout
+    arrival = spec.run_policy.termination_grace_period_seconds + spec.scheduling.gang.timeout_seconds
+    return max(timeout, arrival + c.REPLACEMENT_START_MARGIN_SECONDS)
+
+
 def contract_env(
     job: JobRef,
     spec: TrainingJobSpec,
@@ -103,7 +114,7 @@ def contract_env(
         c.ENV_CHECKPOINT_DIR: spec.checkpoint.path,
         c.ENV_CHECKPOINT_KEEP: str(spec.checkpoint.keep),
         c.ENV_METRICS_PORT: str(c.DEFAULT_METRICS_PORT),
-        c.ENV_RENDEZVOUS_TIMEOUT: str(spec.rendezvous.timeout_seconds),
+        c.ENV_RENDEZVOUS_TIMEOUT: str(rendezvous_timeout_seconds(spec)),
         c.ENV_PREEMPTION_EXIT_CODE: str(c.EXIT_CHECKPOINTED_ON_PREEMPTION),
         c.ENV_GRACE_PERIOD: str(spec.run_policy.termination_grace_period_seconds),
     }
@@ -115,12 +126,7 @@ def contract_env(
         values.update(elastic_env(
             spec.replicas, spec.effective_procs_per_replica, master, spec.rendezvous.port, job.uid,
             c.TORCHRUN_IN_PLACE_MAX_RESTARTS, replica_index=index, local_addr=local,
-            # The kept agents wait for the replacement: the lost pod's grace period, admission and
-            # the gang timeout may all come first.
-            join_timeout_seconds=max(
-                spec.rendezvous.timeout_seconds,
-                spec.run_policy.termination_grace_period_seconds + spec.scheduling.gang.timeout_seconds + 60,
-            ),
+            join_timeout_seconds=rendezvous_timeout_seconds(spec),
         ))  # fmt: skip
     elif spec.run_policy.restart_strategy == c.RESTART_STRATEGY_IN_PLACE:
         # A resident launcher (docs/trainer.md, "Restart in place"): the restart generation is the

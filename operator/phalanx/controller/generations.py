@@ -25,7 +25,7 @@ from typing import Any, Final
 from phalanx import constants as c
 from phalanx.controller.queue import WorkQueue
 from phalanx.pod_facts import kept_pod_uids
-from phalanx.policy.in_place import takes_generations
+from phalanx.policy.in_place import STOP_AT_CHECKPOINT, takes_generations
 
 log = logging.getLogger("phalanx.controller")
 
@@ -111,6 +111,7 @@ class GenerationPublisher:
         if not kept or status.get("phase") in ("Succeeded", "Failed"):
             return
         attempt = int(status.get("attempt") or 0)
+        stop = str((status.get("inPlace") or {}).get("stop") or STOP_AT_CHECKPOINT)
         by_name = {p["metadata"]["name"]: p for p in pods}
         for name, uid in kept.items():
             pod = by_name.get(name)
@@ -124,16 +125,24 @@ class GenerationPublisher:
                     continue
                 self._told.add((uid, attempt))
             token = ((pod.get("metadata") or {}).get("annotations") or {}).get(c.ANNOTATION_CONTROL_TOKEN)
-            self.pool.submit(self._tell, key, job_uid, name, uid, str(ip), attempt, token)
+            self.pool.submit(self._tell, key, job_uid, name, uid, str(ip), attempt, token, stop)
 
     def _tell(
-        self, key: str, job_uid: str, pod: str, uid: str, ip: str, attempt: int, token: str | None = None
+        self,
+        key: str,
+        job_uid: str,
+        pod: str,
+        uid: str,
+        ip: str,
+        attempt: int,
+        token: str | None = None,
+        stop: str = STOP_AT_CHECKPOINT,
     ) -> None:
         headers = {**self.headers, **({"Authorization": f"Bearer {token}"} if token else {})}
         body = {
             "generation": attempt,
             "env": {c.ENV_ATTEMPT: str(attempt)},
-            "stop": "checkpoint",
+            "stop": stop,
         }
         answer = GenerationAnswer(False, "not tried")
         for tries in range(1, GENERATION_TRIES + 1):

@@ -34,7 +34,6 @@ from phalanx.kueue.gate import KueueGate
 from phalanx.kueue.placement import placed_pod
 from phalanx.kueue.workload import managed_here, queue_name
 from phalanx.pod_facts import is_owned_by
-from phalanx.policy import recovery_timeline
 from phalanx.policy.host_path import REASON_HOST_PATH_NOT_ALLOWED, host_path_refusal
 from phalanx.reconcile.lifecycle import decide
 from phalanx.reconcile.plan import FINISHED_PHASES, Event, Plan, iso, merged_events
@@ -133,7 +132,7 @@ class Reconciler:
                 return followups
             # Told now: should a deletion below fail, the next pass starts from this status and
             # would see no transition left to report.
-            self._observe(namespace, name, old_status, plan.status)
+            metrics.observe_status(namespace, name, old_status, plan.status)
             for event in plan.events:
                 writer.record_event(job, event.type, event.reason, event.message, iso(now))
             job, recorded, plan.events = stored, copy.deepcopy(plan.status), []
@@ -190,7 +189,7 @@ class Reconciler:
         # Only once the status that keeps them is stored: a launcher never starts a generation the
         # job's status does not know.
         self.generations.publish(key, job["metadata"]["uid"], pods, plan.status)
-        self._observe(namespace, name, recorded, plan.status)
+        metrics.observe_status(namespace, name, recorded, plan.status)
         for event in plan.events:
             writer.record_event(job, event.type, event.reason, event.message, iso(now))
         if plan.delete_job:
@@ -301,35 +300,6 @@ class Reconciler:
     def _record(self, job: dict[str, Any], event: Event | None, now: float) -> None:
         if event is not None:
             self.writer.record_event(job, event.type, event.reason, event.message, iso(now))
-
-    def _observe(self, namespace: str, name: str, old: dict[str, Any], new: dict[str, Any]) -> None:
-        if old.get("phase") != new.get("phase") and new.get("phase"):
-            metrics.observe_phase_change(namespace, name, old.get("phase"), new["phase"])
-        old_restarts, new_restarts = old.get("restarts") or {}, new.get("restarts") or {}
-        for field, reason in (("failures", "failure"), ("preemptions", "preemption"), ("hangs", "hang")):
-            if new_restarts.get(field, 0) > old_restarts.get(field, 0):
-                metrics.observe_restart(namespace, name, reason)  # type: ignore[arg-type]
-        admission = new.get("admission") or {}
-        if admission.get("by") == "Kueue" and admission != (old.get("admission") or {}):
-            waited = float(admission.get("waitedSeconds") or 0)
-            metrics.observe_kueue_admitted(namespace, name, str(admission.get("clusterQueue") or ""), waited)
-        if (new.get("gangTimeouts") or 0) > (old.get("gangTimeouts") or 0):
-            metrics.observe_gang_timeout(namespace, name)
-        if new.get("stragglers") != old.get("stragglers"):
-            ratios = [float(s.get("ratio") or 0) for s in new.get("stragglers") or []]
-            metrics.observe_stragglers(namespace, name, ratios)
-        if new.get("goodput") and new.get("goodput") != old.get("goodput"):
-            metrics.observe_goodput(namespace, name, new["goodput"])
-        recovery = new.get("lastRecovery")
-        if recovery_timeline.is_complete(recovery) and not recovery_timeline.is_complete(
-            old.get("lastRecovery")
-        ):
-            metrics.observe_recovery(
-                str(recovery.get("reason")),
-                str(recovery.get("path")),
-                recovery["phasesMilliseconds"]["firstStep"] / 1000,
-                recovery_timeline.phase_durations(recovery),
-            )
 
 
 def _decided_on(status: dict[str, Any]) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+REASON_HANG: Final = "Hang"  # the restart's reason, and a bad node's (rules/bad_nodes.py)
 FLOOR_SECONDS: Final = 300.0
 STEP_MULTIPLE: Final = 20
 # Pods are asked whether they still answer once the step has stalled this share of the bound.
@@ -78,17 +79,26 @@ def stalled_since(report: Mapping[str, Any] | None, attempt: int) -> tuple[int, 
     return step, float(seen_at)
 
 
+def _stall(
+    report: Mapping[str, Any] | None, attempt: int, spec_seconds: int | None
+) -> tuple[int, float, HangBound] | None:
+    """The stalled step, since when, and the bound it is held to (None: nothing to look at)."""
+    since = stalled_since(report, attempt)
+    if since is None or report is None:
+        return None
+    per_step = report.get("seconds_per_step")
+    return *since, hang_bound(spec_seconds, per_step if isinstance(per_step, (int, float)) else None)
+
+
 def detect(
     report: Mapping[str, Any] | None, attempt: int, now: float, spec_seconds: int | None
 ) -> tuple[Hang | None, float | None]:
     """The hang, if the gang is hung now; else the seconds after which to look again (None: nothing
     to look at)."""
-    since = stalled_since(report, attempt)
-    if since is None or report is None:
+    stall = _stall(report, attempt, spec_seconds)
+    if stall is None or report is None:
         return None, None
-    step, seen_at = since
-    per_step = report.get("seconds_per_step")
-    bound = hang_bound(spec_seconds, per_step if isinstance(per_step, (int, float)) else None)
+    step, seen_at, bound = stall
     stalled = now - seen_at
     if stalled <= bound.seconds:
         return None, bound.seconds - stalled
@@ -102,9 +112,5 @@ def detect(
 
 def probe_due(report: Mapping[str, Any] | None, attempt: int, now: float, spec_seconds: int | None) -> bool:
     """Time to ask every pod whether its trainer still answers (so a verdict can name the silent)."""
-    since = stalled_since(report, attempt)
-    if since is None or report is None:
-        return False
-    per_step = report.get("seconds_per_step")
-    bound = hang_bound(spec_seconds, per_step if isinstance(per_step, (int, float)) else None)
-    return now - since[1] >= bound.seconds * PROBE_AT_SHARE
+    stall = _stall(report, attempt, spec_seconds)
+    return stall is not None and now - stall[1] >= stall[2].seconds * PROBE_AT_SHARE

@@ -23,11 +23,15 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from phalanx import constants as c
-from phalanx.pod_facts import is_deleting
+from phalanx.pod_facts import is_deleting, restarted_in_place
 from phalanx.policy.pod_outcome import REASON_NODE_LOST, OutcomeKind, PodOutcome
 
 REASON_IN_PLACE_FALLBACK: Final = "InPlaceFallback"
 RETRYABLE_LOSSES: Final = (OutcomeKind.PREEMPTED, OutcomeKind.FAILED_RETRYABLE)
+# How the kept ranks stop their workers (status.inPlace.stop, sent with the generation; the
+# trainer's restart_policy.StopMode).
+STOP_AT_CHECKPOINT: Final = "checkpoint"
+STOP_NOW: Final = "now"
 
 
 @dataclass(frozen=True)
@@ -68,10 +72,9 @@ def takes_generations(pod: Mapping[str, Any]) -> bool:
 
 def in_place_attempt_unfinished(status: Mapping[str, Any]) -> bool:
     """The current attempt restarted in place and has not trained its first step yet."""
-    in_place = status.get("inPlace") or {}
-    attempt = int(status.get("attempt") or 0)
-    if in_place.get("attempt") != attempt:
+    if not restarted_in_place(status):
         return False
+    attempt = int(status.get("attempt") or 0)
     recovery = status.get("lastRecovery") or {}
     first_step_done = "firstStep" in (recovery.get("phasesMilliseconds") or {})
     return not (recovery.get("attempt") == attempt and first_step_done)

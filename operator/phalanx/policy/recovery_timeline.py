@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any, Final, TypeGuard
 
 from phalanx import constants as c
+from phalanx.pod_facts import restarted_in_place
 
 PHASES: Final = ("podsStopped", "podsRunning", "rendezvousDone", "stateRestored", "firstStep")
 OPERATOR_PHASES: Final = PHASES[:2]
@@ -65,8 +66,7 @@ def _restart_reason(status: Mapping[str, Any]) -> str:
 
 def recovery_path(status: Mapping[str, Any]) -> str:
     """InPlace while the current attempt keeps pods of the one before (status.inPlace), else FullRestart."""
-    in_place = status.get("inPlace") or {}
-    return PATH_IN_PLACE if in_place.get("attempt") == int(status.get("attempt") or 0) else PATH_FULL_RESTART
+    return PATH_IN_PLACE if restarted_in_place(status) else PATH_FULL_RESTART
 
 
 def is_complete(recovery: Mapping[str, Any] | None) -> TypeGuard[Mapping[str, Any]]:

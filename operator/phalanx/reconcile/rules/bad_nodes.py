@@ -8,13 +8,13 @@ from __future__ import annotations
 from typing import Any
 
 from phalanx.policy import bad_nodes
+from phalanx.policy.hang import REASON_HANG
 from phalanx.policy.pod_outcome import REASON_DEVICE_ERROR, REASON_NODE_LOST
 from phalanx.policy.recovery_timeline import restart_counted
 from phalanx.reconcile.observed import Observed
 from phalanx.reconcile.plan import Event, PlanBuilder
 
 INFRASTRUCTURE_REASONS = (REASON_NODE_LOST, REASON_DEVICE_ERROR)
-REASON_HANG = "Hang"
 
 
 def apply(b: PlanBuilder, seen: Observed) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from phalanx.policy.pod_outcome import VerdictKind
 from phalanx.reconcile.observed import Observed
 from phalanx.reconcile.plan import PlanBuilder
-from phalanx.reconcile.rules.transitions import fail, restart
+from phalanx.reconcile.rules.transitions import fail, failure_budget_spent, restart
 
 
 def apply(b: PlanBuilder, seen: Observed) -> bool:
@@ -16,11 +16,10 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
         return True
     if verdict.kind is not VerdictKind.RESTART_FAILURE:
         return False
-    failures = status["restarts"].get("failures", 0)
     limit = seen.spec.run_policy.backoff_limit
-    if failures + status["restarts"].get("hangs", 0) >= limit:  # hangs spend the same budget
+    if failure_budget_spent(status["restarts"]) >= limit:
         fail(b, seen.current, "BackoffLimitExceeded", f"{verdict.message}; backoffLimit={limit} reached")
         return True
-    status["restarts"]["failures"] = failures + 1
+    status["restarts"]["failures"] = status["restarts"].get("failures", 0) + 1
     restart(b, seen.current, "FailureRestart", verdict.message)
     return True

@@ -5,12 +5,11 @@ gang that keeps hanging fails like one that keeps crashing (pure)."""
 from __future__ import annotations
 
 from phalanx.policy import hang
+from phalanx.policy.hang import REASON_HANG
 from phalanx.policy.pod_outcome import VerdictKind
 from phalanx.reconcile.observed import Observed
 from phalanx.reconcile.plan import PlanBuilder
-from phalanx.reconcile.rules.transitions import fail, restart
-
-REASON_HANG = "Hang"
+from phalanx.reconcile.rules.transitions import fail, failure_budget_spent, restart
 
 
 def apply(b: PlanBuilder, seen: Observed) -> bool:
@@ -23,9 +22,8 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
             b.recheck(recheck)
         return False
     restarts = b.status["restarts"]
-    spent = int(restarts.get("failures", 0)) + int(restarts.get("hangs", 0))
     limit = seen.spec.run_policy.backoff_limit
-    if spent >= limit:
+    if failure_budget_spent(restarts) >= limit:
         fail(b, seen.current, "BackoffLimitExceeded", f"{found.message()}; backoffLimit={limit} reached")
         return True
     restarts["hangs"] = int(restarts.get("hangs", 0)) + 1

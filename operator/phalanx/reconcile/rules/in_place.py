@@ -8,7 +8,8 @@ leaves the failure budget alone, a retryable failure spends it. Where in place c
 InPlaceFallback event says why and the ordinary rules restart the whole gang.
 
 fallback: the in-place attempt cannot go on (a kept pod's launcher refused its generation or could
-not be reached, or the replacement did not run within the gang timeout): a full restart as a new,
+not be reached, a kept pod crashed before the attempt's first step, or the replacement did not run
+within the gang timeout): a full restart as a new,
 uncounted attempt of the same recovery (the disruption was counted once already).
 """
 
@@ -17,17 +18,19 @@ from __future__ import annotations
 from phalanx.pod_facts import is_deleting, is_terminal
 from phalanx.policy.in_place import (
     REASON_IN_PLACE_FALLBACK,
+    STOP_AT_CHECKPOINT,
+    STOP_NOW,
     Fallback,
     in_place_attempt_unfinished,
     kept_pods_status,
     plan_in_place,
 )
-from phalanx.policy.pod_outcome import VerdictKind
+from phalanx.policy.pod_outcome import OutcomeKind, VerdictKind
 from phalanx.providers import provider_for
 from phalanx.reconcile.observed import Observed
 from phalanx.reconcile.plan import Event, PlanBuilder, parse_iso
 from phalanx.reconcile.rules.restart import restart_reason
-from phalanx.reconcile.rules.transitions import new_attempt
+from phalanx.reconcile.rules.transitions import failure_budget_spent, new_attempt
 
 
 def apply(b: PlanBuilder, seen: Observed) -> bool:
@@ -35,8 +38,7 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
     if verdict.kind not in (VerdictKind.RESTART_PREEMPTION, VerdictKind.RESTART_FAILURE):
         return False
     failure = verdict.kind is VerdictKind.RESTART_FAILURE
-    spent = restarts.get("failures", 0) + restarts.get("hangs", 0)  # hangs spend the same budget
-    if failure and spent >= seen.spec.run_policy.backoff_limit:
+    if failure and failure_budget_spent(restarts) >= seen.spec.run_policy.backoff_limit:
         return False  # rules/failure.py fails the job
     decision = plan_in_place(seen.spec.run_policy.restart_strategy, b.old, seen.outcomes, seen.current)
     if decision is None:
@@ -52,7 +54,12 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
     b.status["attempt"] = attempt
     for bookkeeping in ("admittedTime", "createdAttempt", "requeueAfter"):
         b.status.pop(bookkeeping, None)
-    b.status["inPlace"] = {"attempt": attempt, "keptPods": kept_pods_status(decision), "time": b.now_iso}
+    # A preempted rank checkpoints with its peers on SIGTERM (the agreed stop), so the kept ranks
+    # stop at that checkpoint; after a crash there is no one to agree with: they stop now, and the
+    # state comes from the newest checkpoint.
+    stop = STOP_NOW if failure else STOP_AT_CHECKPOINT
+    b.status["inPlace"] = {"attempt": attempt, "keptPods": kept_pods_status(decision), "time": b.now_iso,
+                           "stop": stop}  # fmt: skip
     lost = [seen.current[i] for i in decision.lost if i in seen.current]
     b.plan.delete_pods.extend(p["metadata"]["name"] for p in lost if not is_deleting(p))
     kept = ", ".join(k.name for k in decision.kept)
@@ -99,9 +106,20 @@ def _kept_gone(b: PlanBuilder, seen: Observed) -> list[str]:
 def _why_fall_back(b: PlanBuilder, seen: Observed) -> str | None:
     kept = {k.get("name") for k in (b.status.get("inPlace") or {}).get("keptPods") or []}
     by_name = {p["metadata"]["name"]: p for p in seen.current.values()}
-    # A kept pod that ended on its own has an outcome of its own: failure.py or preemption.py
-    # judge and count it (a crash is no refusal to take a generation, nor a slow replacement).
-    if any(is_terminal(by_name[name]) for name in kept if name in by_name):
+    ended = [o for o in seen.outcomes if o.pod in kept and is_terminal(by_name[o.pod])]
+    # A kept rank that crashes before the attempt trains crashed because its peer went (a torchrun
+    # agent giving up on the rendezvous, a worker stuck in a collective): the disruption's cascade,
+    # as in a full restart (policy/pod_outcome.py), not a failure of its own. A genuine bug recurs in
+    # the full restart, with no disruption before it, and fails the job then. A kept pod preempted
+    # is a disruption of its own: preemption.py counts it.
+    crashed = [o for o in ended if o.kind in (OutcomeKind.FAILED_PERMANENT, OutcomeKind.FAILED_RETRYABLE)]
+    if crashed:
+        return "; ".join(
+            f"kept pod {o.pod} failed ({o.message}) before attempt {b.status['attempt']} trained its first "
+            "step: a consequence of the disruption it was kept through"
+            for o in crashed
+        )
+    if ended:
         return None
     refused = sorted((pod, why) for pod, why in seen.launcher_refusals.items() if pod in kept)
     if refused:

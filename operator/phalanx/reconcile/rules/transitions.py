@@ -8,6 +8,12 @@ from phalanx.pod_facts import is_deleting, is_terminal
 from phalanx.reconcile.plan import PlanBuilder
 
 
+def failure_budget_spent(restarts: dict[str, Any]) -> int:
+    """Restarts that spend spec.runPolicy.backoffLimit: failures and hangs (a gang that keeps hanging
+    fails like one that keeps crashing); preemptions never do."""
+    return int(restarts.get("failures", 0) or 0) + int(restarts.get("hangs", 0) or 0)
+
+
 def new_attempt(b: PlanBuilder, current: dict[int, dict[str, Any]]) -> None:
     """Moves to attempt+1; the pods of this attempt are deleted with their grace period (SIGTERM)."""
     b.status["attempt"] = int(b.status["attempt"]) + 1
