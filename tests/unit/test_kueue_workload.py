@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from phalanx import constants as c
+from phalanx import metrics
 from phalanx.api.schema import parse
 from phalanx.api.v1alpha1 import TrainingJobSpec
 from phalanx.builders.pods import JobRef, build_worker_pod
@@ -234,3 +235,29 @@ def test_an_evicted_gang_stops_with_its_grace_period_counts_a_preemption_and_wai
     # The next look, pods gone: still waiting, and the preemption is not counted twice.
     again = decide(gpu_job(status=plan.status), [], NODES, NOW + 2, kueue_gate=evicted)
     assert again.status["restarts"]["preemptions"] == 1 and again.create_indices == []
+
+
+# -- the wait by admitter ------------------------------------------------------------------------
+
+
+def admission_wait_count(admitted_by: str, cluster_queue: str) -> float:
+    value = metrics.REGISTRY.get_sample_value(
+        "phalanx_admission_wait_seconds_count", {"admitted_by": admitted_by, "cluster_queue": cluster_queue}
+    )
+    return value or 0.0
+
+
+def test_the_admission_wait_is_observed_once_per_kueue_admission_under_its_cluster_queue() -> None:
+    before = admission_wait_count("Kueue", "cq-metric")
+    admitted = {
+        "phase": "Admitted",
+        "admission": {"by": "Kueue", "clusterQueue": "cq-metric", "waitedSeconds": 7},
+    }
+    metrics.observe_status("ns", "metric-job", {"phase": "Pending"}, admitted)
+    metrics.observe_status("ns", "metric-job", admitted, {**admitted, "phase": "Running"})  # same admission
+    assert admission_wait_count("Kueue", "cq-metric") == before + 1
+    builtin_before = admission_wait_count("Builtin", "")
+    metrics.observe_gang_admitted("ns", "other-job", 3.0)
+    assert admission_wait_count("Builtin", "") == builtin_before + 1
+    metrics.forget_job("ns", "metric-job")
+    metrics.forget_job("ns", "other-job")
