@@ -182,6 +182,23 @@ def test_quota_is_released_on_failure_and_on_deletion(
                  what="the deleted job's Workload gone")  # fmt: skip
 
 
+def test_suspending_a_job_hands_its_quota_to_the_next_and_resuming_queues_it_again(
+    cluster: Cluster, namespace: str, queues: Queues
+) -> None:
+    queues.gpu_queue()
+    cluster.apply(queued("first"), namespace)
+    wait_running(cluster, namespace, "first")
+    cluster.apply(queued("second"), namespace)
+    waiting_message(cluster, namespace, "second", "insufficient")
+    suspend = '{"spec": {"runPolicy": {"suspend": %s}}}'
+    cluster.kubectl("patch", "tj", "first", "-n", namespace, "--type=merge", "-p", suspend % "true")
+    wait_phase(cluster, namespace, "first", "Suspended")
+    wait_running(cluster, namespace, "second")  # the suspended job's Workload is inactive: quota free
+    cluster.kubectl("patch", "tj", "first", "-n", namespace, "--type=merge", "-p", suspend % "false")
+    waiting_message(cluster, namespace, "first", "insufficient")
+    assert job_status(cluster, namespace, "first")["restarts"]["preemptions"] == 0
+
+
 def test_a_higher_priority_job_preempts_a_running_one_which_waits_and_comes_back(
     cluster: Cluster, namespace: str, queues: Queues
 ) -> None:
