@@ -384,6 +384,19 @@ class KubeApi:
                 return None
             raise
 
+    def patch_workload(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any] | None:
+        """Merge-patches the Workload (its spec.active); None when it is gone."""
+        try:
+            workload: dict[str, Any] = self._json(self.custom.patch_namespaced_custom_object(
+                c.KUEUE_GROUP, c.KUEUE_VERSION, namespace, "workloads", name, patch,
+                _content_type="application/merge-patch+json", _preload_content=False,
+            ))  # fmt: skip
+            return workload
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
     def patch_workload_status(
         self, namespace: str, name: str, status: dict[str, Any], resource_version: str
     ) -> dict[str, Any] | None:

@@ -16,7 +16,7 @@ from phalanx.builders.pods import JobRef, build_worker_pod
 from phalanx.kueue import workload_status
 from phalanx.kueue.gate import KueueGate, gate_of
 from phalanx.kueue.placement import FlavorConflict, placed_pod, placement_of
-from phalanx.kueue.workload import build_workload, managed_here, queue_name, workload_name
+from phalanx.kueue.workload import active_patch, build_workload, managed_here, queue_name, workload_name
 from phalanx.reconcile.lifecycle import decide
 from phalanx.reconcile.plan import iso
 from tests.unit.lifecycle_fixtures import NODES, NOW, RUNNING, job, pod
@@ -86,6 +86,13 @@ def test_a_mig_job_asks_kueue_for_its_mig_resource() -> None:
     assert "priorityClassRef" not in wl["spec"] and "priority" not in wl["spec"]
 
 
+def test_a_suspended_job_deactivates_its_workload_and_a_resumed_one_activates_it() -> None:
+    assert active_patch({"spec": {}}, suspended=True) == {"spec": {"active": False}}
+    assert active_patch({"spec": {"active": False}}, suspended=True) is None
+    assert active_patch({"spec": {"active": False}}, suspended=False) == {"spec": {"active": True}}
+    assert active_patch({"spec": {}}, suspended=False) is None
+
+
 def test_a_job_recreated_under_its_name_gets_a_workload_of_its_own() -> None:
     assert workload_name("j", "uid-1") != workload_name("j", "uid-2")
     assert workload_name("j", "uid-1") == workload_name("j", "uid-1")
@@ -121,6 +128,18 @@ def test_an_evicted_workload_says_who_evicted_it() -> None:
     )
     gate = gate_of(wl)
     assert gate.evicted and "evicted by Kueue (Preempted)" in gate.message
+
+
+def test_an_evicted_workload_handed_back_says_why_it_is_not_admitted_again() -> None:
+    released = {"metadata": {"name": "wl"}, "status": {"conditions": [
+        cond("Evicted", "True", "Deactivated", "The workload is deactivated"),
+        cond("QuotaReserved", "False", "Pending", "couldn't assign flavors: insufficient unused quota")]}}  # fmt: skip
+    gate = gate_of(released)
+    assert gate.evicted and not gate.admitted
+    assert (
+        gate.message.startswith("evicted by Kueue (Deactivated)")
+        and "insufficient unused quota" in gate.message
+    )
 
 
 def test_waited_counts_from_the_last_requeue() -> None:

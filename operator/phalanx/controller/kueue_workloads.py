@@ -21,7 +21,7 @@ from phalanx.k8s import KubeApi, StatusConflict
 from phalanx.kueue import workload_status
 from phalanx.kueue.gate import KueueGate, gate_of
 from phalanx.kueue.placement import FlavorPlacement, placement_of
-from phalanx.kueue.workload import build_workload, workload_name
+from phalanx.kueue.workload import active_patch, build_workload, workload_name
 from phalanx.pod_facts import is_terminal
 from phalanx.reconcile.plan import FINISHED_PHASES
 
@@ -49,6 +49,9 @@ class KueueWorkloads:
             workload = self._create(job, spec, queue, name)
             if workload is None:
                 return KueueGate(workload=name, admitted=False, evicted=False, message=NO_KUEUE_MESSAGE)
+        change = active_patch(workload, bool(spec.run_policy.suspend))
+        if change is not None:  # suspended or resumed: Kueue evicts it, or queues it again
+            workload = self.api.patch_workload(ref.namespace, name, change) or workload
         self.last[key] = workload
         return gate_of(workload)
 

@@ -52,15 +52,20 @@ def gate_of(workload: dict[str, Any]) -> KueueGate:
     for assignment in admission.get("podSetAssignments") or []:
         if assignment.get("name") == c.KUEUE_PODSET:
             flavors.update(str(f) for f in (assignment.get("flavors") or {}).values())
+    reserved = get_condition(conditions, "QuotaReserved")
+    pending = ""  # Kueue's reason for not reserving quota, if it gave one
+    if reserved is not None and reserved.get("status") == "False":
+        pending = str(reserved.get("message") or "")
     if evicted is not None:
         message = f"evicted by Kueue ({evicted.get('reason', 'Evicted')}): {evicted.get('message', '')}"
+        if pending and not admission:  # stopped and handed back: why it is not admitted again
+            message = f"{message}; waiting for Kueue: {pending}"
     elif admitted:
         message = ""
     else:
-        reserved = get_condition(conditions, "QuotaReserved")
         admitted_false = get_condition(conditions, "Admitted")
-        if reserved is not None and reserved.get("status") == "False" and reserved.get("message"):
-            message = f"waiting for Kueue: {reserved['message']}"
+        if pending:
+            message = f"waiting for Kueue: {pending}"
         elif reserved is not None and reserved.get("status") == "True" and admitted_false is not None:
             message = f"waiting for Kueue's admission checks: {admitted_false.get('message', '')}"
         else:

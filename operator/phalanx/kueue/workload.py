@@ -38,6 +38,15 @@ def workload_name(job_name: str, uid: str) -> str:
     return f"{_PREFIX}-{job_name}-{digest}"
 
 
+def active_patch(workload: dict[str, Any], suspended: bool) -> dict[str, Any] | None:
+    """spec.runPolicy.suspend as Kueue reads it: a suspended job's Workload is inactive (Kueue evicts
+    it and, once its pods are gone, takes the quota back); resumed, it is active and queued again."""
+    active = (workload.get("spec") or {}).get("active", True)
+    if active == (not suspended):
+        return None
+    return {"spec": {"active": not suspended}}
+
+
 def podset_template(worker_pod: dict[str, Any]) -> dict[str, Any]:
     """What Kueue counts and matches flavors against: the worker pod's spec as the operator builds it
     (its accelerator or MIG limits, the template's own requests, nodeSelector, tolerations, affinity).
