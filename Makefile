@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadscope)
 
 .PHONY: help system-deps venv cluster-bin kueue-bin lint typecheck test test-unit test-integration test-e2e test-trainer \
-        crd crd-check docs chart-lint kind-up demo bench bench-trainer bench-checkpoint bench-gang bench-recovery bench-goodput bench-failover gpu-check dev-up dev-down clean
+        crd crd-check docs chart-lint kind-up demo bench bench-trainer bench-checkpoint bench-gang bench-kueue bench-recovery bench-goodput bench-failover gpu-check dev-up dev-down clean
 
 help:
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -93,6 +93,9 @@ gpu-check: $(STAMP) ## on a GPU machine: NCCL all-reduce busbw, bf16 FSDP run of
 
 bench-gang: $(STAMP) cluster-bin
 	$(BIN)/python bench/gang_bench.py
+
+bench-kueue: $(STAMP) cluster-bin kueue-bin ## the same gangs via builtin admission, via Kueue, and as Kueue pod groups -> bench/results/kueue.json
+	$(BIN)/python bench/kueue_bench.py
 
 bench-failover: $(STAMP) cluster-bin ## leader failover: SIGKILL and SIGTERM the leader, 5 rounds each
 	$(BIN)/python bench/failover_bench.py

@@ -565,12 +565,31 @@ def wait_pods_finished(core: Any, namespaces: list[str], timeout: float = 120) -
 
 
 # -- part 2: contention ---------------------------------------------------------------------------
-def contention(api: client.ApiClient, pool_nodes: int, run_seconds: int, rng: random.Random,
-               gang_timeout: float, timeout: float) -> dict[str, Any]:  # fmt: skip
-    core: Any = client.CoreV1Api(api)
+# submit(namespace, name, pods, gpus per pod, run_for, placement): one gang of the contention part.
+Submit = Callable[[str, str, int, int, str, dict[str, Any]], None]
+
+
+def submit_training_job(api: client.ApiClient) -> Submit:
     custom = client.CustomObjectsApi(api)
-    ns = "contention"
+
+    def submit(ns: str, name: str, size: int, gpus: int, run_for: str, placement: dict[str, Any]) -> None:
+        custom.create_namespaced_custom_object(
+            GROUP, VERSION, ns, PLURAL, training_job(name, size, gpus, run_for, placement)
+        )
+
+    return submit
+
+
+def contention(api: client.ApiClient, pool_nodes: int, run_seconds: int, rng: random.Random,
+               gang_timeout: float, timeout: float, submit: Submit | None = None, label: str = JOB_LABEL,
+               ns: str = "contention", prepare: Callable[[str], None] | None = None) -> dict[str, Any]:  # fmt: skip
+    """Gangs asking twice the pool's GPUs, submitted at once through `submit` (TrainingJobs unless
+    told otherwise; `label` finds their pods; `prepare(ns)` runs once the namespace exists)."""
+    core: Any = client.CoreV1Api(api)
+    submit = submit or submit_training_job(api)
     create_namespace(core, ns)
+    if prepare is not None:
+        prepare(ns)
     capacity = pool_nodes * 8
     gangs: list[tuple[str, int, int]] = []  # name, pods, gpus per pod
     demand = 0
@@ -580,14 +599,12 @@ def contention(api: client.ApiClient, pool_nodes: int, run_seconds: int, rng: ra
         demand += size * gpus
     log(f"contention: {len(gangs)} gangs asking {demand} GPUs of {capacity} ({pool_nodes} nodes), "
         f"each pod runs {run_seconds}s")  # fmt: skip
-    watch = PodWatch(core, ns, JOB_LABEL).start()
+    watch = PodWatch(core, ns, label).start()
     time.sleep(0.5)
     placement = pool_placement("contention")
     start = time.time()
     for name, size, gpus in gangs:
-        custom.create_namespaced_custom_object(
-            GROUP, VERSION, ns, PLURAL, training_job(name, size, gpus, f"{run_seconds}s", placement)
-        )
+        submit(ns, name, size, gpus, f"{run_seconds}s", placement)
     wait_groups(watch, {n: p for n, p, _ in gangs}, "contention", timeout)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

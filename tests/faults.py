@@ -3,11 +3,13 @@
 `FaultProxy` listens on plain HTTP on 127.0.0.1 and forwards every request to the real API server
 over HTTPS with the cluster's admin client certificate. Responses are relayed as they arrive, so
 watches stream through. While a fault window is open, the proxy answers instead of the API server
-for requests drawn at random (a seeded generator, a set probability), never more than a set number
-in a row on one endpoint (method + path), so a retried call gets through, and only until a set
-number of faults was served: the window is measured in tries, not seconds, so a slow machine sees
-the same storm as a fast one. The first request to chosen paths is always refused, so what a test
-is about (a lost pod creation) meets the storm for sure. With `lost_answers`, a chosen write (POST, PUT,
+for requests drawn at random (a seeded generator, a set probability; the operator's threads take
+their draws in whatever order their requests come, so runs differ, but each draw is as likely),
+never more than a set number in a row on one endpoint (method + path), so a retried call gets
+through, and only until a set number of faults was served: the window is measured in tries, not
+seconds, so a slow machine sees as large a storm as a fast one. The first request of chosen
+(method, path prefix) pairs is always refused, so what a test is about (a lost pod creation) meets
+the storm for sure. With `lost_answers`, a chosen write (POST, PUT,
 PATCH, DELETE) first reaches the API server and only its answer is replaced: the change is made and
 the client is told it failed, as when a load balancer gives up after the API server committed.
 `proxy_kubeconfig` writes a kubeconfig that points a client at the proxy.
@@ -127,7 +129,8 @@ class Storm:
     seed: int = 0
     faults: int = 24  # the window closes itself after serving this many
     most_in_a_row: int = 2  # per endpoint: the next try after this many refusals gets through
-    first_refused: tuple[str, ...] = ()  # path prefixes whose first request is always refused
+    # (method, path prefix) pairs whose first request is always refused, e.g. ("POST", pods path)
+    first_refused: tuple[tuple[str, str], ...] = ()
     include_watches: bool = True
     lost_answers: bool = False
 
@@ -142,7 +145,7 @@ class FaultPlan:
         self._storm: Storm | None = None
         self._random = random.Random(0)
         self._in_a_row: Counter[tuple[str, str]] = Counter()
-        self._refused_first: set[str] = set()
+        self._refused_first: set[tuple[str, str]] = set()
         self._injected = 0
 
     def open(self, storm: Storm) -> None:
@@ -169,7 +172,7 @@ class FaultPlan:
                 return None
             route = urllib.parse.urlsplit(path).path
             endpoint = (method, route)
-            first = next((p for p in storm.first_refused if route.startswith(p)), None)
+            first = next((f for f in storm.first_refused if method == f[0] and route.startswith(f[1])), None)
             if first is not None and first not in self._refused_first:
                 self._refused_first.add(first)
             elif (

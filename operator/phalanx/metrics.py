@@ -34,8 +34,8 @@ from prometheus_client.registry import Collector
 
 from phalanx.policy import goodput, recovery_timeline
 
-RestartReason = Literal["failure", "preemption", "hang"]
-RESTART_REASONS: Final[tuple[RestartReason, ...]] = ("failure", "preemption", "hang")
+RestartReason = Literal["failure", "preemption", "hang", "resize"]
+RESTART_REASONS: Final[tuple[RestartReason, ...]] = ("failure", "preemption", "hang", "resize")
 TERMINAL_PHASES: Final = ("Succeeded", "Failed")
 JOB_LABELS: Final = ("namespace", "trainingjob")
 
@@ -117,6 +117,12 @@ JOB_STRAGGLERS: Final = Gauge(
     JOB_LABELS,
     registry=REGISTRY,
 )
+JOB_RESIZES: Final = Counter(
+    "phalanx_job_resizes",
+    "Size changes of an elastic gang between attempts, by direction (grow or shrink).",
+    (*JOB_LABELS, "direction"),
+    registry=REGISTRY,
+)
 JOB_GOODPUT: Final = Gauge(
     "phalanx_job_goodput_ratio",
     "Productive device time over device time since the job was created (status.goodput.ratio).",
@@ -149,6 +155,10 @@ RECOVERY_PHASE_SECONDS: Final = Histogram(
 )
 
 
+# How long a deleted job's name is remembered: a reconcile under way when it went shows no ghost series.
+DELETED_REMEMBERED_SECONDS: Final = 600.0
+
+
 @dataclass
 class _JobState:
     """What the scrape-time collector needs about one job."""
@@ -168,18 +178,31 @@ class _JobCollector(Collector):
         self._clock = clock
         self._lock = threading.Lock()
         self._jobs: dict[tuple[str, str], _JobState] = {}
+        # Deleted jobs (when): a reconcile still under way for one must not show its levels again.
+        self._deleted: dict[tuple[str, str], float] = {}
 
     def update(self, namespace: str, name: str, change: Callable[[_JobState], None]) -> None:
         with self._lock:
             change(self._jobs.setdefault((namespace, name), _JobState()))
 
-    def levels_shown(self, namespace: str, name: str) -> bool:
+    def levels_wanted(self, namespace: str, name: str) -> bool:
+        """Its stored levels are still to be shown: not shown yet, and the job was not deleted."""
         with self._lock:
             state = self._jobs.get((namespace, name))
-            return state is not None and state.levels_shown
+            shown = state is not None and state.levels_shown
+            return not shown and (namespace, name) not in self._deleted
+
+    def created(self, namespace: str, name: str) -> None:
+        with self._lock:
+            self._deleted.pop((namespace, name), None)  # a new job under a deleted one's name
 
     def pop(self, namespace: str, name: str) -> _JobState | None:
         with self._lock:
+            now = self._clock()
+            for key, at in list(self._deleted.items()):
+                if now - at > DELETED_REMEMBERED_SECONDS:
+                    del self._deleted[key]
+            self._deleted[(namespace, name)] = now
             return self._jobs.pop((namespace, name), None)
 
     def phase_counts(self) -> dict[str, int]:
@@ -253,6 +276,7 @@ METRIC_NAMES: Final = (
     "phalanx_job_goodput_ratio",
     "phalanx_job_device_seconds",
     "phalanx_job_straggler_ratio",
+    "phalanx_job_resizes_total",
 )
 
 
@@ -265,6 +289,7 @@ def _refresh_phase_gauge(previous_phases: Iterable[str]) -> None:
 def observe_job_created(namespace: str, name: str) -> None:
     """A TrainingJob was seen for the first time (its create handler ran)."""
     JOBS_CREATED.inc()
+    _JOBS.created(namespace, name)
 
 
 def observe_phase_change(namespace: str, name: str, old: str | None, new: str) -> None:
@@ -365,6 +390,13 @@ def observe_stragglers(namespace: str, name: str, ratios: list[float]) -> None:
     JOB_STRAGGLERS.labels(namespace=namespace, trainingjob=name).set(max(ratios, default=0.0))
 
 
+def observe_replicas(namespace: str, name: str, old: int | None, new: int) -> None:
+    """status.currentReplicas was set: a resize when an earlier size changed."""
+    if old is not None and old != new:
+        direction = "grow" if new > old else "shrink"
+        JOB_RESIZES.labels(namespace=namespace, trainingjob=name, direction=direction).inc()
+
+
 def observe_goodput(namespace: str, name: str, ledger: dict[str, object]) -> None:
     """The job's status.goodput as written (policy/goodput.py)."""
     try:
@@ -404,18 +436,21 @@ def observe_status(namespace: str, name: str, old: Mapping[str, Any], new: Mappi
     """What a decision changed in a job's status (`old` as stored before it, `new` as written).
     The first time this process sees a job (an operator just started or took over), its stored
     levels are shown first: a gauge set only on change would stay missing while nothing moves."""
-    if not _JOBS.levels_shown(namespace, name):
+    if _JOBS.levels_wanted(namespace, name):
         _restore_levels(namespace, name, old)
     if old.get("phase") != new.get("phase") and new.get("phase"):
         observe_phase_change(namespace, name, old.get("phase"), new["phase"])
     old_restarts, new_restarts = old.get("restarts") or {}, new.get("restarts") or {}
-    for field_name, reason in (("failures", "failure"), ("preemptions", "preemption"), ("hangs", "hang")):
-        if new_restarts.get(field_name, 0) > old_restarts.get(field_name, 0):
+    for field_name, reason in (("failures", "failure"), ("preemptions", "preemption"), ("hangs", "hang"),
+                               ("resizes", "resize")):  # fmt: skip
+        if new_restarts.get(field_name, 0) > (old_restarts.get(field_name) or 0):
             observe_restart(namespace, name, reason)  # type: ignore[arg-type]
     admission = new.get("admission") or {}
     if admission.get("by") == "Kueue" and admission != (old.get("admission") or {}):
         waited = float(admission.get("waitedSeconds") or 0)
         observe_kueue_admitted(namespace, name, str(admission.get("clusterQueue") or ""), waited)
+    if isinstance(new.get("currentReplicas"), int):
+        observe_replicas(namespace, name, old.get("currentReplicas"), new["currentReplicas"])
     if (new.get("gangTimeouts") or 0) > (old.get("gangTimeouts") or 0):
         observe_gang_timeout(namespace, name)
     if new.get("stragglers") != old.get("stragglers"):
@@ -468,6 +503,11 @@ def forget_job(namespace: str, name: str) -> None:
         JOB_STRAGGLERS.remove(namespace, name)
     except KeyError:
         pass
+    for direction in ("grow", "shrink"):
+        try:
+            JOB_RESIZES.remove(namespace, name, direction)
+        except KeyError:
+            pass
     if state is not None and state.device_unit is not None:
         for kind in goodput.TOTALS:
             try:

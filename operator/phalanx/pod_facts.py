@@ -13,10 +13,12 @@ environment (batch/v1 Job selects by its controller's uid for this reason).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any, Final
 
 from phalanx import constants as c
+from phalanx.api.v1alpha1 import TrainingJobSpec
 
 TERMINAL_PHASES: Final = ("Succeeded", "Failed")
 
@@ -99,3 +101,20 @@ def controller_uid(obj: Mapping[str, Any]) -> str:
 def is_owned_by(obj: Mapping[str, Any], job_uid: str) -> bool:
     """The job controls the object (see the ownership rule above)."""
     return bool(job_uid) and controller_uid(obj) == job_uid
+
+
+def attempt_replicas(spec: TrainingJobSpec, status: Mapping[str, Any]) -> int:
+    """The size of the current attempt: spec.replicas, or for an elastic job the size it was given
+    (status.currentReplicas), kept within the spec's range."""
+    if spec.elastic is None:
+        return spec.replicas
+    current = status.get("currentReplicas")
+    if not isinstance(current, int):
+        return spec.replicas
+    return max(spec.elastic.min_replicas, min(spec.replicas, current))
+
+
+def attempt_spec(spec: TrainingJobSpec, status: Mapping[str, Any]) -> TrainingJobSpec:
+    """The spec as the current attempt runs it: replicas is the attempt's size."""
+    replicas = attempt_replicas(spec, status)
+    return spec if replicas == spec.replicas else dataclasses.replace(spec, replicas=replicas)

@@ -68,6 +68,37 @@ def test_shape_fields_are_immutable_unless_suspended(
     assert cluster.get_json("tj", "frozen", "-n", namespace)["spec"]["replicas"] == 3
 
 
+def test_replicas_cannot_be_added_to_an_active_job_created_without_them(
+    cluster: Cluster, crd_installed: None, namespace: str
+) -> None:
+    # From the review of elastic jobs: once replicas lost its schema default, a job stored without
+    # it could be given replicas while running (a new WORLD_SIZE, or pods hidden past the size).
+    job = training_job("derived", replicas=1)
+    del job["spec"]["replicas"]
+    cluster.apply(job, namespace)
+    result = patch_job(cluster, namespace, "derived", {"spec": {"replicas": 4}})
+    assert result.returncode != 0
+    assert "spec.replicas can change only while the job is suspended" in result.stderr
+    elastic = training_job("elastic-derived", replicas=1, elastic={"minReplicas": 1, "maxReplicas": 4})
+    del elastic["spec"]["replicas"]
+    cluster.apply(elastic, namespace)
+    result = patch_job(cluster, namespace, "elastic-derived", {"spec": {"replicas": 2}})
+    assert result.returncode != 0 and "spec.replicas can change only" in result.stderr
+
+
+def test_an_elastic_job_cannot_ask_for_a_required_topology(
+    cluster: Cluster, crd_installed: None, namespace: str
+) -> None:
+    # The room an elastic attempt is sized by ignores the domains: a Required gang sized across two
+    # racks could never fit (from the review). Preferred only orders the placement.
+    job = training_job("racked", replicas=2, elastic={"minReplicas": 1, "maxReplicas": 2},
+                       scheduling={"topology": {"key": "example.com/rack", "mode": "Required"}})  # fmt: skip
+    result = cluster.kubectl("create", "--dry-run=server", "-n", namespace, "-f", "-", input=json.dumps(job),
+                             check=False)  # fmt: skip
+    assert result.returncode != 0
+    assert "spec.elastic cannot be used with spec.scheduling.topology mode Required" in result.stderr
+
+
 def test_the_topology_of_an_active_job_changes_only_while_suspended(
     cluster: Cluster, crd_installed: None, namespace: str
 ) -> None:
@@ -79,6 +110,9 @@ def test_the_topology_of_an_active_job_changes_only_while_suspended(
         result = patch_job(cluster, namespace, "placed", {"spec": {"scheduling": {"topology": change}}})
         assert result.returncode != 0, change
         assert "spec.scheduling.topology can change only while the job is suspended" in result.stderr
+    cluster.apply(training_job("unplaced", replicas=2), namespace)  # adding one is a change too
+    result = patch_job(cluster, namespace, "unplaced", {"spec": {"scheduling": {"topology": rack}}})
+    assert result.returncode != 0 and "spec.scheduling.topology can change only" in result.stderr
     result = patch_job(cluster, namespace, "placed", {"spec": {"runPolicy": {"suspend": True},
                        "scheduling": {"topology": {**rack, "mode": "Preferred"}}}})  # fmt: skip
     assert result.returncode == 0, result.stderr

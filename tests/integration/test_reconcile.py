@@ -189,8 +189,17 @@ def test_kubectl_get_shows_columns_and_explain_shows_descriptions(
     cluster.apply(training_job("cols", replicas=2), namespace)
     wait_phase(cluster, namespace, "cols", "Running")
     header, row = cluster.kubectl("get", "tj", "-n", namespace).stdout.splitlines()[:2]
-    assert header.split() == ["NAME", "PHASE", "READY", "RESTARTS", "PREEMPTED", "PROGRESS", "AGE"]
-    assert row.split()[:5] == ["cols", "Running", "2/2", "0", "0"]
+    assert header.split() == [
+        "NAME",
+        "PHASE",
+        "READY",
+        "REPLICAS",
+        "RESTARTS",
+        "PREEMPTED",
+        "PROGRESS",
+        "AGE",
+    ]
+    assert row.split()[:6] == ["cols", "Running", "2/2", "2", "0", "0"]
     explain = cluster.kubectl("explain", "trainingjob.spec.replicas").stdout
     assert "WORLD_SIZE = replicas x procsPerReplica" in explain
     assert "tj" in cluster.kubectl("api-resources", "--api-group=phalanx.dev").stdout

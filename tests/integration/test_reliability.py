@@ -152,11 +152,11 @@ def test_job_submitted_while_the_api_server_answers_429_and_503_converges_withou
 
     # Reads are refused before the API server sees them; writes are applied and their answer lost,
     # the harder case for idempotence: the operator must not create a pod it was told failed twice.
-    # The storm is counted in faults, not seconds: a fixed seed draws which requests fail, never more
+    # The storm is counted in faults, not seconds: a seeded draw picks which requests fail, never more
     # than two in a row on one endpoint (so each retry is closer to success and no reconcile is
     # locked out), and the first pod creation always loses its answer.
     storm = Storm(statuses=(429, 503), probability=0.5, seed=20261201, faults=24,
-                  first_refused=(pods_path,), lost_answers=True)  # fmt: skip
+                  first_refused=(("POST", pods_path),), lost_answers=True)  # fmt: skip
     with proxy.fault_window(storm):
         cluster.apply(training_job("storm", replicas=3, gpus=NO_GPUS, run_for="2s"), namespace)
         wait_for(

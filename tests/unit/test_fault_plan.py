@@ -36,13 +36,14 @@ def test_the_window_closes_itself_after_its_faults_are_served() -> None:
 
 def test_the_first_request_to_a_chosen_path_is_always_refused_and_loses_its_answer() -> None:
     plan = FaultPlan()
-    plan.open(Storm(probability=0.0, first_refused=(PODS,), lost_answers=True))
+    plan.open(Storm(probability=0.0, first_refused=(("POST", PODS),), lost_answers=True))
+    assert plan.fault_for("GET", PODS, is_watch=False) is None  # a read does not use it up
     first = plan.fault_for("POST", PODS + "?fieldManager=phalanx", is_watch=False)
     assert first is not None and first.after_upstream
     assert plan.fault_for("POST", PODS, is_watch=False) is None  # only the first
 
 
-def test_the_same_seed_draws_the_same_storm() -> None:
+def test_the_same_seed_draws_the_same_storm_for_the_same_order_of_requests() -> None:
     requests = [("GET", f"/r{i % 3}") for i in range(60)]
     draws = []
     for _ in range(2):

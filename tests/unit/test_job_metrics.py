@@ -18,7 +18,9 @@ def sample(name: str, labels: dict[str, str]) -> float | None:
 
 @pytest.fixture(autouse=True)
 def fresh_job() -> None:
-    metrics.forget_job(LABELS["namespace"], LABELS["trainingjob"])  # as a process that never saw it
+    # As a process that never saw it: no series, and no memory of a deletion either.
+    metrics.forget_job(LABELS["namespace"], LABELS["trainingjob"])
+    metrics._JOBS.created(LABELS["namespace"], LABELS["trainingjob"])
 
 
 def test_a_restarted_operator_shows_the_stored_level_of_a_job_that_did_not_change() -> None:
@@ -62,3 +64,17 @@ def test_levels_are_shown_even_when_another_series_of_the_job_came_first() -> No
     metrics.observe_status(LABELS["namespace"], LABELS["trainingjob"], {"phase": "Running", "stragglers": [{"ratio": 3.0}]},
                            {"phase": "Running", "stragglers": [{"ratio": 3.0}]})  # fmt: skip
     assert sample("phalanx_job_straggler_ratio", LABELS) == 3.0
+
+
+def test_a_reconcile_finishing_after_its_job_was_deleted_shows_no_ghost_series() -> None:
+    # From the review: forget_job runs on the event loop while a worker may still be deciding on
+    # the same job; the decision's observe_status must not bring the deleted job's levels back.
+    namespace, name = LABELS["namespace"], LABELS["trainingjob"]
+    running = {"phase": "Running", "stragglers": [{"ratio": 4.0}]}
+    metrics.observe_status(namespace, name, running, dict(running))
+    metrics.forget_job(namespace, name)
+    metrics.observe_status(namespace, name, running, dict(running))
+    assert sample("phalanx_job_straggler_ratio", LABELS) is None
+    metrics.observe_job_created(namespace, name)  # a new job under that name is shown again
+    metrics.observe_status(namespace, name, running, dict(running))
+    assert sample("phalanx_job_straggler_ratio", LABELS) == 4.0

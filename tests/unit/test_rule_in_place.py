@@ -210,12 +210,16 @@ def test_a_refusal_of_another_pod_or_attempt_changes_nothing() -> None:
 
 
 def test_a_replacement_not_running_within_the_gang_timeout_falls_back() -> None:
-    status = {**in_place_status(), "inPlace": {**in_place_status()["inPlace"], "time": iso(NOW - 301)}}
+    # The lost pod's grace period (60 s by default) first, then the gang timeout (300 s).
+    status = {**in_place_status(), "inPlace": {**in_place_status()["inPlace"], "time": iso(NOW - 361)}}
     gated = resident(1, attempt=1, phase="Pending", spec={"schedulingGates": [{"name": "phalanx.dev/gang"}]})
     plan = decide(job({**status, "createdAttempt": 1}, **IN_PLACE), [resident(0), gated], NODES, NOW)
     assert plan.status["attempt"] == 2 and set(plan.delete_pods) == {"j-worker-0", "j-worker-1"}
     [message] = fallbacks(plan.events)
-    assert "did not run within spec.scheduling.gang.timeoutSeconds=300" in message
+    assert (
+        "did not run within spec.runPolicy.terminationGracePeriodSeconds=60 + spec.scheduling.gang.timeoutSeconds=300"
+        in message
+    )
 
 
 def test_before_the_gang_timeout_the_replacement_is_waited_for_and_looked_at_again_in_time() -> None:
@@ -224,7 +228,7 @@ def test_before_the_gang_timeout_the_replacement_is_waited_for_and_looked_at_aga
         job({**in_place_status(), "createdAttempt": 1}, **IN_PLACE), [resident(0), gated], NODES, NOW
     )
     assert plan.status["attempt"] == 1 and plan.delete_pods == [] and fallbacks(plan.events) == []
-    assert plan.recheck_after is not None and plan.recheck_after <= 295
+    assert plan.recheck_after is not None and plan.recheck_after <= 355  # inPlace.time was 5 s ago
 
 
 # -- where the in-place rules stand in reconcile/lifecycle.py's order ---------------------------
@@ -312,3 +316,76 @@ def test_a_kept_pod_gone_before_the_replacement_runs_is_a_second_disruption_not_
     assert plan.status["restarts"]["preemptions"] == 2  # counted: a disruption of its own
     [message] = fallbacks(plan.events)
     assert "j-worker-2 gone" in message
+
+
+# -- from the second review of the fixes ------------------------------------------------------------
+
+
+def device_error(index: int, attempt: int = 0) -> dict[str, Any]:
+    crashed = resident(index, attempt, phase="Failed", exit_code=1)
+    terminated = crashed["status"]["containerStatuses"][0]["state"]["terminated"]
+    terminated["message"] = "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python"
+    return crashed
+
+
+def test_a_kept_pod_with_a_device_error_before_the_first_step_is_counted_not_taken_for_the_cascade() -> None:
+    # A GPU that fell off the bus has a cause of its own: the failure rule counts it (and
+    # rules/bad_nodes.py books its node), as it would at any other time.
+    status = {**in_place_status(), "createdAttempt": 1}
+    plan = decide(job(status, **IN_PLACE), [device_error(0), resident(1, attempt=1)], NODES, NOW)
+    assert plan.status["restarts"]["failures"] == 1, plan.status["restarts"]
+    assert not any("a consequence of the disruption" in m for m in fallbacks(plan.events))
+
+
+def test_a_kept_trainer_that_exits_beside_a_running_sidecar_is_the_cascade_too() -> None:
+    status = {**in_place_status(), "createdAttempt": 1}
+    sidecar_pod = resident(0, status={"containerStatuses": [
+        {"name": "trainer", "state": {"terminated": {"exitCode": 1}}},
+        {"name": "sidecar", "state": {"running": {}}},
+    ]})  # fmt: skip
+    plan = decide(job(status, **IN_PLACE), [sidecar_pod, resident(1, attempt=1)], NODES, NOW)
+    assert plan.status["phase"] == "Restarting" and plan.status["attempt"] == 2
+    [message] = fallbacks(plan.events)
+    assert "kept pod j-worker-0 failed" in message
+
+
+def test_a_kept_crash_beside_a_kept_preemption_still_counts_the_preemption() -> None:
+    status = {**in_place_status(kept=("j-worker-0", "j-worker-2")), "createdAttempt": 1}
+    crashed = resident(0, phase="Failed", exit_code=1)
+    plan = decide(
+        job(status, replicas=3, **IN_PLACE), [crashed, resident(1, attempt=1), evicted(2)], NODES, NOW
+    )
+    assert plan.status["attempt"] == 2 and plan.status["restarts"]["preemptions"] == 2
+
+
+def test_the_replacement_timeout_counts_the_lost_pods_grace_period_first() -> None:
+    # The replacement cannot be created before the lost pod has gone, which may take its grace
+    # period: a long SIGTERM checkpoint must not make every in-place restart fall back.
+    spec = {"runPolicy": {**IN_PLACE["runPolicy"], "terminationGracePeriodSeconds": 600}}
+    gated = resident(1, attempt=1, phase="Pending", spec={"schedulingGates": [{"name": "phalanx.dev/gang"}]})
+    for waited, falls_back in ((400, False), (901, True)):
+        status = {**in_place_status(), "createdAttempt": 1,
+                  "inPlace": {**in_place_status()["inPlace"], "time": iso(NOW - waited)}}  # fmt: skip
+        plan = decide(job(status, **spec), [resident(0), gated], NODES, NOW)
+        assert (plan.status["attempt"] == 2) is falls_back, waited
+        if falls_back:
+            [message] = fallbacks(plan.events)
+            assert "terminationGracePeriodSeconds=600 + spec.scheduling.gang.timeoutSeconds=300" in message
+
+
+def test_the_kept_ranks_stop_at_a_checkpoint_only_when_the_lost_rank_can_still_take_part() -> None:
+    terminating = resident(1)
+    terminating["metadata"].update(deletionTimestamp=iso(NOW - 1), deletionGracePeriodSeconds=30)
+    forced = resident(1)
+    forced["metadata"].update(deletionTimestamp=iso(NOW - 1), deletionGracePeriodSeconds=0)
+    checkpointed = evicted(1)  # exited 75: it saved with its peers
+    killed = resident(1, phase="Failed", status={"conditions": [
+        {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}]}, exit_code=137)  # fmt: skip
+    for lost, stop in (
+        (terminating, "checkpoint"),
+        (checkpointed, "checkpoint"),
+        (forced, "now"),
+        (killed, "now"),
+    ):
+        plan = decide(job(dict(RUNNING), **IN_PLACE), [resident(0), lost], NODES, NOW)
+        assert plan.status["inPlace"]["stop"] == stop, (lost["metadata"], lost["status"])

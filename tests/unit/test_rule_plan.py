@@ -33,3 +33,13 @@ def test_normal_events_of_one_reconcile_become_one_and_warnings_stay_apart() -> 
         Event("Normal", "GangAdmitted", "created 4 pod(s) for attempt 0; 0/4 worker(s) running"),
         conflict,
     ]
+
+
+def test_an_event_marked_alone_is_never_merged() -> None:
+    resized = Event("Normal", "Resized", "gang grows from 1 to 2 pod(s): after Resize", alone=True)
+    created = Event("Normal", "Created", "created 2 pod(s) for attempt 1")
+    admitted = Event("Normal", "GangAdmitted", "0/2 worker(s) running")
+    assert merged_events([resized, created, admitted]) == [
+        Event("Normal", "GangAdmitted", "created 2 pod(s) for attempt 1; 0/2 worker(s) running"),
+        resized,
+    ]

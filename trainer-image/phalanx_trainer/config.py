@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from phalanx_trainer.checkpoint import CheckpointConfig
+from phalanx_trainer.global_batch import BatchPlan, GlobalBatchError, plan_batch
 from phalanx_trainer.parallel_dims import layout_problems
 
 
@@ -61,6 +62,12 @@ class DataConfig:
     path: str = ""  # text file; empty: the shipped public-domain text
     custom: str = ""  # "module:function" taking (DataConfig, ModelConfig) and returning a SampleSource
     batch_size: int = 8  # sequences per micro-batch per data-parallel rank
+    # Sequences per optimizer step, the same at every world size (elastic resize): accumulation steps
+    # are derived from it (global_batch.py). 0: off, batch_size x dp x grad_accumulation_steps.
+    global_batch_size: int = 0
+    # With global_batch_size: when it does not divide by batch_size x dp, let the per-rank micro-batch
+    # shrink below batch_size (batch_size is then the largest micro-batch) instead of failing.
+    adjust_batch_size: bool = False
     num_workers: int = 0
     pin_memory: bool = False
     prefetch_factor: int = 2  # only with num_workers > 0
@@ -289,6 +296,7 @@ def validate(config: TrainerConfig, world_size: int | None = None) -> list[str]:
     positive("model", "vocab_size", 2)
     positive("data", "batch_size")
     positive("data", "num_workers", 0)
+    positive("data", "global_batch_size", 0)
     positive("parallelism", "tp")
     positive("parallelism", "pp")
     positive("parallelism", "pp_microbatches")
@@ -331,6 +339,14 @@ def validate(config: TrainerConfig, world_size: int | None = None) -> list[str]:
             f"data.batch_size = {config.data.batch_size} must be divisible by "
             f"parallelism.pp_microbatches = {par.pp_microbatches}"
         )
+    if config.data.global_batch_size > 0 and par.grad_accumulation_steps != 1:
+        problems.append(
+            f"parallelism.grad_accumulation_steps = {par.grad_accumulation_steps} with "
+            f"data.global_batch_size = {config.data.global_batch_size}: the accumulation steps are derived "
+            "from the global batch; set one or the other"
+        )
+    if config.data.adjust_batch_size and config.data.global_batch_size <= 0:
+        problems.append("data.adjust_batch_size = true needs data.global_batch_size > 0")
     if config.data.num_workers == 0 and config.data.persistent_workers:
         problems.append("data.persistent_workers = true needs data.num_workers > 0")
     if config.checkpoint.keep < 2:
@@ -339,8 +355,46 @@ def validate(config: TrainerConfig, world_size: int | None = None) -> list[str]:
     if par.tp >= 1 and par.pp >= 1 and par.dp >= -1 and par.dp != 0:
         # Before the launch (no world size yet), check the smallest world this layout allows.
         launch_size = world_size if world_size is not None else max(par.dp, 1) * par.tp * par.pp
-        problems.extend(layout_problems(par, launch_size))
+        layout = layout_problems(par, launch_size)
+        problems.extend(layout)
+        if not layout and not problems:
+            problems.extend(_batch_plan_problems(config, launch_size))
     return problems
+
+
+def _batch_plan_problems(config: TrainerConfig, world_size: int) -> list[str]:
+    """Whether data.global_batch_size splits over this launch's data-parallel ranks."""
+    try:
+        batch_plan(config, world_size)
+    except GlobalBatchError as err:
+        return [str(err)]
+    return []
+
+
+def batch_plan(config: TrainerConfig, world_size: int) -> BatchPlan:
+    """The micro-batch and accumulation steps this launch trains with (global_batch.py)."""
+    par = config.parallelism
+    model_parallel = par.tp * par.pp
+    return plan_batch(
+        global_batch_size=config.data.global_batch_size,
+        batch_size=config.data.batch_size,
+        grad_accumulation_steps=par.grad_accumulation_steps,
+        dp=par.dp if par.dp != -1 else world_size // model_parallel,
+        model_parallel=model_parallel,
+        pp_microbatches=par.pp_microbatches if par.pp > 1 else 1,
+        adjust_batch_size=config.data.adjust_batch_size,
+    )
+
+
+def with_batch_plan(config: TrainerConfig, plan: BatchPlan) -> TrainerConfig:
+    """The config as trained: the derived micro-batch and accumulation steps in their usual fields."""
+    return dataclasses.replace(
+        config,
+        data=dataclasses.replace(config.data, batch_size=plan.micro_batch_size),
+        parallelism=dataclasses.replace(
+            config.parallelism, grad_accumulation_steps=plan.grad_accumulation_steps
+        ),
+    )
 
 
 def deterministic_enabled(job: JobConfig, device_type: str) -> bool:

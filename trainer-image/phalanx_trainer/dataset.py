@@ -3,10 +3,13 @@
 Sample `i` of the global stream is a pure function of (seed, i). Data-parallel rank r of dp takes, for
 its c-th micro-batch, global samples ((c x dp) + r) x B ... + B - 1, so one process with batch dp x B
 sees exactly the union of what dp processes with batch B see, and a restart at micro-batch c is exact.
+The checkpoint keeps the position in the global stream (samples consumed), so a resume with another
+dp or batch size continues at the same sample (`resume_micro_batch`).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +21,8 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from phalanx_trainer.config import DataConfig, ModelConfig
 from phalanx_trainer.models import load_object
+
+log = logging.getLogger(__name__)
 
 SHIPPED_TEXT = Path(__file__).parent / "data" / "phalanx_prose.txt"
 
@@ -159,13 +164,42 @@ class DataStream:
         return waited
 
     def state_dict(self) -> dict[str, Any]:
-        return {"consumed_micro_batches": self.consumed, "dp_rank": self.dp_rank, "dp_size": self.dp_size}
+        return {
+            "consumed_micro_batches": self.consumed,
+            "dp_rank": self.dp_rank,
+            "dp_size": self.dp_size,
+            "batch_size": self.config.batch_size,
+            # The position in the global stream: every sample before it was trained on by some rank.
+            "consumed_samples": self.consumed * self.dp_size * self.config.batch_size,
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        consumed = int(state_dict["consumed_micro_batches"])
-        if int(state_dict.get("dp_size", self.dp_size)) != self.dp_size:
-            # A different data-parallel width regroups the same global stream: continue after the
-            # last global sample any rank trained on.
-            consumed = consumed * int(state_dict["dp_size"]) // self.dp_size
-        self.consumed = consumed
+        self.consumed = resume_micro_batch(state_dict, self.dp_size, self.config.batch_size)
         self._iterator = None
+
+
+def resume_micro_batch(state_dict: dict[str, Any], dp_size: int, batch_size: int) -> int:
+    """This layout's micro-batch counter that continues right after the saved global position.
+
+    Exact whenever the position is a whole number of this layout's micro-batch rows (dp x batch_size
+    samples): always at a step boundary with data.global_batch_size, since every step is
+    global_batch_size samples. Otherwise the run continues at the row that holds the position, so the
+    samples before it in that row are trained on again, with a warning saying how many.
+    """
+    consumed = int(state_dict["consumed_micro_batches"])
+    # Checkpoints from before batch_size and consumed_samples were saved had this run's batch_size.
+    saved_dp = int(state_dict.get("dp_size", dp_size))
+    saved_batch = int(state_dict.get("batch_size", batch_size))
+    position = int(state_dict.get("consumed_samples", consumed * saved_dp * saved_batch))
+    row = dp_size * batch_size
+    micro_batch, left_over = divmod(position, row)
+    if left_over:
+        log.warning(
+            "data position %d samples is not a whole number of micro-batch rows of dp x batch_size = "
+            "%d x %d: %d samples are trained on again; set data.global_batch_size to keep resizes exact",
+            position,
+            dp_size,
+            batch_size,
+            left_over,
+        )
+    return micro_batch

@@ -32,7 +32,7 @@ from torch.nn.parallel import DistributedDataParallel
 from phalanx_trainer import contract, faults, startup
 from phalanx_trainer.checkpoint import CheckpointManager, PreemptionWatcher
 from phalanx_trainer.checkpoint.rng import RngState
-from phalanx_trainer.config import TrainerConfig, deterministic_enabled
+from phalanx_trainer.config import TrainerConfig, batch_plan, deterministic_enabled, with_batch_plan
 from phalanx_trainer.dataset import DataStream, build_source
 from phalanx_trainer.distenv import DistEnv
 from phalanx_trainer.hardware import device_peak_flops
@@ -103,6 +103,10 @@ def global_grad_norm(params: list[nn.Parameter], pp_group: Any) -> float:
 
 class Trainer:
     def __init__(self, config: TrainerConfig, dist_env: DistEnv, log: EventLog | None = None) -> None:
+        # With data.global_batch_size, the micro-batch and accumulation steps follow the world size
+        # (an elastic resize): from here on the config holds the values trained with.
+        self.batch_plan = batch_plan(config, dist_env.world_size)
+        config = with_batch_plan(config, self.batch_plan)
         self.config = config
         self.env = dist_env
         self.log = log or EventLog(dist_env.rank, config.metrics.json_logs)
@@ -220,7 +224,10 @@ class Trainer:
         # DDP and ZeRO-1 replicas hold the same model: only the first data-parallel rank stages it.
         replicated = par.dp_mode in ("ddp", "zero1")
         self.checkpoints = CheckpointManager(
-            config.checkpoint, replica_rank=self.dp_rank if replicated else 0
+            config.checkpoint,
+            replica_rank=self.dp_rank if replicated else 0,
+            # What a resize resumes from: the manifest already records the world size.
+            written_with={"batch": self.batch_plan.as_json()},
         )
         self.watcher = PreemptionWatcher()
 
@@ -428,7 +435,14 @@ class Trainer:
         restored = self.checkpoints.restore(app_state)
         if restored is not None:
             self.progress.step = restored
-            self.log("resumed", step=restored, unix_time=round(time.time(), 3))
+            written = self.checkpoints.restored_from or {}
+            self.log(
+                "resumed",
+                step=restored,
+                unix_time=round(time.time(), 3),
+                from_world_size=written.get("world_size"),
+                from_global_batch_size=written.get("batch", {}).get("global_batch_size"),
+            )
         startup.mark(startup.RESTORED)  # from a checkpoint, or ready to start from step 0
         self.metrics.resumed_from_step = restored or 0
         self.metrics.note_startup(startup.marks())  # start-up is still going: no step yet
@@ -444,6 +458,8 @@ class Trainer:
             parameters=sum(p.numel() for p in self.model.parameters()),
             flops_per_token=self.flops_per_token,
             peak_flops=self.peak_flops,
+            pp_microbatches=config.parallelism.pp_microbatches if self.dims.pp_enabled else 1,
+            **self.batch_plan.as_json(),
         )
         profiler = Profiler(
             config.metrics.profile_start_step, config.metrics.profile_steps, config.metrics.profile_dir

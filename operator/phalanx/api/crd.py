@@ -11,6 +11,8 @@ from phalanx.api.v1alpha1 import TrainingJob
 PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Lifecycle phase"},
     {"name": "Ready", "type": "string", "jsonPath": ".status.readySummary", "description": "Ready pods / replicas"},
+    {"name": "Replicas", "type": "integer", "jsonPath": ".status.currentReplicas",
+     "description": "The gang's size in the current attempt (elastic jobs resize)"},
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts.failures",
      "description": "Gang restarts after failures"},
     {"name": "Preempted", "type": "integer", "jsonPath": ".status.restarts.preemptions",

@@ -26,7 +26,8 @@ spec:
     "Nccl": "nccl: {debug: WARN, socketIfname: eth0, ibDisable: false}",
     "Checkpoint": "checkpoint:\n  path: /checkpoints\n  volume: {persistentVolumeClaim: {claimName: ckpt}}\n"
     "  intervalSteps: 200\n  keep: 3",
-    "Scheduling": "scheduling:\n  provider: builtin\n  gang: {minAvailable: 4, timeoutSeconds: 300}\n"
+    "Elastic": "elastic: {minReplicas: 2, maxReplicas: 8}",
+    "Scheduling": "scheduling:\n  provider: builtin\n  gang: {timeoutSeconds: 300}\n"
     "  priorityClassName: research-high",
     "RunPolicy": "runPolicy:\n  backoffLimit: 3\n  activeDeadlineSeconds: 86400\n  ttlSecondsAfterFinished: 3600\n"
     "  terminationGracePeriodSeconds: 90\n  retryableExitCodes: [3]",

@@ -205,8 +205,8 @@ class Gang:
     """All-or-nothing admission of the job's pods."""
 
     min_available: int | None = api_field(
-        "Pods that must be placeable together; must equal replicas when set (every rank is needed: "
-        "WORLD_SIZE is fixed). Smaller gangs wait for elastic training.",
+        "Deprecated, kept so stored jobs stay valid: must equal replicas when set, and is refused "
+        "with spec.elastic. A gang that may run smaller is spec.elastic.minReplicas.",
         minimum=1,
     )
     timeout_seconds: int = api_field(
@@ -236,6 +236,31 @@ class Topology:
         "Required only: each run of this many consecutive ranks shares one domain (the last run may "
         "be shorter); unset, the whole gang does.",
         minimum=1, maximum=MAX_REPLICAS,
+    )  # fmt: skip
+
+
+@dataclass
+class Elastic:
+    """A gang whose size may change: it starts when minReplicas fit, grows towards maxReplicas at a
+    checkpoint when room appears, and shrinks instead of waiting when a node is lost
+    (docs/elastic.md)."""
+
+    __rules__ = (
+        Rule(
+            "self.minReplicas <= self.maxReplicas",
+            "spec.elastic.minReplicas must be at most spec.elastic.maxReplicas: lower minReplicas or "
+            "raise maxReplicas",
+            field_path=".minReplicas",
+            reason="FieldValueInvalid",
+        ),
+    )
+    min_replicas: int = api_field(
+        "The smallest gang that may train: the job is admitted once this many pods fit.",
+        required=True, default=1, minimum=1, maximum=MAX_REPLICAS,
+    )  # fmt: skip
+    max_replicas: int = api_field(
+        "The largest gang: it grows to this (or to spec.replicas when set) as room appears.",
+        required=True, default=1, minimum=1, maximum=MAX_REPLICAS,
     )  # fmt: skip
 
 
@@ -319,9 +344,18 @@ class RunPolicy:
 _SUSPENDED_BEFORE_OR_AFTER = "oldSelf.runPolicy.suspend || self.runPolicy.suspend"
 _IMMUTABLE_WHILE_ACTIVE = (
     Rule(
-        f"!has(oldSelf.replicas) || self.replicas == oldSelf.replicas || {_SUSPENDED_BEFORE_OR_AFTER}",
+        # Adding or removing replicas is a change too: a job may be stored without it (derived).
+        "(has(self.replicas) == has(oldSelf.replicas) && "
+        "(!has(self.replicas) || self.replicas == oldSelf.replicas)) || "
+        f"{_SUSPENDED_BEFORE_OR_AFTER}",
         "spec.replicas can change only while the job is suspended (set spec.runPolicy.suspend: true first)",
         field_path=".replicas",
+    ),
+    Rule(
+        "(has(self.elastic) == has(oldSelf.elastic) && (!has(self.elastic) || self.elastic == oldSelf.elastic)) "
+        f"|| {_SUSPENDED_BEFORE_OR_AFTER}",
+        "spec.elastic can change only while the job is suspended (set spec.runPolicy.suspend: true first)",
+        field_path=".elastic",
     ),
     Rule(
         "(has(self.procsPerReplica) == has(oldSelf.procsPerReplica) && "
@@ -363,12 +397,49 @@ class TrainingJobSpec:
 
     __rules__ = (
         Rule(
-            "!has(self.scheduling.gang.minAvailable) || self.scheduling.gang.minAvailable == self.replicas",
+            "!has(self.scheduling.gang.minAvailable) || has(self.elastic) || "
+            "self.scheduling.gang.minAvailable == (has(self.replicas) ? self.replicas : 1)",
             "spec.scheduling.gang.minAvailable must equal spec.replicas or be left out: WORLD_SIZE is "
-            "fixed, so a smaller gang would hold GPUs it cannot train on; elastic training is not "
-            "supported yet",
+            "fixed, so a smaller gang would hold GPUs it cannot train on; for a gang that may run "
+            "smaller use spec.elastic.minReplicas",
             field_path=".scheduling.gang.minAvailable",
             reason="FieldValueInvalid",
+        ),
+        Rule(
+            "!has(self.elastic) || !has(self.scheduling.gang.minAvailable)",
+            "spec.scheduling.gang.minAvailable cannot be set with spec.elastic: remove it, "
+            "spec.elastic.minReplicas is the smallest gang",
+            field_path=".scheduling.gang.minAvailable",
+            reason="FieldValueForbidden",
+        ),
+        Rule(
+            "!has(self.elastic) || !has(self.replicas) || "
+            "(self.replicas >= self.elastic.minReplicas && self.replicas <= self.elastic.maxReplicas)",
+            "spec.replicas must lie within [spec.elastic.minReplicas, spec.elastic.maxReplicas]: "
+            "change it, or leave it out (it is then maxReplicas)",
+            field_path=".replicas",
+            reason="FieldValueInvalid",
+        ),
+        Rule(
+            "!has(self.elastic) || self.scheduling.provider == 'builtin'",
+            "spec.elastic needs spec.scheduling.provider builtin: the operator sizes the gang to the "
+            "room it finds, which volcano and coscheduling PodGroups cannot follow",
+            field_path=".elastic",
+            reason="FieldValueForbidden",
+        ),
+        Rule(
+            f"!has(self.elastic) || self.runPolicy.restartStrategy != '{c.RESTART_STRATEGY_IN_PLACE}'",
+            "spec.elastic needs spec.runPolicy.restartStrategy FullRestart: a resize changes "
+            "WORLD_SIZE, which every rank must restart to learn",
+            field_path=".runPolicy.restartStrategy",
+            reason="FieldValueForbidden",
+        ),
+        Rule(
+            "!has(self.elastic) || !has(self.scheduling.topology) || self.scheduling.topology.mode != 'Required'",
+            "spec.elastic cannot be used with spec.scheduling.topology mode Required: an elastic attempt is "
+            "sized by the free room, not by what one domain holds; use mode Preferred",
+            field_path=".elastic",
+            reason="FieldValueForbidden",
         ),
         Rule(
             "!has(self.scheduling.topology) || self.scheduling.provider == 'builtin'",
@@ -394,8 +465,14 @@ class TrainingJobSpec:
             field_path=".managedBy",
         ),
     )
-    replicas: int = api_field("Pods in the gang (nodes). WORLD_SIZE = replicas x procsPerReplica.", default=1,
-                              minimum=1, maximum=MAX_REPLICAS)  # fmt: skip
+    # No schema default: with spec.elastic it is derived from maxReplicas (__post_init__). Jobs stored
+    # before keep the 1 the API server defaulted in.
+    replicas: int = api_field(
+        "Pods in the gang (nodes); 1 when left out, or spec.elastic.maxReplicas. WORLD_SIZE = replicas x "
+        "procsPerReplica; with spec.elastic, the size it grows to (status.currentReplicas is the size "
+        "running now).",
+        minimum=1, maximum=MAX_REPLICAS,
+    )  # fmt: skip
     procs_per_replica: int | None = api_field(
         "Training processes per pod; default resources.gpus when set, else 1.", minimum=1, maximum=64
     )
@@ -412,6 +489,13 @@ class TrainingJobSpec:
         "value (a MultiKueue manager's, say) and this operator leaves the job alone. Immutable.",
         max_length=63,
     )
+    elastic: Elastic | None = api_field(
+        "builtin provider only: let the gang run at any size in [minReplicas, maxReplicas] (docs/elastic.md)."
+    )
+
+    def __post_init__(self) -> None:
+        if self.replicas is None:
+            self.replicas = self.elastic.max_replicas if self.elastic is not None else 1
 
     @property
     def effective_procs_per_replica(self) -> int:
@@ -457,6 +541,8 @@ class Restarts:
         "Restarts after no step came within the hang bound (count against backoffLimit with failures).",
         default=0,
     )
+    # No default: the API server would add it to every job's status, elastic or not.
+    resizes: int | None = api_field("spec.elastic: restarts to grow the gang at a checkpoint (do not count).")
 
 
 @dataclass
@@ -663,6 +749,10 @@ class TrainingJobStatus:
     attempt: int | None = api_field("Current attempt: 0 first, +1 on every gang restart.")
     restarts: Restarts | None = api_field("Restarts by cause.")
     replicas: ReplicaCounts | None = api_field("Pods of the current attempt by state.")
+    current_replicas: int | None = api_field(
+        "The gang's size in the current attempt: spec.replicas, or with spec.elastic the size it was "
+        "admitted at (WORLD_SIZE = currentReplicas x procsPerReplica)."
+    )
     ready_summary: str | None = api_field("ready/replicas, for `kubectl get`.")
     start_time: str | None = api_field(
         "When the job started running; reset on resume. activeDeadlineSeconds counts from it."

@@ -10,11 +10,12 @@ from phalanx.api.v1alpha1 import TrainingJobSpec
 from phalanx.builders.pods import admitted_pod
 from phalanx.controller.admission_state import AdmissionState
 from phalanx.controller.stores import ClusterStores
-from phalanx.gang.admission import GangRequest
+from phalanx.gang.admission import GangRequest, plan_admission
 from phalanx.gang.capacity import PodDemand
 from phalanx.gang.on_creation import plan_on_creation
 from phalanx.gang.requests import topology_request
 from phalanx.pod_facts import pod_index
+from phalanx.policy.elastic import Room
 from phalanx.providers import provider_for
 
 
@@ -66,6 +67,24 @@ class CreationAdmission:
             admitted_pod(p, placements[p["metadata"]["name"]]) if p["metadata"]["name"] in placements else p
             for p in pods
         ]
+
+    def room_for(self, key: str, pod_spec: dict[str, Any], most: int, now: float) -> Room | None:
+        """How many more pods like this one (up to `most`) fit now, as the admission pass would place
+        them, off the nodes another blocked gang holds reserved; None before the stores are listed.
+        For an elastic gang's size (policy/elastic.py): what it holds stays counted as used."""
+        if most <= 0:
+            return Room(0)
+        state = self.state
+        with state.lock:
+            if not self.stores.synced():
+                return None
+            demand = PodDemand.from_pod_spec(pod_spec)
+            probe = GangRequest(key=key, priority=0, created=now,
+                                pods=tuple((f"room-{i}", demand) for i in range(most)), min_available=1)  # fmt: skip
+            reserved = {n for k, nodes in state.reservations.items() if k != key for n in nodes}
+            nodes = [n for n in state.node_infos.infos(self.stores.nodes.items()) if n.name not in reserved]
+            plan = plan_admission([probe], nodes, state.used_with_assumed(self.stores.usage), now)
+        return Room(len(plan.admitted[0].placements) if plan.admitted else 0)
 
     def release(self, namespace: str, pods: list[dict[str, Any]]) -> None:
         """The creates answered (the pod store holds what was created): nothing assumed is left."""

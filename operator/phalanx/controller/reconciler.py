@@ -33,7 +33,9 @@ from phalanx.k8s import CreationRefused, KubeApi, StatusConflict
 from phalanx.kueue.gate import KueueGate
 from phalanx.kueue.placement import placed_pod
 from phalanx.kueue.workload import managed_here, queue_name
-from phalanx.pod_facts import is_owned_by
+from phalanx.pod_facts import attempt_spec, is_owned_by
+from phalanx.policy import bad_nodes
+from phalanx.policy.elastic import Room
 from phalanx.policy.host_path import REASON_HOST_PATH_NOT_ALLOWED, host_path_refusal
 from phalanx.reconcile.lifecycle import decide
 from phalanx.reconcile.plan import FINISHED_PHASES, Event, Plan, iso, merged_events
@@ -117,6 +119,8 @@ class Reconciler:
         gate = self.kueue.gate(key, job, spec, queue) if queue else None
         plan = self._decide(job, pods, nodes, now, gate)
         ref = JobRef.of(job)
+        # As the attempt runs it: an elastic gang's pods are built for the size it was given.
+        spec = attempt_spec(parse(TrainingJobSpec, job["spec"]), plan.status)
 
         # Decide, record, then act: a deletion is explained in status before it is made, and only if
         # the job is still the version decided on. Otherwise a lost write would leave the next pass
@@ -218,7 +222,20 @@ class Reconciler:
         attempt = int((job.get("status") or {}).get("attempt") or 0)
         refusals = self.generations.refusals(key, str(uid), attempt)
         return decide(job, pods, nodes, now, self.node_lost_after, trainer_report=report,
-                      launcher_refusals=refusals, kueue_gate=gate)  # fmt: skip
+                      launcher_refusals=refusals, room=self._elastic_room(key, job, now),
+                      kueue_gate=gate)  # fmt: skip
+
+    def _elastic_room(self, key: str, job: dict[str, Any], now: float) -> Room | None:
+        """spec.elastic: the room for the job's pods now, to size a new attempt or grow (policy/elastic.py)."""
+        if not (job.get("spec") or {}).get("elastic"):
+            return None
+        written = parse(TrainingJobSpec, job["spec"])
+        status = job.get("status") or {}
+        probe = build_worker_pod(
+            JobRef.of(job), written, 0, int(status.get("attempt") or 0), job["spec"].get("template") or {},
+            cluster_domain=self.cluster_domain, avoid_nodes=bad_nodes.avoided(status.get("badNodes"), now),
+        )  # fmt: skip
+        return self.creation_admission.room_for(key, probe["spec"], written.replicas, now)
 
     def _create_gang(
         self,

@@ -21,6 +21,8 @@ from typing import Any, Final
 from phalanx.api.schema import parse
 from phalanx.api.v1alpha1 import TrainingJobSpec
 from phalanx.kueue.gate import KueueGate
+from phalanx.pod_facts import attempt_spec
+from phalanx.policy.elastic import Room
 from phalanx.policy.node_loss import DEFAULT_NODE_LOST_AFTER_SECONDS
 from phalanx.reconcile.observed import Observed
 from phalanx.reconcile.plan import Plan, PlanBuilder, parse_iso
@@ -30,6 +32,7 @@ from phalanx.reconcile.rules import (
     bad_nodes,
     creation,
     deadline,
+    elastic,
     failure,
     gang_timeout,
     goodput,
@@ -68,6 +71,7 @@ STEPS: Final[tuple[Rule, ...]] = (
     failure.apply,  # a worker failed: Failed, or a restart while backoffLimit allows
     preemption.apply,  # a worker was preempted: restart, the failure budget untouched
     hang.apply,  # every worker runs, yet rank 0 reports no new step within the bound: restart (Hang)
+    elastic.grow,  # spec.elastic, running below its size, a checkpoint since admission, room: restart (Resize)
     admission.apply,  # a pod still gated: wait for admission; otherwise Admitted
     running.apply,  # every replica runs: Running
     gang_timeout.after_admission,  # admitted, not running whole within the timeout: tear down, requeue
@@ -93,15 +97,20 @@ def decide(
     trainer_report: Mapping[str, Any] | None = None,
     launcher_refusals: Mapping[str, str] | None = None,
     kueue_gate: KueueGate | None = None,
+    room: Room | None = None,
 ) -> Plan:
     """node_lost_after: seconds a node may be not Ready before its pods count as lost;
     trainer_report: what rank 0 of this job (this uid) last reported in /progress, if anything;
     launcher_refusals: kept pods of the current in-place attempt whose launcher refused its
-    generation or could not be reached (pod name -> why); kueue_gate: what Kueue says of the job's
-    Workload, for a job in a Kueue queue (kueue/gate.py)."""
+    generation or could not be reached (pod name -> why); room: for an elastic job, the free room
+    for more of its pods and whether other gangs wait (policy/elastic.py; None: not known);
+    kueue_gate: what Kueue says of the job's Workload, for a job in a Kueue queue (kueue/gate.py)."""
     b = PlanBuilder(job, now)
+    written = parse(TrainingJobSpec, job.get("spec"))
     seen = Observed(
-        spec=parse(TrainingJobSpec, job.get("spec")),
+        spec=attempt_spec(written, b.status),
+        written_spec=written,
+        room=room,
         attempt=b.status["attempt"],
         pods=pods,
         nodes=nodes,

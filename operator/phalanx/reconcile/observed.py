@@ -11,6 +11,7 @@ from typing import Any
 from phalanx.api.v1alpha1 import TrainingJobSpec
 from phalanx.kueue.gate import KueueGate
 from phalanx.pod_facts import in_current_attempt, is_terminal, pod_index
+from phalanx.policy.elastic import Room
 from phalanx.policy.node_loss import lost_node_names, not_ready_since, on_lost_node
 from phalanx.policy.pod_outcome import (
     REASON_NODE_LOST,
@@ -50,6 +51,15 @@ class Observed:
     launcher_refusals: Mapping[str, str] = field(default_factory=dict)
     # What Kueue says of the job's Workload (kueue/gate.py); None: not in a Kueue queue.
     kueue: KueueGate | None = None
+    # The spec as written; `spec` above is the one the current attempt runs (an elastic gang's
+    # replicas are its status.currentReplicas, policy/elastic.py). None: the same as `spec`.
+    written_spec: TrainingJobSpec | None = None
+    # Elastic jobs: the free room for more of the job's pods, and whether others wait (None: unknown).
+    room: Room | None = None
+
+    @property
+    def as_written(self) -> TrainingJobSpec:
+        return self.written_spec if self.written_spec is not None else self.spec
 
     @cached_property
     def _status(self) -> dict[str, Any]:

@@ -23,16 +23,19 @@ class Event:
     type: str  # Normal | Warning
     reason: str
     message: str
+    # Looked for by its reason (a resize, say): never merged into another event.
+    alone: bool = False
 
 
 def merged_events(events: list[Event]) -> list[Event]:
     """Normal events of one reconcile as one Event (for example created, then admitted at once):
-    one line for a person to read and one write less per job; warnings stay on their own."""
-    normal = [e for e in events if e.type == "Normal"]
+    one line for a person to read and one write less per job; warnings stay on their own, and so
+    do events marked alone."""
+    normal = [e for e in events if e.type == "Normal" and not e.alone]
     if len(normal) < 2:
         return events
     joined = Event("Normal", normal[-1].reason, "; ".join(e.message for e in normal))
-    return [joined, *(e for e in events if e.type != "Normal")]
+    return [joined, *(e for e in events if e.type != "Normal" or e.alone)]
 
 
 @dataclass

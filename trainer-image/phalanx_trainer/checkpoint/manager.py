@@ -61,6 +61,7 @@ from phalanx_trainer.checkpoint.state import (
     StagingArea,
     apply_per_rank,
     apply_sharded,
+    checkpointed_optimizer,
     collect,
     fill_tensors,
     overlay_plain_values,
@@ -145,11 +146,16 @@ class CheckpointManager:
         layout: Mapping[str, Any] | None = None,
         writer_nice_increment: int = 10,
         replica_rank: int = 0,
+        written_with: Mapping[str, Any] | None = None,
     ) -> None:
         """`replica_rank`: this rank's index among the data-parallel ranks that hold the same model
         state (DDP and ZeRO-1 pass their data-parallel rank; sharded layouts pass 0). Only index 0
-        stages and writes that state; the others stage only what is theirs alone."""
+        stages and writes that state; the others stage only what is theirs alone.
+        `written_with`: JSON facts of the run (the trainer's global batch) kept in each manifest's
+        `extra`; a resume reads them back from `restored_from`, with the writer's world size."""
         self.config = config
+        self._written_with = dict(written_with or {})
+        self.restored_from: dict[str, Any] | None = None
         self.replica_rank = replica_rank
         self.io_threads = io_threads_per_rank(os.environ)
         self.process_group = process_group
@@ -209,6 +215,8 @@ class CheckpointManager:
             self.storage_bytes_per_second = self._probe_storage()
         if not self.config.resume:
             return None
+        optimizer = checkpointed_optimizer(app_state)
+        optimizer_was_fresh = optimizer is not None and not optimizer.state
         live, _ = collect(app_state)
         live_skeleton, live_tensors = split_tensors(live)
         unfinished = unfinished_newer_than(self.root, -1) if self.rank == 0 else []
@@ -250,9 +258,14 @@ class CheckpointManager:
                 f"start fresh. Move the damaged step-* folders away to start fresh (reasons logged above)"
             )
         if chosen is None:
+            if optimizer_was_fresh and optimizer is not None:
+                # collect() -> torch's get_state_dict created the optimizer's state with one zero-gradient
+                # step at lr 0; kept, it would count (AdamW's bias correction would start at step 2).
+                optimizer.state.clear()
             return None
         folder, manifest, small = chosen
         self._apply(folder, manifest, app_state, small, live_skeleton, live_tensors)
+        self.restored_from = {**manifest.extra, "world_size": manifest.world_size}
         self.last = CheckpointInfo(step=manifest.step, time=manifest.created, path=str(folder))
         metrics.LAST_STEP.set(manifest.step)
         metrics.LAST_TIME.set(_parse_time(manifest.created))
@@ -535,6 +548,7 @@ class CheckpointManager:
             created=_now_rfc3339(),
             files=tuple(sorted(entries, key=lambda entry: entry.path)),
             emergency=pending.emergency,
+            extra=self._written_with,
         )
         write_manifest(temporary, manifest)
         final = self.root / step_dir_name(pending.step)

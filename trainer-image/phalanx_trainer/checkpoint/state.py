@@ -45,6 +45,11 @@ def _module_and_optimizer(
     return model, optimizer if isinstance(optimizer, torch.optim.Optimizer) else None
 
 
+def checkpointed_optimizer(app_state: Mapping[str, Any]) -> torch.optim.Optimizer | None:
+    """The optimizer whose state DCP writes (under ZeRO-1, this rank's partition), if any."""
+    return _module_and_optimizer(app_state)[1]
+
+
 def _per_rank_view(app_state: Mapping[str, Any]) -> dict[str, Any]:
     """The entries saved per rank: everything but the model and optimizer that DCP covers."""
     module, optim = _module_and_optimizer(app_state)

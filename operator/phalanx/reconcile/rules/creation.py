@@ -7,13 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from phalanx.policy import bad_nodes
+from phalanx.policy import bad_nodes, elastic
 from phalanx.policy.node_loss import attempt_in_names
 from phalanx.providers import provider_for
 from phalanx.reconcile.conditions import get_condition, set_condition
 from phalanx.reconcile.observed import Observed
 from phalanx.reconcile.plan import REASON_CREATE_REFUSED, REASON_NAME_CONFLICT, Event, PlanBuilder, iso
 from phalanx.reconcile.rules import gang_timeout
+from phalanx.reconcile.rules.restart import restart_reason
 
 
 def apply(b: PlanBuilder, seen: Observed) -> bool:
@@ -22,7 +23,10 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
         return False
     if not provider_for(spec).admits_gangs:  # the pods are admitted as they are created
         status.setdefault("admittedTime", b.now_iso)
-    missing = [i for i in range(spec.replicas) if i not in current]
+    size = spec.replicas
+    if not current:  # the attempt's size is chosen before its first pod exists, then kept
+        size = _choose_size(b, seen)
+    missing = [i for i in range(size) if i not in current]
     if missing and gang_timeout.partly_created(b, seen):
         return True
     if missing:
@@ -35,13 +39,28 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
         avoid = {n for n in lingering_on if n} | set(bad_nodes.avoided(status.get("badNodes"), b.now))
         b.plan.avoid_nodes = sorted(avoid)
         if attempt == 0 or status.get("phase") not in ("Restarting",):
-            b.phase("Pending", "Created", f"created {spec.replicas} pod(s) for attempt {attempt}")
+            b.phase("Pending", "Created", f"created {size} pod(s) for attempt {attempt}")
         return True
     # Every pod of the attempt exists: recorded, and decided on by the next rules in the same pass.
     status["createdAttempt"] = attempt
     if any(x["type"] == "PodsCreated" for x in status["conditions"]):
         b.condition("PodsCreated", "True", "AllPodsCreated", f"all {spec.replicas} pod(s) exist")
     return False
+
+
+def _choose_size(b: PlanBuilder, seen: Observed) -> int:
+    """status.currentReplicas for the new attempt (spec.elastic: as the room allows, policy/elastic.py);
+    a change from the attempt before gets its Event, from -> to and why."""
+    written = seen.as_written
+    size = elastic.start_size(written, seen.room)
+    previous = b.status.get("currentReplicas")
+    if written.elastic is not None and isinstance(previous, int) and previous != size:
+        cause = elastic.size_cause(restart_reason(b), seen.room)
+        b.plan.events.append(
+            Event("Normal", elastic.REASON_RESIZED, elastic.resize_message(previous, size, cause))
+        )
+    b.status["currentReplicas"] = size
+    return size
 
 
 def name_conflict(job: dict[str, Any], status: dict[str, Any], taken: list[str], now: float) -> Event | None:

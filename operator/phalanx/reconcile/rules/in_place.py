@@ -25,12 +25,21 @@ from phalanx.policy.in_place import (
     kept_pods_status,
     plan_in_place,
 )
-from phalanx.policy.pod_outcome import OutcomeKind, VerdictKind
+from phalanx.policy.pod_outcome import (
+    REASON_CHECKPOINTED,
+    REASON_DEVICE_ERROR,
+    REASON_OOM,
+    OutcomeKind,
+    VerdictKind,
+)
 from phalanx.providers import provider_for
 from phalanx.reconcile.observed import Observed
 from phalanx.reconcile.plan import Event, PlanBuilder, parse_iso
 from phalanx.reconcile.rules.restart import restart_reason
 from phalanx.reconcile.rules.transitions import failure_budget_spent, new_attempt
+
+CASCADE_KINDS = (OutcomeKind.FAILED_PERMANENT, OutcomeKind.FAILED_RETRYABLE)
+CAUSES_OF_THEIR_OWN = (REASON_DEVICE_ERROR, REASON_OOM)
 
 
 def apply(b: PlanBuilder, seen: Observed) -> bool:
@@ -57,7 +66,7 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
     # A preempted rank checkpoints with its peers on SIGTERM (the agreed stop), so the kept ranks
     # stop at that checkpoint; after a crash there is no one to agree with: they stop now, and the
     # state comes from the newest checkpoint.
-    stop = STOP_NOW if failure else STOP_AT_CHECKPOINT
+    stop = STOP_AT_CHECKPOINT if all(_takes_part_in_checkpoint(seen, i) for i in decision.lost) else STOP_NOW
     b.status["inPlace"] = {"attempt": attempt, "keptPods": kept_pods_status(decision), "time": b.now_iso,
                            "stop": stop}  # fmt: skip
     lost = [seen.current[i] for i in decision.lost if i in seen.current]
@@ -95,6 +104,18 @@ def fallback(b: PlanBuilder, seen: Observed) -> bool:
     return True
 
 
+def _takes_part_in_checkpoint(seen: Observed, index: int) -> bool:
+    """The lost rank saved with its peers (exit 75), or is still saving: terminating with a grace
+    period. Otherwise (a crash, a SIGKILL, a forced deletion) it can agree on nothing."""
+    outcome = seen.outcomes[index]
+    if outcome.reason == REASON_CHECKPOINTED:
+        return True
+    pod = seen.current.get(index)
+    if outcome.kind is not OutcomeKind.PREEMPTED or pod is None or is_terminal(pod) or not is_deleting(pod):
+        return False
+    return int((pod.get("metadata") or {}).get("deletionGracePeriodSeconds") or 0) > 0
+
+
 def _kept_gone(b: PlanBuilder, seen: Observed) -> list[str]:
     """Kept pods no longer there (deleted, their node gone): creation must not quietly recreate them
     as if they were the lost ones."""
@@ -105,15 +126,21 @@ def _kept_gone(b: PlanBuilder, seen: Observed) -> list[str]:
 
 def _why_fall_back(b: PlanBuilder, seen: Observed) -> str | None:
     kept = {k.get("name") for k in (b.status.get("inPlace") or {}).get("keptPods") or []}
-    by_name = {p["metadata"]["name"]: p for p in seen.current.values()}
-    ended = [o for o in seen.outcomes if o.pod in kept and is_terminal(by_name[o.pod])]
+    # By outcome, not pod phase: a sidecar keeps a pod Running after its trainer exited.
+    ended = [
+        o for o in seen.outcomes if o.pod in kept and o.kind not in (OutcomeKind.RUNNING, OutcomeKind.PENDING)
+    ]
     # A kept rank that crashes before the attempt trains crashed because its peer went (a torchrun
     # agent giving up on the rendezvous, a worker stuck in a collective): the disruption's cascade,
     # as in a full restart (policy/pod_outcome.py), not a failure of its own. A genuine bug recurs in
-    # the full restart, with no disruption before it, and fails the job then. A kept pod preempted
-    # is a disruption of its own: preemption.py counts it.
-    crashed = [o for o in ended if o.kind in (OutcomeKind.FAILED_PERMANENT, OutcomeKind.FAILED_RETRYABLE)]
-    if crashed:
+    # the full restart, with no disruption before it, and fails the job then. What has a cause of
+    # its own (a device error, out of memory) is judged and counted by failure.py, and a kept pod
+    # preempted by preemption.py, as at any other time.
+    crashed = [o for o in ended if o.kind in CASCADE_KINDS and o.reason not in CAUSES_OF_THEIR_OWN]
+    if crashed and len(crashed) == len([o for o in ended if o.kind is not OutcomeKind.PREEMPTED]):
+        if any(o.kind is OutcomeKind.PREEMPTED for o in ended):
+            restarts = b.status["restarts"]
+            restarts["preemptions"] = restarts.get("preemptions", 0) + 1  # a disruption of its own
         return "; ".join(
             f"kept pod {o.pod} failed ({o.message}) before attempt {b.status['attempt']} trained its first "
             "step: a consequence of the disruption it was kept through"
@@ -128,7 +155,12 @@ def _why_fall_back(b: PlanBuilder, seen: Observed) -> str | None:
     since = parse_iso((b.status.get("inPlace") or {}).get("time"))
     if timeout <= 0 or since is None or seen.running >= seen.spec.replicas:
         return None
-    if b.now < since + timeout:
-        b.recheck(since + timeout - b.now)
+    # The replacement is created only once the lost pod has gone, which may take its grace period.
+    grace = seen.spec.run_policy.termination_grace_period_seconds
+    if b.now < since + grace + timeout:
+        b.recheck(since + grace + timeout - b.now)
         return None
-    return f"the replacement pod(s) did not run within spec.scheduling.gang.timeoutSeconds={timeout}"
+    return (
+        "the replacement pod(s) did not run within spec.runPolicy.terminationGracePeriodSeconds="
+        f"{grace} + spec.scheduling.gang.timeoutSeconds={timeout}"
+    )

@@ -1,0 +1,86 @@
+"""Elastic gangs (spec.elastic): what size each attempt runs at, and when a running gang grows (pure).
+
+The size is chosen once per attempt, when none of its pods exists yet, and kept in
+status.currentReplicas: every pod of the attempt is built for it (WORLD_SIZE, ranks), so it cannot
+change while they run. A new attempt takes the largest size up to spec.replicas (maxReplicas unless
+set) that fits the free room, at least minReplicas; the smallest gang is what waits when even that
+does not fit. That one rule covers both the start (one pod fits: start on one) and the shrink after a
+lost node (the room it held is gone: the next attempt is smaller instead of waiting for it).
+
+Growing takes a restart, and a restart throws away the steps since the last checkpoint, so a gang
+grows only once a checkpoint newer than its admission exists, and only into room that is free now
+and that no blocked gang holds reserved: the rule backfilling follows (gang/admission.py), so an
+elastic gang never preempts, nor delays the head of the queue, to grow. docs/elastic.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from phalanx.api.v1alpha1 import TrainingJobSpec
+
+REASON_RESIZE: Final = "Resize"  # the Restarting condition of a restart to grow
+REASON_RESIZED: Final = "Resized"  # the Event of every size change, from -> to
+# How often a gang below its size looks for room again: node and pod events of other jobs do not
+# enqueue it, and a checkpoint report alone does not either.
+GROW_RECHECK_SECONDS: Final = 5.0
+
+
+@dataclass(frozen=True)
+class Room:
+    """The cluster as the admission pass sees it, for one job's pod shape."""
+
+    pods: int  # more pods of this shape that fit now: free room, outside other gangs' reservations
+
+
+def start_size(spec: TrainingJobSpec, room: Room | None) -> int:
+    """The size of a new attempt, chosen before its first pod is created.
+
+    room None (the cluster not listed yet): minReplicas, the size admitted first; it grows later.
+    """
+    if spec.elastic is None:
+        return spec.replicas
+    smallest, largest = spec.elastic.min_replicas, spec.replicas
+    if room is None:
+        return smallest
+    return max(smallest, min(largest, room.pods))
+
+
+def checkpointed_since_admission(status: Mapping[str, Any]) -> bool:
+    """The trainer reported a checkpoint committed after the current attempt was admitted: a restart
+    now loses only the steps since then."""
+    checkpoint = (status.get("lastCheckpoint") or {}).get("time")
+    admitted = status.get("admittedTime")
+    if not checkpoint or not admitted:
+        return False
+    # To the second: the trainer writes milliseconds, the operator whole seconds (both UTC, "Z").
+    return str(checkpoint)[:19] >= str(admitted)[:19]
+
+
+def grow_size(
+    spec: TrainingJobSpec, current: int, room: Room | None, status: Mapping[str, Any]
+) -> int | None:
+    """The size to restart a running elastic gang at to grow, or None to keep running as it is.
+
+    room.pods counts pods that fit besides the ones the gang holds (those stay counted as used).
+    """
+    if spec.elastic is None or current >= spec.replicas or room is None:
+        return None
+    if room.pods < 1 or not checkpointed_since_admission(status):
+        return None
+    return min(spec.replicas, current + room.pods)
+
+
+def resize_message(old: int, new: int, cause: str) -> str:
+    """The Event of a size change: from -> to, and why."""
+    verb = "grows" if new > old else "shrinks"
+    return f"gang {verb} from {old} to {new} pod(s): {cause}"
+
+
+def size_cause(restart_reason: str, room: Room | None) -> str:
+    """Why a new attempt got the size it did (for the Event of a change)."""
+    if room is None:
+        return f"after {restart_reason}; the cluster is not listed yet, starting at minReplicas"
+    return f"after {restart_reason}; room for {room.pods} pod(s) now"

@@ -1,0 +1,115 @@
+"""Elastic gangs (spec.elastic, docs/elastic.md) on the dev cluster: a job with minReplicas 1 and
+maxReplicas 2 starts on the one node that has room, grows to 2 once a second node appears and a
+checkpoint is reported, and shrinks back to 1 when a node is lost and nothing can replace it.
+
+One 8-GPU pod per node, on nodes only this test uses. No trainer runs on kwok, so the checkpoint is
+written into status.lastCheckpoint the way the operator's progress poller would copy it in.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+from typing import Any
+
+import pytest
+
+from tests.conftest import Cluster, OperatorProcess, silence_node, wait_for
+from tests.integration.test_gang import NODE_LOST_AFTER_SECONDS, NODE_MONITOR_GRACE_SECONDS, pods_in
+from tests.jobs import job_status, training_job, wait_phase
+
+pytestmark = pytest.mark.integration
+
+ELASTIC = {"minReplicas": 1, "maxReplicas": 2}
+
+
+def attempt_pods(cluster: Cluster, ns: str, job: str, attempt: int) -> list[dict[str, Any]]:
+    return [
+        p for p in pods_in(cluster, ns, job) if p["metadata"]["labels"]["phalanx.dev/attempt"] == str(attempt)
+    ]
+
+
+def world_size(pod: dict[str, Any]) -> str:
+    """WORLD_SIZE in the trainer's environment: pods x 8 processes (one per GPU)."""
+    trainer = next(c for c in pod["spec"]["containers"] if c["name"] == "trainer")
+    return str(next(e["value"] for e in trainer["env"] if e["name"] == "WORLD_SIZE"))
+
+
+def running_at(cluster: Cluster, ns: str, job: str, attempt: int, size: int) -> dict[str, Any]:
+    """The status once `attempt` runs with `size` pods, all Running."""
+    status: dict[str, Any] = job_status(cluster, ns, job)
+    if status.get("attempt") != attempt or status.get("phase") != "Running":
+        return {}
+    if status.get("currentReplicas") != size:
+        return {}
+    pods = attempt_pods(cluster, ns, job, attempt)
+    return status if len(pods) == size and all(p["status"].get("phase") == "Running" for p in pods) else {}
+
+
+def events_with(cluster: Cluster, ns: str, job: str, reason: str) -> list[str]:
+    items = cluster.get_json("events", "-n", ns, "--field-selector", f"involvedObject.name={job}")["items"]
+    return [str(e["message"]) for e in items if e["reason"] == reason]
+
+
+def report_checkpoint(cluster: Cluster, ns: str, job: str, step: int) -> None:
+    """What the progress poller copies in from rank 0's /progress: a checkpoint committed now."""
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    patch = {"status": {"lastCheckpoint": {"step": step, "time": now}}}
+    cluster.kubectl(
+        "patch", "tj", job, "-n", ns, "--subresource=status", "--type=merge", "-p", json.dumps(patch)
+    )
+
+
+def test_an_elastic_job_starts_at_what_fits_grows_at_a_checkpoint_and_shrinks_on_node_loss(
+    cluster: Cluster, namespace: str, operator: OperatorProcess, private_nodes: Any
+) -> None:
+    (first,) = private_nodes.add(1, gpus=8, prefix="el")
+    job = training_job("stretchy", gpus=8, placement=private_nodes.placement(), terminate_after="1s",
+                       elastic=ELASTIC)  # fmt: skip
+    del job["spec"]["replicas"]  # derived: maxReplicas
+    cluster.apply(job, namespace)
+
+    # 1. Only one pod fits: the job starts on one instead of waiting for two.
+    status = wait_for(
+        lambda: running_at(cluster, namespace, "stretchy", 0, 1), timeout=45, what="running on 1"
+    )
+    (only,) = attempt_pods(cluster, namespace, "stretchy", 0)
+    assert only["spec"]["nodeName"] == first and world_size(only) == "8"
+
+    # 2. Room appears. Without a checkpoint since admission the gang keeps running as it is...
+    (second,) = private_nodes.add(1, gpus=8, prefix="el2")
+    assert wait_for_nothing(cluster, namespace, "stretchy", seconds=8)
+    # ... and grows at the next checkpoint: a full gang restart at 2, reason Resize.
+    report_checkpoint(cluster, namespace, "stretchy", step=20)
+    status = wait_for(lambda: running_at(cluster, namespace, "stretchy", 1, 2), timeout=45, what="grown to 2")
+    assert status["restarts"]["resizes"] == 1
+    assert status["restarts"]["failures"] == 0 and status["restarts"]["preemptions"] == 0
+    grown = attempt_pods(cluster, namespace, "stretchy", 1)
+    assert {p["spec"]["nodeName"] for p in grown} == {first, second}
+    assert {world_size(p) for p in grown} == {"16"}
+    assert any("growing from 1 towards 2" in m for m in events_with(cluster, namespace, "stretchy", "Resize"))
+    assert any("grows from 1 to 2" in m for m in events_with(cluster, namespace, "stretchy", "Resized"))
+
+    # 3. A node is lost (its kubelet stops heartbeating) and no other has room: the job shrinks to 1
+    # on the node that is left instead of waiting for the lost one.
+    silence_node(cluster, second)
+    bound = NODE_MONITOR_GRACE_SECONDS + NODE_LOST_AFTER_SECONDS + 40
+    status = wait_for(lambda: running_at(cluster, namespace, "stretchy", 2, 1), timeout=bound,
+                      what="shrunk to 1")  # fmt: skip
+    assert status["restarts"]["preemptions"] == 1 and status["restarts"]["failures"] == 0
+    (left,) = attempt_pods(cluster, namespace, "stretchy", 2)
+    assert left["spec"]["nodeName"] == first and world_size(left) == "8"
+    shrunk = events_with(cluster, namespace, "stretchy", "Resized")
+    assert any("shrinks from 2 to 1" in m for m in shrunk), shrunk
+    wait_phase(cluster, namespace, "stretchy", "Running")
+
+
+def wait_for_nothing(cluster: Cluster, ns: str, job: str, seconds: float) -> bool:
+    """True when the job stays at attempt 0 for `seconds` (longer than its 5 s look for room)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if job_status(cluster, ns, job).get("attempt") != 0:
+            return False
+        time.sleep(0.5)
+    return True

@@ -1,0 +1,91 @@
+"""policy/elastic.py: the size of each attempt of an elastic gang, and when a running one grows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from phalanx.api.schema import parse
+from phalanx.api.v1alpha1 import TrainingJobSpec
+from phalanx.pod_facts import attempt_replicas, attempt_spec
+from phalanx.policy.elastic import (
+    Room,
+    checkpointed_since_admission,
+    grow_size,
+    resize_message,
+    start_size,
+)
+
+pytestmark = pytest.mark.unit
+
+TEMPLATE = {"spec": {"containers": [{"name": "trainer"}]}}
+ADMITTED = {"admittedTime": "2027-01-15T08:00:00Z"}
+CHECKPOINT_AFTER = {**ADMITTED, "lastCheckpoint": {"step": 20, "time": "2027-01-15T08:05:00.250Z"}}
+
+
+def spec(**fields: Any) -> TrainingJobSpec:
+    return parse(TrainingJobSpec, {"template": TEMPLATE, **fields})
+
+
+def elastic(low: int, high: int, **fields: Any) -> TrainingJobSpec:
+    return spec(elastic={"minReplicas": low, "maxReplicas": high}, **fields)
+
+
+def test_replicas_left_out_is_max_replicas_with_elastic_and_one_without() -> None:
+    assert elastic(1, 4).replicas == 4
+    assert spec().replicas == 1
+    assert elastic(1, 4, replicas=3).replicas == 3
+
+
+def test_a_new_attempt_takes_the_largest_size_that_fits_within_the_range() -> None:
+    assert start_size(elastic(1, 4), Room(pods=3)) == 3
+    assert start_size(elastic(1, 4), Room(pods=9)) == 4
+    assert start_size(elastic(1, 4, replicas=2), Room(pods=9)) == 2
+
+
+def test_when_not_even_min_fits_the_attempt_waits_at_min() -> None:
+    assert start_size(elastic(2, 4), Room(pods=1)) == 2
+    assert start_size(elastic(2, 4), Room(pods=0)) == 2
+
+
+def test_with_the_cluster_not_known_yet_an_attempt_starts_at_min() -> None:
+    assert start_size(elastic(1, 4), None) == 1
+
+
+def test_a_fixed_size_job_is_never_resized() -> None:
+    fixed = spec(replicas=3)
+    assert start_size(fixed, Room(pods=1)) == 3
+    assert attempt_replicas(fixed, {"currentReplicas": 1}) == 3
+    assert grow_size(fixed, 1, Room(pods=5), CHECKPOINT_AFTER) is None
+
+
+def test_the_attempt_runs_at_status_current_replicas_kept_within_range() -> None:
+    assert attempt_replicas(elastic(1, 4), {"currentReplicas": 2}) == 2
+    assert attempt_replicas(elastic(2, 4), {"currentReplicas": 1}) == 2  # min raised while suspended
+    assert attempt_replicas(elastic(1, 4), {}) == 4
+    sized = attempt_spec(elastic(1, 4, procsPerReplica=2), {"currentReplicas": 2})
+    assert sized.replicas == 2 and sized.world_size == 4
+
+
+def test_a_gang_grows_into_free_room_after_a_checkpoint_since_its_admission() -> None:
+    assert grow_size(elastic(1, 4), 1, Room(pods=2), CHECKPOINT_AFTER) == 3
+    assert grow_size(elastic(1, 4), 3, Room(pods=5), CHECKPOINT_AFTER) == 4
+
+
+def test_no_growth_without_a_checkpoint_since_admission() -> None:
+    before = {**ADMITTED, "lastCheckpoint": {"step": 10, "time": "2027-01-15T07:59:59.900Z"}}
+    assert grow_size(elastic(1, 4), 1, Room(pods=3), before) is None
+    assert grow_size(elastic(1, 4), 1, Room(pods=3), ADMITTED) is None
+    assert checkpointed_since_admission(CHECKPOINT_AFTER)
+
+
+def test_no_growth_without_room_or_at_full_size() -> None:
+    assert grow_size(elastic(1, 4), 1, Room(pods=0), CHECKPOINT_AFTER) is None
+    assert grow_size(elastic(1, 4), 4, Room(pods=3), CHECKPOINT_AFTER) is None
+    assert grow_size(elastic(1, 4), 1, None, CHECKPOINT_AFTER) is None
+
+
+def test_the_resize_message_says_from_and_to() -> None:
+    assert resize_message(2, 1, "after NodeLost") == "gang shrinks from 2 to 1 pod(s): after NodeLost"
+    assert resize_message(1, 2, "after Resize") == "gang grows from 1 to 2 pod(s): after Resize"

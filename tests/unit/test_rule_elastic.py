@@ -1,0 +1,102 @@
+"""rules/elastic.py and the sizing in rules/creation.py: an elastic gang starts at the size that
+fits, grows at a checkpoint with reason Resize, and a new attempt after a loss shrinks to the room."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from phalanx.policy.elastic import Room
+from phalanx.reconcile.lifecycle import decide
+from tests.unit.lifecycle_fixtures import NODES, NOW, RUNNING, job, pod
+
+pytestmark = pytest.mark.unit
+
+ELASTIC = {"elastic": {"minReplicas": 1, "maxReplicas": 2}}
+
+
+def elastic_job(status: dict[str, Any] | None = None) -> dict[str, Any]:
+    j = job(status, **ELASTIC)
+    del j["spec"]["replicas"]  # derived: maxReplicas
+    return j
+
+
+def checkpointed(status: dict[str, Any], seconds_after_admission: float = 30) -> dict[str, Any]:
+    from phalanx.reconcile.plan import iso
+
+    return {**status, "lastCheckpoint": {"step": 40, "time": iso(NOW - 60 + seconds_after_admission)}}
+
+
+def test_the_first_attempt_is_created_at_the_size_that_fits() -> None:
+    plan = decide(elastic_job(), [], NODES, NOW, room=Room(pods=1))
+    assert plan.create_indices == [0]
+    assert plan.status["currentReplicas"] == 1
+
+
+def test_with_room_for_all_the_first_attempt_is_created_whole() -> None:
+    plan = decide(elastic_job(), [], NODES, NOW, room=Room(pods=5))
+    assert plan.create_indices == [0, 1] and plan.status["currentReplicas"] == 2
+
+
+def test_a_fixed_size_job_records_its_size_too() -> None:
+    plan = decide(job(), [], NODES, NOW)
+    assert plan.create_indices == [0, 1] and plan.status["currentReplicas"] == 2
+
+
+def test_a_gang_of_one_running_whole_is_running() -> None:
+    status = {**RUNNING, "currentReplicas": 1}
+    plan = decide(elastic_job(status), [pod(0)], NODES, NOW, room=Room(pods=0))
+    assert plan.status["phase"] == "Running" and not plan.delete_pods
+    assert plan.recheck_after is not None  # it looks for room again
+
+
+def test_room_and_a_checkpoint_since_admission_restart_the_gang_with_reason_resize() -> None:
+    status = checkpointed({**RUNNING, "currentReplicas": 1})
+    plan = decide(elastic_job(status), [pod(0)], NODES, NOW, room=Room(pods=1))
+    assert plan.status["phase"] == "Restarting" and plan.status["attempt"] == 1
+    assert plan.status["restarts"]["resizes"] == 1
+    assert plan.status["restarts"]["failures"] == 0 and plan.status["restarts"]["preemptions"] == 0
+    restarting = next(c for c in plan.status["conditions"] if c["type"] == "Restarting")
+    assert restarting["reason"] == "Resize" and "growing from 1 towards 2" in restarting["message"]
+    assert plan.delete_pods == ["j-worker-0"]
+
+
+def test_room_without_a_checkpoint_since_admission_waits_for_one() -> None:
+    status = checkpointed({**RUNNING, "currentReplicas": 1}, seconds_after_admission=-10)
+    plan = decide(elastic_job(status), [pod(0)], NODES, NOW, room=Room(pods=1))
+    assert plan.status["phase"] == "Running" and not plan.delete_pods
+
+
+def test_the_attempt_after_a_resize_restart_is_created_at_the_new_size_with_an_event() -> None:
+    status = {"attempt": 1, "phase": "Restarting", "currentReplicas": 1, "restarts": {"resizes": 1},
+              "conditions": [{"type": "Restarting", "status": "True", "reason": "Resize", "message": ""}]}  # fmt: skip
+    plan = decide(elastic_job(status), [], NODES, NOW, room=Room(pods=2))
+    assert plan.create_indices == [0, 1] and plan.status["currentReplicas"] == 2
+    resized = [e for e in plan.events if e.reason == "Resized"]
+    assert resized and "from 1 to 2" in resized[0].message and "Resize" in resized[0].message
+
+
+def test_after_a_loss_with_room_for_one_the_next_attempt_shrinks_instead_of_waiting() -> None:
+    status = {"attempt": 1, "phase": "Restarting", "currentReplicas": 2,
+              "conditions": [{"type": "Restarting", "status": "True", "reason": "NodeLost", "message": ""}]}  # fmt: skip
+    plan = decide(elastic_job(status), [], NODES, NOW, room=Room(pods=1))
+    assert plan.create_indices == [0] and plan.status["currentReplicas"] == 1
+    resized = [e for e in plan.events if e.reason == "Resized"]
+    assert resized and "shrinks from 2 to 1" in resized[0].message and "NodeLost" in resized[0].message
+
+
+def test_the_size_is_kept_while_the_attempt_has_pods() -> None:
+    # Half created (index 0 exists) at size 2: the missing pod is created, the size is not re-chosen.
+    status = {"attempt": 0, "currentReplicas": 2}
+    plan = decide(elastic_job(status), [pod(0, phase="Pending")], NODES, NOW, room=Room(pods=0))
+    assert plan.create_indices == [1] and plan.status["currentReplicas"] == 2
+
+
+def test_a_gang_whose_ranks_are_finishing_does_not_grow() -> None:
+    # From the review: rank 1 exited 0 while rank 0 is in its final save; a grow would kill the save
+    # and rerun the end of the job from the checkpoint.
+    j = job(checkpointed({**RUNNING, "currentReplicas": 2}), elastic={"minReplicas": 1, "maxReplicas": 3})
+    del j["spec"]["replicas"]
+    plan = decide(j, [pod(0), pod(1, phase="Succeeded", exit_code=0)], NODES, NOW, room=Room(pods=1))
+    assert plan.status["attempt"] == 0 and not plan.delete_pods, plan.status.get("message")

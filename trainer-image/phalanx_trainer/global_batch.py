@@ -1,0 +1,136 @@
+"""The global batch policy: how many sequences one optimizer step trains on, whatever the world size.
+
+With `data.global_batch_size = G` (sequences per optimizer step) the gradient-accumulation steps are
+derived for the data-parallel size `dp` of this launch, so an elastic resize keeps the loss trajectory
+comparable: G / (batch_size x dp) when it divides; else, with `data.adjust_batch_size`, the fewest
+accumulation steps whose per-rank micro-batch (G / dp / steps) fits under `batch_size`; else a
+`GlobalBatchError` that names the fields and the data-parallel sizes that work.
+
+Pure: no torch. `config.validate` and the trainer ask the same function, so they agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# How many working world sizes an error lists: enough to pick one, short enough to read.
+LISTED_SIZES = 8
+
+
+class GlobalBatchError(ValueError):
+    """The global batch cannot be split over this launch; the message names the fix."""
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    micro_batch_size: int  # sequences per micro-batch per data-parallel rank
+    grad_accumulation_steps: int
+    dp: int
+    global_batch_size: int  # micro_batch_size x dp x grad_accumulation_steps, always
+    derived: bool  # from data.global_batch_size (false: the configured values, as given)
+    adjusted: bool  # the micro-batch is below data.batch_size to make the global batch divide
+
+    def as_json(self) -> dict[str, int | bool]:
+        return {
+            "global_batch_size": self.global_batch_size,
+            "micro_batch_size": self.micro_batch_size,
+            "grad_accumulation_steps": self.grad_accumulation_steps,
+            "global_batch_derived": self.derived,
+            "micro_batch_adjusted": self.adjusted,
+        }
+
+
+def _split(
+    global_batch: int, batch_size: int, dp: int, pp_microbatches: int, adjust: bool
+) -> tuple[int, int] | None:
+    """(micro-batch, accumulation steps) for this dp, or None when nothing allowed divides."""
+    if global_batch % dp:
+        return None
+    per_rank = global_batch // dp
+    if per_rank % batch_size == 0:
+        return batch_size, per_rank // batch_size
+    if not adjust:
+        return None
+    # Fewest accumulation steps: the largest micro-batch that fits, so throughput suffers least.
+    for steps in range(1, per_rank + 1):
+        if per_rank % steps:
+            continue
+        micro = per_rank // steps
+        if micro <= batch_size and micro % pp_microbatches == 0:
+            return micro, steps
+    return None
+
+
+def plan_batch(
+    *,
+    global_batch_size: int,
+    batch_size: int,
+    grad_accumulation_steps: int,
+    dp: int,
+    model_parallel: int = 1,
+    pp_microbatches: int = 1,
+    adjust_batch_size: bool = False,
+) -> BatchPlan:
+    """The batch split for `dp` data-parallel ranks; `model_parallel` (tp x pp) only for messages.
+
+    `pp_microbatches` is 1 without pipeline parallelism: with it, each micro-batch is cut into that
+    many pipeline micro-batches, so an adjusted micro-batch must stay divisible by it.
+    """
+    if global_batch_size <= 0:
+        return BatchPlan(
+            micro_batch_size=batch_size,
+            grad_accumulation_steps=grad_accumulation_steps,
+            dp=dp,
+            global_batch_size=batch_size * dp * grad_accumulation_steps,
+            derived=False,
+            adjusted=False,
+        )
+    split = _split(global_batch_size, batch_size, dp, pp_microbatches, adjust_batch_size)
+    if split is None:
+        raise GlobalBatchError(
+            _no_split_message(
+                global_batch_size, batch_size, dp, model_parallel, pp_microbatches, adjust_batch_size
+            )
+        )
+    micro, steps = split
+    return BatchPlan(
+        micro_batch_size=micro,
+        grad_accumulation_steps=steps,
+        dp=dp,
+        global_batch_size=global_batch_size,
+        derived=True,
+        adjusted=micro != batch_size,
+    )
+
+
+def working_dp_sizes(
+    global_batch: int, batch_size: int, pp_microbatches: int, adjust: bool, limit: int = LISTED_SIZES
+) -> list[int]:
+    """The first `limit` data-parallel sizes that split `global_batch` under these settings."""
+    found: list[int] = []
+    for dp in range(1, global_batch + 1):
+        if _split(global_batch, batch_size, dp, pp_microbatches, adjust) is not None:
+            found.append(dp)
+            if len(found) == limit:
+                break
+    return found
+
+
+def _no_split_message(
+    global_batch: int, batch_size: int, dp: int, model_parallel: int, pp_microbatches: int, adjust: bool
+) -> str:
+    world = dp * model_parallel
+    sizes = working_dp_sizes(global_batch, batch_size, pp_microbatches, adjust)
+    worlds = ", ".join(str(size * model_parallel) for size in sizes) or "none"
+    where = f"world size {world}" + (f" / (tp x pp = {model_parallel})" if model_parallel > 1 else "")
+    fixes = [f"run at a world size that works ({worlds})"]
+    if not adjust:
+        fixes.append("set data.adjust_batch_size = true to let the per-rank micro-batch shrink")
+    fixes.append(f"or set data.global_batch_size to a multiple of data.batch_size x dp = {batch_size * dp}")
+    return (
+        f"data.global_batch_size = {global_batch} cannot be split over dp = {dp} data-parallel ranks "
+        f"({where}) in micro-batches of data.batch_size = {batch_size}"
+        + (f" divisible by parallelism.pp_microbatches = {pp_microbatches}" if pp_microbatches > 1 else "")
+        + ": "
+        + "; ".join(fixes)
+    )
