@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import time
 import uuid
@@ -20,6 +21,14 @@ from typing import Any
 import pytest
 
 from phalanx.devcluster.cluster import LocalCluster, default_state_dir
+from phalanx.devcluster.kueue import (
+    KueueError,
+    KueueState,
+    kueue_state,
+    resolve_kueue_dir,
+    start_kueue,
+    stop_kueue,
+)
 from phalanx.devcluster.nodes import DEFAULT_POOLS, NodePool, node_manifests
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -424,3 +433,25 @@ def _node_ready_or_missing(cluster: Cluster, name: str) -> bool:
     return any(
         c["type"] == "Ready" and c["status"] == "True" for c in node.get("status", {}).get("conditions", [])
     )
+
+
+# -- Kueue (sigs.k8s.io/kueue, hack/kueue-bin.sh) beside the local control plane -----------------
+
+
+@pytest.fixture(scope="module")
+def kueue(cluster: Cluster) -> Iterator[KueueState]:
+    """Kueue on the session's cluster for this module (tests/integration/test_kueue_*.py, tests/e2e/test_kueue_e2e.py);
+    unregistered afterwards so later tests see none."""
+    try:
+        resolve_kueue_dir()
+    except KueueError as exc:
+        if shutil.which("go") is None:
+            pytest.skip(f"Kueue is not built and go is missing to build it: {exc}")
+        pytest.fail(str(exc))
+    already = kueue_state(cluster.local)  # `phalanx dev up --kueue` with PHALANX_TEST_KUBECONFIG
+    state = already or start_kueue(cluster.local)
+    try:
+        yield state
+    finally:
+        if already is None:
+            stop_kueue(cluster.local, unregister=True)

@@ -24,6 +24,16 @@ LABEL_ATTEMPT: Final = f"{GROUP}/attempt"
 LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 MANAGED_BY: Final = "phalanx"
 GANG_SCHEDULING_GATE: Final = f"{GROUP}/gang"
+# spec.managedBy: unset or this and this operator runs the job; any other value (MultiKueue's, say)
+# and it leaves the job alone (docs/kueue.md).
+CONTROLLER_NAME: Final = f"{GROUP}/operator"
+# Kueue (docs/kueue.md): a job with this label is admitted by Kueue, through a Workload the operator
+# owns, instead of the built-in gang admission.
+KUEUE_QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
+KUEUE_GROUP: Final = "kueue.x-k8s.io"
+KUEUE_VERSION: Final = "v1beta2"  # what Kueue v0.17 stores
+KUEUE_API_VERSION: Final = f"{KUEUE_GROUP}/{KUEUE_VERSION}"
+KUEUE_PODSET: Final = "workers"  # the Workload's one pod set: the whole gang
 # On a pod whose trainer is a resident launcher (restartStrategy InPlace): the operator's pod
 # stores keep metadata, not the container env, so this is what says a pod can restart in place.
 ANNOTATION_RESIDENT_LAUNCHER: Final = f"{GROUP}/resident-launcher"

@@ -375,6 +375,62 @@ class KubeApi:
                 raise
             return None
 
+    # -- Kueue (controller/kueue_workloads.py); the Workload itself is created with create_if_absent ---
+    def get_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The Workload; None when absent (or when Kueue's API is not served at all)."""
+        try:
+            workload: dict[str, Any] = self._json(self.custom.get_namespaced_custom_object(
+                c.KUEUE_GROUP, c.KUEUE_VERSION, namespace, "workloads", name, _preload_content=False
+            ))  # fmt: skip
+            return workload
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def patch_workload(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any] | None:
+        """Merge-patches the Workload (its spec.active); None when it is gone."""
+        try:
+            workload: dict[str, Any] = self._json(self.custom.patch_namespaced_custom_object(
+                c.KUEUE_GROUP, c.KUEUE_VERSION, namespace, "workloads", name, patch,
+                _content_type="application/merge-patch+json", _preload_content=False,
+            ))  # fmt: skip
+            return workload
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def patch_workload_status(
+        self, namespace: str, name: str, status: dict[str, Any], resource_version: str
+    ) -> dict[str, Any] | None:
+        """Merge-patches the Workload's status if it is still `resource_version` (Kueue writes it
+        too): returns it as stored, None when it is gone, StatusConflict when it changed."""
+        body = {"metadata": {"resourceVersion": resource_version}, "status": status}
+        try:
+            workload: dict[str, Any] = self._json(self.custom.patch_namespaced_custom_object_status(
+                c.KUEUE_GROUP, c.KUEUE_VERSION, namespace, "workloads", name, body,
+                _content_type="application/merge-patch+json", _preload_content=False,
+            ))  # fmt: skip
+            return workload
+        except ApiException as exc:
+            if exc.status == 409:
+                raise StatusConflict(f"Workload {namespace}/{name} changed since {resource_version}") from exc
+            if exc.status == 404:
+                return None
+            raise
+
+    def get_resource_flavor(self, name: str) -> dict[str, Any] | None:
+        try:
+            flavor: dict[str, Any] = self._json(self.custom.get_cluster_custom_object(
+                c.KUEUE_GROUP, c.KUEUE_VERSION, "resourceflavors", name, _preload_content=False
+            ))  # fmt: skip
+            return flavor
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
     def create_event(self, job: dict[str, Any], type_: str, reason: str, message: str, now_iso: str) -> None:
         meta = job["metadata"]
         body = {

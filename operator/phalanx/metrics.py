@@ -71,7 +71,9 @@ JOB_RESTARTS: Final = Counter(
 )
 ADMISSION_WAIT: Final = Histogram(
     "phalanx_admission_wait_seconds",
-    "Time from a gang asking for admission to all its pods being admitted.",
+    "Time from a gang asking for admission to all its pods being admitted, by admitter (Builtin or "
+    "Kueue) and Kueue ClusterQueue (empty for Builtin).",
+    ["admitted_by", "cluster_queue"],
     buckets=ADMISSION_WAIT_BUCKETS,
     registry=REGISTRY,
 )
@@ -314,8 +316,18 @@ def observe_admission_wait_started(namespace: str, name: str, started_at: float)
 
 def observe_gang_admitted(namespace: str, name: str, waited_seconds: float) -> None:
     """The whole gang was admitted after `waited_seconds`."""
-    ADMISSION_WAIT.observe(max(0.0, waited_seconds))
+    ADMISSION_WAIT.labels(admitted_by="Builtin", cluster_queue="").observe(max(0.0, waited_seconds))
     GANG_ADMISSIONS.inc()
+
+    def clear_waiting(state: _JobState) -> None:
+        state.waiting_since = None
+
+    _JOBS.update(namespace, name, clear_waiting)
+
+
+def observe_kueue_admitted(namespace: str, name: str, cluster_queue: str, waited_seconds: float) -> None:
+    """Kueue admitted the job's Workload from `cluster_queue` after `waited_seconds` in its queue."""
+    ADMISSION_WAIT.labels(admitted_by="Kueue", cluster_queue=cluster_queue).observe(max(0.0, waited_seconds))
 
     def clear_waiting(state: _JobState) -> None:
         state.waiting_since = None
@@ -433,6 +445,10 @@ def observe_status(namespace: str, name: str, old: Mapping[str, Any], new: Mappi
                                ("resizes", "resize")):  # fmt: skip
         if new_restarts.get(field_name, 0) > (old_restarts.get(field_name) or 0):
             observe_restart(namespace, name, reason)  # type: ignore[arg-type]
+    admission = new.get("admission") or {}
+    if admission.get("by") == "Kueue" and admission != (old.get("admission") or {}):
+        waited = float(admission.get("waitedSeconds") or 0)
+        observe_kueue_admitted(namespace, name, str(admission.get("clusterQueue") or ""), waited)
     if isinstance(new.get("currentReplicas"), int):
         observe_replicas(namespace, name, old.get("currentReplicas"), new["currentReplicas"])
     if (new.get("gangTimeouts") or 0) > (old.get("gangTimeouts") or 0):

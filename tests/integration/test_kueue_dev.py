@@ -9,7 +9,6 @@ pending with Kueue's reason until the first has finished; a plain pod group is a
 from __future__ import annotations
 
 import json
-import shutil
 import time
 import uuid
 from collections.abc import Iterator
@@ -19,12 +18,7 @@ import pytest
 
 from phalanx.devcluster.kueue import (
     QUEUE_NAME_LABEL,
-    KueueError,
     KueueState,
-    kueue_state,
-    resolve_kueue_dir,
-    start_kueue,
-    stop_kueue,
 )
 from tests.conftest import Cluster, wait_for
 
@@ -33,24 +27,6 @@ pytestmark = pytest.mark.integration
 # kwok-stages.yaml: a pod finishes this long after it runs / is removed this long after its deletion.
 SIM_RUN_FOR = "phalanx.dev/sim-run-for"
 SIM_TERMINATE_AFTER = "phalanx.dev/sim-terminate-after"
-
-
-@pytest.fixture(scope="module")
-def kueue(cluster: Cluster) -> Iterator[KueueState]:
-    """Kueue on the session's cluster for this module; unregistered afterwards so later tests see none."""
-    try:
-        resolve_kueue_dir()
-    except KueueError as exc:
-        if shutil.which("go") is None:
-            pytest.skip(f"Kueue is not built and go is missing to build it: {exc}")
-        pytest.fail(str(exc))
-    already = kueue_state(cluster.local)  # `phalanx dev up --kueue` with PHALANX_TEST_KUBECONFIG
-    state = already or start_kueue(cluster.local)
-    try:
-        yield state
-    finally:
-        if already is None:
-            stop_kueue(cluster.local, unregister=True)
 
 
 @pytest.fixture

@@ -370,8 +370,15 @@ def test_namespaced_install_watches_only_the_listed_namespaces() -> None:
         assert binding["subjects"][0]["namespace"] == "phalanx-system"
     (cluster_role,) = of_kind(docs, "ClusterRole")
     cluster_resources = {resource for rule in cluster_role["rules"] for resource in rule["resources"]}
-    # pods: read-only everywhere, since gang admission counts every pod on a node.
-    assert cluster_resources == {"nodes", "priorityclasses", "customresourcedefinitions", "pods"}
+    # pods: read-only everywhere, since gang admission counts every pod on a node; resourceflavors:
+    # Kueue's are cluster-scoped (their node labels and tolerations go on a Kueue-admitted gang).
+    assert cluster_resources == {
+        "nodes",
+        "priorityclasses",
+        "customresourcedefinitions",
+        "pods",
+        "resourceflavors",
+    }
     for rule in cluster_role["rules"]:
         assert set(rule["verbs"]) <= {"get", "list", "watch"}, rule
 

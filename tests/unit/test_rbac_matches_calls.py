@@ -26,6 +26,7 @@ from phalanx.api.schema import parse
 from phalanx.api.v1alpha1 import TrainingJobSpec
 from phalanx.builders.podgroups import build_podgroup
 from phalanx.builders.pods import JobRef, admitted_pod, build_headless_service, build_worker_pod
+from phalanx.kueue.workload import build_workload
 from tests.unit.test_chart import NAMESPACED_WATCH, of_kind, rendered
 
 pytestmark = pytest.mark.unit
@@ -138,6 +139,8 @@ def created_manifests() -> list[dict[str, Any]]:
         podgroup = build_podgroup(JOB, spec)
         if podgroup is not None:
             manifests.append(podgroup)
+    # A job in a Kueue queue: its Workload (controller/kueue_workloads.py).
+    manifests.append(build_workload(JOB_BODY, "lq", 2, manifests[0], None))
     return manifests
 
 
@@ -168,6 +171,14 @@ KUBE_API_CALLS: dict[str, Callable[[k8s.KubeApi, str | None], Iterable[Any]]] = 
     "admit_pod": lambda api, _: [
         api.admit_pod(JOB.namespace, "gpt-worker-0", admitted_pod(created_manifests()[0], "node-1")["spec"])
     ],
+    "get_workload": lambda api, _: [api.get_workload(JOB.namespace, "trainingjob-gpt-abcde")],
+    "patch_workload_status": lambda api, _: [
+        api.patch_workload_status(JOB.namespace, "trainingjob-gpt-abcde", {"conditions": []}, "7")
+    ],
+    "patch_workload": lambda api, _: [
+        api.patch_workload(JOB.namespace, "trainingjob-gpt-abcde", {"spec": {"active": False}})
+    ],
+    "get_resource_flavor": lambda api, _: [api.get_resource_flavor("h100")],
     "create_event": lambda api, _: [
         api.create_event(JOB_BODY, "Normal", "Created", "m", "2026-01-01T00:00:00Z")
     ],

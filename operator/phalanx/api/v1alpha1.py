@@ -457,6 +457,13 @@ class TrainingJobSpec:
             reason="FieldValueInvalid",
         ),
         *_IMMUTABLE_WHILE_ACTIVE,
+        Rule(
+            "has(self.managedBy) == has(oldSelf.managedBy) && "
+            "(!has(self.managedBy) || self.managedBy == oldSelf.managedBy)",
+            "spec.managedBy is immutable (set, changed or removed): delete and re-create the job to hand "
+            "it to another controller",
+            field_path=".managedBy",
+        ),
     )
     # No schema default: with spec.elastic it is derived from maxReplicas (__post_init__). Jobs stored
     # before keep the 1 the API server defaulted in.
@@ -477,6 +484,11 @@ class TrainingJobSpec:
     checkpoint: Checkpoint = api_field("Checkpoint volume and policy.", factory=Checkpoint, default={})
     scheduling: Scheduling = api_field("Gang scheduling, priority, queue.", factory=Scheduling, default={})
     run_policy: RunPolicy = api_field("Restarts, deadline, TTL, suspend.", factory=RunPolicy, default={})
+    managed_by: str | None = api_field(
+        f"The controller that runs this job: unset or {c.CONTROLLER_NAME} for this operator; any other "
+        "value (a MultiKueue manager's, say) and this operator leaves the job alone. Immutable.",
+        max_length=63,
+    )
     elastic: Elastic | None = api_field(
         "builtin provider only: let the gang run at any size in [minReplicas, maxReplicas] (docs/elastic.md)."
     )
@@ -569,6 +581,20 @@ class StragglerRank:
         "Its data wait + forward time over the other ranks' median when first reported (text)."
     )
     steps: int | None = api_field("Logged steps in a row it had been over the factor when first reported.")
+
+
+@dataclass
+class AdmissionRecord:
+    """Who admitted the gang: the built-in gang admission, or Kueue through the job's Workload."""
+
+    by: str = api_field("Builtin or Kueue.", enum=("Builtin", "Kueue"), required=True)
+    cluster_queue: str | None = api_field(
+        "The Kueue ClusterQueue whose quota the gang holds.", max_length=253
+    )
+    workload: str | None = api_field("The job's Kueue Workload.", max_length=253)
+    waited_seconds: int | None = api_field(
+        "Seconds the gang waited for this admission (Kueue: since it was queued or requeued).", minimum=0
+    )
 
 
 @dataclass
@@ -739,6 +765,9 @@ class TrainingJobStatus:
     gang_timeouts: int | None = api_field("Times the gang was torn down for not starting in time.")
     created_attempt: int | None = api_field("The attempt whose pods have all been created.")
     admission_message: str | None = api_field("Why the gang waits for admission (builtin provider).")
+    admission: AdmissionRecord | None = api_field(
+        "Who admitted the current attempt's gang (Builtin or Kueue), from which ClusterQueue, after how long."
+    )
     last_checkpoint: LastCheckpoint | None = api_field("Newest checkpoint reported by the trainer.")
     progress: Progress | None = api_field("Training progress.")
     last_recovery: LastRecovery | None = api_field("Timeline of the newest gang restart.")

@@ -25,6 +25,7 @@ from phalanx.gang.backfill import job_end, node_free_at
 from phalanx.gang.preemption import head_of_line_blocked
 from phalanx.gang.requests import waiting_gang
 from phalanx.k8s import KubeApi, short_error
+from phalanx.kueue.workload import managed_here, queue_name
 from phalanx.pod_facts import is_terminal, job_of_pod
 from phalanx.providers import provider_of_raw
 from phalanx.reconcile.plan import FINISHED_PHASES, parse_iso
@@ -43,6 +44,8 @@ def is_admission_candidate(job: dict[str, Any]) -> bool:
     spec = job.get("spec") or {}
     if not provider_of_raw(spec).admits_gangs:
         return False
+    if queue_name(job) or not managed_here(job):
+        return False  # Kueue admits it (reconcile/rules/kueue.py), or another controller runs it
     if (spec.get("runPolicy") or {}).get("suspend"):
         return False
     # Not waiting for status.createdAttempt: the pass itself admits a gang only once every pod of the

@@ -20,6 +20,7 @@ from phalanx.gang.capacity import NodeInfo
 from phalanx.gang.preemption import choose_victims, preemption_message
 from phalanx.gang.requests import running_gang
 from phalanx.k8s import KubeApi, StatusConflict
+from phalanx.kueue.workload import managed_here, queue_name
 from phalanx.reconcile.conditions import set_condition
 from phalanx.reconcile.plan import REASON_PREEMPTED_BY_PRIORITY, iso, parse_iso
 
@@ -63,8 +64,8 @@ class Preemptor:
         running = []
         for job in jobs:
             key = object_key(job)
-            if key == head.key:
-                continue
+            if key == head.key or queue_name(job) or not managed_here(job):
+                continue  # Kueue's jobs hold Kueue's quota: only Kueue preempts them
             started = parse_iso((job.get("status") or {}).get("admittedTime")) or 0.0
             gang = running_gang(key, job, self.stores.own_pods(job), self.state.priority_of, started)
             if gang is not None:

@@ -25,10 +25,14 @@ from phalanx.controller import failpoints
 from phalanx.controller.admission_at_creation import CreationAdmission
 from phalanx.controller.generations import GenerationPublisher
 from phalanx.controller.job_writes import JobWriter, status_diff
+from phalanx.controller.kueue_workloads import KueueWorkloads
 from phalanx.controller.progress import ProgressPoller
 from phalanx.controller.queue import WorkQueue
 from phalanx.controller.stores import ClusterStores
 from phalanx.k8s import CreationRefused, KubeApi, StatusConflict
+from phalanx.kueue.gate import KueueGate
+from phalanx.kueue.placement import placed_pod
+from phalanx.kueue.workload import managed_here, queue_name
 from phalanx.pod_facts import attempt_spec, is_owned_by
 from phalanx.policy import bad_nodes
 from phalanx.policy.elastic import Room
@@ -58,7 +62,8 @@ class Reconciler:
                  write_pool: ThreadPoolExecutor, forget: Callable[[str], None], clock: Callable[[], float],
                  node_lost_after: float, cluster_domain: str,
                  allow_host_path_checkpoints: bool = False,
-                 generations: GenerationPublisher | None = None) -> None:  # fmt: skip
+                 generations: GenerationPublisher | None = None,
+                 kueue: KueueWorkloads | None = None) -> None:  # fmt: skip
         self.api = api
         self.stores = stores
         self.writer = writer
@@ -74,6 +79,8 @@ class Reconciler:
         self.known_jobs: set[str] = set()  # resynced now and then; finished jobs leave it
         # Tells an in-place attempt's kept pods their restart generation (controller/generations.py).
         self.generations = generations if generations is not None else GenerationPublisher(work)
+        # The Workloads of jobs in a Kueue queue (controller/kueue_workloads.py).
+        self.kueue = kueue if kueue is not None else KueueWorkloads(api, cluster_domain)
 
     def reconcile(self, key: str) -> list[float]:
         """One level-triggered pass; returns the delays after which to look at this job again."""
@@ -87,8 +94,10 @@ class Reconciler:
             job = self.api.get_job(namespace, name)
             if job is not None:
                 stores.jobs.upsert(job)
-        if job is None or job["metadata"].get("deletionTimestamp"):
+        if job is None or job["metadata"].get("deletionTimestamp") or not managed_here(job):
+            # Not managed here: spec.managedBy names another controller (MultiKueue's contract).
             self.forget(key)
+            self.kueue.forget(key)
             return followups
         self.known_jobs.add(key)
         # From the watch-fed store once it is listed (a reconcile per pod event would otherwise list
@@ -104,7 +113,11 @@ class Reconciler:
         if not old_status:
             metrics.observe_job_created(namespace, name)
         nodes = stores.current_nodes()
-        plan = self._decide(job, pods, nodes, now)
+        spec = parse(TrainingJobSpec, job["spec"])
+        # A job in a Kueue queue is admitted by Kueue, through its Workload; never by the built-in pass.
+        queue = queue_name(job)
+        gate = self.kueue.gate(key, job, spec, queue) if queue else None
+        plan = self._decide(job, pods, nodes, now, gate)
         ref = JobRef.of(job)
         # As the attempt runs it: an elastic gang's pods are built for the size it was given.
         spec = attempt_spec(parse(TrainingJobSpec, job["spec"]), plan.status)
@@ -140,7 +153,7 @@ class Reconciler:
             plan.create_indices, plan.events = [], []
             self._record(job, spec_refused(job, plan.status, REASON_HOST_PATH_NOT_ALLOWED, refusal, now), now)
         if plan.create_indices:
-            outcomes = self._create_gang(key, job, ref, spec, plan, now)
+            outcomes = self._create_gang(key, job, ref, spec, plan, now, gate)
             taken = [o.pod for o in outcomes if o.taken]
             refused = [o for o in outcomes if o.refused is not None]
             # Said in the status about to be written (reconcile/rules/creation.py), and once in an Event.
@@ -156,7 +169,7 @@ class Reconciler:
                 # so one status write says what this reconcile and the next would have written
                 # (all pods created; admitted, when admitted at creation).
                 pods = [p for p in stores.pods.indexed(key) if is_owned_by(p, job["metadata"]["uid"])]
-                then = self._decide({**job, "status": plan.status}, pods, nodes, now)
+                then = self._decide({**job, "status": plan.status}, pods, nodes, now, gate)
                 if not (then.create_indices or then.delete_pods or then.force_delete_pods or then.delete_job):
                     then.events = merged_events([*plan.events, *then.events])
                     plan = then
@@ -181,6 +194,8 @@ class Reconciler:
             # Decide once more on what was just written (a finished job's TTL, say, is timed from
             # the completionTime this write set): the job's own status events no longer enqueue it.
             followups.append(0.0)
+        if gate is not None:  # what Kueue expects from the Workload's owner: PodsReady, Finished, quota back
+            self.kueue.report(key, gate, plan.status, pods, iso(now))
         # Only once the status that keeps them is stored: a launcher never starts a generation the
         # job's status does not know.
         self.generations.publish(key, job["metadata"]["uid"], pods, plan.status)
@@ -198,7 +213,12 @@ class Reconciler:
         return followups
 
     def _decide(
-        self, job: dict[str, Any], pods: list[dict[str, Any]], nodes: dict[str, dict[str, Any]], now: float
+        self,
+        job: dict[str, Any],
+        pods: list[dict[str, Any]],
+        nodes: dict[str, dict[str, Any]],
+        now: float,
+        gate: KueueGate | None = None,
     ) -> Plan:
         """decide(), with what rank 0 of this very job (its uid) last reported in /progress."""
         key = object_key(job)
@@ -208,7 +228,8 @@ class Reconciler:
         attempt = int((job.get("status") or {}).get("attempt") or 0)
         refusals = self.generations.refusals(key, str(uid), attempt)
         return decide(job, pods, nodes, now, self.node_lost_after, trainer_report=report,
-                      launcher_refusals=refusals, room=self._elastic_room(key, job, now))  # fmt: skip
+                      launcher_refusals=refusals, room=self._elastic_room(key, job, now),
+                      kueue_gate=gate)  # fmt: skip
 
     def _elastic_room(self, key: str, job: dict[str, Any], now: float) -> Room | None:
         """spec.elastic: the room for the job's pods now, to size a new attempt or grow (policy/elastic.py)."""
@@ -223,7 +244,14 @@ class Reconciler:
         return self.creation_admission.room_for(key, probe["spec"], written.replicas, now)
 
     def _create_gang(
-        self, key: str, job: dict[str, Any], ref: JobRef, spec: TrainingJobSpec, plan: Plan, now: float
+        self,
+        key: str,
+        job: dict[str, Any],
+        ref: JobRef,
+        spec: TrainingJobSpec,
+        plan: Plan,
+        now: float,
+        gate: KueueGate | None = None,
     ) -> list[CreateOutcome]:
         """Creates the Service, the PodGroup (external schedulers) and the missing pods of the
         attempt; says, per pod, whether another owner's pod holds its name or the API refused it."""
@@ -257,7 +285,10 @@ class Reconciler:
             )
             for index in plan.create_indices
         ]
-        if len(pods_to_create) == spec.replicas:
+        if gate is not None:  # admitted by Kueue: on its flavors' nodes, ungated, the scheduler places them
+            placement = self.kueue.placement(gate)
+            pods_to_create = [placed_pod(pod, placement) for pod in pods_to_create]
+        elif len(pods_to_create) == spec.replicas:
             pods_to_create = self.creation_admission.admit(key, spec, pods_to_create, now)
         try:
             outcomes = self._create_pods(pods_to_create, ref.uid)

@@ -20,6 +20,7 @@ from typing import Any, Final
 
 from phalanx.api.schema import parse
 from phalanx.api.v1alpha1 import TrainingJobSpec
+from phalanx.kueue.gate import KueueGate
 from phalanx.pod_facts import attempt_spec
 from phalanx.policy.elastic import Room
 from phalanx.policy.node_loss import DEFAULT_NODE_LOST_AFTER_SECONDS
@@ -38,6 +39,7 @@ from phalanx.reconcile.rules import (
     hang,
     housekeeping,
     in_place,
+    kueue,
     node_loss,
     preemption,
     recovery,
@@ -57,6 +59,7 @@ STEPS: Final[tuple[Rule, ...]] = (
     ttl.apply,  # finished: stop a failed job's pods; delete the job once its TTL is up
     suspend.apply,  # spec.runPolicy.suspend: delete the attempt's pods, keep the status
     resume.apply,  # no longer suspended: a fresh attempt, the deadline's clock reset
+    kueue.apply,  # in a Kueue queue: no pods until its Workload is admitted; evicted: stop, count a preemption
     deadline.apply,  # activeDeadlineSeconds passed since startTime: fail
     backoff.apply,  # after a gang timeout: wait in Pending until requeueAfter
     in_place.fallback,  # restarting in place and a launcher refused, or no replacement ran in time: full restart
@@ -93,13 +96,15 @@ def decide(
     node_lost_after: float = DEFAULT_NODE_LOST_AFTER_SECONDS,
     trainer_report: Mapping[str, Any] | None = None,
     launcher_refusals: Mapping[str, str] | None = None,
+    kueue_gate: KueueGate | None = None,
     room: Room | None = None,
 ) -> Plan:
     """node_lost_after: seconds a node may be not Ready before its pods count as lost;
     trainer_report: what rank 0 of this job (this uid) last reported in /progress, if anything;
     launcher_refusals: kept pods of the current in-place attempt whose launcher refused its
     generation or could not be reached (pod name -> why); room: for an elastic job, the free room
-    for more of its pods and whether other gangs wait (policy/elastic.py; None: not known)."""
+    for more of its pods and whether other gangs wait (policy/elastic.py; None: not known);
+    kueue_gate: what Kueue says of the job's Workload, for a job in a Kueue queue (kueue/gate.py)."""
     b = PlanBuilder(job, now)
     written = parse(TrainingJobSpec, job.get("spec"))
     seen = Observed(
@@ -116,6 +121,7 @@ def decide(
         trainer_report=trainer_report,
         in_place=b.status.get("inPlace"),
         launcher_refusals=launcher_refusals or {},
+        kueue=kueue_gate,
     )
     for rule in STEPS:
         if rule(b, seen):

@@ -9,6 +9,7 @@ from functools import cached_property
 from typing import Any
 
 from phalanx.api.v1alpha1 import TrainingJobSpec
+from phalanx.kueue.gate import KueueGate
 from phalanx.pod_facts import in_current_attempt, is_terminal, pod_index
 from phalanx.policy.elastic import Room
 from phalanx.policy.node_loss import lost_node_names, not_ready_since, on_lost_node
@@ -48,6 +49,8 @@ class Observed:
     # Launchers of the in-place attempt's kept pods that refused or could not be reached when
     # told its generation (controller/generations.py): pod name -> why.
     launcher_refusals: Mapping[str, str] = field(default_factory=dict)
+    # What Kueue says of the job's Workload (kueue/gate.py); None: not in a Kueue queue.
+    kueue: KueueGate | None = None
     # The spec as written; `spec` above is the one the current attempt runs (an elastic gang's
     # replicas are its status.currentReplicas, policy/elastic.py). None: the same as `spec`.
     written_spec: TrainingJobSpec | None = None

@@ -7,7 +7,7 @@ from typing import Any
 
 from phalanx.pod_facts import is_gated
 from phalanx.reconcile.observed import Observed
-from phalanx.reconcile.plan import PlanBuilder
+from phalanx.reconcile.plan import PlanBuilder, parse_iso
 
 
 def apply(b: PlanBuilder, seen: Observed) -> bool:
@@ -21,9 +21,18 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
         return True
     if not status.get("admittedTime"):
         status["admittedTime"] = b.now_iso
+        if seen.kueue is None:  # Kueue's record is its rule's (rules/kueue.py)
+            status["admission"] = {"by": "Builtin", "waitedSeconds": int(gang_waited(seen, b.now))}
     status.pop("admissionMessage", None)
     b.condition("Admitted", "True", "GangAdmitted", f"all {seen.spec.replicas} pod(s) admitted together")
     return False
+
+
+def gang_waited(seen: Observed, now: float) -> float:
+    """Seconds since the gang asked for admission: its oldest pod's creation (the job's, unknown)."""
+    created = [parse_iso(p["metadata"].get("creationTimestamp")) for p in seen.current.values()]
+    asked = min((t for t in created if t is not None), default=seen.created)
+    return max(0.0, now - asked) if asked is not None else 0.0
 
 
 def starting(b: PlanBuilder, seen: Observed) -> bool:

@@ -1,0 +1,123 @@
+"""The Workloads of queued TrainingJobs (I/O side; the decisions are kueue/ and reconcile/rules/kueue.py).
+
+Called by the reconciler for a job labelled kueue.x-k8s.io/queue-name: `gate` reads (or first
+creates) the job's Workload and says what Kueue allows; `placement` reads the assigned
+ResourceFlavors when the gang is created; `report` writes back what Kueue expects from the owner
+(PodsReady, Finished, the quota released after an eviction once the pods are gone). The Workload is
+read on each reconcile of such a job, not watched: the job's rule rechecks every few seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Final
+
+from phalanx import metrics
+from phalanx.api.v1alpha1 import TrainingJobSpec
+from phalanx.builders.pods import JobRef, build_worker_pod
+from phalanx.controller.admission_state import PriorityValues
+from phalanx.k8s import KubeApi, StatusConflict
+from phalanx.kueue import workload_status
+from phalanx.kueue.gate import KueueGate, gate_of
+from phalanx.kueue.placement import FlavorPlacement, placement_of
+from phalanx.kueue.workload import active_patch, build_workload, workload_name
+from phalanx.pod_facts import is_terminal
+from phalanx.reconcile.plan import FINISHED_PHASES
+
+log = logging.getLogger("phalanx.controller")
+
+NO_KUEUE_MESSAGE: Final = (
+    "waiting for Kueue: the API server serves no kueue.x-k8s.io/v1beta2 Workloads; install Kueue "
+    "(docs/kueue.md) or remove the kueue.x-k8s.io/queue-name label to use the built-in admission"
+)
+
+
+class KueueWorkloads:
+    def __init__(self, api: KubeApi, cluster_domain: str) -> None:
+        self.api = api
+        self.cluster_domain = cluster_domain
+        self.priority_values = PriorityValues(lambda: self.api.priority_values())
+        self.lock = threading.Lock()  # PriorityValues is read from several reconcile threads
+        self.last: dict[str, dict[str, Any]] = {}  # job key -> its Workload as last read or written
+
+    def gate(self, key: str, job: dict[str, Any], spec: TrainingJobSpec, queue: str) -> KueueGate:
+        ref = JobRef.of(job)
+        name = workload_name(ref.name, ref.uid)
+        workload = self.api.get_workload(ref.namespace, name)
+        if workload is None:
+            workload = self._create(job, spec, queue, name)
+            if workload is None:
+                return KueueGate(workload=name, admitted=False, evicted=False, message=NO_KUEUE_MESSAGE)
+        change = active_patch(workload, bool(spec.run_policy.suspend))
+        if change is not None:  # suspended or resumed: Kueue evicts it, or queues it again
+            workload = self.api.patch_workload(ref.namespace, name, change) or workload
+        self.last[key] = workload
+        return gate_of(workload)
+
+    def _create(
+        self, job: dict[str, Any], spec: TrainingJobSpec, queue: str, name: str
+    ) -> dict[str, Any] | None:
+        ref = JobRef.of(job)
+        pod = build_worker_pod(
+            ref, spec, 0, 0, job["spec"].get("template") or {}, cluster_domain=self.cluster_domain
+        )
+        priority = None
+        if spec.scheduling.priority_class_name:
+            with self.lock:
+                values = self.priority_values.current({spec.scheduling.priority_class_name})
+            priority = values.get(spec.scheduling.priority_class_name, 0)
+        manifest = build_workload(job, queue, spec.replicas, pod, priority)
+        try:
+            created = self.api.create_if_absent(manifest)
+        except Exception as exc:  # 404: Kueue's CRDs are not installed
+            if getattr(exc, "status", None) == 404:
+                return None
+            raise
+        if created is None:  # made by an earlier pass whose reply was lost
+            return self.api.get_workload(ref.namespace, name)
+        log.info("created Workload %s/%s in queue %s", ref.namespace, name, queue)
+        return created
+
+    def placement(self, gate: KueueGate) -> FlavorPlacement:
+        """The node labels and tolerations of the flavors Kueue assigned (a flavor gone meanwhile
+        adds nothing: Kueue evicts a workload whose flavor was deleted)."""
+        flavors = [f for name in gate.flavors if (f := self.api.get_resource_flavor(name)) is not None]
+        return placement_of(flavors)
+
+    def report(self, key: str, gate: KueueGate, status: dict[str, Any], pods: list[dict[str, Any]],
+               now_iso: str) -> None:  # fmt: skip
+        """Writes back into the Workload what its owner is to tell Kueue."""
+        workload = self.last.get(key)
+        if workload is None:
+            return
+        phase = status.get("phase")
+        if phase in FINISHED_PHASES:
+            patch = workload_status.finished(
+                workload, phase == "Succeeded", str(status.get("message") or ""), now_iso
+            )
+        elif gate.evicted or not gate.admitted:
+            # Kueue takes the quota back only once the gang has stopped: it may not run twice.
+            stopped = all(is_terminal(p) for p in pods)
+            patch = workload_status.released_after_eviction(workload, now_iso) if stopped else None
+        else:
+            patch = workload_status.pods_ready(workload, phase == "Running", now_iso)
+        if patch is None:
+            return
+        meta = workload["metadata"]
+        try:
+            stored = self.api.patch_workload_status(
+                meta["namespace"], meta["name"], patch, meta["resourceVersion"]
+            )
+        except StatusConflict:
+            return  # Kueue wrote meanwhile; the next reconcile reads it again (it rechecks soon)
+        if stored is not None:
+            self.last[key] = stored
+            if "admission" in patch:
+                log.info("released the quota of evicted Workload %s/%s", meta["namespace"], meta["name"])
+
+    def observe_admitted(self, namespace: str, name: str, gate: KueueGate) -> None:
+        metrics.observe_kueue_admitted(namespace, name, gate.cluster_queue or "", gate.waited_seconds or 0.0)
+
+    def forget(self, key: str) -> None:
+        self.last.pop(key, None)

@@ -1,0 +1,87 @@
+"""What Kueue says about a job, read from its Workload (pure): may the gang run, on which flavors,
+and if not, why, in Kueue's words."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from phalanx import constants as c
+from phalanx.reconcile.conditions import get_condition
+from phalanx.reconcile.plan import parse_iso
+
+
+@dataclass(frozen=True)
+class KueueGate:
+    workload: str
+    admitted: bool  # quota reserved and every admission check passed: the gang may run
+    evicted: bool  # Evicted=True: the gang must stop, then the quota goes back (workload_status.py)
+    # Why it may not run, in Kueue's words (the Evicted or QuotaReserved=False message); "" when it may.
+    message: str
+    cluster_queue: str | None = None
+    flavors: tuple[str, ...] = ()  # ResourceFlavors assigned to the workers pod set
+    # Seconds from queued (created, or requeued after an eviction) to admitted; None while waiting.
+    waited_seconds: float | None = None
+    finished: bool = False
+
+
+def _true(workload: dict[str, Any], type_: str) -> dict[str, Any] | None:
+    cond = get_condition((workload.get("status") or {}).get("conditions") or [], type_)
+    return cond if cond is not None and cond.get("status") == "True" else None
+
+
+def queued_since(workload: dict[str, Any]) -> float | None:
+    """When the workload last joined the queue: its creation, or its latest requeue (as Kueue's own
+    QueuedWaitTime reads it)."""
+    requeued = get_condition((workload.get("status") or {}).get("conditions") or [], "Requeued")
+    if requeued is not None and requeued.get("lastTransitionTime"):
+        return parse_iso(requeued["lastTransitionTime"])
+    return parse_iso((workload.get("metadata") or {}).get("creationTimestamp"))
+
+
+def gate_of(workload: dict[str, Any]) -> KueueGate:
+    status = workload.get("status") or {}
+    name = str((workload.get("metadata") or {}).get("name", ""))
+    admission = status.get("admission") or {}
+    conditions = status.get("conditions") or []
+    evicted = _true(workload, "Evicted")
+    admitted_cond = _true(workload, "Admitted")
+    admitted = bool(admission) and admitted_cond is not None and _true(workload, "QuotaReserved") is not None
+    finished = _true(workload, "Finished") is not None
+    flavors: set[str] = set()
+    for assignment in admission.get("podSetAssignments") or []:
+        if assignment.get("name") == c.KUEUE_PODSET:
+            flavors.update(str(f) for f in (assignment.get("flavors") or {}).values())
+    reserved = get_condition(conditions, "QuotaReserved")
+    pending = ""  # Kueue's reason for not reserving quota, if it gave one
+    if reserved is not None and reserved.get("status") == "False":
+        pending = str(reserved.get("message") or "")
+    if evicted is not None:
+        message = f"evicted by Kueue ({evicted.get('reason', 'Evicted')}): {evicted.get('message', '')}"
+        if pending and not admission:  # stopped and handed back: why it is not admitted again
+            message = f"{message}; waiting for Kueue: {pending}"
+    elif admitted:
+        message = ""
+    else:
+        admitted_false = get_condition(conditions, "Admitted")
+        if pending:
+            message = f"waiting for Kueue: {pending}"
+        elif reserved is not None and reserved.get("status") == "True" and admitted_false is not None:
+            message = f"waiting for Kueue's admission checks: {admitted_false.get('message', '')}"
+        else:
+            message = f"waiting for Kueue to consider Workload {name}"
+    waited = None
+    if admitted and admitted_cond is not None:
+        since, at = queued_since(workload), parse_iso(admitted_cond.get("lastTransitionTime"))
+        if since is not None and at is not None:
+            waited = max(0.0, at - since)
+    return KueueGate(
+        workload=name,
+        admitted=admitted,
+        evicted=evicted is not None,
+        message=message,
+        cluster_queue=admission.get("clusterQueue"),
+        flavors=tuple(sorted(flavors)),
+        waited_seconds=waited,
+        finished=finished,
+    )

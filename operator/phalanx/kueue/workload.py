@@ -1,0 +1,97 @@
+"""The Workload a queued TrainingJob is admitted through (pure; docs/kueue.md).
+
+One Workload per TrainingJob, owned by it (controller=true, so it goes with the job by garbage
+collection), named from the job's name and uid: a job re-created under the same name gets a Workload
+of its own, never its predecessor's admission. One pod set, "workers", holds the whole gang (count =
+replicas): Kueue admits it all or not at all, which is what the trainer needs.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from typing import Any, Final
+
+from phalanx import constants as c
+from phalanx.builders.pods import JobRef
+
+# Kueue's names are DNS subdomains; the job name (at most MAX_JOB_NAME_LENGTH) fits with room.
+_PREFIX: Final = "trainingjob"
+
+
+def queue_name(job: dict[str, Any]) -> str | None:
+    """The LocalQueue the job asks for (its kueue.x-k8s.io/queue-name label), None: built-in admission."""
+    labels = (job.get("metadata") or {}).get("labels") or {}
+    name = labels.get(c.KUEUE_QUEUE_LABEL)
+    return str(name) if name else None
+
+
+def managed_here(job: dict[str, Any]) -> bool:
+    """spec.managedBy unset or this operator's name: the MultiKueue contract (another value means a
+    manager elsewhere runs the job; this operator leaves it alone)."""
+    managed_by = (job.get("spec") or {}).get("managedBy")
+    return managed_by in (None, "", c.CONTROLLER_NAME)
+
+
+def workload_name(job_name: str, uid: str) -> str:
+    digest = hashlib.sha256(uid.encode()).hexdigest()[:5]
+    return f"{_PREFIX}-{job_name}-{digest}"
+
+
+def active_patch(workload: dict[str, Any], suspended: bool) -> dict[str, Any] | None:
+    """spec.runPolicy.suspend as Kueue reads it: a suspended job's Workload is inactive (Kueue evicts
+    it and, once its pods are gone, takes the quota back); resumed, it is active and queued again."""
+    active = (workload.get("spec") or {}).get("active", True)
+    if active == (not suspended):
+        return None
+    return {"spec": {"active": not suspended}}
+
+
+def podset_template(worker_pod: dict[str, Any]) -> dict[str, Any]:
+    """What Kueue counts and matches flavors against: the worker pod's spec as the operator builds it
+    (its accelerator or MIG limits, the template's own requests, nodeSelector, tolerations, affinity).
+    Limits without requests are copied into requests, as the API server defaults them on the pod."""
+    spec = copy.deepcopy(worker_pod.get("spec") or {})
+    spec.pop("schedulingGates", None)  # the gang gate is not part of what Kueue admits
+    for container in [*spec.get("containers", []), *spec.get("initContainers", [])]:
+        resources = container.get("resources") or {}
+        limits = resources.get("limits") or {}
+        if limits:
+            requests = dict(resources.get("requests") or {})
+            for name, value in limits.items():
+                requests.setdefault(name, value)
+            container["resources"] = {**resources, "requests": requests}
+    labels = dict((worker_pod.get("metadata") or {}).get("labels") or {})
+    return {"metadata": {"labels": labels}, "spec": spec}
+
+
+def build_workload(
+    job: dict[str, Any], queue: str, replicas: int, worker_pod: dict[str, Any], priority: int | None
+) -> dict[str, Any]:
+    """The Workload for `job` in LocalQueue `queue`; `worker_pod`: one of its pods as the operator
+    builds it; `priority`: the value of spec.scheduling.priorityClassName (None: the job names none)."""
+    ref = JobRef.of(job)
+    spec: dict[str, Any] = {
+        "queueName": queue,
+        "podSets": [{"name": c.KUEUE_PODSET, "count": replicas, "template": podset_template(worker_pod)}],
+    }
+    priority_class = ((job.get("spec") or {}).get("scheduling") or {}).get("priorityClassName")
+    if priority_class:
+        # Kueue reads the value from spec.priority (required with a class ref); the ref is what it shows.
+        spec["priorityClassRef"] = {
+            "group": "scheduling.k8s.io",
+            "kind": "PriorityClass",
+            "name": priority_class,
+        }
+        spec["priority"] = priority or 0
+    return {
+        "apiVersion": c.KUEUE_API_VERSION,
+        "kind": "Workload",
+        "metadata": {
+            "name": workload_name(ref.name, ref.uid),
+            "namespace": ref.namespace,
+            "labels": {c.LABEL_JOB_NAME: ref.name, c.LABEL_MANAGED_BY: c.MANAGED_BY},
+            "ownerReferences": [ref.owner_reference()],
+        },
+        "spec": spec,
+    }

@@ -1,0 +1,60 @@
+"""A job in a Kueue queue runs only while Kueue admits its Workload (pure; docs/kueue.md).
+
+Waiting: no pod exists; the status says why in Kueue's words. Admitted: the decision goes on to the
+other rules (the gang is created with the flavors' placement, ungated). Evicted, or its admission
+withdrawn, while the attempt has pods: they are deleted with their grace period (SIGTERM: the
+trainer writes its emergency checkpoint and exits with the preemption code), the restart counts as a
+preemption, never a failure, and the next attempt waits for Kueue to admit the Workload again; it
+resumes from that checkpoint.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from phalanx.pod_facts import is_deleting
+from phalanx.reconcile.observed import Observed
+from phalanx.reconcile.plan import PlanBuilder
+from phalanx.reconcile.rules.transitions import new_attempt
+
+REASON_WAITING_FOR_KUEUE = "WaitingForKueue"
+REASON_EVICTED_BY_KUEUE = "EvictedByKueue"
+# How often a waiting or running job looks at its Workload again (it is read, not watched).
+RECHECK_WAITING_SECONDS = 2.0
+RECHECK_ADMITTED_SECONDS = 5.0
+
+
+def apply(b: PlanBuilder, seen: Observed) -> bool:
+    gate = seen.kueue
+    if gate is None:
+        return False
+    status = b.status
+    if gate.admitted and not gate.evicted:
+        record: dict[str, Any] = {"by": "Kueue", "workload": gate.workload}
+        if gate.cluster_queue:
+            record["clusterQueue"] = gate.cluster_queue
+        if gate.waited_seconds is not None:
+            record["waitedSeconds"] = int(gate.waited_seconds)
+        status["admission"] = record
+        b.recheck(RECHECK_ADMITTED_SECONDS)  # an eviction is seen within this
+        return False
+    started = status.get("createdAttempt") == seen.attempt or any(
+        not is_deleting(p) for p in seen.current.values()
+    )
+    status.pop("admission", None)
+    b.recheck(RECHECK_WAITING_SECONDS)
+    if started:
+        restarts = status["restarts"]
+        restarts["preemptions"] = restarts.get("preemptions", 0) + 1
+        new_attempt(b, seen.current)
+        message = (
+            f"{gate.message}; stopping the gang (SIGTERM: the trainer checkpoints), then waiting for "
+            f"Kueue to admit attempt {status['attempt']}, which resumes from the newest checkpoint"
+        )
+        b.condition("Admitted", "False", REASON_EVICTED_BY_KUEUE, message)
+        b.condition("Preempted", "True", REASON_EVICTED_BY_KUEUE, message)
+        b.phase("Pending", REASON_EVICTED_BY_KUEUE, message, "Warning")
+        return True
+    b.condition("Admitted", "False", REASON_WAITING_FOR_KUEUE, gate.message)
+    b.phase("Pending", REASON_WAITING_FOR_KUEUE, gate.message)
+    return True

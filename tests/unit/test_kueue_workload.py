@@ -1,0 +1,282 @@
+"""Phalanx under Kueue, the pure parts: the Workload (kueue/workload.py), what Kueue says of it
+(kueue/gate.py), the flavors on the pods (kueue/placement.py), what the owner writes back
+(kueue/workload_status.py) and the job's rule (reconcile/rules/kueue.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from phalanx import constants as c
+from phalanx import metrics
+from phalanx.api.schema import parse
+from phalanx.api.v1alpha1 import TrainingJobSpec
+from phalanx.builders.pods import JobRef, build_worker_pod
+from phalanx.kueue import workload_status
+from phalanx.kueue.gate import KueueGate, gate_of
+from phalanx.kueue.placement import FlavorConflict, placed_pod, placement_of
+from phalanx.kueue.workload import active_patch, build_workload, managed_here, queue_name, workload_name
+from phalanx.reconcile.lifecycle import decide
+from phalanx.reconcile.plan import iso
+from tests.unit.lifecycle_fixtures import NODES, NOW, RUNNING, job, pod
+
+pytestmark = pytest.mark.unit
+
+T0 = "2026-12-01T10:00:00Z"
+T1 = "2026-12-01T10:00:42Z"
+
+
+def cond(type_: str, status: str, reason: str = "R", message: str = "m", at: str = T1) -> dict[str, Any]:
+    return {"type": type_, "status": status, "reason": reason, "message": message, "lastTransitionTime": at}
+
+
+def admitted_workload(**status: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "wl", "namespace": "ns", "creationTimestamp": T0, "generation": 1,
+                     "resourceVersion": "5"},
+        "status": {
+            "admission": {"clusterQueue": "cq", "podSetAssignments": [
+                {"name": "workers", "flavors": {"nvidia.com/gpu": "h100"}, "count": 2}]},
+            "conditions": [cond("QuotaReserved", "True"), cond("Admitted", "True")],
+            **status,
+        },
+    }  # fmt: skip
+
+
+def gpu_job(**spec: Any) -> dict[str, Any]:
+    return job(resources={"gpus": 1}, **spec)
+
+
+# -- the Workload -----------------------------------------------------------------------------
+
+
+def test_the_workload_holds_the_whole_gang_as_one_podset_with_its_accelerators_and_queue() -> None:
+    tj = gpu_job(scheduling={"priorityClassName": "high"})
+    tj["metadata"]["labels"] = {c.KUEUE_QUEUE_LABEL: "team-a"}
+    spec = parse(TrainingJobSpec, tj["spec"])
+    worker = build_worker_pod(JobRef.of(tj), spec, 0, 0, tj["spec"]["template"])
+    wl = build_workload(tj, "team-a", spec.replicas, worker, 1000)
+    assert wl["apiVersion"] == "kueue.x-k8s.io/v1beta2" and wl["kind"] == "Workload"
+    assert wl["metadata"]["name"] == workload_name("j", "u") and wl["metadata"]["namespace"] == "ns"
+    (owner,) = wl["metadata"]["ownerReferences"]
+    assert owner["kind"] == "TrainingJob" and owner["uid"] == "u" and owner["controller"] is True
+    assert wl["spec"]["queueName"] == "team-a"
+    (podset,) = wl["spec"]["podSets"]
+    assert podset["name"] == "workers" and podset["count"] == 2
+    (trainer,) = podset["template"]["spec"]["containers"]
+    # Requests as the API server defaults them from limits: what Kueue counts against the quota.
+    assert trainer["resources"]["requests"] == {"nvidia.com/gpu": "1"}
+    assert "schedulingGates" not in podset["template"]["spec"]
+    assert wl["spec"]["priorityClassRef"] == {
+        "group": "scheduling.k8s.io",
+        "kind": "PriorityClass",
+        "name": "high",
+    }
+    assert wl["spec"]["priority"] == 1000
+    assert queue_name(tj) == "team-a" and queue_name(gpu_job()) is None
+
+
+def test_a_mig_job_asks_kueue_for_its_mig_resource() -> None:
+    tj = job(resources={"mig": {"profile": "1g.10gb", "count": 1}})
+    spec = parse(TrainingJobSpec, tj["spec"])
+    wl = build_workload(tj, "q", 2, build_worker_pod(JobRef.of(tj), spec, 0, 0, tj["spec"]["template"]), None)
+    (trainer,) = wl["spec"]["podSets"][0]["template"]["spec"]["containers"]
+    assert trainer["resources"]["requests"] == {"nvidia.com/mig-1g.10gb": "1"}
+    assert "priorityClassRef" not in wl["spec"] and "priority" not in wl["spec"]
+
+
+def test_a_suspended_job_deactivates_its_workload_and_a_resumed_one_activates_it() -> None:
+    assert active_patch({"spec": {}}, suspended=True) == {"spec": {"active": False}}
+    assert active_patch({"spec": {"active": False}}, suspended=True) is None
+    assert active_patch({"spec": {"active": False}}, suspended=False) == {"spec": {"active": True}}
+    assert active_patch({"spec": {}}, suspended=False) is None
+
+
+def test_a_job_recreated_under_its_name_gets_a_workload_of_its_own() -> None:
+    assert workload_name("j", "uid-1") != workload_name("j", "uid-2")
+    assert workload_name("j", "uid-1") == workload_name("j", "uid-1")
+
+
+def test_managed_by_another_controller_is_left_alone() -> None:
+    assert managed_here(job()) and managed_here(job(managedBy=c.CONTROLLER_NAME))
+    assert not managed_here(job(managedBy="kueue.x-k8s.io/multikueue"))
+
+
+# -- what Kueue says ----------------------------------------------------------------------------
+
+
+def test_an_admitted_workload_opens_the_gate_with_its_flavors_and_wait() -> None:
+    gate = gate_of(admitted_workload())
+    assert gate.admitted and not gate.evicted and gate.message == ""
+    assert gate.cluster_queue == "cq" and gate.flavors == ("h100",) and gate.waited_seconds == 42
+
+
+def test_a_pending_workload_says_kueues_reason() -> None:
+    pending = {"metadata": {"name": "wl"}, "status": {"conditions": [
+        cond("QuotaReserved", "False", "Pending", "couldn't assign flavors to pod set workers: insufficient quota")]}}  # fmt: skip
+    gate = gate_of(pending)
+    assert not gate.admitted and "insufficient quota" in gate.message and "Kueue" in gate.message
+    # Before Kueue has looked at it at all:
+    assert gate_of({"metadata": {"name": "wl"}}).message == "waiting for Kueue to consider Workload wl"
+
+
+def test_an_evicted_workload_says_who_evicted_it() -> None:
+    wl = admitted_workload()
+    wl["status"]["conditions"].append(
+        cond("Evicted", "True", "Preempted", "Preempted to accommodate a workload")
+    )
+    gate = gate_of(wl)
+    assert gate.evicted and "evicted by Kueue (Preempted)" in gate.message
+
+
+def test_an_evicted_workload_handed_back_says_why_it_is_not_admitted_again() -> None:
+    released = {"metadata": {"name": "wl"}, "status": {"conditions": [
+        cond("Evicted", "True", "Deactivated", "The workload is deactivated"),
+        cond("QuotaReserved", "False", "Pending", "couldn't assign flavors: insufficient unused quota")]}}  # fmt: skip
+    gate = gate_of(released)
+    assert gate.evicted and not gate.admitted
+    assert (
+        gate.message.startswith("evicted by Kueue (Deactivated)")
+        and "insufficient unused quota" in gate.message
+    )
+
+
+def test_waited_counts_from_the_last_requeue() -> None:
+    wl = admitted_workload()
+    wl["status"]["conditions"].append(cond("Requeued", "True", at="2026-12-01T10:00:40Z"))
+    assert gate_of(wl).waited_seconds == 2
+
+
+# -- the flavors on the pods ---------------------------------------------------------------------
+
+
+def test_flavor_labels_and_tolerations_go_on_the_pod_and_the_gang_gate_comes_off() -> None:
+    flavors = [
+        {"spec": {"nodeLabels": {"pool": "a"}, "tolerations": [{"key": "t", "operator": "Exists"}]}},
+        {"spec": {"nodeLabels": {"zone": "z1"}, "tolerations": [{"key": "t", "operator": "Exists"}]}},
+    ]
+    placement = placement_of(flavors)
+    gated = {"spec": {"nodeSelector": {"disk": "ssd"}, "schedulingGates": [{"name": c.GANG_SCHEDULING_GATE}]}}
+    placed = placed_pod(gated, placement)
+    assert placed["spec"]["nodeSelector"] == {"disk": "ssd", "pool": "a", "zone": "z1"}
+    assert placed["spec"]["tolerations"] == [{"key": "t", "operator": "Exists"}]
+    assert "schedulingGates" not in placed["spec"]
+    assert gated["spec"]["schedulingGates"]  # the input is not changed
+
+
+def test_flavors_that_ask_two_values_of_one_label_conflict() -> None:
+    with pytest.raises(FlavorConflict, match="pool"):
+        placement_of([{"spec": {"nodeLabels": {"pool": "a"}}}, {"spec": {"nodeLabels": {"pool": "b"}}}])
+
+
+# -- what the owner writes back -------------------------------------------------------------------
+
+
+def test_pods_ready_goes_true_once_the_gang_runs() -> None:
+    wl = admitted_workload()
+    waiting = workload_status.pods_ready(wl, False, T1)
+    assert waiting is not None
+    (ready_false,) = [x for x in waiting["conditions"] if x["type"] == "PodsReady"]
+    assert ready_false["status"] == "False" and ready_false["reason"] == "WaitForStart"
+    wl["status"]["conditions"] = waiting["conditions"]
+    assert workload_status.pods_ready(wl, False, T1) is None  # no write when nothing changes
+    ready = workload_status.pods_ready(wl, True, T1)
+    assert ready is not None
+    assert [x["reason"] for x in ready["conditions"] if x["type"] == "PodsReady"] == ["Started"]
+
+
+def test_finished_is_written_once() -> None:
+    wl = admitted_workload()
+    patch = workload_status.finished(wl, False, "worker 1 exited 1", T1)
+    assert patch is not None
+    (done,) = [x for x in patch["conditions"] if x["type"] == "Finished"]
+    assert done["status"] == "True" and done["reason"] == "Failed"
+    wl["status"]["conditions"] = patch["conditions"]
+    assert workload_status.finished(wl, False, "again", T1) is None
+
+
+def test_after_an_eviction_the_quota_is_handed_back_and_the_workload_requeued() -> None:
+    wl = admitted_workload()
+    assert workload_status.released_after_eviction(wl, T1) is None  # not evicted: nothing to give back
+    wl["status"]["conditions"].append(cond("Evicted", "True", "Preempted", "Preempted to accommodate"))
+    patch = workload_status.released_after_eviction(wl, T1)
+    assert patch is not None and patch["admission"] is None
+    by_type = {x["type"]: x for x in patch["conditions"]}
+    assert by_type["QuotaReserved"]["status"] == "False" and by_type["QuotaReserved"]["reason"] == "Pending"
+    assert by_type["Admitted"]["status"] == "False" and by_type["Requeued"]["status"] == "True"
+    assert by_type["Evicted"]["status"] == "True"  # Kueue clears it when it admits again
+
+
+# -- the rule ------------------------------------------------------------------------------------
+
+WAITING = KueueGate(
+    workload="wl", admitted=False, evicted=False, message="waiting for Kueue: insufficient quota"
+)
+ADMITTED = KueueGate(workload="wl", admitted=True, evicted=False, message="", cluster_queue="cq",
+                     flavors=("h100",), waited_seconds=12.0)  # fmt: skip
+
+
+def test_a_queued_job_creates_no_pod_until_kueue_admits_it() -> None:
+    plan = decide(gpu_job(), [], NODES, NOW, kueue_gate=WAITING)
+    assert plan.create_indices == [] and plan.status["phase"] == "Pending"
+    assert plan.status["message"] == WAITING.message
+    assert plan.recheck_after is not None  # the Workload is read again soon
+
+
+def test_an_admitted_job_creates_its_gang_and_says_who_admitted_it() -> None:
+    plan = decide(gpu_job(), [], NODES, NOW, kueue_gate=ADMITTED)
+    assert plan.create_indices == [0, 1]
+    assert plan.status["admission"] == {
+        "by": "Kueue",
+        "workload": "wl",
+        "clusterQueue": "cq",
+        "waitedSeconds": 12,
+    }
+
+
+def test_the_builtin_admission_says_so() -> None:
+    status = {"attempt": 0, "createdAttempt": 0, "phase": "Pending"}
+    created = {"metadata": {"creationTimestamp": iso(NOW - 30)}}
+    plan = decide(job(dict(status)), [pod(0, **created), pod(1, **created)], NODES, NOW)
+    assert plan.status["admission"] == {"by": "Builtin", "waitedSeconds": 30}
+
+
+def test_an_evicted_gang_stops_with_its_grace_period_counts_a_preemption_and_waits() -> None:
+    evicted = KueueGate(workload="wl", admitted=True, evicted=True,
+                        message="evicted by Kueue (Preempted): Preempted to accommodate a workload")  # fmt: skip
+    status = {**RUNNING, "restarts": {"failures": 0, "preemptions": 0}, "admission": {"by": "Kueue"}}
+    plan = decide(gpu_job(status=status), [pod(0), pod(1)], NODES, NOW, kueue_gate=evicted)
+    assert sorted(plan.delete_pods) == ["j-worker-0", "j-worker-1"] and plan.force_delete_pods == []
+    assert plan.status["restarts"] == {"failures": 0, "preemptions": 1}
+    assert plan.status["attempt"] == 1 and plan.status["phase"] == "Pending"
+    assert "admission" not in plan.status and "checkpoint" in plan.status["message"]
+    # The next look, pods gone: still waiting, and the preemption is not counted twice.
+    again = decide(gpu_job(status=plan.status), [], NODES, NOW + 2, kueue_gate=evicted)
+    assert again.status["restarts"]["preemptions"] == 1 and again.create_indices == []
+
+
+# -- the wait by admitter ------------------------------------------------------------------------
+
+
+def admission_wait_count(admitted_by: str, cluster_queue: str) -> float:
+    value = metrics.REGISTRY.get_sample_value(
+        "phalanx_admission_wait_seconds_count", {"admitted_by": admitted_by, "cluster_queue": cluster_queue}
+    )
+    return value or 0.0
+
+
+def test_the_admission_wait_is_observed_once_per_kueue_admission_under_its_cluster_queue() -> None:
+    before = admission_wait_count("Kueue", "cq-metric")
+    admitted = {
+        "phase": "Admitted",
+        "admission": {"by": "Kueue", "clusterQueue": "cq-metric", "waitedSeconds": 7},
+    }
+    metrics.observe_status("ns", "metric-job", {"phase": "Pending"}, admitted)
+    metrics.observe_status("ns", "metric-job", admitted, {**admitted, "phase": "Running"})  # same admission
+    assert admission_wait_count("Kueue", "cq-metric") == before + 1
+    builtin_before = admission_wait_count("Builtin", "")
+    metrics.observe_gang_admitted("ns", "other-job", 3.0)
+    assert admission_wait_count("Builtin", "") == builtin_before + 1
+    metrics.forget_job("ns", "metric-job")
+    metrics.forget_job("ns", "other-job")
