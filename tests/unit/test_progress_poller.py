@@ -75,7 +75,7 @@ def test_a_new_checkpoint_is_written_at_once(trainer: Trainer) -> None:
     assert [w.get("lastCheckpoint", {}).get("step") for w in writer.writes] == [None, 2]
 
 
-def test_a_phase_change_takes_the_progress_the_interval_held_back(trainer: Trainer) -> None:
+def test_the_progress_the_interval_held_back_is_read_until_a_write_carries_it(trainer: Trainer) -> None:
     writer = RecordingWriter()
     polling = poller(writer, seconds=30.0)
     polling.poll("ns/job")
@@ -83,10 +83,13 @@ def test_a_phase_change_takes_the_progress_the_interval_held_back(trainer: Train
     trainer.report["step"] = 100
     polling.poll("ns/job")
     assert len(writer.writes) == 1
-    assert polling.take_unwritten("ns/job", "other-uid") is None  # never onto another job
-    polling.poll("ns/job")
-    assert polling.take_unwritten("ns/job", "uid-1") == {"step": 100, "totalSteps": 100, "percent": 100}
-    assert polling.take_unwritten("ns/job", "uid-1") is None  # taken once
+    assert polling.held_back("ns/job", "other-uid") is None  # never onto another job
+    newest = {"step": 100, "totalSteps": 100, "percent": 100}
+    assert polling.held_back("ns/job", "uid-1") == newest
+    polling.written_with_status("ns/job", "uid-1", {"step": 99})  # a write that carried another
+    assert polling.held_back("ns/job", "uid-1") == newest  # a conflict or another value: still held
+    polling.written_with_status("ns/job", "uid-1", newest)
+    assert polling.held_back("ns/job", "uid-1") is None
 
 
 def test_the_interval_comes_from_the_environment() -> None:

@@ -11,6 +11,7 @@ import math
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final, NamedTuple
 
@@ -153,13 +154,12 @@ class ProgressPoller:
         held = self.unwritten.get(key)
         return held[1].get("progress") if held is not None and held[0] == uid else None
 
-    def take_unwritten(self, key: str, uid: str) -> dict[str, Any] | None:
-        """status.progress as last read for the job with `uid`, if the interval held it back; the
-        reconcile writes it with a phase change (a finished job shows its last step)."""
-        held = self.unwritten.pop(key, None)
-        if held is None or held[0] != uid:
-            return None
-        return held[1].get("progress")
+    def written_with_status(self, key: str, uid: str, progress: Mapping[str, Any] | None) -> None:
+        """The reconcile's status write (a phase change) carried `progress`: held back no longer.
+        Only after the write succeeded, so a conflict keeps it for the next try."""
+        held = self.unwritten.get(key)
+        if held is not None and held[0] == uid and held[1].get("progress") == progress:
+            del self.unwritten[key]
 
     def track(
         self,

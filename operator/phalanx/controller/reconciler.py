@@ -37,6 +37,7 @@ from phalanx.pod_facts import attempt_spec, is_owned_by
 from phalanx.policy import bad_nodes
 from phalanx.policy.elastic import Room
 from phalanx.policy.host_path import REASON_HOST_PATH_NOT_ALLOWED, host_path_refusal
+from phalanx.policy.progress_writes import decided_on, settle_progress
 from phalanx.reconcile.lifecycle import decide
 from phalanx.reconcile.plan import FINISHED_PHASES, Event, Plan, iso, merged_events
 from phalanx.reconcile.rules.creation import creation_refused, name_conflict, spec_refused
@@ -117,7 +118,10 @@ class Reconciler:
         # A job in a Kueue queue is admitted by Kueue, through its Workload; never by the built-in pass.
         queue = queue_name(job)
         gate = self.kueue.gate(key, job, spec, queue) if queue else None
-        plan = self._decide(job, pods, nodes, now, gate)
+        # Decided on the newest progress the write interval held back, written only with a phase change.
+        held = self.progress.held_back(key, job["metadata"]["uid"])
+        plan = self._decide({**job, "status": decided_on(old_status, held)}, pods, nodes, now, gate)
+        settle_progress(old_status, plan.status, held)
         ref = JobRef.of(job)
         # As the attempt runs it: an elastic gang's pods are built for the size it was given.
         spec = attempt_spec(parse(TrainingJobSpec, job["spec"]), plan.status)
@@ -176,12 +180,6 @@ class Reconciler:
             if not taken and not refused:
                 followups.append(0.5)
 
-        if plan.status.get("phase") != old_status.get("phase"):
-            # The progress the write interval held back goes with the phase change: a finished job
-            # shows its last step (policy/progress_writes.py).
-            held = self.progress.take_unwritten(key, job["metadata"]["uid"])
-            if held is not None:
-                plan.status["progress"] = held
         hang_timeout = ((job.get("spec") or {}).get("runPolicy") or {}).get("hangTimeoutSeconds")
         self.progress.track(key, job["metadata"]["uid"], pods, plan.status, hang_timeout)
         if plan.status.get("phase") in FINISHED_PHASES:
@@ -190,6 +188,7 @@ class Reconciler:
             writer.write_status(key, job, recorded, plan.status)
         except StatusConflict:
             return writer.refreshed(key)  # what was done is read back from the pods next time
+        self.progress.written_with_status(key, job["metadata"]["uid"], plan.status.get("progress"))
         if status_diff(_decided_on(old_status), _decided_on(plan.status)):
             # Decide once more on what was just written (a finished job's TTL, say, is timed from
             # the completionTime this write set): the job's own status events no longer enqueue it.

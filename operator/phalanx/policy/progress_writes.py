@@ -32,3 +32,23 @@ def progress_write_due(
     if patch.get("lastCheckpoint") != written.get("lastCheckpoint"):
         return True  # a new checkpoint is where a restart resumes: say it at once
     return now - written_at >= interval
+
+
+def decided_on(stored: Mapping[str, Any], held: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The status a decision reads: the stored one with the newest progress the interval held back
+    (a disruption's step, and so the redone steps, comes from the trainer's last report)."""
+    return {**stored, "progress": dict(held)} if held is not None else dict(stored)
+
+
+def settle_progress(
+    stored: Mapping[str, Any], decided: dict[str, Any], held: Mapping[str, Any] | None
+) -> None:
+    """After deciding on decided_on(): the write keeps the stored progress while the phase stays
+    (the interval still holds the newest back); on a phase change the newest goes with it, or what
+    the decision set itself (a finished job's complete progress)."""
+    if held is None or decided.get("phase") != stored.get("phase") or decided.get("progress") != held:
+        return
+    if "progress" in stored:
+        decided["progress"] = stored["progress"]
+    else:
+        decided.pop("progress", None)
