@@ -151,8 +151,8 @@ def test_a_job_has_at_most_one_pending_delayed_requeue_the_earliest() -> None:
         pending = len(work.delayed)
         await asyncio.sleep(0.2)  # before the 0.3 s timers would have fired: the 0.05 s one did
         taken = []
-        while not work.queue.empty():
-            taken.append(work.queue.get_nowait())
+        while (key := work.take_nowait()) is not None:
+            taken.append(key)
         await asyncio.sleep(0.3)
         assert work.queue.empty()  # and the later timer was dropped, not fired too
         return pending, taken, len(work.delayed)
@@ -160,6 +160,37 @@ def test_a_job_has_at_most_one_pending_delayed_requeue_the_earliest() -> None:
     pending, taken, left = asyncio.run(scenario())
     assert pending == 2  # one timer per job, not 101
     assert sorted(taken) == ["ns/a", "ns/b"] and left == 0
+
+
+def test_an_event_is_reconciled_before_the_resync_backlog() -> None:
+    # From the review of the steady state: the resync enqueues every job once a period; with a
+    # single FIFO a pod failure waited behind thousands of resync keys (minutes at 4,000 jobs).
+    from phalanx.controller.queue import WorkQueue
+
+    async def scenario() -> list[str]:
+        work = WorkQueue()
+        for i in range(1000):
+            work.enqueue(f"ns/resync-{i}", resync=True)
+        work.enqueue("ns/resync-7")  # an event for a job the resync queued already: it moves up
+        work.enqueue("ns/failed-pod")
+        taken = [work.take_nowait() for _ in range(3)]
+        return [k for k in taken if k is not None]
+
+    first = asyncio.run(scenario())
+    assert first[:2] == ["ns/resync-7", "ns/failed-pod"] and first[2].startswith("ns/resync-")
+
+
+def test_a_key_queued_twice_is_taken_once() -> None:
+    from phalanx.controller.queue import WorkQueue
+
+    async def scenario() -> list[str | None]:
+        work = WorkQueue()
+        work.enqueue("ns/a", resync=True)
+        work.enqueue("ns/a")
+        work.enqueue("ns/a", resync=True)
+        return [work.take_nowait(), work.take_nowait()]
+
+    assert asyncio.run(scenario()) == ["ns/a", None]
 
 
 def test_priority_classes_are_listed_at_most_every_refresh_and_a_failed_list_keeps_the_last() -> None:
