@@ -168,7 +168,7 @@ class Controller:
             tick = (tick + 1) % slots
             jobs = [(key, self._uid_of(key)) for key in list(self.reconciler.known_jobs)]
             for key in due_for_resync(jobs, tick, slots):
-                self.work.enqueue(key)
+                self.work.enqueue(key, resync=True)
 
     def _uid_of(self, key: str) -> str:
         job = self.stores.jobs.get(key)

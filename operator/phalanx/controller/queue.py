@@ -9,6 +9,7 @@ enqueued while its reconcile runs is marked `again` and reconciled once more whe
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -27,13 +28,20 @@ RETRY_MAX_SECONDS: Final = c.RETRY_MAX_SECONDS
 # Pod events of one job come in bursts (a gang is created, admitted, bound and started together):
 # one reconcile per burst, not one per event.
 POD_EVENT_BATCH_SECONDS: Final = 1.0
+# Lanes: what an event or a decision asked for first, the periodic resync after it. Thousands of
+# resync keys must never stand between a failed pod and its reconcile.
+EVENT_LANE: Final = 0
+RESYNC_LANE: Final = 1
 
 
 class WorkQueue:
     def __init__(self, retry_max_seconds: float = RETRY_MAX_SECONDS) -> None:
         self.retry_max_seconds = retry_max_seconds
-        self.queue: asyncio.Queue[str] = asyncio.Queue()
-        self.queued: set[str] = set()
+        # (lane, order, key); a key moved up to the event lane leaves a stale resync entry behind,
+        # skipped when taken (queued says which lane holds the key now).
+        self.queue: asyncio.PriorityQueue[tuple[int, int, str]] = asyncio.PriorityQueue()
+        self.queued: dict[str, int] = {}
+        self._order = itertools.count()
         self.active: set[str] = set()
         self.again: set[str] = set()
         self.batching: set[str] = set()
@@ -53,16 +61,33 @@ class WorkQueue:
     loop: asyncio.AbstractEventLoop  # set before the first event (handlers.configure)
 
     # -- on the event loop ------------------------------------------------------------------------
-    def enqueue(self, key: str, delay: float = 0.0) -> None:
+    def enqueue(self, key: str, delay: float = 0.0, resync: bool = False) -> None:
         if delay > 0:
             self._enqueue_later(key, delay)
             return
         if key in self.active:
             self.again.add(key)  # reconcile once more after the running one finishes
             return
-        if key not in self.queued:
-            self.queued.add(key)
-            self.queue.put_nowait(key)
+        lane = RESYNC_LANE if resync else EVENT_LANE
+        if self.queued.get(key, RESYNC_LANE + 1) > lane:
+            self.queued[key] = lane
+            self.queue.put_nowait((lane, next(self._order), key))
+
+    def _taken(self, entry: tuple[int, int, str]) -> str | None:
+        """The key of a queue entry, or None for a stale one (the key moved up a lane, or was taken)."""
+        lane, _, key = entry
+        if self.queued.get(key) != lane:
+            return None
+        del self.queued[key]
+        return key
+
+    def take_nowait(self) -> str | None:
+        """The next key, as a worker would take it; None when nothing is queued (tests)."""
+        while not self.queue.empty():
+            key = self._taken(self.queue.get_nowait())
+            if key is not None:
+                return key
+        return None
 
     def _enqueue_later(self, key: str, delay: float) -> None:
         loop = asyncio.get_running_loop()
@@ -126,8 +151,10 @@ class WorkQueue:
         delays after which to look at the key again. A failed reconcile is retried with backoff."""
         loop = asyncio.get_running_loop()
         while True:
-            key = await self.queue.get()
-            self.queued.discard(key)
+            taken = self._taken(await self.queue.get())
+            if taken is None:
+                continue
+            key = taken
             if key in self.active:  # never two reconciles of one key at once
                 self.again.add(key)
                 continue
