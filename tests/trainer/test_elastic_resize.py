@@ -33,6 +33,7 @@ import torch.multiprocessing as mp
 
 from phalanx.ports import free_port
 from phalanx_trainer.checkpoint.manifest import MANIFEST_NAME
+from phalanx_trainer.checkpoint.state import checkpointed_optimizer
 from phalanx_trainer.config import load_config
 from phalanx_trainer.dataset import SampleSource
 from phalanx_trainer.distenv import DistEnv
@@ -118,13 +119,24 @@ def run_phase(overrides: list[str], world_size: int, rank: int, steps: int, ckpt
     trainer.reduce_loss = recording_reduce_loss  # type: ignore[method-assign]
     code = trainer.train()
     trainer.close()
+    # Each parameter's optimizer step count this rank holds (LAMB keeps it as a Python int).
+    optimizer = checkpointed_optimizer(trainer.app_state())
+    steps_held = sorted({int(state["step"]) for state in optimizer.state.values()}) if optimizer else []
+    steps_by_rank: list[Any] = [None] * world_size
+    dist.all_gather_object(steps_by_rank, steps_held)
     samples_by_rank: list[Any] = [None] * world_size
     dist.all_gather_object(samples_by_rank, recorder.seen)
     by_step: dict[int, list[int]] = {}
     for seen in samples_by_rank:
         for step, index in seen:
             by_step.setdefault(step, []).append(index)
-    return {"exit_code": code, "losses": losses, "samples": by_step, "events": log.events}
+    return {
+        "exit_code": code,
+        "losses": losses,
+        "samples": by_step,
+        "events": log.events,
+        "optimizer_steps": steps_by_rank,
+    }
 
 
 def _worker(
@@ -221,3 +233,24 @@ def test_resize_two_one_two_keeps_the_samples_and_the_loss_of_a_fixed_size_run(t
         report.append(f"{name}: largest relative loss difference {worst:.3g}")
         assert worst <= LOSS_TOLERANCE, (name, worst, losses, fixed["losses"])
     print("; ".join(report))
+
+
+def test_zero1_lamb_shrink_restores_every_parameters_step_count(tmp_path: Path) -> None:
+    """ZeRO-1 partitions the optimizer by parameter, and LAMB's per-parameter step is a Python int
+    (not resharded by DCP): after 2 ranks -> 1 the one rank owns what both owned and must count every
+    parameter's steps from the checkpoint, not from torch's state-dict probe step."""
+    overrides = [
+        "parallelism.dp_mode=zero1",
+        "optimizer.name=lamb",
+        "data.batch_size=4",
+        "data.global_batch_size=16",
+    ]
+    ckpt = str(tmp_path / "ckpt")
+    wide = run_group(2, {"fixed": (overrides, 3, "''"), "before": (overrides, 2, ckpt)})
+    narrow = run_group(1, {"shrunk": (overrides, 3, ckpt)})
+    assert wide["before"]["optimizer_steps"] == [[2], [2]]
+    assert narrow["shrunk"]["exit_code"] == 0
+    assert narrow["shrunk"]["optimizer_steps"] == [[3]]
+    fixed, shrunk = wide["fixed"]["losses"], narrow["shrunk"]["losses"]
+    assert sorted(shrunk) == [3]
+    assert abs(shrunk[3] - fixed[3]) / abs(fixed[3]) <= LOSS_TOLERANCE, (shrunk, fixed)
