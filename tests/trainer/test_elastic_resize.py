@@ -254,3 +254,20 @@ def test_zero1_lamb_shrink_restores_every_parameters_step_count(tmp_path: Path) 
     fixed, shrunk = wide["fixed"]["losses"], narrow["shrunk"]["losses"]
     assert sorted(shrunk) == [3]
     assert abs(shrunk[3] - fixed[3]) / abs(fixed[3]) <= LOSS_TOLERANCE, (shrunk, fixed)
+
+
+def test_a_resize_without_a_global_batch_warns_that_the_global_batch_changed(tmp_path: Path) -> None:
+    """Without data.global_batch_size the global batch follows dp: 2 ranks x 4 = 8, then 1 rank x 3 = 3.
+    Refusing would turn the operator's resize into a failure, so the resume warns, naming both sizes
+    and the fix; 8 samples are not a whole number of 3-sample steps, which it says too."""
+    ckpt = str(tmp_path / "ckpt")
+    wide = run_group(2, {"before": (["data.batch_size=4"], 1, ckpt)})
+    narrow = run_group(1, {"shrunk": (["data.batch_size=3"], 2, ckpt)})
+    assert wide["before"]["exit_code"] == narrow["shrunk"]["exit_code"] == 0
+    assert not [e for e in wide["before"]["events"] if e["event"] == "warning"]
+    warnings = [e for e in narrow["shrunk"]["events"] if e["event"] == "warning"]
+    assert [w["reason"] for w in warnings] == ["global_batch_changed", "data_position_off_step_boundary"]
+    changed, off = warnings
+    assert (changed["from_global_batch_size"], changed["global_batch_size"]) == (8, 3), changed
+    assert "data.global_batch_size = 8" in changed["message"]
+    assert (off["consumed_samples"], off["global_batch_size"]) == (8, 3), off

@@ -10,7 +10,7 @@ import torch
 
 from phalanx_trainer.config import ConfigError, DataConfig, load_config
 from phalanx_trainer.dataset import DataStream, SyntheticSource, resume_micro_batch
-from phalanx_trainer.global_batch import GlobalBatchError, plan_batch, working_dp_sizes
+from phalanx_trainer.global_batch import GlobalBatchError, plan_batch, resume_batch_warnings, working_dp_sizes
 
 pytestmark = pytest.mark.unit
 
@@ -125,3 +125,26 @@ def test_a_position_inside_a_row_repeats_the_rest_of_that_row_and_says_so(
     assert "2 samples are trained on again" in caplog.text
     # A checkpoint from before consumed_samples existed: the batch size was this run's.
     assert resume_micro_batch({"consumed_micro_batches": 6, "dp_size": 1}, dp_size=2, batch_size=4) == 3
+
+
+def test_a_resume_that_changes_the_global_batch_warns_with_both_sizes_and_the_fix() -> None:
+    [changed] = resume_batch_warnings(written_global_batch=8, global_batch=4, consumed_samples=16)
+    assert changed["reason"] == "global_batch_changed"
+    assert (changed["from_global_batch_size"], changed["global_batch_size"]) == (8, 4)
+    assert "8" in changed["message"] and "4" in changed["message"]
+    assert "data.global_batch_size = 8" in changed["message"]
+
+
+def test_a_resume_position_off_the_step_boundary_warns() -> None:
+    warnings = resume_batch_warnings(written_global_batch=8, global_batch=3, consumed_samples=8)
+    assert [w["reason"] for w in warnings] == ["global_batch_changed", "data_position_off_step_boundary"]
+    off = warnings[1]
+    assert (off["consumed_samples"], off["global_batch_size"]) == (8, 3)
+    assert "data.global_batch_size" in off["message"]
+
+
+def test_a_resume_with_the_writers_batch_at_a_step_boundary_is_quiet() -> None:
+    assert resume_batch_warnings(written_global_batch=16, global_batch=16, consumed_samples=32) == []
+    # Checkpoints from before the batch was recorded: only the position can be checked.
+    assert resume_batch_warnings(written_global_batch=None, global_batch=16, consumed_samples=32) == []
+    assert resume_batch_warnings(written_global_batch=16, global_batch=16, consumed_samples=None) == []
