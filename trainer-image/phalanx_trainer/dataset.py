@@ -129,6 +129,7 @@ class DataStream:
         self.source, self.config = source, config
         self.dp_rank, self.dp_size, self.device = dp_rank, dp_size, device
         self.consumed = 0
+        self.restored_position: int | None = None  # the checkpoint's consumed_samples, after a resume
         self.wait_seconds = 0.0  # since the last take_wait_seconds()
         self._iterator: Iterator[tuple[torch.Tensor, torch.Tensor]] | None = None
 
@@ -175,6 +176,8 @@ class DataStream:
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.consumed = resume_micro_batch(state_dict, self.dp_size, self.config.batch_size)
+        saved = state_dict.get("consumed_samples")
+        self.restored_position = int(saved) if saved is not None else None
         self._iterator = None
 
 

@@ -12,6 +12,7 @@ Pure: no torch. `config.validate` and the trainer ask the same function, so they
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 # How many working world sizes an error lists: enough to pick one, short enough to read.
 LISTED_SIZES = 8
@@ -134,3 +135,43 @@ def _no_split_message(
         + ": "
         + "; ".join(fixes)
     )
+
+
+def resume_batch_warnings(
+    *, written_global_batch: int | None, global_batch: int, consumed_samples: int | None
+) -> list[dict[str, Any]]:
+    """What a resume should warn about (each: `reason`, the numbers, `message`); [] when nothing.
+
+    Warnings, not errors: the operator resizes a job by restarting it at another world size, and
+    refusing here would turn every resize of a job without data.global_batch_size into a failure.
+    `written_global_batch` is None for checkpoints from before the writer's batch was recorded.
+    """
+    found: list[dict[str, Any]] = []
+    if written_global_batch is not None and written_global_batch != global_batch:
+        found.append(
+            {
+                "reason": "global_batch_changed",
+                "from_global_batch_size": written_global_batch,
+                "global_batch_size": global_batch,
+                "message": (
+                    f"the checkpoint was written with a global batch of {written_global_batch} sequences "
+                    f"per optimizer step and this launch trains with {global_batch}: the loss trajectory "
+                    f"and the learning-rate schedule's meaning change. Set data.global_batch_size = "
+                    f"{written_global_batch} to keep the writer's batch at any world size"
+                ),
+            }
+        )
+    if consumed_samples is not None and global_batch > 0 and consumed_samples % global_batch:
+        found.append(
+            {
+                "reason": "data_position_off_step_boundary",
+                "consumed_samples": consumed_samples,
+                "global_batch_size": global_batch,
+                "message": (
+                    f"the checkpoint's data position ({consumed_samples} samples) is not a whole number "
+                    f"of this launch's steps of {global_batch} samples: steps no longer start where "
+                    "the writer's did. Set data.global_batch_size to the writer's global batch"
+                ),
+            }
+        )
+    return found

@@ -35,6 +35,7 @@ from phalanx_trainer.checkpoint.rng import RngState
 from phalanx_trainer.config import TrainerConfig, batch_plan, deterministic_enabled, with_batch_plan
 from phalanx_trainer.dataset import DataStream, build_source
 from phalanx_trainer.distenv import DistEnv
+from phalanx_trainer.global_batch import resume_batch_warnings
 from phalanx_trainer.hardware import device_peak_flops
 from phalanx_trainer.logs import EventLog
 from phalanx_trainer.metrics import MetricsServer, StepReport, TrainerMetrics
@@ -443,6 +444,12 @@ class Trainer:
                 from_world_size=written.get("world_size"),
                 from_global_batch_size=written.get("batch", {}).get("global_batch_size"),
             )
+            for warning in resume_batch_warnings(
+                written_global_batch=written.get("batch", {}).get("global_batch_size"),
+                global_batch=self.batch_plan.global_batch_size,
+                consumed_samples=self.data.restored_position,
+            ):
+                self.log("warning", step=restored, **warning)
         startup.mark(startup.RESTORED)  # from a checkpoint, or ready to start from step 0
         self.metrics.resumed_from_step = restored or 0
         self.metrics.note_startup(startup.marks())  # start-up is still going: no step yet
