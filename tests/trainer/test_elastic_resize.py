@@ -20,12 +20,15 @@ cosine schedule would depend on job.steps.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import os
+import random
 import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -97,6 +100,16 @@ class RecordingSource:
         return self.inner.sample(index)
 
 
+def rng_fingerprint() -> dict[str, str]:
+    """A digest of each global generator's state (Python, NumPy, torch CPU) on this rank."""
+    states = {
+        "python": repr(random.getstate()),
+        "numpy": repr(np.random.get_state(legacy=True)),
+        "torch": torch.get_rng_state().numpy().tobytes().hex(),
+    }
+    return {name: hashlib.sha256(state.encode()).hexdigest() for name, state in states.items()}
+
+
 def run_phase(overrides: list[str], world_size: int, rank: int, steps: int, ckpt: str) -> dict[str, Any]:
     """The whole `Trainer.train()` loop to job.steps, resuming from `ckpt` when it holds a checkpoint."""
     config = load_config(
@@ -124,6 +137,8 @@ def run_phase(overrides: list[str], world_size: int, rank: int, steps: int, ckpt
     steps_held = sorted({int(state["step"]) for state in optimizer.state.values()}) if optimizer else []
     steps_by_rank: list[Any] = [None] * world_size
     dist.all_gather_object(steps_by_rank, steps_held)
+    rng_by_rank: list[Any] = [None] * world_size
+    dist.all_gather_object(rng_by_rank, rng_fingerprint())
     samples_by_rank: list[Any] = [None] * world_size
     dist.all_gather_object(samples_by_rank, recorder.seen)
     by_step: dict[int, list[int]] = {}
@@ -136,6 +151,7 @@ def run_phase(overrides: list[str], world_size: int, rank: int, steps: int, ckpt
         "samples": by_step,
         "events": log.events,
         "optimizer_steps": steps_by_rank,
+        "rng": rng_by_rank,
     }
 
 
@@ -271,3 +287,18 @@ def test_a_resize_without_a_global_batch_warns_that_the_global_batch_changed(tmp
     assert (changed["from_global_batch_size"], changed["global_batch_size"]) == (8, 3), changed
     assert "data.global_batch_size = 8" in changed["message"]
     assert (off["consumed_samples"], off["global_batch_size"]) == (8, 3), off
+
+
+def test_a_rank_new_after_a_grow_draws_its_own_random_stream(tmp_path: Path) -> None:
+    """1 rank -> 2: the new rank 1 has no state of its own in the checkpoint. Taking rank 0's random
+    generators would give every new rank rank 0's stream (the same dropout masks on every
+    data-parallel rank); it reseeds instead, so no two ranks hold the same generator state."""
+    ckpt = str(tmp_path / "ckpt")
+    fixed = run_group(2, {"fixed": (["data.batch_size=4"], 2, "''")})["fixed"]
+    run_group(1, {"before": (["data.batch_size=4"], 1, ckpt)})
+    grown = run_group(2, {"grown": (["data.batch_size=4"], 2, ckpt)})["grown"]
+    assert grown["exit_code"] == 0
+    for phase, result in (("fixed", fixed), ("grown", grown)):
+        first, second = result["rng"]
+        for name in ("python", "numpy", "torch"):
+            assert first[name] != second[name], (phase, name)
