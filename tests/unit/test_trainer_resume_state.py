@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from phalanx_trainer.checkpoint.rng import new_rank_seed
 from phalanx_trainer.checkpoint.state import (
     TENSOR_MARK,
     merge_optimizer_state,
@@ -65,3 +66,10 @@ def test_a_live_parameter_without_a_saved_value_is_named() -> None:
 def test_tensor_only_state_needs_no_saved_plain_value() -> None:
     live = {"optimizer": {"state": {"a": {"exp_avg": {TENSOR_MARK: "x"}}}, "param_groups": []}}
     assert optimizer_state_without_saved_values(live, {"optimizer": {"state": {}}}) == []
+
+
+def test_a_new_ranks_seed_is_its_own_and_repeatable() -> None:
+    seeds = {new_rank_seed(1234, rank, step) for rank in range(1, 9) for step in (10, 11)}
+    assert len(seeds) == 16
+    assert new_rank_seed(1234, 3, 10) == new_rank_seed(1234, 3, 10)
+    assert all(0 <= seed < 2**63 for seed in seeds)
