@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from phalanx_trainer.config import ConfigError, DataConfig, load_config
-from phalanx_trainer.dataset import DataStream, SyntheticSource, resume_micro_batch
+from phalanx_trainer.dataset import DataPositionError, DataStream, SyntheticSource, resume_micro_batch
 from phalanx_trainer.global_batch import GlobalBatchError, plan_batch, resume_batch_warnings, working_dp_sizes
 
 pytestmark = pytest.mark.unit
@@ -123,8 +123,24 @@ def test_a_position_inside_a_row_repeats_the_rest_of_that_row_and_says_so(
     state = {"consumed_micro_batches": 3, "dp_size": 1, "batch_size": 4, "consumed_samples": 12}
     assert resume_micro_batch(state, dp_size=2, batch_size=5) == 1
     assert "2 samples are trained on again" in caplog.text
-    # A checkpoint from before consumed_samples existed: the batch size was this run's.
-    assert resume_micro_batch({"consumed_micro_batches": 6, "dp_size": 1}, dp_size=2, batch_size=4) == 3
+
+
+def test_an_old_checkpoint_without_a_sample_position_resumes_only_at_its_own_layout(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # From before consumed_samples was saved: the position is known in this layout's micro-batches only.
+    old = {"consumed_micro_batches": 6, "dp_size": 1}
+    with pytest.raises(DataPositionError) as refused:
+        resume_micro_batch(old, dp_size=2, batch_size=4)
+    message = str(refused.value)
+    assert "consumed_samples" in message and "dp = 1" in message and "dp = 2" in message
+    assert "resume at the writer's" in message
+    with pytest.raises(DataPositionError, match="micro-batch 4"):
+        resume_micro_batch({**old, "batch_size": 4}, dp_size=1, batch_size=3)
+    # Same dp, no recorded batch size: taken to be this run's, and said so.
+    assert resume_micro_batch(old, dp_size=1, batch_size=4) == 6
+    assert "assumed" in caplog.text
+    assert resume_micro_batch({**old, "batch_size": 4}, dp_size=1, batch_size=4) == 6
 
 
 def test_a_resume_that_changes_the_global_batch_warns_with_both_sizes_and_the_fix() -> None:
