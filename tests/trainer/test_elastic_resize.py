@@ -302,3 +302,13 @@ def test_a_rank_new_after_a_grow_draws_its_own_random_stream(tmp_path: Path) -> 
         first, second = result["rng"]
         for name in ("python", "numpy", "torch"):
             assert first[name] != second[name], (phase, name)
+
+
+def test_the_start_warns_when_the_adjusted_micro_batch_is_under_half_the_batch_size() -> None:
+    """11 sequences on one rank under data.batch_size = 8: only micro-batches of 1 split it."""
+    overrides = ["data.batch_size=8", "data.global_batch_size=11", "data.adjust_batch_size=true"]
+    result = run_group(1, {"tiny": (overrides, 1, "''")})["tiny"]
+    assert result["exit_code"] == 0
+    [warning] = [e for e in result["events"] if e["event"] == "warning"]
+    assert warning["reason"] == "micro_batch_small", warning
+    assert (warning["micro_batch_size"], warning["batch_size"]) == (1, 8)

@@ -10,7 +10,13 @@ import torch
 
 from phalanx_trainer.config import ConfigError, DataConfig, load_config
 from phalanx_trainer.dataset import DataPositionError, DataStream, SyntheticSource, resume_micro_batch
-from phalanx_trainer.global_batch import GlobalBatchError, plan_batch, resume_batch_warnings, working_dp_sizes
+from phalanx_trainer.global_batch import (
+    GlobalBatchError,
+    plan_batch,
+    resume_batch_warnings,
+    small_micro_batch_warning,
+    working_dp_sizes,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -164,3 +170,22 @@ def test_a_resume_with_the_writers_batch_at_a_step_boundary_is_quiet() -> None:
     # Checkpoints from before the batch was recorded: only the position can be checked.
     assert resume_batch_warnings(written_global_batch=None, global_batch=16, consumed_samples=32) == []
     assert resume_batch_warnings(written_global_batch=16, global_batch=16, consumed_samples=None) == []
+
+
+def test_an_adjusted_micro_batch_under_half_the_batch_size_warns() -> None:
+    # 22 over 2 ranks is 11 each, a prime above 8: 11 micro-batches of 1.
+    tiny = plan_batch(
+        global_batch_size=22, batch_size=8, grad_accumulation_steps=1, dp=2, adjust_batch_size=True
+    )
+    assert (tiny.micro_batch_size, tiny.grad_accumulation_steps) == (1, 11)
+    warning = small_micro_batch_warning(tiny, batch_size=8)
+    assert warning is not None and warning["reason"] == "micro_batch_small"
+    assert (warning["micro_batch_size"], warning["batch_size"]) == (1, 8)
+    assert "data.global_batch_size" in warning["message"] and "16" in warning["message"]
+    # Half or more is a fair trade for the resize: no warning; nor without adjustment.
+    half = plan_batch(
+        global_batch_size=8, batch_size=8, grad_accumulation_steps=1, dp=2, adjust_batch_size=True
+    )
+    assert half.micro_batch_size == 4 and small_micro_batch_warning(half, batch_size=8) is None
+    plain = plan_batch(global_batch_size=16, batch_size=8, grad_accumulation_steps=1, dp=2)
+    assert small_micro_batch_warning(plain, batch_size=8) is None
