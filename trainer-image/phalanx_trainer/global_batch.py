@@ -104,6 +104,28 @@ def plan_batch(
     )
 
 
+def small_micro_batch_warning(plan: BatchPlan, batch_size: int) -> dict[str, Any] | None:
+    """A warning when data.adjust_batch_size took a micro-batch under half of `batch_size` (the
+    configured one): the global batch stays, but each micro-step does far less work (at worst
+    micro-batches of 1, when G / dp is a prime above batch_size)."""
+    if not plan.adjusted or 2 * plan.micro_batch_size >= batch_size:
+        return None
+    return {
+        "reason": "micro_batch_small",
+        "micro_batch_size": plan.micro_batch_size,
+        "batch_size": batch_size,
+        "grad_accumulation_steps": plan.grad_accumulation_steps,
+        "dp": plan.dp,
+        "message": (
+            f"data.adjust_batch_size shrank the per-rank micro-batch to {plan.micro_batch_size}, under "
+            f"half of data.batch_size = {batch_size} ({plan.grad_accumulation_steps} accumulation steps "
+            f"at dp = {plan.dp}): each step runs far below the throughput batch_size gives. Set "
+            f"data.global_batch_size (now {plan.global_batch_size}) to a multiple of data.batch_size x "
+            f"dp = {batch_size * plan.dp}, or run at a world size whose dp splits it in larger micro-batches"
+        ),
+    }
+
+
 def working_dp_sizes(
     global_batch: int, batch_size: int, pp_microbatches: int, adjust: bool, limit: int = LISTED_SIZES
 ) -> list[int]:

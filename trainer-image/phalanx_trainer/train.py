@@ -35,7 +35,7 @@ from phalanx_trainer.checkpoint.rng import RngState, new_rank_seed
 from phalanx_trainer.config import TrainerConfig, batch_plan, deterministic_enabled, with_batch_plan
 from phalanx_trainer.dataset import DataStream, build_source
 from phalanx_trainer.distenv import DistEnv
-from phalanx_trainer.global_batch import resume_batch_warnings
+from phalanx_trainer.global_batch import resume_batch_warnings, small_micro_batch_warning
 from phalanx_trainer.hardware import device_peak_flops
 from phalanx_trainer.logs import EventLog
 from phalanx_trainer.metrics import MetricsServer, StepReport, TrainerMetrics
@@ -107,6 +107,8 @@ class Trainer:
         # With data.global_batch_size, the micro-batch and accumulation steps follow the world size
         # (an elastic resize): from here on the config holds the values trained with.
         self.batch_plan = batch_plan(config, dist_env.world_size)
+        small_micro_batch = small_micro_batch_warning(self.batch_plan, config.data.batch_size)
+        self.start_warnings = [small_micro_batch] if small_micro_batch else []
         config = with_batch_plan(config, self.batch_plan)
         self.config = config
         self.env = dist_env
@@ -477,6 +479,8 @@ class Trainer:
             pp_microbatches=config.parallelism.pp_microbatches if self.dims.pp_enabled else 1,
             **self.batch_plan.as_json(),
         )
+        for warning in self.start_warnings:
+            self.log("warning", **warning)
         profiler = Profiler(
             config.metrics.profile_start_step, config.metrics.profile_steps, config.metrics.profile_dir
         )
