@@ -312,3 +312,23 @@ def test_the_start_warns_when_the_adjusted_micro_batch_is_under_half_the_batch_s
     [warning] = [e for e in result["events"] if e["event"] == "warning"]
     assert warning["reason"] == "micro_batch_small", warning
     assert (warning["micro_batch_size"], warning["batch_size"]) == (1, 8)
+
+
+def test_pipeline_dp_shrink_restores_each_stages_lamb_step_count(tmp_path: Path) -> None:
+    """ZeRO-2 under pipeline parallelism, mesh (pp, dp, tp): at pp = 2, dp = 2 ranks 0-1 hold stage 0
+    and ranks 2-3 stage 1; at dp = 1 rank 1 holds stage 1, whose LAMB steps only the old ranks 2 and 3
+    saved (rank 1's file is stage 0's)."""
+    overrides = [
+        "parallelism.pp=2",
+        "parallelism.dp_mode=zero2",
+        "parallelism.pp_microbatches=2",
+        "optimizer.name=lamb",
+        "data.batch_size=4",
+        "data.global_batch_size=16",
+    ]
+    ckpt = str(tmp_path / "ckpt")
+    wide = run_group(4, {"before": (overrides, 2, ckpt)})
+    narrow = run_group(2, {"shrunk": (overrides, 3, ckpt)})
+    assert wide["before"]["optimizer_steps"] == [[2]] * 4
+    assert narrow["shrunk"]["exit_code"] == 0
+    assert narrow["shrunk"]["optimizer_steps"] == [[3], [3]]
