@@ -332,3 +332,13 @@ def test_pipeline_dp_shrink_restores_each_stages_lamb_step_count(tmp_path: Path)
     assert wide["before"]["optimizer_steps"] == [[2]] * 4
     assert narrow["shrunk"]["exit_code"] == 0
     assert narrow["shrunk"]["optimizer_steps"] == [[3], [3]]
+
+
+def test_resuming_with_an_optimizer_whose_plain_state_the_checkpoint_lacks_is_refused(tmp_path: Path) -> None:
+    """AdamW saves its step as a tensor, LAMB keeps a Python int: resumed with LAMB, nothing saved holds
+    LAMB's step, and keeping the probe step's value would restart its bias correction silently."""
+    ckpt = str(tmp_path / "ckpt")
+    run_group(1, {"adamw": (["optimizer.name=adamw"], 1, ckpt)})
+    with pytest.raises(mp.ProcessRaisedException, match="does not fit this run") as refused:
+        run_group(1, {"lamb": (["optimizer.name=lamb"], 2, ckpt)})
+    assert "optimizer.name" in str(refused.value) and "/step" in str(refused.value)

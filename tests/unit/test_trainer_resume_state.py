@@ -73,3 +73,11 @@ def test_a_new_ranks_seed_is_its_own_and_repeatable() -> None:
     assert len(seeds) == 16
     assert new_rank_seed(1234, 3, 10) == new_rank_seed(1234, 3, 10)
     assert all(0 <= seed < 2**63 for seed in seeds)
+
+
+def test_a_live_plain_value_saved_as_a_tensor_is_not_a_saved_value() -> None:
+    # AdamW's step is a tensor; LAMB's, a Python int: the overlay would keep the live (probe) value.
+    live = skeleton({"a": 1})
+    saved = skeleton({"a": 2})
+    saved["optimizer"]["state"]["a"]["step"] = {TENSOR_MARK: "optimizer/state/a/step"}
+    assert optimizer_state_without_saved_values(live, saved) == ["a/step"]
