@@ -159,8 +159,12 @@ def merge_optimizer_state(own: Any, others: Iterable[Any]) -> Any:
     return {**own, "optimizer": {**own["optimizer"], "state": states}}
 
 
+def _is_tensor_marker(value: Any) -> bool:
+    return isinstance(value, dict) and set(value) == {TENSOR_MARK}
+
+
 def optimizer_state_without_saved_values(live: Any, saved: Any) -> list[str]:
-    """ "fqn/key" of every plain value in the live optimizer state that `saved` does not hold.
+    """The "fqn/key" of every plain value in the live optimizer state that `saved` does not hold.
 
     The live values are what torch's get_state_dict probe step created; kept, a parameter would count
     steps from there instead of from the checkpoint.
@@ -171,9 +175,14 @@ def optimizer_state_without_saved_values(live: Any, saved: Any) -> list[str]:
         if not isinstance(state, dict):
             continue
         saved_state = saved_states.get(fqn)
+        if not isinstance(saved_state, dict):
+            saved_state = {}
         for key, value in state.items():
-            is_tensor = isinstance(value, dict) and set(value) == {TENSOR_MARK}
-            if not is_tensor and (not isinstance(saved_state, dict) or key not in saved_state):
+            if _is_tensor_marker(value):
+                continue  # DCP loads it
+            # A tensor saved where this optimizer keeps a plain value (AdamW's step, LAMB's int)
+            # does not reach it: the overlay would keep the live value.
+            if key not in saved_state or _is_tensor_marker(saved_state[key]):
                 missing.append(f"{fqn}/{key}")
     return sorted(missing)
 
