@@ -20,12 +20,15 @@ cosine schedule would depend on job.steps.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import os
+import random
 import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -33,6 +36,7 @@ import torch.multiprocessing as mp
 
 from phalanx.ports import free_port
 from phalanx_trainer.checkpoint.manifest import MANIFEST_NAME
+from phalanx_trainer.checkpoint.state import checkpointed_optimizer
 from phalanx_trainer.config import load_config
 from phalanx_trainer.dataset import SampleSource
 from phalanx_trainer.distenv import DistEnv
@@ -96,6 +100,16 @@ class RecordingSource:
         return self.inner.sample(index)
 
 
+def rng_fingerprint() -> dict[str, str]:
+    """A digest of each global generator's state (Python, NumPy, torch CPU) on this rank."""
+    states = {
+        "python": repr(random.getstate()),
+        "numpy": repr(np.random.get_state(legacy=True)),
+        "torch": torch.get_rng_state().numpy().tobytes().hex(),
+    }
+    return {name: hashlib.sha256(state.encode()).hexdigest() for name, state in states.items()}
+
+
 def run_phase(overrides: list[str], world_size: int, rank: int, steps: int, ckpt: str) -> dict[str, Any]:
     """The whole `Trainer.train()` loop to job.steps, resuming from `ckpt` when it holds a checkpoint."""
     config = load_config(
@@ -118,13 +132,27 @@ def run_phase(overrides: list[str], world_size: int, rank: int, steps: int, ckpt
     trainer.reduce_loss = recording_reduce_loss  # type: ignore[method-assign]
     code = trainer.train()
     trainer.close()
+    # Each parameter's optimizer step count this rank holds (LAMB keeps it as a Python int).
+    optimizer = checkpointed_optimizer(trainer.app_state())
+    steps_held = sorted({int(state["step"]) for state in optimizer.state.values()}) if optimizer else []
+    steps_by_rank: list[Any] = [None] * world_size
+    dist.all_gather_object(steps_by_rank, steps_held)
+    rng_by_rank: list[Any] = [None] * world_size
+    dist.all_gather_object(rng_by_rank, rng_fingerprint())
     samples_by_rank: list[Any] = [None] * world_size
     dist.all_gather_object(samples_by_rank, recorder.seen)
     by_step: dict[int, list[int]] = {}
     for seen in samples_by_rank:
         for step, index in seen:
             by_step.setdefault(step, []).append(index)
-    return {"exit_code": code, "losses": losses, "samples": by_step, "events": log.events}
+    return {
+        "exit_code": code,
+        "losses": losses,
+        "samples": by_step,
+        "events": log.events,
+        "optimizer_steps": steps_by_rank,
+        "rng": rng_by_rank,
+    }
 
 
 def _worker(
@@ -221,3 +249,96 @@ def test_resize_two_one_two_keeps_the_samples_and_the_loss_of_a_fixed_size_run(t
         report.append(f"{name}: largest relative loss difference {worst:.3g}")
         assert worst <= LOSS_TOLERANCE, (name, worst, losses, fixed["losses"])
     print("; ".join(report))
+
+
+def test_zero1_lamb_shrink_restores_every_parameters_step_count(tmp_path: Path) -> None:
+    """ZeRO-1 partitions the optimizer by parameter, and LAMB's per-parameter step is a Python int
+    (not resharded by DCP): after 2 ranks -> 1 the one rank owns what both owned and must count every
+    parameter's steps from the checkpoint, not from torch's state-dict probe step."""
+    overrides = [
+        "parallelism.dp_mode=zero1",
+        "optimizer.name=lamb",
+        "data.batch_size=4",
+        "data.global_batch_size=16",
+    ]
+    ckpt = str(tmp_path / "ckpt")
+    wide = run_group(2, {"fixed": (overrides, 3, "''"), "before": (overrides, 2, ckpt)})
+    narrow = run_group(1, {"shrunk": (overrides, 3, ckpt)})
+    assert wide["before"]["optimizer_steps"] == [[2], [2]]
+    assert narrow["shrunk"]["exit_code"] == 0
+    assert narrow["shrunk"]["optimizer_steps"] == [[3]]
+    fixed, shrunk = wide["fixed"]["losses"], narrow["shrunk"]["losses"]
+    assert sorted(shrunk) == [3]
+    assert abs(shrunk[3] - fixed[3]) / abs(fixed[3]) <= LOSS_TOLERANCE, (shrunk, fixed)
+
+
+def test_a_resize_without_a_global_batch_warns_that_the_global_batch_changed(tmp_path: Path) -> None:
+    """Without data.global_batch_size the global batch follows dp: 2 ranks x 4 = 8, then 1 rank x 3 = 3.
+    Refusing would turn the operator's resize into a failure, so the resume warns, naming both sizes
+    and the fix; 8 samples are not a whole number of 3-sample steps, which it says too."""
+    ckpt = str(tmp_path / "ckpt")
+    wide = run_group(2, {"before": (["data.batch_size=4"], 1, ckpt)})
+    narrow = run_group(1, {"shrunk": (["data.batch_size=3"], 2, ckpt)})
+    assert wide["before"]["exit_code"] == narrow["shrunk"]["exit_code"] == 0
+    assert not [e for e in wide["before"]["events"] if e["event"] == "warning"]
+    warnings = [e for e in narrow["shrunk"]["events"] if e["event"] == "warning"]
+    assert [w["reason"] for w in warnings] == ["global_batch_changed", "data_position_off_step_boundary"]
+    changed, off = warnings
+    assert (changed["from_global_batch_size"], changed["global_batch_size"]) == (8, 3), changed
+    assert "data.global_batch_size = 8" in changed["message"]
+    assert (off["consumed_samples"], off["global_batch_size"]) == (8, 3), off
+
+
+def test_a_rank_new_after_a_grow_draws_its_own_random_stream(tmp_path: Path) -> None:
+    """1 rank -> 2: the new rank 1 has no state of its own in the checkpoint. Taking rank 0's random
+    generators would give every new rank rank 0's stream (the same dropout masks on every
+    data-parallel rank); it reseeds instead, so no two ranks hold the same generator state."""
+    ckpt = str(tmp_path / "ckpt")
+    fixed = run_group(2, {"fixed": (["data.batch_size=4"], 2, "''")})["fixed"]
+    run_group(1, {"before": (["data.batch_size=4"], 1, ckpt)})
+    grown = run_group(2, {"grown": (["data.batch_size=4"], 2, ckpt)})["grown"]
+    assert grown["exit_code"] == 0
+    for phase, result in (("fixed", fixed), ("grown", grown)):
+        first, second = result["rng"]
+        for name in ("python", "numpy", "torch"):
+            assert first[name] != second[name], (phase, name)
+
+
+def test_the_start_warns_when_the_adjusted_micro_batch_is_under_half_the_batch_size() -> None:
+    """11 sequences on one rank under data.batch_size = 8: only micro-batches of 1 split it."""
+    overrides = ["data.batch_size=8", "data.global_batch_size=11", "data.adjust_batch_size=true"]
+    result = run_group(1, {"tiny": (overrides, 1, "''")})["tiny"]
+    assert result["exit_code"] == 0
+    [warning] = [e for e in result["events"] if e["event"] == "warning"]
+    assert warning["reason"] == "micro_batch_small", warning
+    assert (warning["micro_batch_size"], warning["batch_size"]) == (1, 8)
+
+
+def test_pipeline_dp_shrink_restores_each_stages_lamb_step_count(tmp_path: Path) -> None:
+    """ZeRO-2 under pipeline parallelism, mesh (pp, dp, tp): at pp = 2, dp = 2 ranks 0-1 hold stage 0
+    and ranks 2-3 stage 1; at dp = 1 rank 1 holds stage 1, whose LAMB steps only the old ranks 2 and 3
+    saved (rank 1's file is stage 0's)."""
+    overrides = [
+        "parallelism.pp=2",
+        "parallelism.dp_mode=zero2",
+        "parallelism.pp_microbatches=2",
+        "optimizer.name=lamb",
+        "data.batch_size=4",
+        "data.global_batch_size=16",
+    ]
+    ckpt = str(tmp_path / "ckpt")
+    wide = run_group(4, {"before": (overrides, 2, ckpt)})
+    narrow = run_group(2, {"shrunk": (overrides, 3, ckpt)})
+    assert wide["before"]["optimizer_steps"] == [[2]] * 4
+    assert narrow["shrunk"]["exit_code"] == 0
+    assert narrow["shrunk"]["optimizer_steps"] == [[3], [3]]
+
+
+def test_resuming_with_an_optimizer_whose_plain_state_the_checkpoint_lacks_is_refused(tmp_path: Path) -> None:
+    """AdamW saves its step as a tensor, LAMB keeps a Python int: resumed with LAMB, nothing saved holds
+    LAMB's step, and keeping the probe step's value would restart its bias correction silently."""
+    ckpt = str(tmp_path / "ckpt")
+    run_group(1, {"adamw": (["optimizer.name=adamw"], 1, ckpt)})
+    with pytest.raises(mp.ProcessRaisedException, match="does not fit this run") as refused:
+        run_group(1, {"lamb": (["optimizer.name=lamb"], 2, ckpt)})
+    assert "optimizer.name" in str(refused.value) and "/step" in str(refused.value)

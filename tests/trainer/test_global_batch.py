@@ -9,8 +9,14 @@ import pytest
 import torch
 
 from phalanx_trainer.config import ConfigError, DataConfig, load_config
-from phalanx_trainer.dataset import DataStream, SyntheticSource, resume_micro_batch
-from phalanx_trainer.global_batch import GlobalBatchError, plan_batch, working_dp_sizes
+from phalanx_trainer.dataset import DataPositionError, DataStream, SyntheticSource, resume_micro_batch
+from phalanx_trainer.global_batch import (
+    GlobalBatchError,
+    plan_batch,
+    resume_batch_warnings,
+    small_micro_batch_warning,
+    working_dp_sizes,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -123,5 +129,63 @@ def test_a_position_inside_a_row_repeats_the_rest_of_that_row_and_says_so(
     state = {"consumed_micro_batches": 3, "dp_size": 1, "batch_size": 4, "consumed_samples": 12}
     assert resume_micro_batch(state, dp_size=2, batch_size=5) == 1
     assert "2 samples are trained on again" in caplog.text
-    # A checkpoint from before consumed_samples existed: the batch size was this run's.
-    assert resume_micro_batch({"consumed_micro_batches": 6, "dp_size": 1}, dp_size=2, batch_size=4) == 3
+
+
+def test_an_old_checkpoint_without_a_sample_position_resumes_only_at_its_own_layout(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # From before consumed_samples was saved: the position is known in this layout's micro-batches only.
+    old = {"consumed_micro_batches": 6, "dp_size": 1}
+    with pytest.raises(DataPositionError) as refused:
+        resume_micro_batch(old, dp_size=2, batch_size=4)
+    message = str(refused.value)
+    assert "consumed_samples" in message and "dp = 1" in message and "dp = 2" in message
+    assert "resume at the writer's" in message
+    with pytest.raises(DataPositionError, match="micro-batch 4"):
+        resume_micro_batch({**old, "batch_size": 4}, dp_size=1, batch_size=3)
+    # Same dp, no recorded batch size: taken to be this run's, and said so.
+    assert resume_micro_batch(old, dp_size=1, batch_size=4) == 6
+    assert "assumed" in caplog.text
+    assert resume_micro_batch({**old, "batch_size": 4}, dp_size=1, batch_size=4) == 6
+
+
+def test_a_resume_that_changes_the_global_batch_warns_with_both_sizes_and_the_fix() -> None:
+    [changed] = resume_batch_warnings(written_global_batch=8, global_batch=4, consumed_samples=16)
+    assert changed["reason"] == "global_batch_changed"
+    assert (changed["from_global_batch_size"], changed["global_batch_size"]) == (8, 4)
+    assert "8" in changed["message"] and "4" in changed["message"]
+    assert "data.global_batch_size = 8" in changed["message"]
+
+
+def test_a_resume_position_off_the_step_boundary_warns() -> None:
+    warnings = resume_batch_warnings(written_global_batch=8, global_batch=3, consumed_samples=8)
+    assert [w["reason"] for w in warnings] == ["global_batch_changed", "data_position_off_step_boundary"]
+    off = warnings[1]
+    assert (off["consumed_samples"], off["global_batch_size"]) == (8, 3)
+    assert "data.global_batch_size" in off["message"]
+
+
+def test_a_resume_with_the_writers_batch_at_a_step_boundary_is_quiet() -> None:
+    assert resume_batch_warnings(written_global_batch=16, global_batch=16, consumed_samples=32) == []
+    # Checkpoints from before the batch was recorded: only the position can be checked.
+    assert resume_batch_warnings(written_global_batch=None, global_batch=16, consumed_samples=32) == []
+    assert resume_batch_warnings(written_global_batch=16, global_batch=16, consumed_samples=None) == []
+
+
+def test_an_adjusted_micro_batch_under_half_the_batch_size_warns() -> None:
+    # 22 over 2 ranks is 11 each, a prime above 8: 11 micro-batches of 1.
+    tiny = plan_batch(
+        global_batch_size=22, batch_size=8, grad_accumulation_steps=1, dp=2, adjust_batch_size=True
+    )
+    assert (tiny.micro_batch_size, tiny.grad_accumulation_steps) == (1, 11)
+    warning = small_micro_batch_warning(tiny, batch_size=8)
+    assert warning is not None and warning["reason"] == "micro_batch_small"
+    assert (warning["micro_batch_size"], warning["batch_size"]) == (1, 8)
+    assert "data.global_batch_size" in warning["message"] and "16" in warning["message"]
+    # Half or more is a fair trade for the resize: no warning; nor without adjustment.
+    half = plan_batch(
+        global_batch_size=8, batch_size=8, grad_accumulation_steps=1, dp=2, adjust_batch_size=True
+    )
+    assert half.micro_batch_size == 4 and small_micro_batch_warning(half, batch_size=8) is None
+    plain = plan_batch(global_batch_size=16, batch_size=8, grad_accumulation_steps=1, dp=2)
+    assert small_micro_batch_warning(plain, batch_size=8) is None

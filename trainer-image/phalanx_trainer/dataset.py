@@ -129,6 +129,7 @@ class DataStream:
         self.source, self.config = source, config
         self.dp_rank, self.dp_size, self.device = dp_rank, dp_size, device
         self.consumed = 0
+        self.restored_position: int | None = None  # the checkpoint's consumed_samples, after a resume
         self.wait_seconds = 0.0  # since the last take_wait_seconds()
         self._iterator: Iterator[tuple[torch.Tensor, torch.Tensor]] | None = None
 
@@ -175,7 +176,40 @@ class DataStream:
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.consumed = resume_micro_batch(state_dict, self.dp_size, self.config.batch_size)
+        saved = state_dict.get("consumed_samples")
+        self.restored_position = int(saved) if saved is not None else None
         self._iterator = None
+
+
+class DataPositionError(ValueError):
+    """The checkpoint's data position cannot be carried over to this launch's layout exactly."""
+
+
+def _position_of_an_old_checkpoint(
+    state_dict: dict[str, Any], consumed: int, dp_size: int, batch_size: int
+) -> int:
+    """Samples consumed, from a data state saved before consumed_samples was (micro-batches only).
+
+    Exact only at the writer's layout: elsewhere the micro-batch count means other samples, so a
+    guess would silently repeat or skip data.
+    """
+    saved_dp = int(state_dict.get("dp_size", dp_size))
+    saved_batch = state_dict.get("batch_size")
+    if saved_dp != dp_size or (saved_batch is not None and int(saved_batch) != batch_size):
+        writer = f"dp = {saved_dp}" + (f", micro-batch {int(saved_batch)}" if saved_batch is not None else "")
+        raise DataPositionError(
+            f"the checkpoint's data state has no consumed_samples (an older trainer wrote it at {writer}) "
+            f"and this launch has dp = {dp_size}, micro-batch {batch_size}: its position in samples is "
+            "unknown here; resume at the writer's dp and micro-batch (world size and data.batch_size) "
+            "until this trainer has written a checkpoint, then resize"
+        )
+    if saved_batch is None:
+        log.warning(
+            "the checkpoint's data state records neither consumed_samples nor batch_size (an older "
+            "trainer); its micro-batch is assumed to be this run's (%d): keep data.batch_size as it was",
+            batch_size,
+        )
+    return consumed * dp_size * batch_size
 
 
 def resume_micro_batch(state_dict: dict[str, Any], dp_size: int, batch_size: int) -> int:
@@ -187,10 +221,10 @@ def resume_micro_batch(state_dict: dict[str, Any], dp_size: int, batch_size: int
     samples before it in that row are trained on again, with a warning saying how many.
     """
     consumed = int(state_dict["consumed_micro_batches"])
-    # Checkpoints from before batch_size and consumed_samples were saved had this run's batch_size.
-    saved_dp = int(state_dict.get("dp_size", dp_size))
-    saved_batch = int(state_dict.get("batch_size", batch_size))
-    position = int(state_dict.get("consumed_samples", consumed * saved_dp * saved_batch))
+    if "consumed_samples" in state_dict:
+        position = int(state_dict["consumed_samples"])
+    else:
+        position = _position_of_an_old_checkpoint(state_dict, consumed, dp_size, batch_size)
     row = dp_size * batch_size
     micro_batch, left_over = divmod(position, row)
     if left_over:

@@ -12,6 +12,7 @@ Pure: no torch. `config.validate` and the trainer ask the same function, so they
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 # How many working world sizes an error lists: enough to pick one, short enough to read.
 LISTED_SIZES = 8
@@ -103,6 +104,28 @@ def plan_batch(
     )
 
 
+def small_micro_batch_warning(plan: BatchPlan, batch_size: int) -> dict[str, Any] | None:
+    """A warning when data.adjust_batch_size took a micro-batch under half of `batch_size` (the
+    configured one): the global batch stays, but each micro-step does far less work (at worst
+    micro-batches of 1, when G / dp is a prime above batch_size)."""
+    if not plan.adjusted or 2 * plan.micro_batch_size >= batch_size:
+        return None
+    return {
+        "reason": "micro_batch_small",
+        "micro_batch_size": plan.micro_batch_size,
+        "batch_size": batch_size,
+        "grad_accumulation_steps": plan.grad_accumulation_steps,
+        "dp": plan.dp,
+        "message": (
+            f"data.adjust_batch_size shrank the per-rank micro-batch to {plan.micro_batch_size}, under "
+            f"half of data.batch_size = {batch_size} ({plan.grad_accumulation_steps} accumulation steps "
+            f"at dp = {plan.dp}): each step runs far below the throughput batch_size gives. Set "
+            f"data.global_batch_size (now {plan.global_batch_size}) to a multiple of data.batch_size x "
+            f"dp = {batch_size * plan.dp}, or run at a world size whose dp splits it in larger micro-batches"
+        ),
+    }
+
+
 def working_dp_sizes(
     global_batch: int, batch_size: int, pp_microbatches: int, adjust: bool, limit: int = LISTED_SIZES
 ) -> list[int]:
@@ -134,3 +157,43 @@ def _no_split_message(
         + ": "
         + "; ".join(fixes)
     )
+
+
+def resume_batch_warnings(
+    *, written_global_batch: int | None, global_batch: int, consumed_samples: int | None
+) -> list[dict[str, Any]]:
+    """What a resume should warn about (each: `reason`, the numbers, `message`); [] when nothing.
+
+    Warnings, not errors: the operator resizes a job by restarting it at another world size, and
+    refusing here would turn every resize of a job without data.global_batch_size into a failure.
+    `written_global_batch` is None for checkpoints from before the writer's batch was recorded.
+    """
+    found: list[dict[str, Any]] = []
+    if written_global_batch is not None and written_global_batch != global_batch:
+        found.append(
+            {
+                "reason": "global_batch_changed",
+                "from_global_batch_size": written_global_batch,
+                "global_batch_size": global_batch,
+                "message": (
+                    f"the checkpoint was written with a global batch of {written_global_batch} sequences "
+                    f"per optimizer step and this launch trains with {global_batch}: the loss trajectory "
+                    f"and the learning-rate schedule's meaning change. Set data.global_batch_size = "
+                    f"{written_global_batch} to keep the writer's batch at any world size"
+                ),
+            }
+        )
+    if consumed_samples is not None and global_batch > 0 and consumed_samples % global_batch:
+        found.append(
+            {
+                "reason": "data_position_off_step_boundary",
+                "consumed_samples": consumed_samples,
+                "global_batch_size": global_batch,
+                "message": (
+                    f"the checkpoint's data position ({consumed_samples} samples) is not a whole number "
+                    f"of this launch's steps of {global_batch} samples: steps no longer start where "
+                    "the writer's did. Set data.global_batch_size to the writer's global batch"
+                ),
+            }
+        )
+    return found

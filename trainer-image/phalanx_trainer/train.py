@@ -31,10 +31,11 @@ from torch.nn.parallel import DistributedDataParallel
 
 from phalanx_trainer import contract, faults, startup
 from phalanx_trainer.checkpoint import CheckpointManager, PreemptionWatcher
-from phalanx_trainer.checkpoint.rng import RngState
+from phalanx_trainer.checkpoint.rng import RngState, new_rank_seed
 from phalanx_trainer.config import TrainerConfig, batch_plan, deterministic_enabled, with_batch_plan
 from phalanx_trainer.dataset import DataStream, build_source
 from phalanx_trainer.distenv import DistEnv
+from phalanx_trainer.global_batch import resume_batch_warnings, small_micro_batch_warning
 from phalanx_trainer.hardware import device_peak_flops
 from phalanx_trainer.logs import EventLog
 from phalanx_trainer.metrics import MetricsServer, StepReport, TrainerMetrics
@@ -106,6 +107,8 @@ class Trainer:
         # With data.global_batch_size, the micro-batch and accumulation steps follow the world size
         # (an elastic resize): from here on the config holds the values trained with.
         self.batch_plan = batch_plan(config, dist_env.world_size)
+        small_micro_batch = small_micro_batch_warning(self.batch_plan, config.data.batch_size)
+        self.start_warnings = [small_micro_batch] if small_micro_batch else []
         config = with_batch_plan(config, self.batch_plan)
         self.config = config
         self.env = dist_env
@@ -428,21 +431,36 @@ class Trainer:
         last = self.checkpoints.last
         return (last.step, last.time) if last is not None else None
 
+    def _resumed_at(self, restored: int) -> None:
+        """After a restore: the step, the `resumed` line, a new rank's own random stream, and the
+        warnings about a global batch that differs from the checkpoint writer's."""
+        self.progress.step = restored
+        written = self.checkpoints.restored_from or {}
+        written_batch = written.get("batch", {}).get("global_batch_size")
+        self.log(
+            "resumed",
+            step=restored,
+            unix_time=round(time.time(), 3),
+            from_world_size=written.get("world_size"),
+            from_global_batch_size=written_batch,
+        )
+        if self.checkpoints.rank >= int(written.get("world_size", self.checkpoints.world_size)):
+            # This rank took rank 0's per-rank state; its generators must not repeat rank 0's.
+            seed_generators(new_rank_seed(self.config.job.seed, self.env.rank, restored))
+        for warning in resume_batch_warnings(
+            written_global_batch=written_batch,
+            global_batch=self.batch_plan.global_batch_size,
+            consumed_samples=self.data.restored_position,
+        ):
+            self.log("warning", step=restored, **warning)
+
     def train(self) -> int:
         """Runs to job.steps; returns the process exit code (0, or 75 after a preemption checkpoint)."""
         config = self.config
         app_state = self.app_state()
         restored = self.checkpoints.restore(app_state)
         if restored is not None:
-            self.progress.step = restored
-            written = self.checkpoints.restored_from or {}
-            self.log(
-                "resumed",
-                step=restored,
-                unix_time=round(time.time(), 3),
-                from_world_size=written.get("world_size"),
-                from_global_batch_size=written.get("batch", {}).get("global_batch_size"),
-            )
+            self._resumed_at(restored)
         startup.mark(startup.RESTORED)  # from a checkpoint, or ready to start from step 0
         self.metrics.resumed_from_step = restored or 0
         self.metrics.note_startup(startup.marks())  # start-up is still going: no step yet
@@ -461,6 +479,8 @@ class Trainer:
             pp_microbatches=config.parallelism.pp_microbatches if self.dims.pp_enabled else 1,
             **self.batch_plan.as_json(),
         )
+        for warning in self.start_warnings:
+            self.log("warning", **warning)
         profiler = Profiler(
             config.metrics.profile_start_step, config.metrics.profile_steps, config.metrics.profile_dir
         )

@@ -64,6 +64,8 @@ from phalanx_trainer.checkpoint.state import (
     checkpointed_optimizer,
     collect,
     fill_tensors,
+    merge_optimizer_state,
+    optimizer_state_without_saved_values,
     overlay_plain_values,
     replicated_prefixes,
     split_tensors,
@@ -237,7 +239,7 @@ class CheckpointManager:
             if proposal is None:
                 break
             folder, manifest = proposal
-            small, problem = self._load_and_verify(folder, manifest, live_tensors)
+            small, problem = self._load_and_verify(folder, manifest, live_skeleton, live_tensors)
             if problem is None and small is not None:
                 chosen = (folder, manifest, small)
             else:
@@ -272,14 +274,15 @@ class CheckpointManager:
         return manifest.step
 
     def _load_and_verify(
-        self, folder: Path, manifest: Manifest, tensors: dict[str, torch.Tensor]
+        self, folder: Path, manifest: Manifest, live_skeleton: Any, tensors: dict[str, torch.Tensor]
     ) -> tuple[dict[str, Any] | None, str | None]:
         """DCP-load `tensors` from `folder` while this rank hashes its share of the files the ranks
-        read, then parse this rank's per-rank file.
+        read, then parse this rank's per-rank file (and, for optimizer state it lacks, the others).
 
         Collective. The digests are checked beside the load, not before it, so that a restore costs
         about one pass over the data instead of two. Returns (this rank's per-rank state, None) when
         every rank found its share intact, else (None, the first problem, the same on every rank).
+        Raises CheckpointError on every rank when a rank holds optimizer state no file saved.
         """
         own_file = rank_file_name(self.rank if self.rank < manifest.world_size else 0)
         reads: set[str] | None = None
@@ -320,14 +323,47 @@ class CheckpointManager:
             except (OSError, ValueError) as error:
                 problem = f"{error} (found by rank {self.rank})"
         small: dict[str, Any] | None = None
+        unfit: str | None = None
         if problem is None and load_problem is None:
+            reading = own_file
             try:
                 small = load_small_state((folder / own_file).read_bytes())
+                others = (
+                    rank_file_name(rank)
+                    for rank in range(manifest.world_size)
+                    if rank_file_name(rank) != own_file
+                )
+                missing = optimizer_state_without_saved_values(live_skeleton, small.get("sharded", {}))
+                for reading in others:
+                    if not missing:
+                        break
+                    # Not in this rank's verification share: hashed here, before it is trusted.
+                    verify_digests(folder, manifest, {reading})
+                    other = load_small_state((folder / reading).read_bytes())
+                    small["sharded"] = merge_optimizer_state(
+                        small.get("sharded", {}), [other.get("sharded", {})]
+                    )
+                    missing = optimizer_state_without_saved_values(live_skeleton, small["sharded"])
             except (OSError, ValueError) as error:  # read errors, UnsafeCheckpointError, damaged archives
-                problem = f"{own_file}: {error} (found by rank {self.rank})"
-        problems = [found for found in self._all_gather(problem or load_problem) if found]
+                problem = f"{reading}: {error} (found by rank {self.rank})"
+            else:
+                if missing:
+                    unfit = (
+                        f"rank {self.rank} holds optimizer state that none of the {manifest.world_size} "
+                        f"per-rank files saved: {', '.join(missing[:3])}"
+                        f"{f' and {len(missing) - 3} more' if len(missing) > 3 else ''}"
+                    )
+        everyone_found = self._all_gather((problem or load_problem, unfit))
+        problems = [found for found, _ in everyone_found if found]
         if problems:
             return None, problems[0]
+        unfits = [found for _, found in everyone_found if found]
+        if unfits:
+            raise CheckpointError(
+                f"checkpoint {folder.name} does not fit this run: {unfits[0]}. Resume with the optimizer "
+                "the checkpoint was written with (optimizer.name), or move the step-* folders away to "
+                "start fresh"
+            )
         return small, None
 
     def _probe_storage(self) -> float | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import random
 from typing import Any
 
@@ -39,3 +40,11 @@ class RngState:
         cuda_states = state_dict.get("torch_cuda")
         if cuda_states is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(cuda_states[: torch.cuda.device_count()])
+
+
+def new_rank_seed(seed: int, rank: int, step: int) -> int:
+    """The seed of a rank the checkpoint's writer did not have (a grow): its own per-rank file does
+    not exist, and rank 0's generators would give it rank 0's stream (the same dropout masks on
+    every new data-parallel rank). Deterministic, so a rerun of the same resize draws the same."""
+    digest = hashlib.sha256(f"phalanx-new-rank/{seed}/{rank}/{step}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1  # 63 bits: torch.manual_seed takes a signed int64

@@ -8,7 +8,7 @@ they are written to a per-rank file that loads under `weights_only=True`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -133,6 +133,58 @@ def overlay_plain_values(live: Any, saved: Any) -> Any:
     if isinstance(saved, dict | list):
         return live
     return saved
+
+
+def _optimizer_states(sharded: Any) -> dict[str, Any]:
+    """FQN -> per-parameter optimizer state of a sharded skeleton ({} when there is none)."""
+    optimizer = sharded.get("optimizer") if isinstance(sharded, dict) else None
+    states = optimizer.get("state") if isinstance(optimizer, dict) else None
+    return states if isinstance(states, dict) else {}
+
+
+def merge_optimizer_state(own: Any, others: Iterable[Any]) -> Any:
+    """`own` (this rank's saved skeleton) with the per-parameter optimizer state of every FQN it lacks
+    taken from `others` (the writer's other ranks), the first that holds it winning.
+
+    ZeRO-1 and pipeline stages split the optimizer by parameter, and after a resize a rank may hold
+    parameters another rank saved: their tensors DCP reshards, their plain values (LAMB's step) are
+    only in that rank's file.
+    """
+    states = dict(_optimizer_states(own))
+    for other in others:
+        for fqn, state in _optimizer_states(other).items():
+            states.setdefault(fqn, state)
+    if not isinstance(own, dict) or not isinstance(own.get("optimizer"), dict):
+        return own
+    return {**own, "optimizer": {**own["optimizer"], "state": states}}
+
+
+def _is_tensor_marker(value: Any) -> bool:
+    return isinstance(value, dict) and set(value) == {TENSOR_MARK}
+
+
+def optimizer_state_without_saved_values(live: Any, saved: Any) -> list[str]:
+    """The "fqn/key" of every plain value in the live optimizer state that `saved` does not hold.
+
+    The live values are what torch's get_state_dict probe step created; kept, a parameter would count
+    steps from there instead of from the checkpoint.
+    """
+    saved_states = _optimizer_states(saved)
+    missing: list[str] = []
+    for fqn, state in _optimizer_states(live).items():
+        if not isinstance(state, dict):
+            continue
+        saved_state = saved_states.get(fqn)
+        if not isinstance(saved_state, dict):
+            saved_state = {}
+        for key, value in state.items():
+            if _is_tensor_marker(value):
+                continue  # DCP loads it
+            # A tensor saved where this optimizer keeps a plain value (AdamW's step, LAMB's int)
+            # does not reach it: the overlay would keep the live value.
+            if key not in saved_state or _is_tensor_marker(saved_state[key]):
+                missing.append(f"{fqn}/{key}")
+    return sorted(missing)
 
 
 def apply_sharded(app_state: Mapping[str, Any], sharded: dict[str, Any]) -> None:
