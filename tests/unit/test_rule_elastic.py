@@ -91,3 +91,50 @@ def test_the_size_is_kept_while_the_attempt_has_pods() -> None:
     status = {"attempt": 0, "currentReplicas": 2}
     plan = decide(elastic_job(status), [pod(0, phase="Pending")], NODES, NOW, room=Room(pods=0))
     assert plan.create_indices == [1] and plan.status["currentReplicas"] == 2
+
+
+GANG_SIZE = "phalanx.dev/gang-size"  # the label every pod carries: its attempt's size
+
+
+def elastic_job_of(max_replicas: int, status: dict[str, Any] | None = None) -> dict[str, Any]:
+    j = job(status, elastic={"minReplicas": 1, "maxReplicas": max_replicas})
+    del j["spec"]["replicas"]
+    return j
+
+
+def sized(index: int, size: int, phase: str = "Pending", attempt: int = 0) -> dict[str, Any]:
+    p = pod(index, attempt=attempt, phase=phase)
+    p["metadata"]["labels"][GANG_SIZE] = str(size)
+    return p
+
+
+@pytest.mark.parametrize("recorded", [{}, {"currentReplicas": 4}])
+def test_the_attempt_size_comes_from_its_pods_label_not_a_lost_or_stale_status(
+    recorded: dict[str, Any],
+) -> None:
+    # Pod 0 was created at size 2, then the status write that said so was lost (or is older).
+    plan = decide(elastic_job_of(4, {"attempt": 0, **recorded}), [sized(0, 2)], NODES, NOW, room=Room(pods=0))
+    assert plan.create_indices == [1]
+    assert plan.status["currentReplicas"] == 2
+
+
+def test_pods_of_one_attempt_that_disagree_on_the_size_restart_it_without_counting() -> None:
+    status = {"attempt": 0, "phase": "Pending", "currentReplicas": 4}
+    pods = [sized(0, 2), sized(1, 4), sized(2, 4), sized(3, 4)]
+    plan = decide(elastic_job_of(4, status), pods, NODES, NOW, room=Room(pods=0))
+    assert plan.status["phase"] == "Restarting" and plan.status["attempt"] == 1
+    restarts = plan.status["restarts"]
+    assert (restarts.get("failures", 0), restarts.get("preemptions", 0), restarts.get("resizes", 0)) == (
+        0,
+        0,
+        0,
+    )
+    assert sorted(plan.delete_pods) == [f"j-worker-{i}" for i in range(4)] and not plan.create_indices
+
+
+def test_the_size_chosen_for_an_attempt_holds_while_its_pods_are_not_seen_yet() -> None:
+    # The size was recorded before the first create; the pod store lags behind the creates.
+    first = decide(elastic_job_of(4), [], NODES, NOW, room=Room(pods=1))
+    assert first.create_indices == [0]
+    again = decide(elastic_job_of(4, first.status), [], NODES, NOW, room=Room(pods=4))
+    assert again.create_indices == [0] and again.status["currentReplicas"] == 1
