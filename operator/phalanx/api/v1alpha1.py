@@ -729,6 +729,10 @@ class TrainingJobStatus:
     )
     gang_timeouts: int | None = api_field("Times the gang was torn down for not starting in time.")
     created_attempt: int | None = api_field("The attempt whose pods have all been created.")
+    sized_attempt: int | None = api_field(
+        "The attempt currentReplicas was chosen for: recorded before its first pod is created, so the "
+        "size is not chosen again while its pods are not seen yet."
+    )
     admission_message: str | None = api_field("Why the gang waits for admission (builtin provider).")
     last_checkpoint: LastCheckpoint | None = api_field("Newest checkpoint reported by the trainer.")
     progress: Progress | None = api_field("Training progress.")

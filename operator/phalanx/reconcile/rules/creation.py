@@ -24,7 +24,9 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
     if not provider_for(spec).admits_gangs:  # the pods are admitted as they are created
         status.setdefault("admittedTime", b.now_iso)
     size = spec.replicas
-    if not current:  # the attempt's size is chosen before its first pod exists, then kept
+    # The attempt's size is chosen once, before its first pod exists, and recorded before any is
+    # created (the reconciler writes the status first): a pod store behind the creates sees none yet.
+    if not current and status.get("sizedAttempt") != attempt:
         size = _choose_size(b, seen)
     missing = [i for i in range(size) if i not in current]
     if missing and gang_timeout.partly_created(b, seen):
@@ -60,6 +62,7 @@ def _choose_size(b: PlanBuilder, seen: Observed) -> int:
             Event("Normal", elastic.REASON_RESIZED, elastic.resize_message(previous, size, cause))
         )
     b.status["currentReplicas"] = size
+    b.status["sizedAttempt"] = b.status["attempt"]
     return size
 
 
