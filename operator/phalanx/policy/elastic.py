@@ -1,8 +1,9 @@
 """Elastic gangs (spec.elastic): what size each attempt runs at, and when a running gang grows (pure).
 
-The size is chosen once per attempt, when none of its pods exists yet, and kept in
-status.currentReplicas: every pod of the attempt is built for it (WORLD_SIZE, ranks), so it cannot
-change while they run. A new attempt takes the largest size up to spec.replicas (maxReplicas unless
+The size is chosen once per attempt, when none of its pods exists yet, recorded in
+status.currentReplicas before the first is created, and carried by every pod of the attempt (label
+phalanx.dev/gang-size; the pods' label wins over the status, pod_facts.attempt_replicas): each pod is
+built for it (WORLD_SIZE, ranks), so it cannot change while they run. A new attempt takes the largest size up to spec.replicas (maxReplicas unless
 set) that fits the free room, at least minReplicas; the smallest gang is what waits when even that
 does not fit. That one rule covers both the start (one pod fits: start on one) and the shrink after a
 lost node (the room it held is gone: the next attempt is smaller instead of waiting for it).
