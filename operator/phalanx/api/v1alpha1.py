@@ -253,6 +253,14 @@ class Elastic:
             field_path=".minReplicas",
             reason="FieldValueInvalid",
         ),
+        Rule(
+            "!has(self.replicasMultipleOf) || (self.minReplicas % self.replicasMultipleOf == 0 && "
+            "self.maxReplicas % self.replicasMultipleOf == 0)",
+            "spec.elastic.minReplicas and spec.elastic.maxReplicas must be multiples of "
+            "spec.elastic.replicasMultipleOf: every size the gang takes is one",
+            field_path=".replicasMultipleOf",
+            reason="FieldValueInvalid",
+        ),
     )
     min_replicas: int = api_field(
         "The smallest gang that may train: the job is admitted once this many pods fit.",
@@ -261,6 +269,11 @@ class Elastic:
     max_replicas: int = api_field(
         "The largest gang: it grows to this (or to spec.replicas when set) as room appears.",
         required=True, default=1, minimum=1, maximum=MAX_REPLICAS,
+    )  # fmt: skip
+    replicas_multiple_of: int | None = api_field(
+        "Every size the gang takes is a multiple of this (the room is rounded down to one): sizes the "
+        "trainer can use, say ones that divide data.globalBatchSize and fit tp x pp (docs/elastic.md).",
+        minimum=1, maximum=MAX_REPLICAS,
     )  # fmt: skip
 
 

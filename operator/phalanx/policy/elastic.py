@@ -3,10 +3,12 @@
 The size is chosen once per attempt, when none of its pods exists yet, recorded in
 status.currentReplicas before the first is created, and carried by every pod of the attempt (label
 phalanx.dev/gang-size; the pods' label wins over the status, pod_facts.attempt_replicas): each pod is
-built for it (WORLD_SIZE, ranks), so it cannot change while they run. A new attempt takes the largest size up to spec.replicas (maxReplicas unless
-set) that fits the free room, at least minReplicas; the smallest gang is what waits when even that
-does not fit. That one rule covers both the start (one pod fits: start on one) and the shrink after a
-lost node (the room it held is gone: the next attempt is smaller instead of waiting for it).
+built for it (WORLD_SIZE, ranks), so it cannot change while they run. A new attempt takes the
+largest size up to spec.replicas (maxReplicas unless set) that fits the free room, at least
+minReplicas; the smallest gang is what waits when even that does not fit. That one rule covers both the start (one pod fits: start on one) and the shrink after
+a lost node (the room it held is gone: the next attempt is smaller instead of waiting for it). With
+spec.elastic.replicasMultipleOf every size is rounded down to a multiple of it: the trainer exits for
+good at a world size its global batch or tp x pp does not divide.
 
 Growing takes a restart, and a restart throws away the steps since the last checkpoint, so a gang
 grows only once a checkpoint newer than its admission exists, and only into room that is free now
@@ -43,10 +45,17 @@ def start_size(spec: TrainingJobSpec, room: Room | None) -> int:
     """
     if spec.elastic is None:
         return spec.replicas
-    smallest, largest = spec.elastic.min_replicas, spec.replicas
+    smallest, largest = spec.elastic.min_replicas, usable(spec, spec.replicas)
     if room is None:
         return smallest
-    return max(smallest, min(largest, room.pods))
+    return max(smallest, usable(spec, min(largest, room.pods)))
+
+
+def usable(spec: TrainingJobSpec, pods: int) -> int:
+    """pods rounded down to a size the trainer can use (spec.elastic.replicasMultipleOf; the CRD makes
+    minReplicas one, so a size at least minReplicas stays at least it)."""
+    step = spec.elastic.replicas_multiple_of if spec.elastic is not None else None
+    return pods - pods % step if step else pods
 
 
 def checkpointed_since_admission(status: Mapping[str, Any]) -> bool:
@@ -71,7 +80,8 @@ def grow_size(
         return None
     if room.pods < 1 or not checkpointed_since_admission(status):
         return None
-    return min(spec.replicas, current + room.pods)
+    size = usable(spec, min(spec.replicas, current + room.pods))
+    return size if size > current else None  # by whole multiples only
 
 
 def resize_message(old: int, new: int, cause: str) -> str:
