@@ -584,6 +584,15 @@ class LastCheckpoint:
 
 
 @dataclass
+class ElasticCap:
+    """After an elastic attempt was torn down for not starting (GangTimeout, CreateRefused): the room
+    it was sized from was not real, so the next attempts stay below it for a while."""
+
+    replicas: int | None = api_field("The largest size a new attempt may take until `until`.")
+    until: str | None = api_field("When the cap lifts (RFC 3339); the gang does not grow before then.")
+
+
+@dataclass
 class Progress:
     """Training progress read from the trainer's /progress endpoint."""
 
@@ -742,6 +751,9 @@ class TrainingJobStatus:
     )
     gang_timeouts: int | None = api_field("Times the gang was torn down for not starting in time.")
     created_attempt: int | None = api_field("The attempt whose pods have all been created.")
+    elastic_cap: ElasticCap | None = api_field(
+        "spec.elastic: the size cap after an attempt was torn down for not starting (absent otherwise)."
+    )
     sized_attempt: int | None = api_field(
         "The attempt currentReplicas was chosen for: recorded before its first pod is created, so the "
         "size is not chosen again while its pods are not seen yet."

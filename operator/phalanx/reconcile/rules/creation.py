@@ -13,6 +13,7 @@ from phalanx.providers import provider_for
 from phalanx.reconcile.conditions import get_condition, set_condition
 from phalanx.reconcile.observed import Observed
 from phalanx.reconcile.plan import REASON_CREATE_REFUSED, REASON_NAME_CONFLICT, Event, PlanBuilder, iso
+from phalanx.reconcile.rules import elastic as elastic_rules
 from phalanx.reconcile.rules import gang_timeout
 from phalanx.reconcile.rules.restart import restart_reason
 
@@ -54,10 +55,11 @@ def _choose_size(b: PlanBuilder, seen: Observed) -> int:
     """status.currentReplicas for the new attempt (spec.elastic: as the room allows, policy/elastic.py);
     a change from the attempt before gets its Event, from -> to and why."""
     written = seen.as_written
-    size = elastic.start_size(written, seen.room)
+    cap = elastic_rules.active_cap(b) if written.elastic is not None else None
+    size = elastic.start_size(written, seen.room, cap)
     previous = b.status.get("currentReplicas")
     if written.elastic is not None and isinstance(previous, int) and previous != size:
-        cause = elastic.size_cause(restart_reason(b), seen.room)
+        cause = elastic.size_cause(restart_reason(b), seen.room, cap)
         b.plan.events.append(
             Event("Normal", elastic.REASON_RESIZED, elastic.resize_message(previous, size, cause))
         )
