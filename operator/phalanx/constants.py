@@ -21,6 +21,9 @@ TRAINER_CONTAINER: Final = "trainer"
 LABEL_JOB_NAME: Final = f"{GROUP}/job-name"
 LABEL_REPLICA_INDEX: Final = f"{GROUP}/replica-index"
 LABEL_ATTEMPT: Final = f"{GROUP}/attempt"
+# The size of the attempt the pod was built for (its WORLD_SIZE / procs): read back from the pods, since
+# status.currentReplicas can be lost or lag behind the creates (pod_facts.attempt_sizes).
+LABEL_GANG_SIZE: Final = f"{GROUP}/gang-size"
 LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 MANAGED_BY: Final = "phalanx"
 GANG_SCHEDULING_GATE: Final = f"{GROUP}/gang"

@@ -14,7 +14,7 @@ environment (batch/v1 Job selects by its controller's uid for this reason).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 from phalanx import constants as c
@@ -103,18 +103,41 @@ def is_owned_by(obj: Mapping[str, Any], job_uid: str) -> bool:
     return bool(job_uid) and controller_uid(obj) == job_uid
 
 
-def attempt_replicas(spec: TrainingJobSpec, status: Mapping[str, Any]) -> int:
-    """The size of the current attempt: spec.replicas, or for an elastic job the size it was given
-    (status.currentReplicas), kept within the spec's range."""
+def gang_size(pod: Mapping[str, Any]) -> int | None:
+    """The size of the attempt the pod was built for (its label); None without a readable one (a pod
+    created before the label existed)."""
+    try:
+        size = int(pod["metadata"]["labels"][c.LABEL_GANG_SIZE])
+    except (KeyError, ValueError):
+        return None
+    return size if size >= 1 else None
+
+
+def attempt_sizes(pods: Iterable[Mapping[str, Any]], status: Mapping[str, Any]) -> set[int]:
+    """The sizes the current attempt's pods were built for: one, or none without labels; more than
+    one means the attempt was created from two different views of its size and cannot run."""
+    return {s for p in pods if in_current_attempt(p, status) and (s := gang_size(p)) is not None}
+
+
+def attempt_replicas(
+    spec: TrainingJobSpec, status: Mapping[str, Any], pods: Iterable[Mapping[str, Any]] = ()
+) -> int:
+    """The size of the current attempt: spec.replicas, or for an elastic job the size its pods carry
+    (pods given and all agreeing), else the size it was given (status.currentReplicas); kept within
+    the spec's range. The pods come first: the status write that records a size can be lost, or be
+    read back older than the creates it preceded."""
     if spec.elastic is None:
         return spec.replicas
-    current = status.get("currentReplicas")
+    sizes = attempt_sizes(pods, status)
+    current = next(iter(sizes)) if len(sizes) == 1 else status.get("currentReplicas")
     if not isinstance(current, int):
         return spec.replicas
     return max(spec.elastic.min_replicas, min(spec.replicas, current))
 
 
-def attempt_spec(spec: TrainingJobSpec, status: Mapping[str, Any]) -> TrainingJobSpec:
+def attempt_spec(
+    spec: TrainingJobSpec, status: Mapping[str, Any], pods: Iterable[Mapping[str, Any]] = ()
+) -> TrainingJobSpec:
     """The spec as the current attempt runs it: replicas is the attempt's size."""
-    replicas = attempt_replicas(spec, status)
+    replicas = attempt_replicas(spec, status, pods)
     return spec if replicas == spec.replicas else dataclasses.replace(spec, replicas=replicas)

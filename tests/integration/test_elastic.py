@@ -113,3 +113,26 @@ def wait_for_nothing(cluster: Cluster, ns: str, job: str, seconds: float) -> boo
             return False
         time.sleep(0.5)
     return True
+
+
+def test_an_operator_killed_after_the_first_pod_of_an_elastic_attempt_creates_the_rest_at_its_size(
+    cluster: Cluster, namespace: str, operator: OperatorProcess, private_nodes: Any
+) -> None:
+    # Room for 2 of 4: the attempt is sized 2. The operator dies right after creating pod 0, before
+    # any status write after the creates; the next one must not size the rest from spec.replicas.
+    private_nodes.add(2, gpus=8, prefix="ek")
+    operator.stop()
+    operator.start(extra_env={"PHALANX_FAILPOINT_EXIT_AFTER_PODS": "1"})
+    job = training_job("killed", gpus=8, placement=private_nodes.placement(),
+                       elastic={"minReplicas": 1, "maxReplicas": 4})  # fmt: skip
+    del job["spec"]["replicas"]
+    cluster.apply(job, namespace)
+    assert operator.proc is not None
+    operator.proc.wait(timeout=60)  # the failpoint killed it after its first pod
+    assert operator.proc.returncode == 3
+    assert len(attempt_pods(cluster, namespace, "killed", 0)) == 1
+    operator.start()
+    wait_for(lambda: running_at(cluster, namespace, "killed", 0, 2), timeout=60, what="running on 2")
+    pods = attempt_pods(cluster, namespace, "killed", 0)
+    assert sorted(world_size(p) for p in pods) == ["16", "16"]
+    assert {p["metadata"]["labels"]["phalanx.dev/gang-size"] for p in pods} == {"2"}

@@ -237,3 +237,8 @@ def test_kept_ranks_wait_at_the_rendezvous_as_long_as_a_replacement_may_take_to_
     # A full restart's rendezvous is the spec's, as set.
     full = spec(rendezvous={"timeoutSeconds": 60}, scheduling={"gang": {"timeoutSeconds": 120}})
     assert env_of(build_worker_pod(JOB, full, 1, 0, template))[c.ENV_RENDEZVOUS_TIMEOUT] == "60"
+
+
+def test_every_pod_carries_its_attempts_size_as_a_label() -> None:
+    pod = build_worker_pod(JOB, spec(), 1, 0, {"spec": {"containers": [{"name": "trainer"}]}})
+    assert pod["metadata"]["labels"]["phalanx.dev/gang-size"] == "2"

@@ -89,3 +89,21 @@ def test_no_growth_without_room_or_at_full_size() -> None:
 def test_the_resize_message_says_from_and_to() -> None:
     assert resize_message(2, 1, "after NodeLost") == "gang shrinks from 2 to 1 pod(s): after NodeLost"
     assert resize_message(1, 2, "after Resize") == "gang grows from 1 to 2 pod(s): after Resize"
+
+
+def in_steps_of(step: int, low: int, high: int, **fields: Any) -> TrainingJobSpec:
+    return spec(elastic={"minReplicas": low, "maxReplicas": high, "replicasMultipleOf": step}, **fields)
+
+
+def test_with_replicas_multiple_of_a_new_attempt_rounds_the_room_down_to_a_multiple() -> None:
+    # A global batch of 96 divides 2, 4, 6, 8 ranks... but not 3, 5 or 7 (the trainer would exit 1).
+    assert start_size(in_steps_of(2, 2, 8), Room(pods=7)) == 6
+    assert start_size(in_steps_of(2, 2, 8), Room(pods=3)) == 2
+    assert start_size(in_steps_of(2, 2, 8), Room(pods=1)) == 2  # waits at the smallest, a multiple
+    assert start_size(in_steps_of(4, 4, 8, replicas=6), Room(pods=9)) == 4  # spec.replicas rounded down
+
+
+def test_with_replicas_multiple_of_a_gang_grows_only_by_whole_multiples() -> None:
+    assert grow_size(in_steps_of(2, 2, 8), 2, Room(pods=3), CHECKPOINT_AFTER) == 4
+    assert grow_size(in_steps_of(2, 2, 8), 2, Room(pods=1), CHECKPOINT_AFTER) is None
+    assert grow_size(in_steps_of(4, 4, 8, replicas=6), 4, Room(pods=5), CHECKPOINT_AFTER) is None

@@ -110,3 +110,30 @@ def test_an_in_place_attempt_asks_for_its_replacement_beside_the_pod_it_keeps() 
         "ns/j", {**job, "status": {**job["status"], "phase": "Running"}}, [kept], at(3), 0.0
     )
     assert running is not None and [name for name, _, _ in running.pods] == ["j-worker-0"]
+
+
+def elastic_job(max_replicas: int, **status: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {"elastic": {"minReplicas": 1, "maxReplicas": max_replicas},
+                            "template": {"spec": {"containers": [{"name": "trainer"}]}}}  # fmt: skip
+    return {"metadata": {"name": "j", "namespace": "ns", "uid": "u"}, "spec": spec, "status": status}
+
+
+def sized_pod(index: int, size: int) -> dict[str, Any]:
+    p = a_pod(index, True)
+    p["metadata"]["labels"]["phalanx.dev/gang-size"] = str(size)
+    return p
+
+
+def test_an_elastic_gang_is_admitted_whole_at_the_size_its_pods_carry_not_a_stale_status() -> None:
+    # Three gated pods built for size 3; the status still says 2 (its write lost or not seen yet).
+    pods = [sized_pod(i, 3) for i in range(3)]
+    waiting = waiting_gang("ns/j", elastic_job(4, currentReplicas=2), pods, priority_of=at(0), created=0.0)
+    assert waiting is not None
+    assert len(waiting.request.pods) == 3 and waiting.request.min_available == 3
+
+
+def test_an_elastic_gang_whose_pods_disagree_on_the_size_is_not_admitted() -> None:
+    pods = [sized_pod(0, 2), sized_pod(1, 3), sized_pod(2, 3)]
+    assert (
+        waiting_gang("ns/j", elastic_job(4, currentReplicas=3), pods, priority_of=at(0), created=0.0) is None
+    )

@@ -100,3 +100,106 @@ def test_a_gang_whose_ranks_are_finishing_does_not_grow() -> None:
     del j["spec"]["replicas"]
     plan = decide(j, [pod(0), pod(1, phase="Succeeded", exit_code=0)], NODES, NOW, room=Room(pods=1))
     assert plan.status["attempt"] == 0 and not plan.delete_pods, plan.status.get("message")
+
+
+GANG_SIZE = "phalanx.dev/gang-size"  # the label every pod carries: its attempt's size
+
+
+def elastic_job_of(max_replicas: int, status: dict[str, Any] | None = None) -> dict[str, Any]:
+    j = job(status, elastic={"minReplicas": 1, "maxReplicas": max_replicas})
+    del j["spec"]["replicas"]
+    return j
+
+
+def sized(index: int, size: int, phase: str = "Pending", attempt: int = 0) -> dict[str, Any]:
+    p = pod(index, attempt=attempt, phase=phase)
+    p["metadata"]["labels"][GANG_SIZE] = str(size)
+    return p
+
+
+@pytest.mark.parametrize("recorded", [{}, {"currentReplicas": 4}])
+def test_the_attempt_size_comes_from_its_pods_label_not_a_lost_or_stale_status(
+    recorded: dict[str, Any],
+) -> None:
+    # Pod 0 was created at size 2, then the status write that said so was lost (or is older).
+    plan = decide(elastic_job_of(4, {"attempt": 0, **recorded}), [sized(0, 2)], NODES, NOW, room=Room(pods=0))
+    assert plan.create_indices == [1]
+    assert plan.status["currentReplicas"] == 2
+
+
+def test_pods_of_one_attempt_that_disagree_on_the_size_restart_it_without_counting() -> None:
+    status = {"attempt": 0, "phase": "Pending", "currentReplicas": 4}
+    pods = [sized(0, 2), sized(1, 4), sized(2, 4), sized(3, 4)]
+    plan = decide(elastic_job_of(4, status), pods, NODES, NOW, room=Room(pods=0))
+    assert plan.status["phase"] == "Restarting" and plan.status["attempt"] == 1
+    restarts = plan.status["restarts"]
+    assert (restarts.get("failures", 0), restarts.get("preemptions", 0), restarts.get("resizes", 0)) == (
+        0,
+        0,
+        0,
+    )
+    assert sorted(plan.delete_pods) == [f"j-worker-{i}" for i in range(4)] and not plan.create_indices
+
+
+def test_the_size_chosen_for_an_attempt_holds_while_its_pods_are_not_seen_yet() -> None:
+    # The size was recorded before the first create; the pod store lags behind the creates.
+    first = decide(elastic_job_of(4), [], NODES, NOW, room=Room(pods=1))
+    assert first.create_indices == [0]
+    again = decide(elastic_job_of(4, first.status), [], NODES, NOW, room=Room(pods=4))
+    assert again.create_indices == [0] and again.status["currentReplicas"] == 1
+
+
+def timed_out_at_four() -> tuple[dict[str, Any], float]:
+    """An elastic attempt sized 4 from the room, admitted 400 s ago (gang timeout 300 s), 2 running."""
+    from phalanx.reconcile.plan import iso, parse_iso
+
+    status = {"attempt": 0, "createdAttempt": 0, "sizedAttempt": 0, "phase": "Admitted",
+              "currentReplicas": 4, "admittedTime": iso(NOW - 400)}  # fmt: skip
+    pods = [sized(i, 4, phase="Running" if i < 2 else "Pending") for i in range(4)]
+    plan = decide(elastic_job_of(4, status), pods, NODES, NOW, room=Room(pods=0))
+    assert plan.status["phase"] == "Pending" and plan.status["attempt"] == 1
+    requeue = parse_iso(plan.status["requeueAfter"])
+    assert requeue is not None
+    return plan.status, requeue + 1
+
+
+def test_after_a_gang_timeout_the_next_attempt_is_smaller_though_the_room_looks_the_same() -> None:
+    status, later = timed_out_at_four()
+    plan = decide(elastic_job_of(4, status), [], NODES, later, room=Room(pods=4))
+    assert plan.create_indices == [0, 1, 2] and plan.status["currentReplicas"] == 3
+
+
+def test_after_a_create_refused_teardown_the_next_attempt_is_smaller() -> None:
+    from phalanx.reconcile.plan import iso, parse_iso
+
+    refused = {"type": "PodsCreated", "status": "False", "reason": "CreateRefused",
+               "message": "exceeded quota", "lastTransitionTime": iso(NOW - 400)}  # fmt: skip
+    status = {
+        "attempt": 0,
+        "sizedAttempt": 0,
+        "phase": "Pending",
+        "currentReplicas": 4,
+        "conditions": [refused],
+    }
+    plan = decide(elastic_job_of(4, status), [sized(0, 4), sized(1, 4)], NODES, NOW, room=Room(pods=4))
+    assert plan.status["attempt"] == 1 and sorted(plan.delete_pods) == ["j-worker-0", "j-worker-1"]
+    requeue = parse_iso(plan.status["requeueAfter"])
+    assert requeue is not None
+    again = decide(elastic_job_of(4, plan.status), [], NODES, requeue + 1, room=Room(pods=4))
+    assert again.create_indices == [0, 1, 2]
+
+
+def test_the_cap_lifts_after_its_cool_down() -> None:
+    status, _ = timed_out_at_four()
+    plan = decide(elastic_job_of(4, status), [], NODES, NOW + 3600, room=Room(pods=4))
+    assert plan.create_indices == [0, 1, 2, 3]
+
+
+def test_a_gang_does_not_grow_during_the_cool_down_after_a_gang_timeout() -> None:
+    status, later = timed_out_at_four()
+    created = decide(elastic_job_of(4, status), [], NODES, later, room=Room(pods=4)).status
+    running = checkpointed({**created, **RUNNING, "attempt": 1, "createdAttempt": 1,
+                            "admittedTime": created.get("admittedTime") or RUNNING["admittedTime"]})  # fmt: skip
+    pods = [sized(i, 3, phase="Running", attempt=1) for i in range(3)]
+    plan = decide(elastic_job_of(4, running), pods, NODES, later + 60, room=Room(pods=1))
+    assert plan.status["phase"] == "Running" and not plan.delete_pods

@@ -253,6 +253,14 @@ class Elastic:
             field_path=".minReplicas",
             reason="FieldValueInvalid",
         ),
+        Rule(
+            "!has(self.replicasMultipleOf) || (self.minReplicas % self.replicasMultipleOf == 0 && "
+            "self.maxReplicas % self.replicasMultipleOf == 0)",
+            "spec.elastic.minReplicas and spec.elastic.maxReplicas must be multiples of "
+            "spec.elastic.replicasMultipleOf: every size the gang takes is one",
+            field_path=".replicasMultipleOf",
+            reason="FieldValueInvalid",
+        ),
     )
     min_replicas: int = api_field(
         "The smallest gang that may train: the job is admitted once this many pods fit.",
@@ -261,6 +269,11 @@ class Elastic:
     max_replicas: int = api_field(
         "The largest gang: it grows to this (or to spec.replicas when set) as room appears.",
         required=True, default=1, minimum=1, maximum=MAX_REPLICAS,
+    )  # fmt: skip
+    replicas_multiple_of: int | None = api_field(
+        "Every size the gang takes is a multiple of this (the room is rounded down to one): sizes the "
+        "trainer can use, say ones that divide data.globalBatchSize and fit tp x pp (docs/elastic.md).",
+        minimum=1, maximum=MAX_REPLICAS,
     )  # fmt: skip
 
 
@@ -606,6 +619,15 @@ class LastCheckpoint:
 
 
 @dataclass
+class ElasticCap:
+    """After an elastic attempt was torn down for not starting (GangTimeout, CreateRefused): the room
+    it was sized from was not real, so the next attempts stay below it for a while."""
+
+    replicas: int | None = api_field("The largest size a new attempt may take until `until`.")
+    until: str | None = api_field("When the cap lifts (RFC 3339); the gang does not grow before then.")
+
+
+@dataclass
 class Progress:
     """Training progress read from the trainer's /progress endpoint."""
 
@@ -764,6 +786,13 @@ class TrainingJobStatus:
     )
     gang_timeouts: int | None = api_field("Times the gang was torn down for not starting in time.")
     created_attempt: int | None = api_field("The attempt whose pods have all been created.")
+    elastic_cap: ElasticCap | None = api_field(
+        "spec.elastic: the size cap after an attempt was torn down for not starting (absent otherwise)."
+    )
+    sized_attempt: int | None = api_field(
+        "The attempt currentReplicas was chosen for: recorded before its first pod is created, so the "
+        "size is not chosen again while its pods are not seen yet."
+    )
     admission_message: str | None = api_field("Why the gang waits for admission (builtin provider).")
     admission: AdmissionRecord | None = api_field(
         "Who admitted the current attempt's gang (Builtin or Kueue), from which ClusterQueue, after how long."

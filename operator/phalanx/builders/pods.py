@@ -189,6 +189,7 @@ def build_worker_pod(
         **common_labels(job),
         c.LABEL_REPLICA_INDEX: str(index),
         c.LABEL_ATTEMPT: str(attempt),
+        c.LABEL_GANG_SIZE: str(spec.replicas),
     }
     annotations = dict(meta_in.get("annotations") or {})
     if torchrun_in_place(spec):

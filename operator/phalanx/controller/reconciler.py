@@ -129,8 +129,10 @@ class Reconciler:
         # Decide, record, then act: a deletion is explained in status before it is made, and only if
         # the job is still the version decided on. Otherwise a lost write would leave the next pass
         # reading the operator's own deletions as someone else's (a preemption, not the failure it was).
+        # An elastic attempt's size is recorded before its first pod is created, for the same reason:
+        # a pass that saw neither the size nor the pods would choose again (pods of two sizes).
         recorded = old_status
-        if plan.delete_pods or plan.force_delete_pods:
+        if plan.delete_pods or plan.force_delete_pods or _size_unrecorded(job, old_status, plan):
             try:
                 stored = writer.write_status(key, job, old_status, plan.status)
             except StatusConflict:
@@ -322,6 +324,13 @@ class Reconciler:
     def _record(self, job: dict[str, Any], event: Event | None, now: float) -> None:
         if event is not None:
             self.writer.record_event(job, event.type, event.reason, event.message, iso(now))
+
+
+def _size_unrecorded(job: dict[str, Any], old_status: dict[str, Any], plan: Plan) -> bool:
+    """The plan creates pods of an elastic attempt whose size the stored status does not hold yet."""
+    if not plan.create_indices or not (job.get("spec") or {}).get("elastic"):
+        return False
+    return any(plan.status.get(f) != old_status.get(f) for f in ("currentReplicas", "sizedAttempt"))
 
 
 def _decided_on(status: dict[str, Any]) -> dict[str, Any]:

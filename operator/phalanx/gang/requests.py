@@ -14,7 +14,14 @@ from phalanx.gang.backfill import estimate_seconds
 from phalanx.gang.capacity import PodDemand
 from phalanx.gang.preemption import RunningGang
 from phalanx.gang.topology import TopologyRequest
-from phalanx.pod_facts import attempt_spec, in_current_attempt, is_deleting, is_gated, pod_index
+from phalanx.pod_facts import (
+    attempt_sizes,
+    attempt_spec,
+    in_current_attempt,
+    is_deleting,
+    is_gated,
+    pod_index,
+)
 
 # Order value for a gang whose admission was interrupted: ahead of every PriorityClass (max 1e9).
 FINISH_ADMISSION_PRIORITY: Final = 2**40
@@ -37,9 +44,12 @@ def waiting_gang(
     """The gang's request for its gated pods; None while it is being created or torn down (never
     admit half a gang) or when none of its pods waits."""
     status = job.get("status") or {}
-    spec = attempt_spec(parse(TrainingJobSpec, job["spec"]), status)  # an elastic gang's own size
-    priority = priority_of(spec)
     current = [p for p in own_pods if in_current_attempt(p, status)]
+    if len(attempt_sizes(current, status)) > 1:
+        return None  # built for two sizes: the reconcile restarts it (rules/elastic.py), never admitted
+    # An elastic gang's own size, from its pods' label: the status may not hold it yet.
+    spec = attempt_spec(parse(TrainingJobSpec, job["spec"]), status, current)
+    priority = priority_of(spec)
     pods = [p for p in current if is_gated(p)]
     if len(current) < spec.replicas or not pods:
         return None

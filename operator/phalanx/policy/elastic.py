@@ -1,11 +1,14 @@
 """Elastic gangs (spec.elastic): what size each attempt runs at, and when a running gang grows (pure).
 
-The size is chosen once per attempt, when none of its pods exists yet, and kept in
-status.currentReplicas: every pod of the attempt is built for it (WORLD_SIZE, ranks), so it cannot
-change while they run. A new attempt takes the largest size up to spec.replicas (maxReplicas unless
-set) that fits the free room, at least minReplicas; the smallest gang is what waits when even that
-does not fit. That one rule covers both the start (one pod fits: start on one) and the shrink after a
-lost node (the room it held is gone: the next attempt is smaller instead of waiting for it).
+The size is chosen once per attempt, when none of its pods exists yet, recorded in
+status.currentReplicas before the first is created, and carried by every pod of the attempt (label
+phalanx.dev/gang-size; the pods' label wins over the status, pod_facts.attempt_replicas): each pod is
+built for it (WORLD_SIZE, ranks), so it cannot change while they run. A new attempt takes the
+largest size up to spec.replicas (maxReplicas unless set) that fits the free room, at least
+minReplicas; the smallest gang is what waits when even that does not fit. That one rule covers both the start (one pod fits: start on one) and the shrink after
+a lost node (the room it held is gone: the next attempt is smaller instead of waiting for it). With
+spec.elastic.replicasMultipleOf every size is rounded down to a multiple of it: the trainer exits for
+good at a world size its global batch or tp x pp does not divide.
 
 Growing takes a restart, and a restart throws away the steps since the last checkpoint, so a gang
 grows only once a checkpoint newer than its admission exists, and only into room that is free now
@@ -28,6 +31,36 @@ REASON_RESIZED: Final = "Resized"  # the Event of every size change, from -> to
 GROW_RECHECK_SECONDS: Final = 5.0
 
 
+# How long the sizes of new attempts stay below one torn down for not starting, and growth waits.
+CAP_COOL_DOWN_SECONDS: Final = 600.0
+
+
+@dataclass(frozen=True)
+class Cap:
+    """status.elasticCap: new attempts take at most `replicas` pods, and the gang does not grow, until
+    `until` (epoch seconds)."""
+
+    replicas: int
+    until: float
+
+    def active(self, now: float) -> bool:
+        return now < self.until
+
+
+def cap_after_teardown(
+    spec: TrainingJobSpec, failed_size: int, previous: Cap | None, now: float
+) -> Cap | None:
+    """The cap after an attempt of `failed_size` pods was torn down for not starting (GangTimeout,
+    CreateRefused): the room it was sized from was not real, and sizing the next from the same room
+    would loop. One usable size below it (lower than a cap still active), never below minReplicas."""
+    if spec.elastic is None:
+        return None
+    below = max(spec.elastic.min_replicas, usable(spec, failed_size - 1))
+    if previous is not None and previous.active(now):
+        below = min(below, previous.replicas)
+    return Cap(below, now + CAP_COOL_DOWN_SECONDS)
+
+
 @dataclass(frozen=True)
 class Room:
     """The cluster as the admission pass sees it, for one job's pod shape."""
@@ -35,17 +68,26 @@ class Room:
     pods: int  # more pods of this shape that fit now: free room, outside other gangs' reservations
 
 
-def start_size(spec: TrainingJobSpec, room: Room | None) -> int:
-    """The size of a new attempt, chosen before its first pod is created.
+def start_size(spec: TrainingJobSpec, room: Room | None, cap: Cap | None = None) -> int:
+    """The size of a new attempt, chosen before its first pod is created; at most cap.replicas.
 
     room None (the cluster not listed yet): minReplicas, the size admitted first; it grows later.
     """
     if spec.elastic is None:
         return spec.replicas
-    smallest, largest = spec.elastic.min_replicas, spec.replicas
+    smallest, largest = spec.elastic.min_replicas, usable(spec, spec.replicas)
+    if cap is not None:
+        largest = max(smallest, usable(spec, min(largest, cap.replicas)))
     if room is None:
         return smallest
-    return max(smallest, min(largest, room.pods))
+    return max(smallest, usable(spec, min(largest, room.pods)))
+
+
+def usable(spec: TrainingJobSpec, pods: int) -> int:
+    """pods rounded down to a size the trainer can use (spec.elastic.replicasMultipleOf; the CRD makes
+    minReplicas one, so a size at least minReplicas stays at least it)."""
+    step = spec.elastic.replicas_multiple_of if spec.elastic is not None else None
+    return pods - pods % step if step else pods
 
 
 def checkpointed_since_admission(status: Mapping[str, Any]) -> bool:
@@ -60,17 +102,19 @@ def checkpointed_since_admission(status: Mapping[str, Any]) -> bool:
 
 
 def grow_size(
-    spec: TrainingJobSpec, current: int, room: Room | None, status: Mapping[str, Any]
+    spec: TrainingJobSpec, current: int, room: Room | None, status: Mapping[str, Any], cap: Cap | None = None
 ) -> int | None:
-    """The size to restart a running elastic gang at to grow, or None to keep running as it is.
+    """The size to restart a running elastic gang at to grow, or None to keep running as it is (also
+    while a cap after a teardown is active: the room that failed it may look free again).
 
     room.pods counts pods that fit besides the ones the gang holds (those stay counted as used).
     """
-    if spec.elastic is None or current >= spec.replicas or room is None:
+    if spec.elastic is None or current >= spec.replicas or room is None or cap is not None:
         return None
     if room.pods < 1 or not checkpointed_since_admission(status):
         return None
-    return min(spec.replicas, current + room.pods)
+    size = usable(spec, min(spec.replicas, current + room.pods))
+    return size if size > current else None  # by whole multiples only
 
 
 def resize_message(old: int, new: int, cause: str) -> str:
@@ -79,8 +123,9 @@ def resize_message(old: int, new: int, cause: str) -> str:
     return f"gang {verb} from {old} to {new} pod(s): {cause}"
 
 
-def size_cause(restart_reason: str, room: Room | None) -> str:
+def size_cause(restart_reason: str, room: Room | None, cap: Cap | None = None) -> str:
     """Why a new attempt got the size it did (for the Event of a change)."""
     if room is None:
         return f"after {restart_reason}; the cluster is not listed yet, starting at minReplicas"
-    return f"after {restart_reason}; room for {room.pods} pod(s) now"
+    capped = f", capped at {cap.replicas} after an attempt that did not start" if cap is not None else ""
+    return f"after {restart_reason}; room for {room.pods} pod(s) now{capped}"

@@ -64,6 +64,7 @@ STEPS: Final[tuple[Rule, ...]] = (
     backoff.apply,  # after a gang timeout: wait in Pending until requeueAfter
     in_place.fallback,  # restarting in place and a launcher refused, or no replacement ran in time: full restart
     restart.apply,  # between attempts: wait for the previous attempt's pods to stop
+    elastic.mixed_sizes,  # the attempt's pods were built for different sizes: restart, uncounted
     creation.apply,  # create the missing pods (tear down a gang the API refused in part too long)
     node_loss.apply,  # a node going silent: look again the moment it counts as lost
     success.apply,  # every worker exited 0: Succeeded
@@ -107,8 +108,9 @@ def decide(
     kueue_gate: what Kueue says of the job's Workload, for a job in a Kueue queue (kueue/gate.py)."""
     b = PlanBuilder(job, now)
     written = parse(TrainingJobSpec, job.get("spec"))
+    elastic.adopt_pod_size(b, written, pods)
     seen = Observed(
-        spec=attempt_spec(written, b.status),
+        spec=attempt_spec(written, b.status, pods),
         written_spec=written,
         room=room,
         attempt=b.status["attempt"],

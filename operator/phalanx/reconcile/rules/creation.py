@@ -13,6 +13,7 @@ from phalanx.providers import provider_for
 from phalanx.reconcile.conditions import get_condition, set_condition
 from phalanx.reconcile.observed import Observed
 from phalanx.reconcile.plan import REASON_CREATE_REFUSED, REASON_NAME_CONFLICT, Event, PlanBuilder, iso
+from phalanx.reconcile.rules import elastic as elastic_rules
 from phalanx.reconcile.rules import gang_timeout
 from phalanx.reconcile.rules.restart import restart_reason
 
@@ -24,7 +25,9 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
     if not provider_for(spec).admits_gangs:  # the pods are admitted as they are created
         status.setdefault("admittedTime", b.now_iso)
     size = spec.replicas
-    if not current:  # the attempt's size is chosen before its first pod exists, then kept
+    # The attempt's size is chosen once, before its first pod exists, and recorded before any is
+    # created (the reconciler writes the status first): a pod store behind the creates sees none yet.
+    if not current and status.get("sizedAttempt") != attempt:
         size = _choose_size(b, seen)
     missing = [i for i in range(size) if i not in current]
     if missing and gang_timeout.partly_created(b, seen):
@@ -52,14 +55,16 @@ def _choose_size(b: PlanBuilder, seen: Observed) -> int:
     """status.currentReplicas for the new attempt (spec.elastic: as the room allows, policy/elastic.py);
     a change from the attempt before gets its Event, from -> to and why."""
     written = seen.as_written
-    size = elastic.start_size(written, seen.room)
+    cap = elastic_rules.active_cap(b) if written.elastic is not None else None
+    size = elastic.start_size(written, seen.room, cap)
     previous = b.status.get("currentReplicas")
     if written.elastic is not None and isinstance(previous, int) and previous != size:
-        cause = elastic.size_cause(restart_reason(b), seen.room)
+        cause = elastic.size_cause(restart_reason(b), seen.room, cap)
         b.plan.events.append(
             Event("Normal", elastic.REASON_RESIZED, elastic.resize_message(previous, size, cause))
         )
     b.status["currentReplicas"] = size
+    b.status["sizedAttempt"] = b.status["attempt"]
     return size
 
 

@@ -4,11 +4,58 @@ created at the size the room allows (policy/elastic.py, rules/creation.py) (pure
 
 from __future__ import annotations
 
+from typing import Any, Final
+
+from phalanx.api.v1alpha1 import TrainingJobSpec
+from phalanx.pod_facts import attempt_replicas, attempt_sizes
 from phalanx.policy import elastic
 from phalanx.policy.pod_outcome import VerdictKind
 from phalanx.reconcile.observed import Observed
-from phalanx.reconcile.plan import PlanBuilder
+from phalanx.reconcile.plan import PlanBuilder, iso, parse_iso
 from phalanx.reconcile.rules.transitions import restart
+
+# The Restarting reason when an attempt's pods were built for different sizes: never counted.
+REASON_MIXED_SIZES: Final = "MixedGangSizes"
+
+
+def active_cap(b: PlanBuilder) -> elastic.Cap | None:
+    """status.elasticCap while its cool-down lasts; dropped from the status once it has passed."""
+    raw = b.status.get("elasticCap") or {}
+    until = parse_iso(raw.get("until"))
+    if not isinstance(raw.get("replicas"), int) or until is None or not elastic.Cap(0, until).active(b.now):
+        b.status.pop("elasticCap", None)
+        return None
+    b.recheck(until - b.now)  # the cap lifts without an event for it
+    return elastic.Cap(int(raw["replicas"]), until)
+
+
+def cap_after_teardown(b: PlanBuilder, seen: Observed) -> None:
+    """An elastic attempt torn down for not starting (rules/gang_timeout.py): cap the next ones below
+    its size for a cool-down (policy/elastic.py)."""
+    cap = elastic.cap_after_teardown(seen.as_written, seen.spec.replicas, active_cap(b), b.now)
+    if cap is not None:
+        b.status["elasticCap"] = {"replicas": cap.replicas, "until": iso(cap.until)}
+
+
+def adopt_pod_size(b: PlanBuilder, written: TrainingJobSpec, pods: list[dict[str, Any]]) -> None:
+    """An elastic attempt whose pods agree on their size (their label) runs at it: the status is
+    corrected to it, whatever a lost or stale write left there (pod_facts.attempt_replicas)."""
+    if written.elastic is None or len(attempt_sizes(pods, b.status)) != 1:
+        return
+    b.status["currentReplicas"] = attempt_replicas(written, b.status, pods)
+    b.status["sizedAttempt"] = b.status["attempt"]
+
+
+def mixed_sizes(b: PlanBuilder, seen: Observed) -> bool:
+    """The attempt's pods were built for different sizes (two passes sized it from different views):
+    their WORLD_SIZEs disagree and the gang could never form. A restart, counted nowhere: no pod
+    failed."""
+    sizes = attempt_sizes(seen.current.values(), b.status)
+    if len(sizes) < 2:
+        return False
+    restart(b, seen.current, REASON_MIXED_SIZES,
+            f"the attempt's pods were built for different gang sizes ({', '.join(map(str, sorted(sizes)))})")  # fmt: skip
+    return True
 
 
 def grow(b: PlanBuilder, seen: Observed) -> bool:
@@ -22,7 +69,7 @@ def grow(b: PlanBuilder, seen: Observed) -> bool:
     current = seen.spec.replicas
     if current >= written.replicas or seen.running < current:
         return False
-    size = elastic.grow_size(written, current, seen.room, b.status)
+    size = elastic.grow_size(written, current, seen.room, b.status, active_cap(b))
     if size is None:
         b.recheck(elastic.GROW_RECHECK_SECONDS)  # room and checkpoints come without an event for it
         return False

@@ -17,6 +17,7 @@ from phalanx.reconcile.plan import (
     iso,
     parse_iso,
 )
+from phalanx.reconcile.rules import elastic
 from phalanx.reconcile.rules.transitions import new_attempt
 
 
@@ -24,6 +25,7 @@ def _tear_down(b: PlanBuilder, seen: Observed) -> None:
     timeouts = int(b.status.get("gangTimeouts") or 0) + 1
     b.status["gangTimeouts"] = timeouts
     b.status["requeueAfter"] = iso(requeue_at(b.now, timeouts, base=GANG_BACKOFF_BASE_SECONDS))
+    elastic.cap_after_teardown(b, seen)  # else the next attempt is sized from the same room again
     new_attempt(b, seen.current)
 
 
