@@ -208,6 +208,24 @@ def test_after_an_eviction_the_quota_is_handed_back_and_the_workload_requeued() 
     assert by_type["Evicted"]["status"] == "True"  # Kueue clears it when it admits again
 
 
+def test_pods_stuck_terminating_on_a_lost_node_count_as_stopped_so_the_quota_goes_back() -> None:
+    # A NotReady node's pods say Running forever (nobody confirms their deletion): Kueue's quota
+    # must go back all the same, as the restart does not wait for them either (policy/node_loss.py).
+    lost = {"n1": {"metadata": {"name": "n1"}, "status": {"conditions": [
+        {"type": "Ready", "status": "Unknown", "lastTransitionTime": iso(NOW - 120)}]}}}  # fmt: skip
+    nodes = {**NODES, **lost}
+    deleting = {"deletionTimestamp": iso(NOW - 60)}
+    stuck = pod(1, metadata=deleting, spec={"nodeName": "n1"})
+    done = pod(0, phase="Failed")
+    assert workload_status.gang_stopped([done, stuck], nodes, NOW, node_lost_after=20.0)
+    # On a Ready node a Running pod is still running: the quota is held until it ends.
+    assert not workload_status.gang_stopped(
+        [done, pod(1, metadata=deleting)], nodes, NOW, node_lost_after=20.0
+    )
+    # Not yet lost (NotReady for less than node_lost_after): waited for.
+    assert not workload_status.gang_stopped([done, stuck], nodes, NOW, node_lost_after=300.0)
+
+
 # -- the rule ------------------------------------------------------------------------------------
 
 WAITING = KueueGate(
