@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Mapping
 from typing import Any, Final
 
 from phalanx import metrics
@@ -22,8 +23,7 @@ from phalanx.kueue import workload_status
 from phalanx.kueue.gate import KueueGate, gate_of
 from phalanx.kueue.placement import FlavorPlacement, placement_of
 from phalanx.kueue.workload import active_patch, build_workload, workload_name
-from phalanx.pod_facts import is_terminal
-from phalanx.reconcile.plan import FINISHED_PHASES
+from phalanx.reconcile.plan import FINISHED_PHASES, iso
 
 log = logging.getLogger("phalanx.controller")
 
@@ -86,8 +86,9 @@ class KueueWorkloads:
         return placement_of(flavors)
 
     def report(self, key: str, gate: KueueGate, status: dict[str, Any], pods: list[dict[str, Any]],
-               now_iso: str) -> None:  # fmt: skip
+               nodes: Mapping[str, Mapping[str, Any]], now: float, node_lost_after: float) -> None:  # fmt: skip
         """Writes back into the Workload what its owner is to tell Kueue."""
+        now_iso = iso(now)
         workload = self.last.get(key)
         if workload is None:
             return
@@ -98,7 +99,7 @@ class KueueWorkloads:
             )
         elif gate.evicted or not gate.admitted:
             # Kueue takes the quota back only once the gang has stopped: it may not run twice.
-            stopped = all(is_terminal(p) for p in pods)
+            stopped = workload_status.gang_stopped(pods, nodes, now, node_lost_after)
             patch = workload_status.released_after_eviction(workload, now_iso) if stopped else None
         else:
             patch = workload_status.pods_ready(workload, phase == "Running", now_iso)

@@ -195,7 +195,7 @@ class Reconciler:
             # the completionTime this write set): the job's own status events no longer enqueue it.
             followups.append(0.0)
         if gate is not None:  # what Kueue expects from the Workload's owner: PodsReady, Finished, quota back
-            self.kueue.report(key, gate, plan.status, pods, iso(now))
+            self.kueue.report(key, gate, plan.status, pods, nodes, now, self.node_lost_after)
         # Only once the status that keeps them is stored: a launcher never starts a generation the
         # job's status does not know.
         self.generations.publish(key, job["metadata"]["uid"], pods, plan.status)

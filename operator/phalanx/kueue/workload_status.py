@@ -14,8 +14,11 @@ nothing to change.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Final
 
+from phalanx.pod_facts import is_terminal
+from phalanx.policy.node_loss import lost_node_names, on_lost_node
 from phalanx.reconcile.conditions import get_condition, set_condition
 
 # Kueue requeues (Requeued=True) only after these eviction reasons; others (deactivation, say) not.
@@ -85,3 +88,12 @@ def released_after_eviction(workload: dict[str, Any], now_iso: str) -> dict[str,
     conditions = set_condition(conditions, "Admitted", "False", "NoReservation", "The workload has no reservation",
                                now_iso, generation)  # fmt: skip
     return {"conditions": conditions, "admission": None}
+
+
+def gang_stopped(
+    pods: list[dict[str, Any]], nodes: Mapping[str, Mapping[str, Any]], now: float, node_lost_after: float
+) -> bool:
+    """Every pod ended, or left on a lost node: those say Running while Terminating for as long as the
+    node is gone, and the restart does not wait for them either (policy/node_loss.py)."""
+    lost = lost_node_names(nodes, now, node_lost_after)
+    return all(is_terminal(p) or on_lost_node(p, nodes, lost) for p in pods)
