@@ -13,10 +13,19 @@ from phalanx import metrics
 from phalanx.api.schema import parse
 from phalanx.api.v1alpha1 import TrainingJobSpec
 from phalanx.builders.pods import JobRef, build_worker_pod
+from phalanx.controller.kueue_workloads import KueueWorkloads
+from phalanx.k8s import StatusConflict
 from phalanx.kueue import workload_status
 from phalanx.kueue.gate import KueueGate, gate_of
 from phalanx.kueue.placement import FlavorConflict, placed_pod, placement_of
-from phalanx.kueue.workload import active_patch, build_workload, managed_here, queue_name, workload_name
+from phalanx.kueue.workload import (
+    active_patch,
+    build_workload,
+    managed_here,
+    queue_name,
+    stale_in,
+    workload_name,
+)
 from phalanx.reconcile.lifecycle import decide
 from phalanx.reconcile.plan import iso
 from tests.unit.lifecycle_fixtures import NODES, NOW, RUNNING, job, pod
@@ -91,6 +100,26 @@ def test_a_suspended_job_deactivates_its_workload_and_a_resumed_one_activates_it
     assert active_patch({"spec": {"active": False}}, suspended=True) is None
     assert active_patch({"spec": {"active": False}}, suspended=False) == {"spec": {"active": True}}
     assert active_patch({"spec": {}}, suspended=False) is None
+
+
+def workload_of(tj: dict[str, Any], queue: str = "q", priority: int | None = None) -> dict[str, Any]:
+    spec = parse(TrainingJobSpec, tj["spec"])
+    return build_workload(tj, queue, spec.replicas, build_worker_pod(JobRef.of(tj), spec, 0, 0, tj["spec"]["template"]),
+                          priority)  # fmt: skip
+
+
+def test_a_workload_built_from_the_job_as_it_is_now_is_not_stale() -> None:
+    assert stale_in(workload_of(gpu_job()), workload_of(gpu_job())) == ""
+
+
+def test_a_job_changed_since_its_workload_was_built_makes_it_stale_saying_what_changed() -> None:
+    old = workload_of(gpu_job())
+    assert "count 2" in stale_in(old, workload_of(gpu_job(replicas=8))) and "8" in stale_in(
+        old, workload_of(gpu_job(replicas=8))
+    )
+    assert "requests" in stale_in(old, workload_of(job(resources={"gpus": 2})))
+    assert "queue" in stale_in(old, workload_of(gpu_job(), queue="other"))
+    assert "priority" in stale_in(old, workload_of(gpu_job(), priority=7))
 
 
 def test_a_job_recreated_under_its_name_gets_a_workload_of_its_own() -> None:
@@ -272,6 +301,103 @@ def test_an_evicted_gang_stops_with_its_grace_period_counts_a_preemption_and_wai
     # The next look, pods gone: still waiting, and the preemption is not counted twice.
     again = decide(gpu_job(status=plan.status), [], NODES, NOW + 2, kueue_gate=evicted)
     assert again.status["restarts"]["preemptions"] == 1 and again.create_indices == []
+
+
+def test_no_pod_starts_against_a_stale_workload_that_holds_quota_but_a_running_gang_goes_on() -> None:
+    stale = KueueGate(workload="wl", admitted=True, evicted=False, message="", cluster_queue="cq",
+                      stale="podSet workers: count 2, the job asks 8")  # fmt: skip
+    plan = decide(gpu_job(), [], NODES, NOW, kueue_gate=stale)
+    assert plan.create_indices == [] and plan.status["phase"] == "Pending"
+    assert "count 2, the job asks 8" in plan.status["message"]
+    running = decide(gpu_job(status=dict(RUNNING)), [pod(0), pod(1)], NODES, NOW, kueue_gate=stale)
+    assert running.delete_pods == [] and running.status["phase"] == "Running"
+
+
+class FakeWorkloadApi:
+    """The Workload calls of KubeApi, on one in-memory Workload."""
+
+    def __init__(self, workload: dict[str, Any] | None = None, conflicts: int = 0) -> None:
+        self.workload = workload
+        self.deleted: list[str] = []
+        self.created = 0
+        self.conflicts = conflicts
+        self.status_patches: list[dict[str, Any]] = []
+        self.spec_patches: list[dict[str, Any]] = []
+
+    def priority_values(self) -> dict[str, int]:
+        return {}
+
+    def get_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.workload
+
+    def create_if_absent(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
+        if self.workload is not None:
+            return None
+        self.created += 1
+        self.workload = {**manifest, "metadata": {**manifest["metadata"], "resourceVersion": "1"}}
+        return self.workload
+
+    def delete_workload(self, namespace: str, name: str, uid: str | None) -> None:
+        self.deleted.append(name)
+        self.workload = None
+
+    def patch_workload(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any] | None:
+        assert self.workload is not None
+        self.spec_patches.append(patch)
+        meta = {**self.workload["metadata"]}
+        annotations = {
+            **(meta.get("annotations") or {}),
+            **(patch.get("metadata") or {}).get("annotations", {}),
+        }
+        meta["annotations"] = annotations
+        self.workload = {
+            **self.workload,
+            "metadata": meta,
+            "spec": {**self.workload["spec"], **patch.get("spec", {})},
+        }
+        return self.workload
+
+    def patch_workload_status(
+        self, namespace: str, name: str, status: dict[str, Any], rv: str
+    ) -> dict[str, Any] | None:
+        assert self.workload is not None
+        if self.conflicts:
+            self.conflicts -= 1
+            raise StatusConflict("changed")
+        self.status_patches.append(status)
+        merged = {**(self.workload.get("status") or {}), **status}
+        self.workload = {**self.workload, "status": {k: v for k, v in merged.items() if v is not None}}
+        return self.workload
+
+
+def queued(tj: dict[str, Any]) -> dict[str, Any]:
+    tj["metadata"]["labels"] = {c.KUEUE_QUEUE_LABEL: "q"}
+    return tj
+
+
+def test_a_stale_workload_without_quota_is_recreated_from_the_job_as_it_is_now() -> None:
+    old = workload_of(queued(gpu_job()))
+    old["metadata"]["resourceVersion"] = "3"
+    api = FakeWorkloadApi(old)
+    resized = queued(gpu_job(replicas=8))
+    gate = KueueWorkloads(api, "cluster.local").gate(
+        "ns/j", resized, parse(TrainingJobSpec, resized["spec"]), "q"
+    )  # type: ignore[arg-type]
+    assert api.deleted == [old["metadata"]["name"]] and api.created == 1
+    assert api.workload is not None and api.workload["spec"]["podSets"][0]["count"] == 8
+    assert gate.stale == "" and not gate.admitted
+
+
+def test_a_stale_workload_holding_quota_is_kept_and_the_gate_says_it_is_stale() -> None:
+    old = workload_of(queued(gpu_job()))
+    old["metadata"]["resourceVersion"] = "3"
+    old["status"] = admitted_workload()["status"]
+    api = FakeWorkloadApi(old)
+    resized = queued(gpu_job(replicas=8))
+    gate = KueueWorkloads(api, "cluster.local").gate(
+        "ns/j", resized, parse(TrainingJobSpec, resized["spec"]), "q"
+    )  # type: ignore[arg-type]
+    assert api.deleted == [] and "count 2" in gate.stale
 
 
 # -- the wait by admitter ------------------------------------------------------------------------
