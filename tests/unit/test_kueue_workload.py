@@ -119,7 +119,9 @@ def test_a_job_changed_since_its_workload_was_built_makes_it_stale_saying_what_c
     )
     assert "requests" in stale_in(old, workload_of(job(resources={"gpus": 2})))
     assert "queue" in stale_in(old, workload_of(gpu_job(), queue="other"))
-    assert "priority" in stale_in(old, workload_of(gpu_job(), priority=7))
+    high = gpu_job(scheduling={"priorityClassName": "high"})
+    assert "priority" in stale_in(workload_of(high, priority=1000), workload_of(high, priority=7))
+    assert "priority" in stale_in(old, workload_of(high, priority=1000))
 
 
 def test_a_job_recreated_under_its_name_gets_a_workload_of_its_own() -> None:

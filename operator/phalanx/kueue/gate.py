@@ -23,6 +23,9 @@ class KueueGate:
     # Seconds from queued (created, or requeued after an eviction) to admitted; None while waiting.
     waited_seconds: float | None = None
     finished: bool = False
+    # What the job changed since its Workload was admitted (kueue/workload.py stale_in): no pod starts
+    # against that admission; the Workload is recreated once the gang is stopped. "": up to date.
+    stale: str = ""
 
 
 def _true(workload: dict[str, Any], type_: str) -> dict[str, Any] | None:

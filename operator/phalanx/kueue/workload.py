@@ -47,6 +47,42 @@ def active_patch(workload: dict[str, Any], suspended: bool) -> dict[str, Any] | 
     return {"spec": {"active": not suspended}}
 
 
+def _requests(podset: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    spec = (podset.get("template") or {}).get("spec") or {}
+    containers = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
+    return [(str(x.get("name")), dict((x.get("resources") or {}).get("requests") or {})) for x in containers]
+
+
+def stale_in(workload: dict[str, Any], desired: dict[str, Any]) -> str:
+    """What Kueue would admit differently from `desired` (the Workload built from the job as it is
+    now): queue, priority, pod set counts and requests; "" when nothing. A job changed while
+    suspended or queued would otherwise run against the quota of the job as it was."""
+    old, new = workload.get("spec") or {}, desired.get("spec") or {}
+    changes = []
+    if old.get("queueName") != new.get("queueName"):
+        changes.append(f"queue {old.get('queueName')}, the job asks {new.get('queueName')}")
+    old_class = (old.get("priorityClassRef") or {}).get("name")
+    new_class = (new.get("priorityClassRef") or {}).get("name")
+    if old.get("priority") != new.get("priority") or old_class != new_class:
+        changes.append(
+            f"priority {old.get('priority')} ({old_class or 'no class'}), "
+            f"the job asks {new.get('priority')} ({new_class or 'no class'})"
+        )
+    old_sets = {str(ps.get("name")): ps for ps in old.get("podSets") or []}
+    for podset in new.get("podSets") or []:
+        name = str(podset.get("name"))
+        was = old_sets.pop(name, None)
+        if was is None:
+            changes.append(f"no podSet {name}")
+            continue
+        if was.get("count") != podset.get("count"):
+            changes.append(f"podSet {name}: count {was.get('count')}, the job asks {podset.get('count')}")
+        if _requests(was) != _requests(podset):
+            changes.append(f"podSet {name}: requests {_requests(was)}, the job asks {_requests(podset)}")
+    changes.extend(f"podSet {name} the job no longer has" for name in old_sets)
+    return "; ".join(changes)
+
+
 def podset_template(worker_pod: dict[str, Any]) -> dict[str, Any]:
     """What Kueue counts and matches flavors against: the worker pod's spec as the operator builds it
     (its accelerator or MIG limits, the template's own requests, nodeSelector, tolerations, affinity).
