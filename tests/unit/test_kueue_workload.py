@@ -95,11 +95,52 @@ def test_a_mig_job_asks_kueue_for_its_mig_resource() -> None:
     assert "priorityClassRef" not in wl["spec"] and "priority" not in wl["spec"]
 
 
+def suspended_as(value: str | None, active: bool | None = None) -> dict[str, Any]:
+    """A Workload on which the operator last wrote suspend=`value` (None: before it recorded it)."""
+    annotations = {} if value is None else {c.KUEUE_SUSPENDED_ANNOTATION: value}
+    return {"metadata": {"annotations": annotations}, "spec": {} if active is None else {"active": active}}
+
+
 def test_a_suspended_job_deactivates_its_workload_and_a_resumed_one_activates_it() -> None:
-    assert active_patch({"spec": {}}, suspended=True) == {"spec": {"active": False}}
-    assert active_patch({"spec": {"active": False}}, suspended=True) is None
-    assert active_patch({"spec": {"active": False}}, suspended=False) == {"spec": {"active": True}}
-    assert active_patch({"spec": {}}, suspended=False) is None
+    assert active_patch(suspended_as("false", True), suspended=True) == {
+        "metadata": {"annotations": {c.KUEUE_SUSPENDED_ANNOTATION: "true"}},
+        "spec": {"active": False},
+    }
+    assert active_patch(suspended_as("true", False), suspended=True) is None
+    assert active_patch(suspended_as("true", False), suspended=False) == {
+        "metadata": {"annotations": {c.KUEUE_SUSPENDED_ANNOTATION: "false"}},
+        "spec": {"active": True},
+    }
+    # A Workload from before the operator recorded what it wrote: set once, recorded from then on.
+    assert active_patch(suspended_as(None), suspended=False) is None
+    assert active_patch(suspended_as(None), suspended=True) is not None
+
+
+def test_a_workload_kueue_or_an_admin_deactivated_stays_inactive_while_suspend_is_unchanged() -> None:
+    # backoffLimitCount, a rejected admission check, maximumExecutionTimeSeconds, kubectl: not undone.
+    assert active_patch(suspended_as("false", False), suspended=False) is None
+
+
+def test_a_suspended_job_gets_an_inactive_workload_and_records_it() -> None:
+    wl = workload_of(gpu_job(runPolicy={"suspend": True}))
+    assert wl["spec"]["active"] is False
+    assert wl["metadata"]["annotations"] == {c.KUEUE_SUSPENDED_ANNOTATION: "true"}
+    assert workload_of(gpu_job())["metadata"]["annotations"] == {c.KUEUE_SUSPENDED_ANNOTATION: "false"}
+
+
+def test_a_workload_kueue_deactivated_says_kueues_reason() -> None:
+    wl = {**admitted_workload(), **suspended_as("false", False)}
+    wl["metadata"]["name"] = "wl"
+    wl["status"] = {"conditions": [
+        cond("Evicted", "True", "Deactivated", "The workload is deactivated"),
+        cond("DeactivationTarget", "True", "RequeuingLimitExceeded", "exceeding the maximum number of re-queuing retries"),
+    ]}  # fmt: skip
+    gate = gate_of(wl)
+    assert not gate.admitted
+    assert "deactivated by Kueue (RequeuingLimitExceeded)" in gate.message
+    assert "re-queuing retries" in gate.message and "spec.active" in gate.message
+    # Deactivated by the operator (the job is suspended): the usual eviction message.
+    assert "deactivated by Kueue" not in gate_of({**wl, **suspended_as("true", False)}).message
 
 
 def workload_of(tj: dict[str, Any], queue: str = "q", priority: int | None = None) -> dict[str, Any]:
