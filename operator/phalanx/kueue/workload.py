@@ -38,13 +38,25 @@ def workload_name(job_name: str, uid: str) -> str:
     return f"{_PREFIX}-{job_name}-{digest}"
 
 
+def _flag(suspended: bool) -> str:
+    return "true" if suspended else "false"
+
+
 def active_patch(workload: dict[str, Any], suspended: bool) -> dict[str, Any] | None:
     """spec.runPolicy.suspend as Kueue reads it: a suspended job's Workload is inactive (Kueue evicts
-    it and, once its pods are gone, takes the quota back); resumed, it is active and queued again."""
-    active = (workload.get("spec") or {}).get("active", True)
-    if active == (not suspended):
+    it and, once its pods are gone, takes the quota back); resumed, it is active and queued again.
+    Written only when suspend changed since the operator last wrote it (the annotation): Kueue
+    (backoffLimitCount, a rejected admission check, maximumExecutionTimeSeconds) or an admin may
+    deactivate the Workload of a job that is not suspended, and that is theirs to undo."""
+    recorded = ((workload.get("metadata") or {}).get("annotations") or {}).get(c.KUEUE_SUSPENDED_ANNOTATION)
+    if recorded == _flag(suspended):
         return None
-    return {"spec": {"active": not suspended}}
+    if recorded is None and (workload.get("spec") or {}).get("active", True) == (not suspended):
+        return None  # made before the annotation, and as the job asks: recorded at the next change
+    return {
+        "metadata": {"annotations": {c.KUEUE_SUSPENDED_ANNOTATION: _flag(suspended)}},
+        "spec": {"active": not suspended},
+    }
 
 
 def _requests(podset: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -107,8 +119,10 @@ def build_workload(
     """The Workload for `job` in LocalQueue `queue`; `worker_pod`: one of its pods as the operator
     builds it; `priority`: the value of spec.scheduling.priorityClassName (None: the job names none)."""
     ref = JobRef.of(job)
+    suspended = bool(((job.get("spec") or {}).get("runPolicy") or {}).get("suspend"))
     spec: dict[str, Any] = {
         "queueName": queue,
+        "active": not suspended,
         "podSets": [{"name": c.KUEUE_PODSET, "count": replicas, "template": podset_template(worker_pod)}],
     }
     priority_class = ((job.get("spec") or {}).get("scheduling") or {}).get("priorityClassName")
@@ -127,6 +141,7 @@ def build_workload(
             "name": workload_name(ref.name, ref.uid),
             "namespace": ref.namespace,
             "labels": {c.LABEL_JOB_NAME: ref.name, c.LABEL_MANAGED_BY: c.MANAGED_BY},
+            "annotations": {c.KUEUE_SUSPENDED_ANNOTATION: _flag(suspended)},
             "ownerReferences": [ref.owner_reference()],
         },
         "spec": spec,
