@@ -298,6 +298,48 @@ def test_pods_stuck_terminating_on_a_lost_node_count_as_stopped_so_the_quota_goe
     assert not workload_status.gang_stopped([done, stuck], nodes, NOW, node_lost_after=300.0)
 
 
+def pods_ready_of(conditions: list[dict[str, Any]]) -> tuple[str, str]:
+    (ready,) = [x for x in conditions if x["type"] == "PodsReady"]
+    return ready["status"], ready["reason"]
+
+
+def test_an_evicted_workload_is_not_ready_waiting_for_start_so_readmission_starts_afresh() -> None:
+    wl = admitted_workload()
+    wl["status"]["conditions"] += [
+        cond("PodsReady", "True", "Started", "running"),
+        cond("Evicted", "True", "Preempted", "Preempted to accommodate"),
+    ]
+    waiting = workload_status.waiting_for_start(wl, T1)
+    assert waiting is not None and pods_ready_of(waiting["conditions"]) == ("False", "WaitForStart")
+    released = workload_status.released_after_eviction(wl, T1)
+    assert released is not None and pods_ready_of(released["conditions"]) == ("False", "WaitForStart")
+    # Admitted again, the new gang not yet ready: it is starting, not recovering.
+    readmitted = admitted_workload()
+    readmitted["status"]["conditions"] = [
+        *readmitted["status"]["conditions"],
+        *[x for x in released["conditions"] if x["type"] == "PodsReady"],
+    ]
+    assert workload_status.pods_ready(readmitted, False, T1) is None
+
+
+def test_while_evicted_pods_still_stop_the_owner_writes_pods_ready_false() -> None:
+    wl = admitted_workload()
+    wl["spec"] = {}
+    wl["status"]["conditions"] += [
+        cond("PodsReady", "True", "Started", "running"),
+        cond("Evicted", "True", "Preempted", "Preempted to accommodate"),
+    ]
+    api = FakeWorkloadApi(wl)
+    kueue = KueueWorkloads(api, "cluster.local")  # type: ignore[arg-type]
+    kueue.last["ns/j"] = wl
+    evicted = gate_of(wl)
+    kueue.report(
+        "ns/j", evicted, {"phase": "Pending"}, [pod(0, metadata={"deletionTimestamp": T1})], NODES, NOW, 20.0
+    )
+    (patch,) = api.status_patches
+    assert pods_ready_of(patch["conditions"]) == ("False", "WaitForStart") and "admission" not in patch
+
+
 # -- the rule ------------------------------------------------------------------------------------
 
 WAITING = KueueGate(
