@@ -125,7 +125,8 @@ class KueueWorkloads:
         elif gate.evicted or not gate.admitted:
             # Kueue takes the quota back only once the gang has stopped: it may not run twice.
             stopped = workload_status.gang_stopped(pods, nodes, now, node_lost_after)
-            patch = workload_status.released_after_eviction(workload, now_iso) if stopped else None
+            released = workload_status.released_after_eviction(workload, now_iso) if stopped else None
+            patch = released or workload_status.waiting_for_start(workload, now_iso)
         else:
             patch = workload_status.pods_ready(workload, phase == "Running", now_iso)
         if patch is None:

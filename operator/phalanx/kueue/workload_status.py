@@ -3,6 +3,7 @@ v0.17 pkg/controller/jobframework/reconciler.go is the reference for each step):
 
 - PodsReady: True once every pod of the gang runs and is ready (waitForPodsReady reads it; without
   it Kueue would evict the gang after its timeout), False WaitForStart until then.
+  Not admitted (evicted, queued again), it is False WaitForStart.
 - Finished: True when the job succeeded or failed; Kueue then releases the quota.
 - After an eviction (Evicted=True), once the gang's pods are gone: the quota reservation is cleared
   (admission removed, QuotaReserved=False Pending, Admitted=False NoReservation) and Requeued set,
@@ -64,6 +65,21 @@ def pods_ready(workload: dict[str, Any], ready: bool, now_iso: str) -> dict[str,
     return {"conditions": conditions} if _changed(workload, conditions) else None
 
 
+def _waiting_for_start(
+    workload: dict[str, Any], conditions: list[dict[str, Any]], now_iso: str
+) -> list[dict[str, Any]]:
+    return set_condition(
+        conditions, "PodsReady", "False", "WaitForStart", _NOT_READY, now_iso, _generation(workload)
+    )
+
+
+def waiting_for_start(workload: dict[str, Any], now_iso: str) -> dict[str, Any] | None:
+    """Not admitted (evicted, or queued again): PodsReady=False WaitForStart, as Kueue sets it for a
+    stopped job, so that the next admission's gang is starting, not recovering."""
+    conditions = _waiting_for_start(workload, _conditions(workload), now_iso)
+    return {"conditions": conditions} if _changed(workload, conditions) else None
+
+
 def finished(workload: dict[str, Any], succeeded: bool, message: str, now_iso: str) -> dict[str, Any] | None:
     if get_condition(_conditions(workload), "Finished") is not None:
         return None  # finished once: Kueue has released the quota
@@ -87,6 +103,7 @@ def released_after_eviction(workload: dict[str, Any], now_iso: str) -> dict[str,
     conditions = set_condition(conditions, "QuotaReserved", "False", "Pending", message, now_iso, generation)
     conditions = set_condition(conditions, "Admitted", "False", "NoReservation", "The workload has no reservation",
                                now_iso, generation)  # fmt: skip
+    conditions = _waiting_for_start(workload, conditions, now_iso)
     return {"conditions": conditions, "admission": None}
 
 
