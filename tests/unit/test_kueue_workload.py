@@ -340,6 +340,23 @@ def test_while_evicted_pods_still_stop_the_owner_writes_pods_ready_false() -> No
     assert pods_ready_of(patch["conditions"]) == ("False", "WaitForStart") and "admission" not in patch
 
 
+def test_finished_written_over_a_conflict_is_retried_on_the_workload_read_again() -> None:
+    wl = {**admitted_workload(), "spec": {}}
+    api = FakeWorkloadApi(wl, conflicts=1)  # Kueue wrote meanwhile
+    kueue = KueueWorkloads(api, "cluster.local")  # type: ignore[arg-type]
+    kueue.last["ns/j"] = wl
+    done = {"phase": "Succeeded", "message": "done"}
+    pending = kueue.report("ns/j", gate_of(wl), done, [pod(0, phase="Succeeded")], NODES, NOW, 20.0)
+    (patch,) = api.status_patches
+    assert [x["reason"] for x in patch["conditions"] if x["type"] == "Finished"] == ["Succeeded"]
+    assert pending is False
+    # Conflicting on every try: the caller is told to come back soon (a finished job is not resynced).
+    busy = FakeWorkloadApi({**admitted_workload(), "spec": {}}, conflicts=100)
+    kueue = KueueWorkloads(busy, "cluster.local")  # type: ignore[arg-type]
+    kueue.last["ns/j"] = busy.workload  # type: ignore[assignment]
+    assert kueue.report("ns/j", gate_of(wl), done, [], NODES, NOW, 20.0) is True and busy.status_patches == []
+
+
 # -- the rule ------------------------------------------------------------------------------------
 
 WAITING = KueueGate(
