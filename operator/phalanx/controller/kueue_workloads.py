@@ -34,6 +34,12 @@ NO_KUEUE_MESSAGE: Final = (
 )
 
 
+# Status writes tried per pass over Kueue's own (a 409 each); then the caller comes back soon.
+WRITE_TRIES: Final = 3
+# How soon a pass whose Workload write is still owed runs again.
+PENDING_WRITE_RETRY_SECONDS: Final = 1.0
+
+
 class KueueWorkloads:
     def __init__(self, api: KubeApi, cluster_domain: str) -> None:
         self.api = api
@@ -97,19 +103,17 @@ class KueueWorkloads:
         return placement_of(flavors)
 
     def report(self, key: str, gate: KueueGate, status: dict[str, Any], pods: list[dict[str, Any]],
-               nodes: Mapping[str, Mapping[str, Any]], now: float, node_lost_after: float) -> None:  # fmt: skip
-        """Writes back into the Workload what its owner is to tell Kueue."""
-        now_iso = iso(now)
+               nodes: Mapping[str, Mapping[str, Any]], now: float, node_lost_after: float) -> bool:  # fmt: skip
+        """Writes back into the Workload what its owner is to tell Kueue. True: a write is still
+        owed (Kueue kept writing meanwhile); the caller comes back soon, as a finished job is not
+        resynced otherwise."""
         workload = self.last.get(key)
         if workload is None:
-            return
+            return False
+        stopped = workload_status.gang_stopped(pods, nodes, now, node_lost_after)
         phase = status.get("phase")
         meta = workload["metadata"]
-        if (
-            gate.stale
-            and phase not in FINISHED_PHASES
-            and workload_status.gang_stopped(pods, nodes, now, node_lost_after)
-        ):
+        if gate.stale and phase not in FINISHED_PHASES and stopped:
             # Admitted for the job as it was, and nothing runs on that admission: gone, its quota with
             # it; the next pass queues the job as it is now.
             log.info(
@@ -117,30 +121,42 @@ class KueueWorkloads:
             )
             self.api.delete_workload(meta["namespace"], meta["name"], meta.get("uid"))
             self.last.pop(key, None)
-            return
+            return False
+        for _ in range(WRITE_TRIES):
+            patch = self._patch_for(workload, gate, status, stopped, iso(now))
+            if patch is None:
+                return False
+            meta = workload["metadata"]
+            try:
+                stored = self.api.patch_workload_status(
+                    meta["namespace"], meta["name"], patch, meta["resourceVersion"]
+                )
+            except StatusConflict:  # Kueue wrote meanwhile: decided again on what it wrote
+                fresh = self.api.get_workload(meta["namespace"], meta["name"])
+                if fresh is None:
+                    return False
+                workload = self.last[key] = fresh
+                continue
+            if stored is not None:
+                self.last[key] = stored
+                if "admission" in patch:
+                    log.info("released the quota of evicted Workload %s/%s", meta["namespace"], meta["name"])
+            return False
+        return True
+
+    @staticmethod
+    def _patch_for(workload: dict[str, Any], gate: KueueGate, status: dict[str, Any], stopped: bool,
+                   now_iso: str) -> dict[str, Any] | None:  # fmt: skip
+        phase = status.get("phase")
         if phase in FINISHED_PHASES:
-            patch = workload_status.finished(
+            return workload_status.finished(
                 workload, phase == "Succeeded", str(status.get("message") or ""), now_iso
             )
-        elif gate.evicted or not gate.admitted:
+        if gate.evicted or not gate.admitted:
             # Kueue takes the quota back only once the gang has stopped: it may not run twice.
-            stopped = workload_status.gang_stopped(pods, nodes, now, node_lost_after)
             released = workload_status.released_after_eviction(workload, now_iso) if stopped else None
-            patch = released or workload_status.waiting_for_start(workload, now_iso)
-        else:
-            patch = workload_status.pods_ready(workload, phase == "Running", now_iso)
-        if patch is None:
-            return
-        try:
-            stored = self.api.patch_workload_status(
-                meta["namespace"], meta["name"], patch, meta["resourceVersion"]
-            )
-        except StatusConflict:
-            return  # Kueue wrote meanwhile; the next reconcile reads it again (it rechecks soon)
-        if stored is not None:
-            self.last[key] = stored
-            if "admission" in patch:
-                log.info("released the quota of evicted Workload %s/%s", meta["namespace"], meta["name"])
+            return released or workload_status.waiting_for_start(workload, now_iso)
+        return workload_status.pods_ready(workload, phase == "Running", now_iso)
 
     def observe_admitted(self, namespace: str, name: str, gate: KueueGate) -> None:
         metrics.observe_kueue_admitted(namespace, name, gate.cluster_queue or "", gate.waited_seconds or 0.0)
