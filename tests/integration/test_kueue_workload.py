@@ -270,26 +270,24 @@ def test_with_a_local_queue_named_default_kueue_leaves_the_worker_pods_to_the_op
     cluster: Cluster, namespace: str, queues: Queues
 ) -> None:
     # Kueue's LocalQueueDefaulting puts pods of a namespace with a LocalQueue `default` in it, and its
-    # pod integration would then gate each worker pod as a workload of its own, unless TrainingJob is
-    # one of its integrations.externalFrameworks (docs/kueue.md): then the pods are the job's.
+    # pod integration would then gate each worker pod of a queued job as a workload of its own,
+    # unless TrainingJob is one of its integrations.externalFrameworks (docs/kueue.md): then Kueue
+    # finds the pods' queued owner and leaves them to it.
     queues.gpu_queue()
     cluster.apply({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
                    "metadata": {"name": "default"}, "spec": {"clusterQueue": queues.cq}},
                   namespace=namespace)  # fmt: skip
     try:
-        for job in (training_job("builtin"), queued("queued")):
-            cluster.apply(job, namespace)
-            name = job["metadata"]["name"]
-            pods = wait_for(lambda n=name: len(p := job_pods(cluster, namespace, n)) == 2 and p,
-                            timeout=60, what=f"{name}'s pods")  # fmt: skip
-            for pod in pods:
-                gates = [g["name"] for g in pod["spec"].get("schedulingGates") or []]
-                assert "kueue.x-k8s.io/admission" not in gates, pod["spec"]
-                assert QUEUE_NAME_LABEL not in (pod["metadata"].get("labels") or {}), pod["metadata"]
-            wait_running(cluster, namespace, name)
-            finish(cluster, namespace, name)
-            wait_phase(cluster, namespace, name, "Succeeded")
-        # No Workload of Kueue's pod integration: only the queued job's own.
+        cluster.apply(queued("queued"), namespace)
+        pods = wait_for(lambda: len(p := job_pods(cluster, namespace, "queued")) == 2 and p,
+                        timeout=60, what="the queued job's pods")  # fmt: skip
+        for pod in pods:
+            gates = [g["name"] for g in pod["spec"].get("schedulingGates") or []]
+            assert "kueue.x-k8s.io/admission" not in gates, pod["spec"]
+            assert QUEUE_NAME_LABEL not in (pod["metadata"].get("labels") or {}), pod["metadata"]
+            assert "kueue.x-k8s.io/managed" not in (pod["metadata"].get("finalizers") or []), pod["metadata"]
+        wait_running(cluster, namespace, "queued")
+        # No Workload of Kueue's pod integration: only the job's own.
         owners = [ref["kind"] for wl in cluster.get_json(WORKLOADS, "-n", namespace)["items"]
                   for ref in wl["metadata"].get("ownerReferences", [])]  # fmt: skip
         assert owners == ["TrainingJob"], owners
