@@ -33,6 +33,9 @@ KUEUE_QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
 KUEUE_GROUP: Final = "kueue.x-k8s.io"
 KUEUE_VERSION: Final = "v1beta2"  # what Kueue v0.17 stores
 KUEUE_API_VERSION: Final = f"{KUEUE_GROUP}/{KUEUE_VERSION}"
+# TrainingJob as Kueue's integrations.externalFrameworks names it (Kind.version.group): required, so
+# that Kueue's pod integration leaves the worker pods to the operator (docs/kueue.md).
+KUEUE_EXTERNAL_FRAMEWORK: Final = f"{KIND}.{VERSION}.{GROUP}"
 KUEUE_PODSET: Final = "workers"  # the Workload's one pod set: the whole gang
 # On the Workload: the spec.runPolicy.suspend the operator last wrote into spec.active ("true"/"false"),
 # so that it writes spec.active only when suspend changes, never over Kueue's or an admin's deactivation.
