@@ -293,3 +293,20 @@ def test_with_a_local_queue_named_default_kueue_leaves_the_worker_pods_to_the_op
         assert owners == ["TrainingJob"], owners
     finally:
         cluster.kubectl("delete", "localqueue", "default", "-n", namespace, "--timeout=30s", check=False)
+
+
+def test_a_job_resized_while_suspended_is_queued_again_at_its_new_size(
+    cluster: Cluster, namespace: str, queues: Queues
+) -> None:
+    # Its Workload was built for 2 pods: admitted as it was, 4 pods would run against quota for 2.
+    queues.gpu_queue(gpus=2)
+    cluster.apply(queued("resized", runPolicy={"suspend": True}), namespace)
+    wait_for(lambda: (wl := workload_of(cluster, namespace, "resized")) is not None
+             and wl["spec"]["podSets"][0]["count"] == 2, timeout=30, what="the 2-pod Workload")  # fmt: skip
+    cluster.kubectl("patch", "tj", "resized", "-n", namespace, "--type=merge",
+                    "-p", '{"spec": {"replicas": 4, "runPolicy": {"suspend": false}}}')  # fmt: skip
+    message = waiting_message(cluster, namespace, "resized", "insufficient")
+    assert "quota" in message.lower(), message
+    wl = workload_of(cluster, namespace, "resized")
+    assert wl is not None and wl["spec"]["podSets"][0]["count"] == 4 and wl["spec"]["active"] is True
+    assert job_pods(cluster, namespace, "resized") == []
