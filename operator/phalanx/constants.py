@@ -36,7 +36,13 @@ KUEUE_QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
 KUEUE_GROUP: Final = "kueue.x-k8s.io"
 KUEUE_VERSION: Final = "v1beta2"  # what Kueue v0.17 stores
 KUEUE_API_VERSION: Final = f"{KUEUE_GROUP}/{KUEUE_VERSION}"
+# TrainingJob as Kueue's integrations.externalFrameworks names it (Kind.version.group): required, so
+# that Kueue's pod integration leaves the worker pods to the operator (docs/kueue.md).
+KUEUE_EXTERNAL_FRAMEWORK: Final = f"{KIND}.{VERSION}.{GROUP}"
 KUEUE_PODSET: Final = "workers"  # the Workload's one pod set: the whole gang
+# On the Workload: the spec.runPolicy.suspend the operator last wrote into spec.active ("true"/"false"),
+# so that it writes spec.active only when suspend changes, never over Kueue's or an admin's deactivation.
+KUEUE_SUSPENDED_ANNOTATION: Final = "phalanx.dev/suspended"
 # On a pod whose trainer is a resident launcher (restartStrategy InPlace): the operator's pod
 # stores keep metadata, not the container env, so this is what says a pod can restart in place.
 ANNOTATION_RESIDENT_LAUNCHER: Final = f"{GROUP}/resident-launcher"

@@ -401,6 +401,20 @@ class KubeApi:
                 return None
             raise
 
+    def delete_workload(self, namespace: str, name: str, uid: str | None) -> None:
+        """Deletes the Workload with this `uid` (one built from an older version of its job); gone
+        already, or replaced meanwhile (the uid precondition fails), is fine."""
+        body = client.V1DeleteOptions(
+            propagation_policy="Background", preconditions=client.V1Preconditions(uid=uid) if uid else None
+        )
+        try:
+            release(self.custom.delete_namespaced_custom_object(
+                c.KUEUE_GROUP, c.KUEUE_VERSION, namespace, "workloads", name, body=body, _preload_content=False,
+            ))  # fmt: skip
+        except ApiException as exc:
+            if exc.status not in (404, 409):
+                raise
+
     def patch_workload_status(
         self, namespace: str, name: str, status: dict[str, Any], resource_version: str
     ) -> dict[str, Any] | None:

@@ -264,3 +264,49 @@ def test_a_job_managed_by_another_controller_is_left_alone(
     changed = cluster.kubectl("patch", "tj", "elsewhere", "-n", namespace, "--type=merge",
                               "-p", '{"spec": {"managedBy": "phalanx.dev/operator"}}', check=False)  # fmt: skip
     assert changed.returncode != 0 and "spec.managedBy is immutable" in changed.stderr, changed.stderr
+
+
+def test_with_a_local_queue_named_default_kueue_leaves_the_worker_pods_to_the_operator(
+    cluster: Cluster, namespace: str, queues: Queues
+) -> None:
+    # Kueue's LocalQueueDefaulting puts pods of a namespace with a LocalQueue `default` in it, and its
+    # pod integration would then gate each worker pod of a queued job as a workload of its own,
+    # unless TrainingJob is one of its integrations.externalFrameworks (docs/kueue.md): then Kueue
+    # finds the pods' queued owner and leaves them to it.
+    queues.gpu_queue()
+    cluster.apply({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+                   "metadata": {"name": "default"}, "spec": {"clusterQueue": queues.cq}},
+                  namespace=namespace)  # fmt: skip
+    try:
+        cluster.apply(queued("queued"), namespace)
+        pods = wait_for(lambda: len(p := job_pods(cluster, namespace, "queued")) == 2 and p,
+                        timeout=60, what="the queued job's pods")  # fmt: skip
+        for pod in pods:
+            gates = [g["name"] for g in pod["spec"].get("schedulingGates") or []]
+            assert "kueue.x-k8s.io/admission" not in gates, pod["spec"]
+            assert QUEUE_NAME_LABEL not in (pod["metadata"].get("labels") or {}), pod["metadata"]
+            assert "kueue.x-k8s.io/managed" not in (pod["metadata"].get("finalizers") or []), pod["metadata"]
+        wait_running(cluster, namespace, "queued")
+        # No Workload of Kueue's pod integration: only the job's own.
+        owners = [ref["kind"] for wl in cluster.get_json(WORKLOADS, "-n", namespace)["items"]
+                  for ref in wl["metadata"].get("ownerReferences", [])]  # fmt: skip
+        assert owners == ["TrainingJob"], owners
+    finally:
+        cluster.kubectl("delete", "localqueue", "default", "-n", namespace, "--timeout=30s", check=False)
+
+
+def test_a_job_resized_while_suspended_is_queued_again_at_its_new_size(
+    cluster: Cluster, namespace: str, queues: Queues
+) -> None:
+    # Its Workload was built for 2 pods: admitted as it was, 4 pods would run against quota for 2.
+    queues.gpu_queue(gpus=2)
+    cluster.apply(queued("resized", runPolicy={"suspend": True}), namespace)
+    wait_for(lambda: (wl := workload_of(cluster, namespace, "resized")) is not None
+             and wl["spec"]["podSets"][0]["count"] == 2, timeout=30, what="the 2-pod Workload")  # fmt: skip
+    cluster.kubectl("patch", "tj", "resized", "-n", namespace, "--type=merge",
+                    "-p", '{"spec": {"replicas": 4, "runPolicy": {"suspend": false}}}')  # fmt: skip
+    message = waiting_message(cluster, namespace, "resized", "insufficient")
+    assert "quota" in message.lower(), message
+    wl = workload_of(cluster, namespace, "resized")
+    assert wl is not None and wl["spec"]["podSets"][0]["count"] == 4 and wl["spec"]["active"] is True
+    assert job_pods(cluster, namespace, "resized") == []

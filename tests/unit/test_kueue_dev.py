@@ -80,7 +80,11 @@ def test_configuration_binds_to_loopback_with_internal_certs_off() -> None:
     assert config["health"]["healthProbeBindAddress"] == "127.0.0.1:19081"
     assert config["internalCertManagement"] == {"enable": False}
     assert config["leaderElection"] == {"leaderElect": False}
-    assert config["integrations"] == {"frameworks": ["batch/job", "pod"]}
+    # TrainingJob is an external framework, so Kueue's pod integration leaves its pods alone.
+    assert config["integrations"] == {
+        "frameworks": ["batch/job", "pod"],
+        "externalFrameworks": ["TrainingJob.v1alpha1.phalanx.dev"],
+    }
     assert "waitForPodsReady" not in config
     assert config["featureGates"] == {"VisibilityOnDemand": False}
 

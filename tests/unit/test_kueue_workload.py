@@ -13,10 +13,19 @@ from phalanx import metrics
 from phalanx.api.schema import parse
 from phalanx.api.v1alpha1 import TrainingJobSpec
 from phalanx.builders.pods import JobRef, build_worker_pod
+from phalanx.controller.kueue_workloads import KueueWorkloads
+from phalanx.k8s import StatusConflict
 from phalanx.kueue import workload_status
 from phalanx.kueue.gate import KueueGate, gate_of
 from phalanx.kueue.placement import FlavorConflict, placed_pod, placement_of
-from phalanx.kueue.workload import active_patch, build_workload, managed_here, queue_name, workload_name
+from phalanx.kueue.workload import (
+    active_patch,
+    build_workload,
+    managed_here,
+    queue_name,
+    stale_in,
+    workload_name,
+)
 from phalanx.reconcile.lifecycle import decide
 from phalanx.reconcile.plan import iso
 from tests.unit.lifecycle_fixtures import NODES, NOW, RUNNING, job, pod
@@ -86,11 +95,74 @@ def test_a_mig_job_asks_kueue_for_its_mig_resource() -> None:
     assert "priorityClassRef" not in wl["spec"] and "priority" not in wl["spec"]
 
 
+def suspended_as(value: str | None, active: bool | None = None) -> dict[str, Any]:
+    """A Workload on which the operator last wrote suspend=`value` (None: before it recorded it)."""
+    annotations = {} if value is None else {c.KUEUE_SUSPENDED_ANNOTATION: value}
+    return {"metadata": {"annotations": annotations}, "spec": {} if active is None else {"active": active}}
+
+
 def test_a_suspended_job_deactivates_its_workload_and_a_resumed_one_activates_it() -> None:
-    assert active_patch({"spec": {}}, suspended=True) == {"spec": {"active": False}}
-    assert active_patch({"spec": {"active": False}}, suspended=True) is None
-    assert active_patch({"spec": {"active": False}}, suspended=False) == {"spec": {"active": True}}
-    assert active_patch({"spec": {}}, suspended=False) is None
+    assert active_patch(suspended_as("false", True), suspended=True) == {
+        "metadata": {"annotations": {c.KUEUE_SUSPENDED_ANNOTATION: "true"}},
+        "spec": {"active": False},
+    }
+    assert active_patch(suspended_as("true", False), suspended=True) is None
+    assert active_patch(suspended_as("true", False), suspended=False) == {
+        "metadata": {"annotations": {c.KUEUE_SUSPENDED_ANNOTATION: "false"}},
+        "spec": {"active": True},
+    }
+    # A Workload from before the operator recorded what it wrote: set once, recorded from then on.
+    assert active_patch(suspended_as(None), suspended=False) is None
+    assert active_patch(suspended_as(None), suspended=True) is not None
+
+
+def test_a_workload_kueue_or_an_admin_deactivated_stays_inactive_while_suspend_is_unchanged() -> None:
+    # backoffLimitCount, a rejected admission check, maximumExecutionTimeSeconds, kubectl: not undone.
+    assert active_patch(suspended_as("false", False), suspended=False) is None
+
+
+def test_a_suspended_job_gets_an_inactive_workload_and_records_it() -> None:
+    wl = workload_of(gpu_job(runPolicy={"suspend": True}))
+    assert wl["spec"]["active"] is False
+    assert wl["metadata"]["annotations"] == {c.KUEUE_SUSPENDED_ANNOTATION: "true"}
+    assert workload_of(gpu_job())["metadata"]["annotations"] == {c.KUEUE_SUSPENDED_ANNOTATION: "false"}
+
+
+def test_a_workload_kueue_deactivated_says_kueues_reason() -> None:
+    wl = {**admitted_workload(), **suspended_as("false", False)}
+    wl["metadata"]["name"] = "wl"
+    wl["status"] = {"conditions": [
+        cond("Evicted", "True", "Deactivated", "The workload is deactivated"),
+        cond("DeactivationTarget", "True", "RequeuingLimitExceeded", "exceeding the maximum number of re-queuing retries"),
+    ]}  # fmt: skip
+    gate = gate_of(wl)
+    assert not gate.admitted
+    assert "deactivated by Kueue (RequeuingLimitExceeded)" in gate.message
+    assert "re-queuing retries" in gate.message and "spec.active" in gate.message
+    # Deactivated by the operator (the job is suspended): the usual eviction message.
+    assert "deactivated by Kueue" not in gate_of({**wl, **suspended_as("true", False)}).message
+
+
+def workload_of(tj: dict[str, Any], queue: str = "q", priority: int | None = None) -> dict[str, Any]:
+    spec = parse(TrainingJobSpec, tj["spec"])
+    return build_workload(tj, queue, spec.replicas, build_worker_pod(JobRef.of(tj), spec, 0, 0, tj["spec"]["template"]),
+                          priority)  # fmt: skip
+
+
+def test_a_workload_built_from_the_job_as_it_is_now_is_not_stale() -> None:
+    assert stale_in(workload_of(gpu_job()), workload_of(gpu_job())) == ""
+
+
+def test_a_job_changed_since_its_workload_was_built_makes_it_stale_saying_what_changed() -> None:
+    old = workload_of(gpu_job())
+    assert "count 2" in stale_in(old, workload_of(gpu_job(replicas=8))) and "8" in stale_in(
+        old, workload_of(gpu_job(replicas=8))
+    )
+    assert "requests" in stale_in(old, workload_of(job(resources={"gpus": 2})))
+    assert "queue" in stale_in(old, workload_of(gpu_job(), queue="other"))
+    high = gpu_job(scheduling={"priorityClassName": "high"})
+    assert "priority" in stale_in(workload_of(high, priority=1000), workload_of(high, priority=7))
+    assert "priority" in stale_in(old, workload_of(high, priority=1000))
 
 
 def test_a_job_recreated_under_its_name_gets_a_workload_of_its_own() -> None:
@@ -208,6 +280,83 @@ def test_after_an_eviction_the_quota_is_handed_back_and_the_workload_requeued() 
     assert by_type["Evicted"]["status"] == "True"  # Kueue clears it when it admits again
 
 
+def test_pods_stuck_terminating_on_a_lost_node_count_as_stopped_so_the_quota_goes_back() -> None:
+    # A NotReady node's pods say Running forever (nobody confirms their deletion): Kueue's quota
+    # must go back all the same, as the restart does not wait for them either (policy/node_loss.py).
+    lost = {"n1": {"metadata": {"name": "n1"}, "status": {"conditions": [
+        {"type": "Ready", "status": "Unknown", "lastTransitionTime": iso(NOW - 120)}]}}}  # fmt: skip
+    nodes = {**NODES, **lost}
+    deleting = {"deletionTimestamp": iso(NOW - 60)}
+    stuck = pod(1, metadata=deleting, spec={"nodeName": "n1"})
+    done = pod(0, phase="Failed")
+    assert workload_status.gang_stopped([done, stuck], nodes, NOW, node_lost_after=20.0)
+    # On a Ready node a Running pod is still running: the quota is held until it ends.
+    assert not workload_status.gang_stopped(
+        [done, pod(1, metadata=deleting)], nodes, NOW, node_lost_after=20.0
+    )
+    # Not yet lost (NotReady for less than node_lost_after): waited for.
+    assert not workload_status.gang_stopped([done, stuck], nodes, NOW, node_lost_after=300.0)
+
+
+def pods_ready_of(conditions: list[dict[str, Any]]) -> tuple[str, str]:
+    (ready,) = [x for x in conditions if x["type"] == "PodsReady"]
+    return ready["status"], ready["reason"]
+
+
+def test_an_evicted_workload_is_not_ready_waiting_for_start_so_readmission_starts_afresh() -> None:
+    wl = admitted_workload()
+    wl["status"]["conditions"] += [
+        cond("PodsReady", "True", "Started", "running"),
+        cond("Evicted", "True", "Preempted", "Preempted to accommodate"),
+    ]
+    waiting = workload_status.waiting_for_start(wl, T1)
+    assert waiting is not None and pods_ready_of(waiting["conditions"]) == ("False", "WaitForStart")
+    released = workload_status.released_after_eviction(wl, T1)
+    assert released is not None and pods_ready_of(released["conditions"]) == ("False", "WaitForStart")
+    # Admitted again, the new gang not yet ready: it is starting, not recovering.
+    readmitted = admitted_workload()
+    readmitted["status"]["conditions"] = [
+        *readmitted["status"]["conditions"],
+        *[x for x in released["conditions"] if x["type"] == "PodsReady"],
+    ]
+    assert workload_status.pods_ready(readmitted, False, T1) is None
+
+
+def test_while_evicted_pods_still_stop_the_owner_writes_pods_ready_false() -> None:
+    wl = admitted_workload()
+    wl["spec"] = {}
+    wl["status"]["conditions"] += [
+        cond("PodsReady", "True", "Started", "running"),
+        cond("Evicted", "True", "Preempted", "Preempted to accommodate"),
+    ]
+    api = FakeWorkloadApi(wl)
+    kueue = KueueWorkloads(api, "cluster.local")  # type: ignore[arg-type]
+    kueue.last["ns/j"] = wl
+    evicted = gate_of(wl)
+    kueue.report(
+        "ns/j", evicted, {"phase": "Pending"}, [pod(0, metadata={"deletionTimestamp": T1})], NODES, NOW, 20.0
+    )
+    (patch,) = api.status_patches
+    assert pods_ready_of(patch["conditions"]) == ("False", "WaitForStart") and "admission" not in patch
+
+
+def test_finished_written_over_a_conflict_is_retried_on_the_workload_read_again() -> None:
+    wl = {**admitted_workload(), "spec": {}}
+    api = FakeWorkloadApi(wl, conflicts=1)  # Kueue wrote meanwhile
+    kueue = KueueWorkloads(api, "cluster.local")  # type: ignore[arg-type]
+    kueue.last["ns/j"] = wl
+    done = {"phase": "Succeeded", "message": "done"}
+    pending = kueue.report("ns/j", gate_of(wl), done, [pod(0, phase="Succeeded")], NODES, NOW, 20.0)
+    (patch,) = api.status_patches
+    assert [x["reason"] for x in patch["conditions"] if x["type"] == "Finished"] == ["Succeeded"]
+    assert pending is False
+    # Conflicting on every try: the caller is told to come back soon (a finished job is not resynced).
+    busy = FakeWorkloadApi({**admitted_workload(), "spec": {}}, conflicts=100)
+    kueue = KueueWorkloads(busy, "cluster.local")  # type: ignore[arg-type]
+    kueue.last["ns/j"] = busy.workload  # type: ignore[assignment]
+    assert kueue.report("ns/j", gate_of(wl), done, [], NODES, NOW, 20.0) is True and busy.status_patches == []
+
+
 # -- the rule ------------------------------------------------------------------------------------
 
 WAITING = KueueGate(
@@ -254,6 +403,103 @@ def test_an_evicted_gang_stops_with_its_grace_period_counts_a_preemption_and_wai
     # The next look, pods gone: still waiting, and the preemption is not counted twice.
     again = decide(gpu_job(status=plan.status), [], NODES, NOW + 2, kueue_gate=evicted)
     assert again.status["restarts"]["preemptions"] == 1 and again.create_indices == []
+
+
+def test_no_pod_starts_against_a_stale_workload_that_holds_quota_but_a_running_gang_goes_on() -> None:
+    stale = KueueGate(workload="wl", admitted=True, evicted=False, message="", cluster_queue="cq",
+                      stale="podSet workers: count 2, the job asks 8")  # fmt: skip
+    plan = decide(gpu_job(), [], NODES, NOW, kueue_gate=stale)
+    assert plan.create_indices == [] and plan.status["phase"] == "Pending"
+    assert "count 2, the job asks 8" in plan.status["message"]
+    running = decide(gpu_job(status=dict(RUNNING)), [pod(0), pod(1)], NODES, NOW, kueue_gate=stale)
+    assert running.delete_pods == [] and running.status["phase"] == "Running"
+
+
+class FakeWorkloadApi:
+    """The Workload calls of KubeApi, on one in-memory Workload."""
+
+    def __init__(self, workload: dict[str, Any] | None = None, conflicts: int = 0) -> None:
+        self.workload = workload
+        self.deleted: list[str] = []
+        self.created = 0
+        self.conflicts = conflicts
+        self.status_patches: list[dict[str, Any]] = []
+        self.spec_patches: list[dict[str, Any]] = []
+
+    def priority_values(self) -> dict[str, int]:
+        return {}
+
+    def get_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.workload
+
+    def create_if_absent(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
+        if self.workload is not None:
+            return None
+        self.created += 1
+        self.workload = {**manifest, "metadata": {**manifest["metadata"], "resourceVersion": "1"}}
+        return self.workload
+
+    def delete_workload(self, namespace: str, name: str, uid: str | None) -> None:
+        self.deleted.append(name)
+        self.workload = None
+
+    def patch_workload(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any] | None:
+        assert self.workload is not None
+        self.spec_patches.append(patch)
+        meta = {**self.workload["metadata"]}
+        annotations = {
+            **(meta.get("annotations") or {}),
+            **(patch.get("metadata") or {}).get("annotations", {}),
+        }
+        meta["annotations"] = annotations
+        self.workload = {
+            **self.workload,
+            "metadata": meta,
+            "spec": {**self.workload["spec"], **patch.get("spec", {})},
+        }
+        return self.workload
+
+    def patch_workload_status(
+        self, namespace: str, name: str, status: dict[str, Any], rv: str
+    ) -> dict[str, Any] | None:
+        assert self.workload is not None
+        if self.conflicts:
+            self.conflicts -= 1
+            raise StatusConflict("changed")
+        self.status_patches.append(status)
+        merged = {**(self.workload.get("status") or {}), **status}
+        self.workload = {**self.workload, "status": {k: v for k, v in merged.items() if v is not None}}
+        return self.workload
+
+
+def queued(tj: dict[str, Any]) -> dict[str, Any]:
+    tj["metadata"]["labels"] = {c.KUEUE_QUEUE_LABEL: "q"}
+    return tj
+
+
+def test_a_stale_workload_without_quota_is_recreated_from_the_job_as_it_is_now() -> None:
+    old = workload_of(queued(gpu_job()))
+    old["metadata"]["resourceVersion"] = "3"
+    api = FakeWorkloadApi(old)
+    resized = queued(gpu_job(replicas=8))
+    gate = KueueWorkloads(api, "cluster.local").gate(
+        "ns/j", resized, parse(TrainingJobSpec, resized["spec"]), "q"
+    )  # type: ignore[arg-type]
+    assert api.deleted == [old["metadata"]["name"]] and api.created == 1
+    assert api.workload is not None and api.workload["spec"]["podSets"][0]["count"] == 8
+    assert gate.stale == "" and not gate.admitted
+
+
+def test_a_stale_workload_holding_quota_is_kept_and_the_gate_says_it_is_stale() -> None:
+    old = workload_of(queued(gpu_job()))
+    old["metadata"]["resourceVersion"] = "3"
+    old["status"] = admitted_workload()["status"]
+    api = FakeWorkloadApi(old)
+    resized = queued(gpu_job(replicas=8))
+    gate = KueueWorkloads(api, "cluster.local").gate(
+        "ns/j", resized, parse(TrainingJobSpec, resized["spec"]), "q"
+    )  # type: ignore[arg-type]
+    assert api.deleted == [] and "count 2" in gate.stale
 
 
 # -- the wait by admitter ------------------------------------------------------------------------

@@ -178,6 +178,7 @@ KUBE_API_CALLS: dict[str, Callable[[k8s.KubeApi, str | None], Iterable[Any]]] = 
     "patch_workload": lambda api, _: [
         api.patch_workload(JOB.namespace, "trainingjob-gpt-abcde", {"spec": {"active": False}})
     ],
+    "delete_workload": lambda api, _: [api.delete_workload(JOB.namespace, "trainingjob-gpt-abcde", "u")],
     "get_resource_flavor": lambda api, _: [api.get_resource_flavor("h100")],
     "create_event": lambda api, _: [
         api.create_event(JOB_BODY, "Normal", "Created", "m", "2026-01-01T00:00:00Z")

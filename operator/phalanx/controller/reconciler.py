@@ -25,7 +25,7 @@ from phalanx.controller import failpoints
 from phalanx.controller.admission_at_creation import CreationAdmission
 from phalanx.controller.generations import GenerationPublisher
 from phalanx.controller.job_writes import JobWriter, status_diff
-from phalanx.controller.kueue_workloads import KueueWorkloads
+from phalanx.controller.kueue_workloads import PENDING_WRITE_RETRY_SECONDS, KueueWorkloads
 from phalanx.controller.progress import ProgressPoller
 from phalanx.controller.queue import WorkQueue
 from phalanx.controller.stores import ClusterStores
@@ -196,7 +196,8 @@ class Reconciler:
             # the completionTime this write set): the job's own status events no longer enqueue it.
             followups.append(0.0)
         if gate is not None:  # what Kueue expects from the Workload's owner: PodsReady, Finished, quota back
-            self.kueue.report(key, gate, plan.status, pods, iso(now))
+            if self.kueue.report(key, gate, plan.status, pods, nodes, now, self.node_lost_after):
+                followups.append(PENDING_WRITE_RETRY_SECONDS)
         # Only once the status that keeps them is stored: a launcher never starts a generation the
         # job's status does not know.
         self.generations.publish(key, job["metadata"]["uid"], pods, plan.status)

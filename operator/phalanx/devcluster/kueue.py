@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from phalanx.constants import KUEUE_EXTERNAL_FRAMEWORK
 from phalanx.devcluster import components
 from phalanx.devcluster.pki import issue_serving_cert
 from phalanx.devcluster.processes import process_alive
@@ -39,6 +40,8 @@ KUEUE_GROUP = "kueue.x-k8s.io"
 QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
 # Integrations the dev cluster enables unless told otherwise: plain Jobs and plain pod groups.
 DEFAULT_FRAMEWORKS = ("batch/job", "pod")
+# Kueue then leaves pods owned by a TrainingJob to the operator.
+DEFAULT_EXTERNAL_FRAMEWORKS = (KUEUE_EXTERNAL_FRAMEWORK,)
 # Kueue's kustomize prefix; the names a real install has, so docs and kubectl read the same.
 MUTATING_WEBHOOK_CONFIG = "kueue-mutating-webhook-configuration"
 VALIDATING_WEBHOOK_CONFIG = "kueue-validating-webhook-configuration"
@@ -72,9 +75,10 @@ class WaitForPodsReady:
 @dataclass(frozen=True)
 class KueueSettings:
     frameworks: tuple[str, ...] = DEFAULT_FRAMEWORKS
-    # Kind.version.group of job kinds that an outside controller integrates (issue 18 item 2 may use
-    # "TrainingJob.v1alpha1.phalanx.dev").
-    external_frameworks: tuple[str, ...] = ()
+    # Kind.version.group of job kinds that an outside controller integrates. TrainingJob is required
+    # (docs/kueue.md): without it Kueue's pod integration takes the worker pods as workloads of their
+    # own wherever a LocalQueue named `default` (LocalQueueDefaulting) or manageJobsWithoutQueueName applies.
+    external_frameworks: tuple[str, ...] = DEFAULT_EXTERNAL_FRAMEWORKS
     wait_for_pods_ready: WaitForPodsReady | None = None
     # VisibilityOnDemand serves an extension API server whose cert Kueue reads from /visibility when
     # its internal cert management is off; the dev cluster does without it.

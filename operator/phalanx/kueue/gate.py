@@ -23,6 +23,9 @@ class KueueGate:
     # Seconds from queued (created, or requeued after an eviction) to admitted; None while waiting.
     waited_seconds: float | None = None
     finished: bool = False
+    # What the job changed since its Workload was admitted (kueue/workload.py stale_in): no pod starts
+    # against that admission; the Workload is recreated once the gang is stopped. "": up to date.
+    stale: str = ""
 
 
 def _true(workload: dict[str, Any], type_: str) -> dict[str, Any] | None:
@@ -37,6 +40,23 @@ def queued_since(workload: dict[str, Any]) -> float | None:
     if requeued is not None and requeued.get("lastTransitionTime"):
         return parse_iso(requeued["lastTransitionTime"])
     return parse_iso((workload.get("metadata") or {}).get("creationTimestamp"))
+
+
+def deactivated_message(workload: dict[str, Any]) -> str | None:
+    """Why Kueue (or an admin) deactivated the Workload of a job the operator did not suspend; None
+    when it is active, or inactive because the job is suspended."""
+    meta = workload.get("metadata") or {}
+    if (workload.get("spec") or {}).get("active", True) is not False:
+        return None
+    if (meta.get("annotations") or {}).get(c.KUEUE_SUSPENDED_ANNOTATION) == "true":
+        return None
+    conditions = (workload.get("status") or {}).get("conditions") or []
+    why = get_condition(conditions, "DeactivationTarget") or get_condition(conditions, "Evicted") or {}
+    reason, message = why.get("reason") or "Deactivated", why.get("message") or "spec.active is false"
+    return (
+        f"deactivated by Kueue ({reason}): {message}; it is queued again once spec.active of Workload "
+        f"{meta.get('name', '')} is set to true"
+    )
 
 
 def gate_of(workload: dict[str, Any]) -> KueueGate:
@@ -75,6 +95,9 @@ def gate_of(workload: dict[str, Any]) -> KueueGate:
         since, at = queued_since(workload), parse_iso(admitted_cond.get("lastTransitionTime"))
         if since is not None and at is not None:
             waited = max(0.0, at - since)
+    deactivated = deactivated_message(workload)
+    if deactivated is not None:
+        admitted, message = False, deactivated
     return KueueGate(
         workload=name,
         admitted=admitted,

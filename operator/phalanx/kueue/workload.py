@@ -38,13 +38,61 @@ def workload_name(job_name: str, uid: str) -> str:
     return f"{_PREFIX}-{job_name}-{digest}"
 
 
+def _flag(suspended: bool) -> str:
+    return "true" if suspended else "false"
+
+
 def active_patch(workload: dict[str, Any], suspended: bool) -> dict[str, Any] | None:
     """spec.runPolicy.suspend as Kueue reads it: a suspended job's Workload is inactive (Kueue evicts
-    it and, once its pods are gone, takes the quota back); resumed, it is active and queued again."""
-    active = (workload.get("spec") or {}).get("active", True)
-    if active == (not suspended):
+    it and, once its pods are gone, takes the quota back); resumed, it is active and queued again.
+    Written only when suspend changed since the operator last wrote it (the annotation): Kueue
+    (backoffLimitCount, a rejected admission check, maximumExecutionTimeSeconds) or an admin may
+    deactivate the Workload of a job that is not suspended, and that is theirs to undo."""
+    recorded = ((workload.get("metadata") or {}).get("annotations") or {}).get(c.KUEUE_SUSPENDED_ANNOTATION)
+    if recorded == _flag(suspended):
         return None
-    return {"spec": {"active": not suspended}}
+    if recorded is None and (workload.get("spec") or {}).get("active", True) == (not suspended):
+        return None  # made before the annotation, and as the job asks: recorded at the next change
+    return {
+        "metadata": {"annotations": {c.KUEUE_SUSPENDED_ANNOTATION: _flag(suspended)}},
+        "spec": {"active": not suspended},
+    }
+
+
+def _requests(podset: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    spec = (podset.get("template") or {}).get("spec") or {}
+    containers = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
+    return [(str(x.get("name")), dict((x.get("resources") or {}).get("requests") or {})) for x in containers]
+
+
+def stale_in(workload: dict[str, Any], desired: dict[str, Any]) -> str:
+    """What Kueue would admit differently from `desired` (the Workload built from the job as it is
+    now): queue, priority, pod set counts and requests; "" when nothing. A job changed while
+    suspended or queued would otherwise run against the quota of the job as it was."""
+    old, new = workload.get("spec") or {}, desired.get("spec") or {}
+    changes = []
+    if old.get("queueName") != new.get("queueName"):
+        changes.append(f"queue {old.get('queueName')}, the job asks {new.get('queueName')}")
+    old_class = (old.get("priorityClassRef") or {}).get("name")
+    new_class = (new.get("priorityClassRef") or {}).get("name")
+    if old.get("priority") != new.get("priority") or old_class != new_class:
+        changes.append(
+            f"priority {old.get('priority')} ({old_class or 'no class'}), "
+            f"the job asks {new.get('priority')} ({new_class or 'no class'})"
+        )
+    old_sets = {str(ps.get("name")): ps for ps in old.get("podSets") or []}
+    for podset in new.get("podSets") or []:
+        name = str(podset.get("name"))
+        was = old_sets.pop(name, None)
+        if was is None:
+            changes.append(f"no podSet {name}")
+            continue
+        if was.get("count") != podset.get("count"):
+            changes.append(f"podSet {name}: count {was.get('count')}, the job asks {podset.get('count')}")
+        if _requests(was) != _requests(podset):
+            changes.append(f"podSet {name}: requests {_requests(was)}, the job asks {_requests(podset)}")
+    changes.extend(f"podSet {name} the job no longer has" for name in old_sets)
+    return "; ".join(changes)
 
 
 def podset_template(worker_pod: dict[str, Any]) -> dict[str, Any]:
@@ -71,8 +119,10 @@ def build_workload(
     """The Workload for `job` in LocalQueue `queue`; `worker_pod`: one of its pods as the operator
     builds it; `priority`: the value of spec.scheduling.priorityClassName (None: the job names none)."""
     ref = JobRef.of(job)
+    suspended = bool(((job.get("spec") or {}).get("runPolicy") or {}).get("suspend"))
     spec: dict[str, Any] = {
         "queueName": queue,
+        "active": not suspended,
         "podSets": [{"name": c.KUEUE_PODSET, "count": replicas, "template": podset_template(worker_pod)}],
     }
     priority_class = ((job.get("spec") or {}).get("scheduling") or {}).get("priorityClassName")
@@ -91,6 +141,7 @@ def build_workload(
             "name": workload_name(ref.name, ref.uid),
             "namespace": ref.namespace,
             "labels": {c.LABEL_JOB_NAME: ref.name, c.LABEL_MANAGED_BY: c.MANAGED_BY},
+            "annotations": {c.KUEUE_SUSPENDED_ANNOTATION: _flag(suspended)},
             "ownerReferences": [ref.owner_reference()],
         },
         "spec": spec,

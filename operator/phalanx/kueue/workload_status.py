@@ -3,6 +3,7 @@ v0.17 pkg/controller/jobframework/reconciler.go is the reference for each step):
 
 - PodsReady: True once every pod of the gang runs and is ready (waitForPodsReady reads it; without
   it Kueue would evict the gang after its timeout), False WaitForStart until then.
+  Not admitted (evicted, queued again), it is False WaitForStart.
 - Finished: True when the job succeeded or failed; Kueue then releases the quota.
 - After an eviction (Evicted=True), once the gang's pods are gone: the quota reservation is cleared
   (admission removed, QuotaReserved=False Pending, Admitted=False NoReservation) and Requeued set,
@@ -14,8 +15,11 @@ nothing to change.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Final
 
+from phalanx.pod_facts import is_terminal
+from phalanx.policy.node_loss import lost_node_names, on_lost_node
 from phalanx.reconcile.conditions import get_condition, set_condition
 
 # Kueue requeues (Requeued=True) only after these eviction reasons; others (deactivation, say) not.
@@ -61,6 +65,21 @@ def pods_ready(workload: dict[str, Any], ready: bool, now_iso: str) -> dict[str,
     return {"conditions": conditions} if _changed(workload, conditions) else None
 
 
+def _waiting_for_start(
+    workload: dict[str, Any], conditions: list[dict[str, Any]], now_iso: str
+) -> list[dict[str, Any]]:
+    return set_condition(
+        conditions, "PodsReady", "False", "WaitForStart", _NOT_READY, now_iso, _generation(workload)
+    )
+
+
+def waiting_for_start(workload: dict[str, Any], now_iso: str) -> dict[str, Any] | None:
+    """Not admitted (evicted, or queued again): PodsReady=False WaitForStart, as Kueue sets it for a
+    stopped job, so that the next admission's gang is starting, not recovering."""
+    conditions = _waiting_for_start(workload, _conditions(workload), now_iso)
+    return {"conditions": conditions} if _changed(workload, conditions) else None
+
+
 def finished(workload: dict[str, Any], succeeded: bool, message: str, now_iso: str) -> dict[str, Any] | None:
     if get_condition(_conditions(workload), "Finished") is not None:
         return None  # finished once: Kueue has released the quota
@@ -84,4 +103,14 @@ def released_after_eviction(workload: dict[str, Any], now_iso: str) -> dict[str,
     conditions = set_condition(conditions, "QuotaReserved", "False", "Pending", message, now_iso, generation)
     conditions = set_condition(conditions, "Admitted", "False", "NoReservation", "The workload has no reservation",
                                now_iso, generation)  # fmt: skip
+    conditions = _waiting_for_start(workload, conditions, now_iso)
     return {"conditions": conditions, "admission": None}
+
+
+def gang_stopped(
+    pods: list[dict[str, Any]], nodes: Mapping[str, Mapping[str, Any]], now: float, node_lost_after: float
+) -> bool:
+    """Every pod ended, or left on a lost node: those say Running while Terminating for as long as the
+    node is gone, and the restart does not wait for them either (policy/node_loss.py)."""
+    lost = lost_node_names(nodes, now, node_lost_after)
+    return all(is_terminal(p) or on_lost_node(p, nodes, lost) for p in pods)

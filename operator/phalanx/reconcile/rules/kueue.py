@@ -29,6 +29,20 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
     if gate is None:
         return False
     status = b.status
+    started = status.get("createdAttempt") == seen.attempt or any(
+        not is_deleting(p) for p in seen.current.values()
+    )
+    if gate.admitted and not gate.evicted and gate.stale and not started:
+        # Admitted for the job as it was: its pods would run against quota for another gang.
+        message = (
+            f"waiting for Kueue: Workload {gate.workload} was admitted for the job as it was ({gate.stale}); "
+            "no pod starts against it: it is recreated and queued again as the job is now"
+        )
+        status.pop("admission", None)
+        b.recheck(RECHECK_WAITING_SECONDS)
+        b.condition("Admitted", "False", REASON_WAITING_FOR_KUEUE, message)
+        b.phase("Pending", REASON_WAITING_FOR_KUEUE, message)
+        return True
     if gate.admitted and not gate.evicted:
         record: dict[str, Any] = {"by": "Kueue", "workload": gate.workload}
         if gate.cluster_queue:
@@ -38,9 +52,6 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
         status["admission"] = record
         b.recheck(RECHECK_ADMITTED_SECONDS)  # an eviction is seen within this
         return False
-    started = status.get("createdAttempt") == seen.attempt or any(
-        not is_deleting(p) for p in seen.current.values()
-    )
     status.pop("admission", None)
     b.recheck(RECHECK_WAITING_SECONDS)
     if started:
