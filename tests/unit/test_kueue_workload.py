@@ -526,3 +526,21 @@ def test_the_admission_wait_is_observed_once_per_kueue_admission_under_its_clust
     assert admission_wait_count("Builtin", "") == builtin_before + 1
     metrics.forget_job("ns", "metric-job")
     metrics.forget_job("ns", "other-job")
+
+
+def test_a_failed_job_hands_its_quota_back_only_once_its_pods_have_stopped() -> None:
+    # From the review (item 7): Finished was written in the pass that began deleting a failed job's
+    # still-running pods, so Kueue admitted the next job onto GPUs still in their grace period.
+    wl = {**admitted_workload(), "spec": {}}
+    api = FakeWorkloadApi(wl)
+    kueue = KueueWorkloads(api, "cluster.local")  # type: ignore[arg-type]
+    kueue.last["ns/j"] = wl
+    failed = {"phase": "Failed", "message": "worker-1 exited 1"}
+    stopping = [pod(0, metadata={"deletionTimestamp": T1}), pod(1, phase="Failed")]
+    assert kueue.report("ns/j", gate_of(wl), failed, stopping, NODES, NOW, 20.0) is True  # come back
+    assert api.status_patches == []
+    kueue.report(
+        "ns/j", gate_of(wl), failed, [pod(0, phase="Failed"), pod(1, phase="Failed")], NODES, NOW, 20.0
+    )
+    (patch,) = api.status_patches
+    assert [x["reason"] for x in patch["conditions"] if x["type"] == "Finished"] == ["Failed"]
