@@ -122,6 +122,10 @@ class KueueWorkloads:
             self.api.delete_workload(meta["namespace"], meta["name"], meta.get("uid"))
             self.last.pop(key, None)
             return False
+        if phase in FINISHED_PHASES and not stopped:
+            # Finished hands the quota back: not while a failed job's pods still stop (their grace
+            # period, a SIGTERM checkpoint), or Kueue admits the next job onto busy devices.
+            return True
         for _ in range(WRITE_TRIES):
             patch = self._patch_for(workload, gate, status, stopped, iso(now))
             if patch is None:
