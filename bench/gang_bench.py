@@ -80,6 +80,22 @@ def create_nodes(core: Any, pools: Iterable[NodePool]) -> list[str]:
         return list(pool.map(one, manifests))
 
 
+def start_bench_cluster(cluster: LocalCluster, pools: list[NodePool]) -> tuple[Path, client.ApiClient]:
+    """Brings the cluster up with the pools' kwok nodes Ready and the TrainingJob CRD established;
+    returns its kubeconfig and an API client (shared by the gang, steady-state and Kueue benches)."""
+    kubeconfig = cluster.up([])
+    api = config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
+    api.configuration.connection_pool_maxsize = 32
+    core: Any = client.CoreV1Api(api)
+    count = sum(pool.count for pool in pools)
+    log(f"creating {count} nodes ({', '.join(f'{p.count} {p.name_prefix}' for p in pools)})")
+    create_nodes(core, pools)
+    wait_nodes_ready(core, count)
+    cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
+    wait_established(cluster.kubectl_argv(), ["trainingjobs.phalanx.dev"])
+    return kubeconfig, api
+
+
 def wait_nodes_ready(core: Any, count: int, timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -797,15 +813,8 @@ def main() -> int:
     cluster = LocalCluster(state_dir, log=log)
     operator: Operator | None = None
     try:
-        kubeconfig = cluster.up([])
-        api = config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
-        api.configuration.connection_pool_maxsize = 32
-        core: Any = client.CoreV1Api(api)
-        log(f"creating {args.nodes} + {args.contention_nodes} nodes")
-        create_nodes(core, [bench_pool("main", args.nodes), bench_pool("contention", args.contention_nodes)])
-        wait_nodes_ready(core, args.nodes + args.contention_nodes)
-        cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
-        wait_established(cluster.kubectl_argv(), ["trainingjobs.phalanx.dev"])
+        pools = [bench_pool("main", args.nodes), bench_pool("contention", args.contention_nodes)]
+        kubeconfig, api = start_bench_cluster(cluster, pools)
         operator = Operator(kubeconfig, state_dir / "operator.log")
         log(
             f"cluster ready ({time.time() - started:.0f}s); operator pid {operator.proc.pid}, log {state_dir}/operator.log"

@@ -33,11 +33,10 @@ from pathlib import Path
 from typing import Any
 
 import gang_bench as gang  # a sibling script: python puts bench/ first on the path
-from kubernetes import client, config
+from kubernetes import client
 from result_file import write_result
 
 from phalanx.devcluster.cluster import LocalCluster
-from phalanx.devcluster.crds import wait_established
 from phalanx.devcluster.kueue import resolve_kueue_dir, start_kueue
 from phalanx.k8s import release
 
@@ -234,16 +233,8 @@ def main() -> int:
     operator: gang.Operator | None = None
     results: dict[str, Any] = {"nodes": args.nodes, "seed": args.seed}
     try:
-        kubeconfig = cluster.up([])
-        api = config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
-        api.configuration.connection_pool_maxsize = 32
-        core: Any = client.CoreV1Api(api)
-        log(f"creating {args.nodes} + {args.contention_nodes} nodes")
-        gang.create_nodes(core, [gang.bench_pool("main", args.nodes),
-                                 gang.bench_pool("contention", args.contention_nodes)])  # fmt: skip
-        gang.wait_nodes_ready(core, args.nodes + args.contention_nodes)
-        cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
-        wait_established(cluster.kubectl_argv(), ["trainingjobs.phalanx.dev"])
+        pools = [gang.bench_pool("main", args.nodes), gang.bench_pool("contention", args.contention_nodes)]
+        kubeconfig, api = gang.start_bench_cluster(cluster, pools)
         start_kueue(cluster)
         kueue_queues(cluster, {"main": args.nodes, "contention": args.contention_nodes})
         operator = gang.Operator(kubeconfig, state_dir / "operator.log")

@@ -42,18 +42,16 @@ from gang_bench import (  # beside this script (its directory is on sys.path whe
     PodWatch,
     bench_pool,
     create_namespace,
-    create_nodes,
     log,
     pool_placement,
+    start_bench_cluster,
     training_job,
-    wait_nodes_ready,
 )
-from kubernetes import client, config
+from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 from result_file import write_result
 
 from phalanx.devcluster.cluster import LocalCluster
-from phalanx.devcluster.crds import wait_established
 
 REPO = Path(__file__).resolve().parents[1]
 ENV_WINDOW = "PHALANX_BENCH_STEADY_SECONDS"
@@ -193,15 +191,7 @@ def main() -> int:
     cluster = LocalCluster(state_dir, log=log)
     operator: Operator | None = None
     try:
-        kubeconfig = cluster.up([])
-        api = config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
-        api.configuration.connection_pool_maxsize = 32
-        core: Any = client.CoreV1Api(api)
-        log(f"creating {args.nodes} nodes")
-        create_nodes(core, [bench_pool("main", args.nodes)])
-        wait_nodes_ready(core, args.nodes)
-        cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
-        wait_established(cluster.kubectl_argv(), ["trainingjobs.phalanx.dev"])
+        kubeconfig, api = start_bench_cluster(cluster, [bench_pool("main", args.nodes)])
         operator = Operator(kubeconfig, state_dir / "operator.log")
         log(f"cluster ready ({time.time() - started:.0f}s); operator log {state_dir}/operator.log")
         steady = steady_state(api, operator, args.jobs, args.window, args.settle, args.timeout)
