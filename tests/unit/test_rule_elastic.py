@@ -39,6 +39,18 @@ def test_with_room_for_all_the_first_attempt_is_created_whole() -> None:
     assert plan.create_indices == [0, 1] and plan.status["currentReplicas"] == 2
 
 
+def test_before_the_cluster_is_listed_no_pod_is_created_and_no_size_recorded() -> None:
+    # A restarted operator reconciles before its node and pod stores are listed (the room unknown):
+    # sized then, the gang would start at min with room for all of it (the fresh-clone failures of
+    # the operator-restart test in tests/integration/test_elastic.py).
+    plan = decide(elastic_job(), [], NODES, NOW, room=None)
+    assert not plan.create_indices
+    assert "sizedAttempt" not in plan.status and "currentReplicas" not in plan.status
+    assert plan.recheck_after is not None and plan.recheck_after <= 5
+    later = decide(elastic_job(plan.status), [], NODES, NOW + 1, room=Room(pods=2))
+    assert later.create_indices == [0, 1] and later.status["currentReplicas"] == 2
+
+
 def test_a_fixed_size_job_records_its_size_too() -> None:
     plan = decide(job(), [], NODES, NOW)
     assert plan.create_indices == [0, 1] and plan.status["currentReplicas"] == 2
