@@ -115,11 +115,6 @@ def wait_for_nothing(cluster: Cluster, ns: str, job: str, seconds: float) -> boo
     return True
 
 
-@pytest.mark.skip(
-    reason="fails in the whole suite (fresh-clone runs at 3fc1c88 and de113d8: the restarted operator never "
-    "has 2 pods of attempt 0 running, 60 s and 180 s waits) yet passes alone and with its file (14 s): an "
-    "order dependence not found yet (closing note, session 7)"
-)
 def test_an_operator_killed_after_the_first_pod_of_an_elastic_attempt_creates_the_rest_at_its_size(
     cluster: Cluster, namespace: str, operator: OperatorProcess, private_nodes: Any
 ) -> None:

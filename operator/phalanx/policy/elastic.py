@@ -29,6 +29,8 @@ REASON_RESIZED: Final = "Resized"  # the Event of every size change, from -> to
 # How often a gang below its size looks for room again: node and pod events of other jobs do not
 # enqueue it, and a checkpoint report alone does not either.
 GROW_RECHECK_SECONDS: Final = 5.0
+# How soon an attempt not sized yet (the room unknown until the stores are listed) is looked at again.
+UNSIZED_RECHECK_SECONDS: Final = 1.0
 
 
 # How long the sizes of new attempts stay below one torn down for not starting, and growth waits.
@@ -68,18 +70,20 @@ class Room:
     pods: int  # more pods of this shape that fit now: free room, outside other gangs' reservations
 
 
-def start_size(spec: TrainingJobSpec, room: Room | None, cap: Cap | None = None) -> int:
+def start_size(spec: TrainingJobSpec, room: Room | None, cap: Cap | None = None) -> int | None:
     """The size of a new attempt, chosen before its first pod is created; at most cap.replicas.
 
-    room None (the cluster not listed yet): minReplicas, the size admitted first; it grows later.
+    None while the room is unknown (the operator's stores not listed yet, as after a restart): sized
+    on an empty view the gang would start at minReplicas with room for all of it, and growing costs
+    a restart after a checkpoint. A fixed-size job needs no view of the cluster.
     """
     if spec.elastic is None:
         return spec.replicas
+    if room is None:
+        return None
     smallest, largest = spec.elastic.min_replicas, usable(spec, spec.replicas)
     if cap is not None:
         largest = max(smallest, usable(spec, min(largest, cap.replicas)))
-    if room is None:
-        return smallest
     return max(smallest, usable(spec, min(largest, room.pods)))
 
 

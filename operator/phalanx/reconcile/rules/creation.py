@@ -28,7 +28,11 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
     # The attempt's size is chosen once, before its first pod exists, and recorded before any is
     # created (the reconciler writes the status first): a pod store behind the creates sees none yet.
     if not current and status.get("sizedAttempt") != attempt:
-        size = _choose_size(b, seen)
+        chosen = _choose_size(b, seen)
+        if chosen is None:  # the room is not known yet: nothing is created, nor a size recorded
+            b.recheck(elastic.UNSIZED_RECHECK_SECONDS)
+            return True
+        size = chosen
     missing = [i for i in range(size) if i not in current]
     if missing and gang_timeout.partly_created(b, seen):
         return True
@@ -51,12 +55,14 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
     return False
 
 
-def _choose_size(b: PlanBuilder, seen: Observed) -> int:
+def _choose_size(b: PlanBuilder, seen: Observed) -> int | None:
     """status.currentReplicas for the new attempt (spec.elastic: as the room allows, policy/elastic.py);
-    a change from the attempt before gets its Event, from -> to and why."""
+    a change from the attempt before gets its Event, from -> to and why. None: not chosen yet."""
     written = seen.as_written
     cap = elastic_rules.active_cap(b) if written.elastic is not None else None
     size = elastic.start_size(written, seen.room, cap)
+    if size is None:
+        return None
     previous = b.status.get("currentReplicas")
     if written.elastic is not None and isinstance(previous, int) and previous != size:
         cause = elastic.size_cause(restart_reason(b), seen.room, cap)
