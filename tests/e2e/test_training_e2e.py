@@ -207,13 +207,19 @@ def test_a_sigkilled_worker_resumes_from_the_last_periodic_checkpoint(
     name = "killed"
     # A short grace period: the surviving pod cannot checkpoint with a dead peer and is killed after it.
     cluster.apply(
-        job_manifests(name, real_node, tmp_path, steps=STEPS, interval=INTERVAL, grace=5, procs=1),
+        # Long enough (~40 s idle) for a backed-off progress poll (at most 30 s apart) to land before the kill.
+        job_manifests(name, real_node, tmp_path, steps=8 * STEPS, interval=INTERVAL, grace=5, procs=1),
         e2e_namespace,
     )
     wait_for_step(real_node, e2e_namespace, name, 0, INTERVAL + INTERVAL // 2, timeout=RUN_TIMEOUT)
     # Saves are asynchronous: on a loaded machine the first one may still be committing. The test is
     # about resuming from a committed checkpoint, so it kills once one exists.
     wait_for(lambda: any(tmp_path.glob("step-*")), timeout=RUN_TIMEOUT, what="a committed checkpoint")
+    # The redone steps are booked from the last step the operator read. A trainer slow to start (two
+    # minutes once, on a loaded machine) outlasts the poller's patient first minute, and its backed-off
+    # polls may miss the few seconds before the kill: wait until the operator has read a step.
+    wait_for(lambda: isinstance((job_status(cluster, e2e_namespace, name).get("progress") or {}).get("step"), int),
+             timeout=RUN_TIMEOUT, what="a step in status.progress")  # fmt: skip
 
     uid = pod_uids(cluster, e2e_namespace, name)[f"{name}-worker-1"]
     pgid = int((real_node.state_dir / "pods" / uid / "trainer.pid").read_text())
