@@ -120,3 +120,20 @@ def test_the_backfill_reads_the_eta_the_interval_held_back(trainer: Trainer) -> 
     assert passing._freshest_status(job)["progress"]["etaSeconds"] == 580
     other = {**job, "metadata": {**job["metadata"], "uid": "uid-2"}}  # a job re-created by name
     assert passing._freshest_status(other)["progress"]["etaSeconds"] == 600
+
+
+def test_a_trainer_slow_to_start_is_still_polled_every_second_after_four_minutes(
+    monkeypatch: pytest.MonkeyPatch, trainer: Trainer
+) -> None:
+    # Imports and a rendezvous on a loaded node (or an image pull) can take minutes before rank 0
+    # serves /progress. Backed off to 30 s by then, the first minute of training went unseen: a
+    # disruption's step (the redone work) and a straggler in a short run were missed (e2e, loaded).
+    def refused(url: str, timeout: float) -> io.BytesIO:
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    monkeypatch.setattr(progress_module.urllib.request, "urlopen", refused)
+    polling = poller(RecordingWriter(), seconds=30.0)
+    for _ in range(240):  # a failed poll a second for four minutes
+        polling.poll("ns/job")
+        trainer.now += 1.0
+    assert polling.next_poll["ns/job"] - trainer.now <= progress_module.PROGRESS_POLL_SECONDS
