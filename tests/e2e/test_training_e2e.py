@@ -207,17 +207,16 @@ def test_a_sigkilled_worker_resumes_from_the_last_periodic_checkpoint(
     name = "killed"
     # A short grace period: the surviving pod cannot checkpoint with a dead peer and is killed after it.
     cluster.apply(
-        # Long enough (~40 s idle) for a backed-off progress poll (at most 30 s apart) to land before the kill.
-        job_manifests(name, real_node, tmp_path, steps=8 * STEPS, interval=INTERVAL, grace=5, procs=1),
+        # Twice the usual run: the kill comes after a checkpoint and a step the operator has read.
+        job_manifests(name, real_node, tmp_path, steps=2 * STEPS, interval=INTERVAL, grace=5, procs=1),
         e2e_namespace,
     )
     wait_for_step(real_node, e2e_namespace, name, 0, INTERVAL + INTERVAL // 2, timeout=RUN_TIMEOUT)
     # Saves are asynchronous: on a loaded machine the first one may still be committing. The test is
     # about resuming from a committed checkpoint, so it kills once one exists.
     wait_for(lambda: any(tmp_path.glob("step-*")), timeout=RUN_TIMEOUT, what="a committed checkpoint")
-    # The redone steps are booked from the last step the operator read. A trainer slow to start (two
-    # minutes once, on a loaded machine) outlasts the poller's patient first minute, and its backed-off
-    # polls may miss the few seconds before the kill: wait until the operator has read a step.
+    # The redone steps are booked from the last step the operator read: the kill waits for one (a
+    # trainer took two minutes to start once, on a loaded machine; the poller's patience covers five).
     wait_for(lambda: isinstance((job_status(cluster, e2e_namespace, name).get("progress") or {}).get("step"), int),
              timeout=RUN_TIMEOUT, what="a step in status.progress")  # fmt: skip
 

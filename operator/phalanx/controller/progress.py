@@ -29,7 +29,9 @@ log = logging.getLogger("phalanx.controller")
 
 PROGRESS_MAX_BACKOFF_SECONDS: Final = 30.0
 PROGRESS_CONCURRENCY: Final = 8
-PROGRESS_PATIENT_ATTEMPTS: Final = 60
+# Failed polls at the normal pace before backing off: imports and the rendezvous on a loaded node, or
+# an image pull, can take minutes before rank 0 serves /progress, and a short run is over in seconds.
+PROGRESS_PATIENT_ATTEMPTS: Final = 300
 PROGRESS_TIMEOUT_SECONDS: Final = 2.0  # a trainer busy on every core answers slowly
 PROGRESS_POLL_SECONDS: Final = 1.0
 PROGRESS_MAX_BYTES: Final = 64 * 1024  # a /progress document is a few hundred bytes; more is not one
