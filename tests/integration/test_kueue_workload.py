@@ -8,6 +8,7 @@ nodes only through what the operator injects from the flavor Kueue assigned.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -23,6 +24,7 @@ pytestmark = pytest.mark.integration
 
 WORKLOADS = "workloads.kueue.x-k8s.io"
 LQ = "lq"
+FINALIZER = "kueue.x-k8s.io/resource-in-use"
 
 
 class Queues:
@@ -180,6 +182,38 @@ def test_quota_is_released_on_failure_and_on_deletion(
     if how == "deletion":  # garbage-collected by its ownerReference
         wait_for(lambda: workload_of(cluster, namespace, "first") is None, timeout=60,
                  what="the deleted job's Workload gone")  # fmt: skip
+
+
+def test_a_deleted_jobs_quota_is_held_until_its_pods_have_stopped(
+    cluster: Cluster, namespace: str, queues: Queues
+) -> None:
+    # Garbage collection deletes the Workload at once; the pods take their grace period (here 20 s
+    # after SIGTERM): Kueue's finalizer keeps the quota booked until they are gone, or the next job
+    # would be admitted onto devices still in use.
+    queues.gpu_queue()
+    first = training_job("first", replicas=2, terminate_after="20s")
+    first["metadata"]["labels"] = {QUEUE_NAME_LABEL: LQ}
+    cluster.apply(first, namespace)
+    wait_running(cluster, namespace, "first")
+    cluster.apply(queued("second"), namespace)
+    waiting_message(cluster, namespace, "second", "insufficient")
+
+    cluster.kubectl("delete", "tj", "first", "-n", namespace, "--wait=false")
+    deleted = time.monotonic()
+    wait_for(lambda: (pods := job_pods(cluster, namespace, "first"))
+             and all(p["metadata"].get("deletionTimestamp") for p in pods),
+             timeout=30, what="the deleted job's pods terminating")  # fmt: skip
+    while job_pods(cluster, namespace, "first"):
+        assert job_pods(cluster, namespace, "second") == [], "second started while first's pods still stop"
+        wl = workload_of(cluster, namespace, "first")
+        assert wl is None or FINALIZER in wl["metadata"].get("finalizers", []) or not job_pods(
+            cluster, namespace, "first"
+        ), "the deleted job's Workload lost Kueue's finalizer while its pods still stop"
+        time.sleep(0.5)
+    assert time.monotonic() - deleted > 10, "the deleted job's pods stopped too soon to show anything"
+    wait_running(cluster, namespace, "second")
+    wait_for(lambda: workload_of(cluster, namespace, "first") is None, timeout=30,
+             what="the deleted job's Workload gone once its pods are")  # fmt: skip
 
 
 def test_suspending_a_job_hands_its_quota_to_the_next_and_resuming_queues_it_again(
