@@ -389,7 +389,8 @@ class KubeApi:
             raise
 
     def patch_workload(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any] | None:
-        """Merge-patches the Workload (its spec.active); None when it is gone."""
+        """Merge-patches the Workload (its spec.active, its finalizers); None when it is gone,
+        StatusConflict when the patch names a resourceVersion that is no longer current."""
         try:
             workload: dict[str, Any] = self._json(self.custom.patch_namespaced_custom_object(
                 c.KUEUE_GROUP, c.KUEUE_VERSION, namespace, "workloads", name, patch,
@@ -399,7 +400,30 @@ class KubeApi:
         except ApiException as exc:
             if exc.status == 404:
                 return None
+            if exc.status == 409:
+                raise StatusConflict(f"Workload {namespace}/{name} changed meanwhile") from exc
             raise
+
+    def list_workloads(self, namespace: str | None, label_selector: str) -> list[dict[str, Any]] | None:
+        """The Workloads with these labels in `namespace` (None: every namespace); None when the API
+        server serves no Kueue Workloads."""
+        try:
+            if namespace is None:
+                out = self.custom.list_cluster_custom_object(
+                    c.KUEUE_GROUP, c.KUEUE_VERSION, "workloads", label_selector=label_selector,
+                    _preload_content=False,
+                )  # fmt: skip
+            else:
+                out = self.custom.list_namespaced_custom_object(
+                    c.KUEUE_GROUP, c.KUEUE_VERSION, namespace, "workloads", label_selector=label_selector,
+                    _preload_content=False,
+                )  # fmt: skip
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        items: list[dict[str, Any]] = self._json(out)["items"]
+        return items
 
     def delete_workload(self, namespace: str, name: str, uid: str | None) -> None:
         """Deletes the Workload with this `uid` (one built from an older version of its job); gone

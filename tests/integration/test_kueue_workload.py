@@ -206,8 +206,10 @@ def test_a_deleted_jobs_quota_is_held_until_its_pods_have_stopped(
     while job_pods(cluster, namespace, "first"):
         assert job_pods(cluster, namespace, "second") == [], "second started while first's pods still stop"
         wl = workload_of(cluster, namespace, "first")
-        assert wl is None or FINALIZER in wl["metadata"].get("finalizers", []) or not job_pods(
-            cluster, namespace, "first"
+        assert (
+            wl is None
+            or FINALIZER in wl["metadata"].get("finalizers", [])
+            or not job_pods(cluster, namespace, "first")
         ), "the deleted job's Workload lost Kueue's finalizer while its pods still stop"
         time.sleep(0.5)
     assert time.monotonic() - deleted > 10, "the deleted job's pods stopped too soon to show anything"

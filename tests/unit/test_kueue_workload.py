@@ -21,7 +21,9 @@ from phalanx.kueue.placement import FlavorConflict, placed_pod, placement_of
 from phalanx.kueue.workload import (
     active_patch,
     build_workload,
+    finalizer_release,
     managed_here,
+    orphaned,
     queue_name,
     stale_in,
     workload_name,
@@ -544,3 +546,98 @@ def test_a_failed_job_hands_its_quota_back_only_once_its_pods_have_stopped() -> 
     )
     (patch,) = api.status_patches
     assert [x["reason"] for x in patch["conditions"] if x["type"] == "Finished"] == ["Failed"]
+
+
+# -- Kueue's finalizer: the quota stays booked until the gang has stopped ---------------------------
+
+
+class ListedWorkloadApi:
+    """list_workloads and patch_workload of KubeApi over a few in-memory Workloads."""
+
+    def __init__(self, *workloads: dict[str, Any]) -> None:
+        self.workloads = {w["metadata"]["name"]: w for w in workloads}
+        self.patches: list[tuple[str, dict[str, Any]]] = []
+
+    def list_workloads(self, namespace: str | None, label_selector: str) -> list[dict[str, Any]]:
+        wanted = dict(term.split("=", 1) for term in label_selector.split(","))
+        return [w for w in self.workloads.values()
+                if all(w["metadata"]["labels"].get(k) == v for k, v in wanted.items())]  # fmt: skip
+
+    def patch_workload(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any] | None:
+        self.patches.append((name, patch))
+        self.workloads[name]["metadata"]["finalizers"] = patch["metadata"]["finalizers"] or []
+        return self.workloads[name]
+
+
+def deleted_workload(uid: str = "uid-1", name: str = "wl") -> dict[str, Any]:
+    tj = queued(gpu_job())
+    tj["metadata"]["uid"] = uid
+    wl = workload_of(tj)
+    wl["metadata"].update(name=name, resourceVersion="7", deletionTimestamp=T1)
+    return wl
+
+
+def test_a_workload_is_created_with_kueues_resource_in_use_finalizer() -> None:
+    wl = workload_of(queued(gpu_job()))
+    assert wl["metadata"]["finalizers"] == ["kueue.x-k8s.io/resource-in-use"]
+
+
+def test_the_finalizer_comes_off_guarded_by_the_resource_version_keeping_any_other() -> None:
+    wl = deleted_workload()
+    wl["metadata"]["finalizers"] = ["example.com/other", c.KUEUE_RESOURCE_IN_USE_FINALIZER]
+    assert finalizer_release(wl) == {
+        "metadata": {"finalizers": ["example.com/other"], "resourceVersion": "7"}
+    }
+    wl["metadata"]["finalizers"] = [c.KUEUE_RESOURCE_IN_USE_FINALIZER]
+    assert finalizer_release(wl) == {"metadata": {"finalizers": None, "resourceVersion": "7"}}
+    wl["metadata"]["finalizers"] = []
+    assert finalizer_release(wl) is None
+
+
+def test_a_workload_is_orphaned_once_deleted_or_its_job_gone_or_recreated() -> None:
+    wl = deleted_workload(uid="uid-1")
+    assert orphaned(wl, "uid-1")  # deleted: nothing runs against it again
+    del wl["metadata"]["deletionTimestamp"]
+    assert not orphaned(wl, "uid-1")
+    assert orphaned(wl, None) and orphaned(wl, "uid-2")  # its job gone, or re-created under the name
+
+
+def test_a_deleted_jobs_workload_keeps_its_finalizer_until_every_pod_has_stopped() -> None:
+    api = ListedWorkloadApi(deleted_workload(uid="uid-1"))
+    kueue = KueueWorkloads(api, "cluster.local")  # type: ignore[arg-type]
+    mine = {"metadata": {"ownerReferences": [{"controller": True, "uid": "uid-1", "kind": "TrainingJob"}]}}
+    stopping = [
+        pod(0, metadata={**mine["metadata"], "deletionTimestamp": T1}),
+        pod(1, phase="Failed", **mine),
+    ]
+    assert kueue.release_orphans("ns/j", None, stopping, NODES, NOW, 20.0) is True  # come back
+    assert api.patches == [] and "ns/j" in kueue.pending_release
+    stopped = [pod(0, phase="Failed", **mine), pod(1, phase="Succeeded", **mine)]
+    assert kueue.release_orphans("ns/j", None, stopped, NODES, NOW, 20.0) is False
+    ((name, patch),) = api.patches
+    assert name == "wl" and patch["metadata"]["finalizers"] is None
+    assert "ns/j" not in kueue.pending_release
+
+
+def test_a_predecessors_workload_goes_with_its_own_pods_not_the_new_jobs() -> None:
+    # Re-created under the same name: the new job's running pods do not hold the old Workload.
+    old = deleted_workload(uid="uid-old", name="wl-old")
+    del old["metadata"]["deletionTimestamp"]  # garbage collection has not got to it yet
+    api = ListedWorkloadApi(old)
+    kueue = KueueWorkloads(api, "cluster.local")  # type: ignore[arg-type]
+    new_pods = [
+        pod(0, metadata={"ownerReferences": [{"controller": True, "uid": "uid-new", "kind": "TrainingJob"}]})
+    ]
+    assert kueue.release_orphans("ns/j", "uid-new", new_pods, NODES, NOW, 20.0) is False
+    assert [name for name, _ in api.patches] == ["wl-old"]
+
+
+def test_the_resync_finds_the_jobs_of_workloads_left_holding_the_finalizer() -> None:
+    live = deleted_workload(uid="uid-live", name="wl-live")
+    del live["metadata"]["deletionTimestamp"]
+    gone = deleted_workload(uid="uid-gone", name="wl-gone")
+    gone["metadata"]["labels"] = {**gone["metadata"]["labels"], c.LABEL_JOB_NAME: "k"}
+    api = ListedWorkloadApi(live, gone)
+    kueue = KueueWorkloads(api, "cluster.local")  # type: ignore[arg-type]
+    keys = kueue.orphan_keys([], {"ns/j": "uid-live"}.get)
+    assert keys == ["ns/k"] and kueue.may_hold_quota("ns/k") and not kueue.may_hold_quota("ns/j")

@@ -5,6 +5,10 @@ creates) the job's Workload and says what Kueue allows; `placement` reads the as
 ResourceFlavors when the gang is created; `report` writes back what Kueue expects from the owner
 (PodsReady, Finished, the quota released after an eviction once the pods are gone). The Workload is
 read on each reconcile of such a job, not watched: the job's rule rechecks every few seconds.
+
+The Workload carries Kueue's resource-in-use finalizer from its creation: deleted (by garbage
+collection of its job, say), it keeps its quota until `release_orphans` sees every pod of its job
+stopped. A job deleted while the operator was down is found again by `orphan_keys` (the resync).
 """
 
 from __future__ import annotations
@@ -12,9 +16,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
+from phalanx import constants as c
 from phalanx import metrics
 from phalanx.api.v1alpha1 import TrainingJobSpec
 from phalanx.builders.pods import JobRef, build_worker_pod
@@ -23,7 +28,17 @@ from phalanx.k8s import KubeApi, StatusConflict
 from phalanx.kueue import workload_status
 from phalanx.kueue.gate import KueueGate, gate_of
 from phalanx.kueue.placement import FlavorPlacement, placement_of
-from phalanx.kueue.workload import active_patch, build_workload, stale_in, workload_name
+from phalanx.kueue.workload import (
+    active_patch,
+    build_workload,
+    finalizer_release,
+    holds_finalizer,
+    orphaned,
+    owner_uid,
+    stale_in,
+    workload_name,
+)
+from phalanx.pod_facts import is_owned_by
 from phalanx.reconcile.plan import FINISHED_PHASES, iso
 
 log = logging.getLogger("phalanx.controller")
@@ -47,6 +62,8 @@ class KueueWorkloads:
         self.priority_values = PriorityValues(lambda: self.api.priority_values())
         self.lock = threading.Lock()  # PriorityValues is read from several reconcile threads
         self.last: dict[str, dict[str, Any]] = {}  # job key -> its Workload as last read or written
+        # Jobs (keys) whose deleted or orphaned Workload still holds Kueue's finalizer.
+        self.pending_release: set[str] = set()
 
     def gate(self, key: str, job: dict[str, Any], spec: TrainingJobSpec, queue: str) -> KueueGate:
         ref = JobRef.of(job)
@@ -57,12 +74,14 @@ class KueueWorkloads:
         if workload is not None and stale and not (workload.get("status") or {}).get("admission"):
             # No quota reserved: queued again as the job is now (Kueue's own integrations do the same).
             log.info("recreating Workload %s/%s: %s", ref.namespace, name, stale)
-            self.api.delete_workload(ref.namespace, name, workload["metadata"].get("uid"))
+            self._delete(workload)
             workload, stale = None, ""
         if workload is None:
             workload = self._create(desired, ref.namespace, name, queue)
             if workload is None:
                 return KueueGate(workload=name, admitted=False, evicted=False, message=NO_KUEUE_MESSAGE)
+        if not holds_finalizer(workload) and not workload["metadata"].get("deletionTimestamp"):
+            workload = self._hold(workload)  # made by an operator version that did not set it
         change = active_patch(workload, bool(spec.run_policy.suspend))
         if change is not None:  # suspended or resumed: Kueue evicts it, or queues it again
             workload = self.api.patch_workload(ref.namespace, name, change) or workload
@@ -119,9 +138,15 @@ class KueueWorkloads:
             log.info(
                 "recreating Workload %s/%s that holds quota: %s", meta["namespace"], meta["name"], gate.stale
             )
-            self.api.delete_workload(meta["namespace"], meta["name"], meta.get("uid"))
+            self._delete(workload)
             self.last.pop(key, None)
             return False
+        if meta.get("deletionTimestamp"):  # deleted by someone while the job lives: its quota until stopped
+            if stopped:
+                self._release(workload)
+                self.last.pop(key, None)
+                return False
+            return True
         if phase in FINISHED_PHASES and not stopped:
             # Finished hands the quota back: not while a failed job's pods still stop (their grace
             # period, a SIGTERM checkpoint), or Kueue admits the next job onto busy devices.
@@ -167,3 +192,82 @@ class KueueWorkloads:
 
     def forget(self, key: str) -> None:
         self.last.pop(key, None)
+        self.pending_release.discard(key)
+
+    def may_hold_quota(self, key: str) -> bool:
+        """The job had a Workload this process knows of, or the resync found one left behind."""
+        return key in self.last or key in self.pending_release
+
+    def release_orphans(self, key: str, live_uid: str | None, pods: list[dict[str, Any]],
+                        nodes: Mapping[str, Mapping[str, Any]], now: float, node_lost_after: float) -> bool:  # fmt: skip
+        """Removes Kueue's finalizer from the job's Workloads that nothing runs against any more
+        (deleted, or owned by a job that is gone: `live_uid` is the uid of the job of that name
+        now, None when there is none) once every pod of their job has stopped. `pods`: the pods
+        labelled with the job's name, whoever owns them. True while one still waits for its pods."""
+        namespace, name = key.split("/", 1)
+        selector = f"{c.LABEL_JOB_NAME}={name},{c.LABEL_MANAGED_BY}={c.MANAGED_BY}"
+        owed = False
+        for workload in self.api.list_workloads(namespace, selector) or []:
+            if not holds_finalizer(workload) or not orphaned(workload, live_uid):
+                continue
+            uid = owner_uid(workload) or ""
+            theirs = [p for p in pods if is_owned_by(p, uid)]
+            if not workload_status.gang_stopped(theirs, nodes, now, node_lost_after):
+                owed = True  # their grace period (a SIGTERM checkpoint): the devices are still in use
+            elif not self._release(workload):
+                owed = True
+        if owed:
+            self.pending_release.add(key)
+        else:
+            self.pending_release.discard(key)
+        return owed
+
+    def orphan_keys(self, namespaces: list[str], live_uid_of: Callable[[str], str | None]) -> list[str]:
+        """The jobs (keys) of Workloads that hold Kueue's finalizer with nothing left to run against
+        them: a job deleted while no operator ran leaves no pod event to look at it again."""
+        keys: list[str] = []
+        selector = f"{c.LABEL_MANAGED_BY}={c.MANAGED_BY}"
+        scopes: list[str | None] = [*namespaces] if namespaces else [None]  # None: every namespace
+        for scope in scopes:
+            for workload in self.api.list_workloads(scope, selector) or []:
+                meta = workload.get("metadata") or {}
+                job_name = (meta.get("labels") or {}).get(c.LABEL_JOB_NAME)
+                if not job_name or not holds_finalizer(workload):
+                    continue
+                key = f"{meta.get('namespace')}/{job_name}"
+                if orphaned(workload, live_uid_of(key)) and key not in keys:
+                    self.pending_release.add(key)
+                    keys.append(key)
+        return keys
+
+    def _hold(self, workload: dict[str, Any]) -> dict[str, Any]:
+        meta = workload["metadata"]
+        patch = {"metadata": {"finalizers": [*(meta.get("finalizers") or []), c.KUEUE_RESOURCE_IN_USE_FINALIZER],
+                              "resourceVersion": meta.get("resourceVersion")}}  # fmt: skip
+        try:
+            return self.api.patch_workload(meta["namespace"], meta["name"], patch) or workload
+        except StatusConflict:  # changed meanwhile: set on the next pass
+            return workload
+
+    def _release(self, workload: dict[str, Any]) -> bool:
+        """Removes Kueue's finalizer: Kueue frees the quota once the Workload is gone. False: it
+        changed meanwhile (tried again on the next pass)."""
+        patch = finalizer_release(workload)
+        if patch is None:
+            return True
+        meta = workload["metadata"]
+        try:
+            self.api.patch_workload(meta["namespace"], meta["name"], patch)
+        except StatusConflict:
+            return False
+        log.info("released Workload %s/%s: every pod of its job has stopped", meta["namespace"], meta["name"])
+        return True
+
+    def _delete(self, workload: dict[str, Any]) -> None:
+        """Deletes a Workload nothing runs against (no quota reserved, or the gang stopped) and
+        drops its finalizer at once."""
+        meta = workload["metadata"]
+        self.api.delete_workload(meta["namespace"], meta["name"], meta.get("uid"))
+        fresh = self.api.get_workload(meta["namespace"], meta["name"])
+        if fresh is not None and fresh["metadata"].get("uid") == meta.get("uid"):
+            self._release(fresh)
