@@ -407,6 +407,54 @@ def test_an_evicted_gang_stops_with_its_grace_period_counts_a_preemption_and_wai
     assert again.status["restarts"]["preemptions"] == 1 and again.create_indices == []
 
 
+def evicted_by(reason: str, message: str) -> KueueGate:
+    return gate_of(admitted_workload(conditions=[
+        cond("QuotaReserved", "True"), cond("Admitted", "True"), cond("Evicted", "True", reason, message)]))  # fmt: skip
+
+
+def admitted_reason(status: dict[str, Any]) -> str:
+    return next(str(x["reason"]) for x in status["conditions"] if x["type"] == "Admitted")
+
+
+RUNNING_UNDER_KUEUE = {**RUNNING, "restarts": {"failures": 0, "preemptions": 0}, "admission": {"by": "Kueue"}}
+
+
+def test_only_a_preemption_by_kueue_counts_as_a_preemption() -> None:
+    gate = evicted_by("Preempted", "Preempted to accommodate a workload (UID: u) due to prioritization")
+    plan = decide(gpu_job(status=dict(RUNNING_UNDER_KUEUE)), [pod(0), pod(1)], NODES, NOW, kueue_gate=gate)
+    assert plan.status["restarts"]["preemptions"] == 1 and not plan.status["restarts"].get("requeues")
+    assert admitted_reason(plan.status) == "EvictedByKueue"
+    assert [x["status"] for x in plan.status["conditions"] if x["type"] == "Preempted"] == ["True"]
+
+
+@pytest.mark.parametrize(
+    ("reason", "message"),
+    [
+        ("PodsReadyTimeout", "Exceeded the PodsReady timeout default/wl"),
+        ("AdmissionCheck", "At least one admission check is false"),
+        ("ClusterQueueStopped", "The ClusterQueue is stopped"),
+        ("LocalQueueStopped", "The LocalQueue is stopped"),
+    ],
+)
+def test_an_eviction_other_than_a_preemption_is_a_requeue_in_its_own_words(reason: str, message: str) -> None:
+    gate = evicted_by(reason, message)
+    plan = decide(gpu_job(status=dict(RUNNING_UNDER_KUEUE)), [pod(0), pod(1)], NODES, NOW, kueue_gate=gate)
+    assert sorted(plan.delete_pods) == ["j-worker-0", "j-worker-1"] and plan.status["attempt"] == 1
+    assert plan.status["restarts"] == {"failures": 0, "preemptions": 0, "requeues": 1}
+    assert admitted_reason(plan.status) == "RequeuedByKueue"
+    assert reason in plan.status["message"] and message in plan.status["message"]
+    assert not [x for x in plan.status["conditions"] if x["type"] == "Preempted" and x["status"] == "True"]
+    assert [(e.reason, reason in e.message) for e in plan.events] == [("RequeuedByKueue", True)]
+
+
+def test_a_gang_that_succeeded_as_kueue_evicts_it_ends_succeeded_not_requeued() -> None:
+    gate = evicted_by("Preempted", "Preempted to accommodate a workload")
+    done = [pod(0, phase="Succeeded", exit_code=0), pod(1, phase="Succeeded", exit_code=0)]
+    plan = decide(gpu_job(status=dict(RUNNING_UNDER_KUEUE)), done, NODES, NOW, kueue_gate=gate)
+    assert plan.status["phase"] == "Succeeded" and plan.delete_pods == []
+    assert plan.status["restarts"]["preemptions"] == 0 and plan.status["attempt"] == 0
+
+
 def test_no_pod_starts_against_a_stale_workload_that_holds_quota_but_a_running_gang_goes_on() -> None:
     stale = KueueGate(workload="wl", admitted=True, evicted=False, message="", cluster_queue="cq",
                       stale="podSet workers: count 2, the job asks 8")  # fmt: skip
