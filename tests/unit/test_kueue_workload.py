@@ -394,7 +394,7 @@ def test_the_builtin_admission_says_so() -> None:
 
 
 def test_an_evicted_gang_stops_with_its_grace_period_counts_a_preemption_and_waits() -> None:
-    evicted = KueueGate(workload="wl", admitted=True, evicted=True,
+    evicted = KueueGate(workload="wl", admitted=True, evicted=True, eviction_reason="Preempted",
                         message="evicted by Kueue (Preempted): Preempted to accommodate a workload")  # fmt: skip
     status = {**RUNNING, "restarts": {"failures": 0, "preemptions": 0}, "admission": {"by": "Kueue"}}
     plan = decide(gpu_job(status=status), [pod(0), pod(1)], NODES, NOW, kueue_gate=evicted)

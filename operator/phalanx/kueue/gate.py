@@ -4,7 +4,7 @@ and if not, why, in Kueue's words."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from phalanx import constants as c
 from phalanx.reconcile.conditions import get_condition
@@ -26,6 +26,18 @@ class KueueGate:
     # What the job changed since its Workload was admitted (kueue/workload.py stale_in): no pod starts
     # against that admission; the Workload is recreated once the gang is stopped. "": up to date.
     stale: str = ""
+    # The Evicted condition's reason (Kueue's words: Preempted, PodsReadyTimeout, AdmissionCheck,
+    # ClusterQueueStopped, LocalQueueStopped, NodeFailures, Deactivated, ...); "" when not evicted.
+    eviction_reason: str = ""
+
+
+# Evictions that take the devices for someone else, or with a node: counted as preemptions. Any other
+# (PodsReadyTimeout, a rejected admission check, a stopped queue, a deactivation) is a requeue.
+PREEMPTION_REASONS: Final = ("Preempted", "NodeFailures")
+
+
+def counts_as_preemption(eviction_reason: str) -> bool:
+    return eviction_reason in PREEMPTION_REASONS
 
 
 def _true(workload: dict[str, Any], type_: str) -> dict[str, Any] | None:
@@ -107,4 +119,5 @@ def gate_of(workload: dict[str, Any]) -> KueueGate:
         flavors=tuple(sorted(flavors)),
         waited_seconds=waited,
         finished=finished,
+        eviction_reason=str(evicted.get("reason") or "Evicted") if evicted is not None else "",
     )

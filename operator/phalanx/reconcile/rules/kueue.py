@@ -3,22 +3,28 @@
 Waiting: no pod exists; the status says why in Kueue's words. Admitted: the decision goes on to the
 other rules (the gang is created with the flavors' placement, ungated). Evicted, or its admission
 withdrawn, while the attempt has pods: they are deleted with their grace period (SIGTERM: the
-trainer writes its emergency checkpoint and exits with the preemption code), the restart counts as a
-preemption, never a failure, and the next attempt waits for Kueue to admit the Workload again; it
-resumes from that checkpoint.
+trainer writes its emergency checkpoint and exits with the preemption code), and the next attempt
+waits for Kueue to admit the Workload again; it resumes from that checkpoint. The restart is never a
+failure: a preemption (Kueue's reason Preempted, or NodeFailures) counts in restarts.preemptions, any
+other eviction (PodsReadyTimeout, AdmissionCheck, a stopped queue, a deactivation) in
+restarts.requeues, with Kueue's reason in the status and the Event. A gang whose every pod succeeded
+before the eviction was acted on ends Succeeded (the success rule decides it).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from phalanx.kueue.gate import counts_as_preemption
 from phalanx.pod_facts import is_deleting
+from phalanx.policy.pod_outcome import VerdictKind
 from phalanx.reconcile.observed import Observed
 from phalanx.reconcile.plan import PlanBuilder
 from phalanx.reconcile.rules.transitions import new_attempt
 
 REASON_WAITING_FOR_KUEUE = "WaitingForKueue"
-REASON_EVICTED_BY_KUEUE = "EvictedByKueue"
+REASON_EVICTED_BY_KUEUE = "EvictedByKueue"  # preempted (or its node failed): restarts.preemptions
+REASON_REQUEUED_BY_KUEUE = "RequeuedByKueue"  # any other eviction: restarts.requeues
 # How often a waiting or running job looks at its Workload again (it is read, not watched).
 RECHECK_WAITING_SECONDS = 2.0
 RECHECK_ADMITTED_SECONDS = 5.0
@@ -52,19 +58,26 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
         status["admission"] = record
         b.recheck(RECHECK_ADMITTED_SECONDS)  # an eviction is seen within this
         return False
+    if started and seen.verdict.kind is VerdictKind.SUCCEEDED:
+        return False  # done before the eviction was acted on: Succeeded, and Finished hands the quota back
     status.pop("admission", None)
     b.recheck(RECHECK_WAITING_SECONDS)
     if started:
+        preempted = counts_as_preemption(gate.eviction_reason)
+        counter, reason = (
+            ("preemptions", REASON_EVICTED_BY_KUEUE) if preempted else ("requeues", REASON_REQUEUED_BY_KUEUE)
+        )
         restarts = status["restarts"]
-        restarts["preemptions"] = restarts.get("preemptions", 0) + 1
+        restarts[counter] = restarts.get(counter, 0) + 1
         new_attempt(b, seen.current)
         message = (
             f"{gate.message}; stopping the gang (SIGTERM: the trainer checkpoints), then waiting for "
             f"Kueue to admit attempt {status['attempt']}, which resumes from the newest checkpoint"
         )
-        b.condition("Admitted", "False", REASON_EVICTED_BY_KUEUE, message)
-        b.condition("Preempted", "True", REASON_EVICTED_BY_KUEUE, message)
-        b.phase("Pending", REASON_EVICTED_BY_KUEUE, message, "Warning")
+        b.condition("Admitted", "False", reason, message)
+        if preempted:
+            b.condition("Preempted", "True", reason, message)
+        b.phase("Pending", reason, message, "Warning")
         return True
     b.condition("Admitted", "False", REASON_WAITING_FOR_KUEUE, gate.message)
     b.phase("Pending", REASON_WAITING_FOR_KUEUE, gate.message)
