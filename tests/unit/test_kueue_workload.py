@@ -476,8 +476,13 @@ class FakeWorkloadApi:
         self.status_patches: list[dict[str, Any]] = []
         self.spec_patches: list[dict[str, Any]] = []
 
+    flavors: dict[str, dict[str, Any]] = {}
+
     def priority_values(self) -> dict[str, int]:
         return {}
+
+    def get_resource_flavor(self, name: str) -> dict[str, Any] | None:
+        return self.flavors.get(name)
 
     def get_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.workload
@@ -689,3 +694,56 @@ def test_the_resync_finds_the_jobs_of_workloads_left_holding_the_finalizer() -> 
     kueue = KueueWorkloads(api, "cluster.local")  # type: ignore[arg-type]
     keys = kueue.orphan_keys([], {"ns/j": "uid-live"}.get)
     assert keys == ["ns/k"] and kueue.may_hold_quota("ns/k") and not kueue.may_hold_quota("ns/j")
+
+
+# -- placement: the flavors' and the admission checks' -------------------------------------------
+
+H100 = {"metadata": {"name": "h100"}, "spec": {"nodeLabels": {"gpu": "h100"}}}
+
+
+def admitted_gate(flavors: dict[str, dict[str, Any]], **status: Any) -> tuple[KueueWorkloads, KueueGate]:
+    tj = queued(gpu_job())
+    wl = workload_of(tj)
+    wl["metadata"]["resourceVersion"] = "3"
+    wl["status"] = admitted_workload(**status)["status"]
+    api = FakeWorkloadApi(wl)
+    api.flavors = flavors
+    kueue = KueueWorkloads(api, "cluster.local")  # type: ignore[arg-type]
+    return kueue, kueue.gate("ns/j", tj, parse(TrainingJobSpec, tj["spec"]), "q")
+
+
+def test_admission_check_pod_set_updates_go_on_the_pods_with_the_flavors_placement() -> None:
+    update = {"name": "workers", "labels": {"team": "a"}, "annotations": {"prov/req": "r1"},
+              "nodeSelector": {"zone": "z1"}, "tolerations": [{"key": "prov", "operator": "Exists"}]}  # fmt: skip
+    kueue, gate = admitted_gate(
+        {"h100": H100}, admissionChecks=[{"name": "prov", "state": "Ready", "podSetUpdates": [update]}]
+    )
+    tj = gpu_job()
+    spec = parse(TrainingJobSpec, tj["spec"])
+    pod_ = placed_pod(
+        build_worker_pod(JobRef.of(tj), spec, 0, 0, tj["spec"]["template"]), kueue.placement(gate)
+    )
+    assert pod_["spec"]["nodeSelector"] == {"gpu": "h100", "zone": "z1"}
+    assert {"key": "prov", "operator": "Exists"} in pod_["spec"]["tolerations"]
+    assert pod_["metadata"]["labels"]["team"] == "a" and pod_["metadata"]["annotations"]["prov/req"] == "r1"
+
+
+def test_no_pod_starts_when_an_assigned_flavor_is_missing_and_the_status_says_which() -> None:
+    _, gate = admitted_gate({})
+    plan = decide(gpu_job(), [], NODES, NOW, kueue_gate=gate)
+    assert plan.create_indices == [] and plan.status["phase"] == "Pending"
+    assert "ResourceFlavor h100" in plan.status["message"], plan.status["message"]
+
+
+def test_admission_checks_that_ask_two_values_of_one_node_label_start_no_pod_and_say_so() -> None:
+    checks = [
+        {
+            "name": "a",
+            "state": "Ready",
+            "podSetUpdates": [{"name": "workers", "nodeSelector": {"gpu": "a100"}}],
+        },
+    ]
+    _, gate = admitted_gate({"h100": H100}, admissionChecks=checks)
+    plan = decide(gpu_job(), [], NODES, NOW, kueue_gate=gate)
+    assert plan.create_indices == [] and plan.status["phase"] == "Pending"
+    assert "gpu" in plan.status["message"] and "'a100'" in plan.status["message"], plan.status["message"]
