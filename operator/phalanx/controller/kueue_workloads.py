@@ -27,7 +27,7 @@ from phalanx.controller.admission_state import PriorityValues
 from phalanx.k8s import KubeApi, StatusConflict
 from phalanx.kueue import workload_status
 from phalanx.kueue.gate import KueueGate, gate_of
-from phalanx.kueue.placement import FlavorPlacement, placement_of
+from phalanx.kueue.placement import FlavorConflict, FlavorPlacement, placement_of
 from phalanx.kueue.workload import (
     active_patch,
     build_workload,
@@ -87,7 +87,26 @@ class KueueWorkloads:
             workload = self.api.patch_workload(ref.namespace, name, change) or workload
         self.last[key] = workload
         gate = gate_of(workload)
+        if gate.admitted:
+            gate = self._placed(gate)
         return dataclasses.replace(gate, stale=stale) if stale else gate
+
+    def _placed(self, gate: KueueGate) -> KueueGate:
+        """The gate with the placement of its flavors and admission checks, or why there is none: a
+        pod started without its flavor's node labels and tolerations would run off the flavor's nodes."""
+        flavors = []
+        for name in gate.flavors:
+            flavor = self.api.get_resource_flavor(name)
+            if flavor is None:
+                return dataclasses.replace(gate, placement_error=(
+                    f"ResourceFlavor {name}, which Kueue assigned to Workload {gate.workload}, is not found: "
+                    "no pod starts without its placement (create it again, or Kueue evicts the Workload)"
+                ))  # fmt: skip
+            flavors.append(flavor)
+        try:
+            return dataclasses.replace(gate, placement=placement_of(flavors, gate.pod_set_updates))
+        except FlavorConflict as conflict:
+            return dataclasses.replace(gate, placement_error=f"{conflict}: no node can have both")
 
     def _desired(self, job: dict[str, Any], spec: TrainingJobSpec, queue: str) -> dict[str, Any]:
         """The Workload of the job as it is now."""
@@ -116,10 +135,9 @@ class KueueWorkloads:
         return created
 
     def placement(self, gate: KueueGate) -> FlavorPlacement:
-        """The node labels and tolerations of the flavors Kueue assigned (a flavor gone meanwhile
-        adds nothing: Kueue evicts a workload whose flavor was deleted)."""
-        flavors = [f for name in gate.flavors if (f := self.api.get_resource_flavor(name)) is not None]
-        return placement_of(flavors)
+        """The node labels, tolerations, labels and annotations of the flavors Kueue assigned and of
+        its admission checks (resolved when the gate was read)."""
+        return gate.placement
 
     def report(self, key: str, gate: KueueGate, status: dict[str, Any], pods: list[dict[str, Any]],
                nodes: Mapping[str, Mapping[str, Any]], now: float, node_lost_after: float) -> bool:  # fmt: skip

@@ -3,10 +3,11 @@ and if not, why, in Kueue's words."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from phalanx import constants as c
+from phalanx.kueue.placement import FlavorPlacement
 from phalanx.reconcile.conditions import get_condition
 from phalanx.reconcile.plan import parse_iso
 
@@ -29,6 +30,13 @@ class KueueGate:
     # The Evicted condition's reason (Kueue's words: Preempted, PodsReadyTimeout, AdmissionCheck,
     # ClusterQueueStopped, LocalQueueStopped, NodeFailures, Deactivated, ...); "" when not evicted.
     eviction_reason: str = ""
+    # The admission checks' podSetUpdates for the workers pod set, each with its check's name under
+    # "admissionCheck" (kueue/placement.py merges them with the flavors').
+    pod_set_updates: tuple[dict[str, Any], ...] = ()
+    # Where the gang goes (controller/kueue_workloads.py resolves the flavors), and why it cannot
+    # start when that failed: an assigned ResourceFlavor missing, or two values asked for one key.
+    placement: FlavorPlacement = field(default_factory=FlavorPlacement)
+    placement_error: str = ""
 
 
 # Evictions that take the devices for someone else, or with a node: counted as preemptions. Any other
@@ -84,6 +92,12 @@ def gate_of(workload: dict[str, Any]) -> KueueGate:
     for assignment in admission.get("podSetAssignments") or []:
         if assignment.get("name") == c.KUEUE_PODSET:
             flavors.update(str(f) for f in (assignment.get("flavors") or {}).values())
+    updates = tuple(
+        {**update, "admissionCheck": str(check.get("name") or "")}
+        for check in status.get("admissionChecks") or []
+        for update in check.get("podSetUpdates") or []
+        if update.get("name") == c.KUEUE_PODSET
+    )
     reserved = get_condition(conditions, "QuotaReserved")
     pending = ""  # Kueue's reason for not reserving quota, if it gave one
     if reserved is not None and reserved.get("status") == "False":
@@ -120,4 +134,5 @@ def gate_of(workload: dict[str, Any]) -> KueueGate:
         waited_seconds=waited,
         finished=finished,
         eviction_reason=str(evicted.get("reason") or "Evicted") if evicted is not None else "",
+        pod_set_updates=updates,
     )

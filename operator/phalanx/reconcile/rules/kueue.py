@@ -49,6 +49,14 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
         b.condition("Admitted", "False", REASON_WAITING_FOR_KUEUE, message)
         b.phase("Pending", REASON_WAITING_FOR_KUEUE, message)
         return True
+    if gate.admitted and not gate.evicted and gate.placement_error and not started:
+        # Admitted, but the pods cannot be placed as Kueue assigned: none starts off its flavor's nodes.
+        message = f"waiting for Kueue: {gate.placement_error}"
+        status.pop("admission", None)
+        b.recheck(RECHECK_WAITING_SECONDS)
+        b.condition("Admitted", "False", REASON_WAITING_FOR_KUEUE, message)
+        b.phase("Pending", REASON_WAITING_FOR_KUEUE, message)
+        return True
     if gate.admitted and not gate.evicted:
         record: dict[str, Any] = {"by": "Kueue", "workload": gate.workload}
         if gate.cluster_queue:
