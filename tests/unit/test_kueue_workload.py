@@ -14,7 +14,7 @@ from phalanx.api.schema import parse
 from phalanx.api.v1alpha1 import TrainingJobSpec
 from phalanx.builders.pods import JobRef, build_worker_pod
 from phalanx.controller.kueue_workloads import KueueWorkloads
-from phalanx.k8s import StatusConflict
+from phalanx.k8s import CreationRefused, StatusConflict
 from phalanx.kueue import workload_status
 from phalanx.kueue.gate import KueueGate, gate_of
 from phalanx.kueue.placement import FlavorConflict, placed_pod, placement_of
@@ -747,3 +747,33 @@ def test_admission_checks_that_ask_two_values_of_one_node_label_start_no_pod_and
     plan = decide(gpu_job(), [], NODES, NOW, kueue_gate=gate)
     assert plan.create_indices == [] and plan.status["phase"] == "Pending"
     assert "gpu" in plan.status["message"] and "'a100'" in plan.status["message"], plan.status["message"]
+
+
+# -- Kueue's webhook refusing the Workload -------------------------------------------------------
+
+DENIED = (
+    'admission webhook "vworkload.kb.io" denied the request: spec.podSets[0].minCount: '
+    "Invalid value: 3: should be less than or equal to 2"
+)
+
+
+class RefusingWorkloadApi(FakeWorkloadApi):
+    def create_if_absent(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
+        raise CreationRefused(403, DENIED)
+
+
+def test_a_workload_kueues_webhook_refuses_says_its_words_in_status_and_an_event_and_backs_off() -> None:
+    tj = queued(gpu_job())
+    kueue = KueueWorkloads(RefusingWorkloadApi(), "cluster.local")  # type: ignore[arg-type]
+    spec = parse(TrainingJobSpec, tj["spec"])
+    plan = decide(tj, [], NODES, NOW, kueue_gate=kueue.gate("ns/j", tj, spec, "q"))
+    assert plan.create_indices == [] and plan.status["phase"] == "Pending"
+    assert DENIED in plan.status["message"]
+    assert admitted_reason(plan.status) == "WorkloadRefused"
+    assert [(e.type, e.reason) for e in plan.events] == [("Warning", "WorkloadRefused")]
+    first_wait = plan.recheck_after
+    again = decide(
+        {**tj, "status": plan.status}, [], NODES, NOW + 2, kueue_gate=kueue.gate("ns/j", tj, spec, "q")
+    )
+    assert again.events == []  # said once while the words stay the same
+    assert first_wait is not None and again.recheck_after is not None and again.recheck_after > first_wait
