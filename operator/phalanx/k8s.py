@@ -390,7 +390,8 @@ class KubeApi:
 
     def patch_workload(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any] | None:
         """Merge-patches the Workload (its spec.active, its finalizers); None when it is gone,
-        StatusConflict when the patch names a resourceVersion that is no longer current."""
+        StatusConflict when the patch names a resourceVersion that is no longer current,
+        CreationRefused when an admission webhook (Kueue's) refuses the change."""
         try:
             workload: dict[str, Any] = self._json(self.custom.patch_namespaced_custom_object(
                 c.KUEUE_GROUP, c.KUEUE_VERSION, namespace, "workloads", name, patch,
@@ -402,6 +403,8 @@ class KubeApi:
                 return None
             if exc.status == 409:
                 raise StatusConflict(f"Workload {namespace}/{name} changed meanwhile") from exc
+            if exc.status in REFUSED_CREATE_STATUSES:  # Kueue's validating webhook, in its words
+                raise CreationRefused(exc.status, api_message(exc)) from exc
             raise
 
     def list_workloads(self, namespace: str | None, label_selector: str) -> list[dict[str, Any]] | None:

@@ -24,7 +24,7 @@ from phalanx import metrics
 from phalanx.api.v1alpha1 import TrainingJobSpec
 from phalanx.builders.pods import JobRef, build_worker_pod
 from phalanx.controller.admission_state import PriorityValues
-from phalanx.k8s import KubeApi, StatusConflict
+from phalanx.k8s import CreationRefused, KubeApi, StatusConflict
 from phalanx.kueue import workload_status
 from phalanx.kueue.gate import KueueGate, gate_of
 from phalanx.kueue.placement import FlavorConflict, FlavorPlacement, placement_of
@@ -53,6 +53,9 @@ NO_KUEUE_MESSAGE: Final = (
 WRITE_TRIES: Final = 3
 # How soon a pass whose Workload write is still owed runs again.
 PENDING_WRITE_RETRY_SECONDS: Final = 1.0
+# After the API server refused the Workload (Kueue's webhook), or its placement failed: 2, 4, 8 ... s.
+REFUSED_RETRY_FIRST_SECONDS: Final = 2.0
+REFUSED_RETRY_MAX_SECONDS: Final = 120.0
 
 
 class KueueWorkloads:
@@ -64,9 +67,43 @@ class KueueWorkloads:
         self.last: dict[str, dict[str, Any]] = {}  # job key -> its Workload as last read or written
         # Jobs (keys) whose deleted or orphaned Workload still holds Kueue's finalizer.
         self.pending_release: set[str] = set()
+        self.refusals: dict[str, int] = {}  # job key -> refusals (or failed placements) in a row
 
     def gate(self, key: str, job: dict[str, Any], spec: TrainingJobSpec, queue: str) -> KueueGate:
         ref = JobRef.of(job)
+        try:
+            gate = self._gate(key, job, spec, queue, ref)
+        except CreationRefused as refusal:
+            return self._refused(key, workload_name(ref.name, ref.uid), refusal)
+        if gate.placement_error:
+            return dataclasses.replace(gate, retry_after=self._backoff(key))
+        self.refusals.pop(key, None)
+        return gate
+
+    def _backoff(self, key: str) -> float:
+        count = self.refusals[key] = self.refusals.get(key, 0) + 1
+        return float(min(REFUSED_RETRY_FIRST_SECONDS * 2.0 ** (count - 1), REFUSED_RETRY_MAX_SECONDS))
+
+    def _refused(self, key: str, name: str, refusal: CreationRefused) -> KueueGate:
+        delay = self._backoff(key)
+        log.warning(
+            "Workload %s refused (%s): %s; trying again in %.0f s",
+            name,
+            refusal.status,
+            refusal.message,
+            delay,
+        )
+        message = (
+            f"waiting for Kueue: the API server refused Workload {name}: {refusal.message}; tried again "
+            "with a growing backoff (fix the job's spec, or Kueue's configuration)"
+        )
+        return KueueGate(
+            workload=name, admitted=False, evicted=False, message=message, refused=True, retry_after=delay
+        )
+
+    def _gate(
+        self, key: str, job: dict[str, Any], spec: TrainingJobSpec, queue: str, ref: JobRef
+    ) -> KueueGate:
         name = workload_name(ref.name, ref.uid)
         desired = self._desired(job, spec, queue)
         workload = self.api.get_workload(ref.namespace, name)
@@ -210,6 +247,7 @@ class KueueWorkloads:
 
     def forget(self, key: str) -> None:
         self.last.pop(key, None)
+        self.refusals.pop(key, None)
         self.pending_release.discard(key)
 
     def may_hold_quota(self, key: str) -> bool:

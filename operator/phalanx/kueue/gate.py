@@ -37,6 +37,10 @@ class KueueGate:
     # start when that failed: an assigned ResourceFlavor missing, or two values asked for one key.
     placement: FlavorPlacement = field(default_factory=FlavorPlacement)
     placement_error: str = ""
+    # The API server (Kueue's validating webhook) refused to create or change the Workload: its words
+    # are in `message`; looked at again after `retry_after` seconds (a growing backoff).
+    refused: bool = False
+    retry_after: float | None = None
 
 
 # Evictions that take the devices for someone else, or with a node: counted as preemptions. Any other

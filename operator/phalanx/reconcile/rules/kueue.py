@@ -18,11 +18,13 @@ from typing import Any
 from phalanx.kueue.gate import counts_as_preemption
 from phalanx.pod_facts import is_deleting
 from phalanx.policy.pod_outcome import VerdictKind
+from phalanx.reconcile.conditions import get_condition
 from phalanx.reconcile.observed import Observed
-from phalanx.reconcile.plan import PlanBuilder
+from phalanx.reconcile.plan import Event, PlanBuilder
 from phalanx.reconcile.rules.transitions import new_attempt
 
 REASON_WAITING_FOR_KUEUE = "WaitingForKueue"
+REASON_WORKLOAD_REFUSED = "WorkloadRefused"  # the API server (Kueue's webhook) refused the Workload
 REASON_EVICTED_BY_KUEUE = "EvictedByKueue"  # preempted (or its node failed): restarts.preemptions
 REASON_REQUEUED_BY_KUEUE = "RequeuedByKueue"  # any other eviction: restarts.requeues
 # How often a waiting or running job looks at its Workload again (it is read, not watched).
@@ -38,6 +40,21 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
     started = status.get("createdAttempt") == seen.attempt or any(
         not is_deleting(p) for p in seen.current.values()
     )
+    if gate.refused:
+        # Said in status, and in an Event whenever the API's words change; a running gang goes on.
+        said = get_condition(b.old.get("conditions") or [], "Admitted") or {}
+        if b.old.get("phase") == "Pending" and (said.get("reason"), said.get("message")) != (
+            REASON_WORKLOAD_REFUSED,
+            gate.message,
+        ):
+            b.plan.events.append(Event("Warning", REASON_WORKLOAD_REFUSED, gate.message))
+        b.recheck(gate.retry_after or RECHECK_WAITING_SECONDS)
+        b.condition("Admitted", "False", REASON_WORKLOAD_REFUSED, gate.message)
+        if started:
+            return False
+        status.pop("admission", None)
+        b.phase("Pending", REASON_WORKLOAD_REFUSED, gate.message, "Warning")
+        return True
     if gate.admitted and not gate.evicted and gate.stale and not started:
         # Admitted for the job as it was: its pods would run against quota for another gang.
         message = (
@@ -53,7 +70,7 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
         # Admitted, but the pods cannot be placed as Kueue assigned: none starts off its flavor's nodes.
         message = f"waiting for Kueue: {gate.placement_error}"
         status.pop("admission", None)
-        b.recheck(RECHECK_WAITING_SECONDS)
+        b.recheck(gate.retry_after or RECHECK_WAITING_SECONDS)
         b.condition("Admitted", "False", REASON_WAITING_FOR_KUEUE, message)
         b.phase("Pending", REASON_WAITING_FOR_KUEUE, message)
         return True
