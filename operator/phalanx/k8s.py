@@ -407,6 +407,18 @@ class KubeApi:
                 raise CreationRefused(exc.status, api_message(exc)) from exc
             raise
 
+    def workloads_request(self, namespace: str | None, **params: Any) -> Any:
+        """List or watch this operator's Workloads (controller/kueue_workloads.py: a change enqueues
+        the owning job at once; reflector.py)."""
+        params = {"label_selector": f"{c.LABEL_MANAGED_BY}={c.MANAGED_BY}", **_without_none(params)}
+        if namespace is None:
+            return self.custom.list_cluster_custom_object(
+                c.KUEUE_GROUP, c.KUEUE_VERSION, "workloads", _preload_content=False, **params
+            )
+        return self.custom.list_namespaced_custom_object(
+            c.KUEUE_GROUP, c.KUEUE_VERSION, namespace, "workloads", _preload_content=False, **params
+        )
+
     def list_workloads(self, namespace: str | None, label_selector: str) -> list[dict[str, Any]] | None:
         """The Workloads with these labels in `namespace` (None: every namespace); None when the API
         server serves no Kueue Workloads."""

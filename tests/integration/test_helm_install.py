@@ -42,6 +42,7 @@ NEEDED_IN_WATCHED_NAMESPACE = (
     # The Workloads of deleted jobs are found by label; Kueue's finalizer comes off with a patch.
     ("list", "workloads.kueue.x-k8s.io", ()),
     ("patch", "workloads.kueue.x-k8s.io", ()),
+    ("watch", "workloads.kueue.x-k8s.io", ()),
 )
 # Groups whose API the test cluster does not serve: `kubectl auth can-i` cannot resolve them (it
 # falls back to group "*"), so these are asked through a SubjectAccessReview with the group spelt out.

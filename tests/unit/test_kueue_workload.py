@@ -13,7 +13,7 @@ from phalanx import metrics
 from phalanx.api.schema import parse
 from phalanx.api.v1alpha1 import TrainingJobSpec
 from phalanx.builders.pods import JobRef, build_worker_pod
-from phalanx.controller.kueue_workloads import KueueWorkloads
+from phalanx.controller.kueue_workloads import KueueWorkloads, job_key_of_workload, slim_workload
 from phalanx.k8s import CreationRefused, StatusConflict
 from phalanx.kueue import workload_status
 from phalanx.kueue.gate import KueueGate, gate_of
@@ -777,3 +777,13 @@ def test_a_workload_kueues_webhook_refuses_says_its_words_in_status_and_an_event
     )
     assert again.events == []  # said once while the words stay the same
     assert first_wait is not None and again.recheck_after is not None and again.recheck_after > first_wait
+
+
+# -- the watch -------------------------------------------------------------------------------------
+
+
+def test_a_watched_workload_change_enqueues_its_job_and_only_ours() -> None:
+    wl = deleted_workload()
+    assert job_key_of_workload(slim_workload(wl)) == "ns/j"
+    assert slim_workload(wl)["metadata"]["resourceVersion"] == "7"  # every change of Kueue's is one
+    assert job_key_of_workload({"metadata": {"namespace": "ns", "name": "other", "labels": {}}}) is None

@@ -27,6 +27,7 @@ from phalanx.controller.admission_pass import AdmissionPass
 from phalanx.controller.admission_state import AdmissionState
 from phalanx.controller.generations import GenerationPublisher
 from phalanx.controller.job_writes import JobWriter
+from phalanx.controller.kueue_workloads import job_key_of_workload
 from phalanx.controller.preemption import Preemptor
 from phalanx.controller.progress import ProgressPoller
 from phalanx.controller.queue import WorkQueue
@@ -85,6 +86,7 @@ class Controller:
         self.admission.fresh_progress = self.progress.held_back
         self.watch = WatchCallbacks(self.stores, self.work)
         self.reflectors: list[Reflector] = []
+        self.workload_reflectors: list[Reflector] = []  # started once Kueue's API is served
         self.tasks: list[asyncio.Task[None]] = []
 
     # The event loop the queue hands off to; set before start() (handlers.configure).
@@ -192,9 +194,31 @@ class Controller:
                     keys = []
                 for key in keys:
                     self.work.enqueue(key)
+                if self.reconciler.kueue.served and not self.workload_reflectors:
+                    self._watch_workloads()
                 await asyncio.sleep(KUEUE_ORPHAN_SWEEP_SECONDS)
             else:
                 await asyncio.sleep(1.0)
+
+    def _watch_workloads(self) -> None:
+        """Kueue's Workloads are served (Kueue may be installed after the operator): watch ours, so
+        that an admission or an eviction reaches its job's reconcile at once."""
+        self.workload_reflectors = [
+            reflector.start()
+            for reflector in per_namespace(
+                "workloads", self.api.workloads_request, self.reconciler.kueue.watched, [*self.namespaces],
+                self._on_workload_change,
+            )
+        ]  # fmt: skip
+        self.reflectors.extend(self.workload_reflectors)
+        log.info("watching Kueue Workloads")
+
+    def _on_workload_change(
+        self, key: str, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None
+    ) -> None:
+        job = job_key_of_workload(new or old or {})
+        if job is not None:
+            self.work.enqueue_threadsafe(job)
 
     def _live_uid(self, key: str) -> str | None:
         job = self.stores.jobs.get(key)

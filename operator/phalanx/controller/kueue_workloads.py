@@ -4,7 +4,10 @@ Called by the reconciler for a job labelled kueue.x-k8s.io/queue-name: `gate` re
 creates) the job's Workload and says what Kueue allows; `placement` reads the assigned
 ResourceFlavors when the gang is created; `report` writes back what Kueue expects from the owner
 (PodsReady, Finished, the quota released after an eviction once the pods are gone). The Workload is
-read on each reconcile of such a job, not watched: the job's rule rechecks every few seconds.
+read on each reconcile of such a job; it is also watched (once the API server serves Workloads:
+`watched`, fed by a reflector the controller starts), so that a change of Kueue's (admitted,
+evicted) enqueues its job at once. The job's rule still rechecks every few seconds, should a watch
+be lost.
 
 The Workload carries Kueue's resource-in-use finalizer from its creation: deleted (by garbage
 collection of its job, say), it keeps its quota until `release_orphans` sees every pod of its job
@@ -23,6 +26,7 @@ from phalanx import constants as c
 from phalanx import metrics
 from phalanx.api.v1alpha1 import TrainingJobSpec
 from phalanx.builders.pods import JobRef, build_worker_pod
+from phalanx.cache import Slim, Store
 from phalanx.controller.admission_state import PriorityValues
 from phalanx.k8s import CreationRefused, KubeApi, StatusConflict
 from phalanx.kueue import workload_status
@@ -68,6 +72,8 @@ class KueueWorkloads:
         # Jobs (keys) whose deleted or orphaned Workload still holds Kueue's finalizer.
         self.pending_release: set[str] = set()
         self.refusals: dict[str, int] = {}  # job key -> refusals (or failed placements) in a row
+        self.watched = Store(slim_workload)  # fed by the controller's Workload reflector
+        self.served = False  # the last sweep found the API server serving Kueue's Workloads
 
     def gate(self, key: str, job: dict[str, Any], spec: TrainingJobSpec, queue: str) -> KueueGate:
         ref = JobRef.of(job)
@@ -285,7 +291,9 @@ class KueueWorkloads:
         selector = f"{c.LABEL_MANAGED_BY}={c.MANAGED_BY}"
         scopes: list[str | None] = [*namespaces] if namespaces else [None]  # None: every namespace
         for scope in scopes:
-            for workload in self.api.list_workloads(scope, selector) or []:
+            listed = self.api.list_workloads(scope, selector)
+            self.served = listed is not None
+            for workload in listed or []:
                 meta = workload.get("metadata") or {}
                 job_name = (meta.get("labels") or {}).get(c.LABEL_JOB_NAME)
                 if not job_name or not holds_finalizer(workload):
@@ -327,3 +335,18 @@ class KueueWorkloads:
         fresh = self.api.get_workload(meta["namespace"], meta["name"])
         if fresh is not None and fresh["metadata"].get("uid") == meta.get("uid"):
             self._release(fresh)
+
+
+def slim_workload(workload: Mapping[str, Any]) -> Slim:
+    """What tells a change and whose it is: the watch only enqueues the job; a reconcile reads the
+    Workload itself."""
+    meta = workload.get("metadata") or {}
+    keys = ("name", "namespace", "uid", "resourceVersion", "deletionTimestamp", "labels")
+    return {"metadata": {k: meta[k] for k in keys if meta.get(k) is not None}}
+
+
+def job_key_of_workload(workload: Mapping[str, Any]) -> str | None:
+    """The key of the TrainingJob whose Workload this is (by its job-name label); None: not ours."""
+    meta = workload.get("metadata") or {}
+    name = (meta.get("labels") or {}).get(c.LABEL_JOB_NAME)
+    return f"{meta.get('namespace')}/{name}" if name and meta.get("namespace") else None

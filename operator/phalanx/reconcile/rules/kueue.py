@@ -27,7 +27,8 @@ REASON_WAITING_FOR_KUEUE = "WaitingForKueue"
 REASON_WORKLOAD_REFUSED = "WorkloadRefused"  # the API server (Kueue's webhook) refused the Workload
 REASON_EVICTED_BY_KUEUE = "EvictedByKueue"  # preempted (or its node failed): restarts.preemptions
 REASON_REQUEUED_BY_KUEUE = "RequeuedByKueue"  # any other eviction: restarts.requeues
-# How often a waiting or running job looks at its Workload again (it is read, not watched).
+# How often a waiting or running job looks at its Workload again: the fallback to the Workload watch
+# (controller/kueue_workloads.py), should it be lost.
 RECHECK_WAITING_SECONDS = 2.0
 RECHECK_ADMITTED_SECONDS = 5.0
 
