@@ -507,6 +507,8 @@ class FakeWorkloadApi:
             **(patch.get("metadata") or {}).get("annotations", {}),
         }
         meta["annotations"] = annotations
+        if "finalizers" in (patch.get("metadata") or {}):
+            meta["finalizers"] = patch["metadata"]["finalizers"] or []
         self.workload = {
             **self.workload,
             "metadata": meta,
@@ -787,3 +789,58 @@ def test_a_watched_workload_change_enqueues_its_job_and_only_ours() -> None:
     assert job_key_of_workload(slim_workload(wl)) == "ns/j"
     assert slim_workload(wl)["metadata"]["resourceVersion"] == "7"  # every change of Kueue's is one
     assert job_key_of_workload({"metadata": {"namespace": "ns", "name": "other", "labels": {}}}) is None
+
+
+# -- a Workload deleted under a live job (`kubectl delete workload`: Kueue's way to requeue) ---------
+
+
+def deleting_admitted(tj: dict[str, Any]) -> tuple[FakeWorkloadApi, KueueWorkloads]:
+    wl = workload_of(tj)
+    wl["metadata"].update(resourceVersion="9", deletionTimestamp=T1)
+    wl["status"] = admitted_workload()["status"]
+    api = FakeWorkloadApi(wl)
+    api.flavors = {"h100": H100}
+    return api, KueueWorkloads(api, "cluster.local")  # type: ignore[arg-type]
+
+
+def test_a_deleted_workload_starts_no_gang_and_is_released_then_made_again() -> None:
+    tj = queued(gpu_job())
+    api, kueue = deleting_admitted(tj)
+    spec = parse(TrainingJobSpec, tj["spec"])
+    gate = kueue.gate("ns/j", tj, spec, "q")
+    assert not gate.admitted and gate.evicted and gate.eviction_reason == "WorkloadDeleted"
+    plan = decide(tj, [], NODES, NOW, kueue_gate=gate)
+    assert plan.create_indices == [] and plan.status["phase"] == "Pending"
+    # Nothing runs on it: the finalizer comes off, and no 1 s loop is asked for.
+    assert kueue.report("ns/j", gate, plan.status, [], NODES, NOW, 20.0) is False
+    assert api.workload is not None and api.workload["metadata"]["finalizers"] == []
+    api.workload = None  # gone: the next pass queues a fresh one
+    fresh = kueue.gate("ns/j", tj, spec, "q")
+    assert api.created == 1 and not fresh.evicted
+
+
+def test_a_running_gang_on_a_deleted_workload_is_stopped_as_a_requeue_and_then_released() -> None:
+    tj = queued(gpu_job(status=dict(RUNNING_UNDER_KUEUE)))
+    api, kueue = deleting_admitted(tj)
+    gate = kueue.gate("ns/j", tj, parse(TrainingJobSpec, tj["spec"]), "q")
+    plan = decide(tj, [pod(0), pod(1)], NODES, NOW, kueue_gate=gate)
+    assert sorted(plan.delete_pods) == ["j-worker-0", "j-worker-1"]
+    assert plan.status["restarts"]["requeues"] == 1 and "WorkloadDeleted" in plan.status["message"]
+    stopping = [pod(0, metadata={"deletionTimestamp": T1}), pod(1, metadata={"deletionTimestamp": T1})]
+    # Its pods still stop: the finalizer stays; the rule's recheck comes back, not a 1 s loop.
+    assert kueue.report("ns/j", gate, plan.status, stopping, NODES, NOW, 20.0) is False
+    assert plan.recheck_after is not None
+    assert (
+        api.workload is not None
+        and c.KUEUE_RESOURCE_IN_USE_FINALIZER in api.workload["metadata"]["finalizers"]
+    )
+    kueue.report("ns/j", gate, plan.status, [], NODES, NOW + 30, 20.0)
+    assert api.workload["metadata"]["finalizers"] == []
+
+
+def test_the_live_jobs_own_deleted_workload_is_left_to_its_reconcile_not_the_orphan_sweep() -> None:
+    own = deleted_workload(uid="uid-1")
+    api = ListedWorkloadApi(own)
+    kueue = KueueWorkloads(api, "cluster.local")  # type: ignore[arg-type]
+    assert kueue.orphan_keys([], {"ns/j": "uid-1"}.get) == []
+    assert kueue.release_orphans("ns/j", "uid-1", [], NODES, NOW, 20.0) is False and api.patches == []
