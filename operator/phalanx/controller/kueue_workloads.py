@@ -206,8 +206,7 @@ class KueueWorkloads:
             if stopped:
                 self._release(workload)
                 self.last.pop(key, None)
-                return False
-            return True
+            return False  # the rule's recheck (and the pods' events) come back while the gang stops
         if phase in FINISHED_PHASES and not stopped:
             # Finished hands the quota back: not while a failed job's pods still stop (their grace
             # period, a SIGTERM checkpoint), or Kueue admits the next job onto busy devices.
@@ -272,6 +271,8 @@ class KueueWorkloads:
         for workload in self.api.list_workloads(namespace, selector) or []:
             if not holds_finalizer(workload) or not orphaned(workload, live_uid):
                 continue
+            if live_uid is not None and owner_uid(workload) == live_uid:
+                continue  # deleted under its live job: that job's reconcile releases it (`report`)
             uid = owner_uid(workload) or ""
             theirs = [p for p in pods if is_owned_by(p, uid)]
             if not workload_status.gang_stopped(theirs, nodes, now, node_lost_after):
@@ -299,7 +300,10 @@ class KueueWorkloads:
                 if not job_name or not holds_finalizer(workload):
                     continue
                 key = f"{meta.get('namespace')}/{job_name}"
-                if orphaned(workload, live_uid_of(key)) and key not in keys:
+                live_uid = live_uid_of(key)
+                if live_uid is not None and owner_uid(workload) == live_uid:
+                    continue  # its live job's reconcile releases it (`report`)
+                if orphaned(workload, live_uid) and key not in keys:
                     self.pending_release.add(key)
                     keys.append(key)
         return keys

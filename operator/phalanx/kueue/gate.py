@@ -48,6 +48,10 @@ class KueueGate:
 PREEMPTION_REASONS: Final = ("Preempted", "NodeFailures")
 
 
+# The eviction reason of a Workload someone deleted under its live job (not one of Kueue's own).
+WORKLOAD_DELETED: Final = "WorkloadDeleted"
+
+
 def counts_as_preemption(eviction_reason: str) -> bool:
     return eviction_reason in PREEMPTION_REASONS
 
@@ -128,15 +132,21 @@ def gate_of(workload: dict[str, Any]) -> KueueGate:
     deactivated = deactivated_message(workload)
     if deactivated is not None:
         admitted, message = False, deactivated
+    eviction_reason = str(evicted.get("reason") or "Evicted") if evicted is not None else ""
+    if (workload.get("metadata") or {}).get("deletionTimestamp"):
+        # `kubectl delete workload` is Kueue's way to requeue: the gang stops, the finalizer comes
+        # off once it has, and a fresh Workload queues the job again (controller/kueue_workloads.py).
+        admitted, eviction_reason = False, WORKLOAD_DELETED
+        message = f"evicted ({WORKLOAD_DELETED}): Workload {name} was deleted; it is made again once the gang stopped"
     return KueueGate(
         workload=name,
         admitted=admitted,
-        evicted=evicted is not None,
+        evicted=evicted is not None or eviction_reason == WORKLOAD_DELETED,
         message=message,
         cluster_queue=admission.get("clusterQueue"),
         flavors=tuple(sorted(flavors)),
         waited_seconds=waited,
         finished=finished,
-        eviction_reason=str(evicted.get("reason") or "Evicted") if evicted is not None else "",
+        eviction_reason=eviction_reason,
         pod_set_updates=updates,
     )
