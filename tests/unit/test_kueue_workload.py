@@ -13,7 +13,12 @@ from phalanx import metrics
 from phalanx.api.schema import parse
 from phalanx.api.v1alpha1 import TrainingJobSpec
 from phalanx.builders.pods import JobRef, build_worker_pod
-from phalanx.controller.kueue_workloads import KueueWorkloads, job_key_of_workload, slim_workload
+from phalanx.controller import kueue_workloads
+from phalanx.controller.kueue_workloads import (
+    KueueWorkloads,
+    job_key_of_workload,
+    slim_workload,
+)
 from phalanx.k8s import CreationRefused, StatusConflict
 from phalanx.kueue import workload_status
 from phalanx.kueue.gate import KueueGate, gate_of
@@ -844,3 +849,40 @@ def test_the_live_jobs_own_deleted_workload_is_left_to_its_reconcile_not_the_orp
     kueue = KueueWorkloads(api, "cluster.local")  # type: ignore[arg-type]
     assert kueue.orphan_keys([], {"ns/j": "uid-1"}.get) == []
     assert kueue.release_orphans("ns/j", "uid-1", [], NODES, NOW, 20.0) is False and api.patches == []
+
+
+# -- a placement that cannot be made: the job fails so that the quota goes back --------------------
+
+
+def test_flavors_that_conflict_fail_the_job_and_finish_the_workload_so_the_quota_goes_back() -> None:
+    checks = [
+        {
+            "name": "a",
+            "state": "Ready",
+            "podSetUpdates": [{"name": "workers", "nodeSelector": {"gpu": "a100"}}],
+        }
+    ]
+    kueue, gate = admitted_gate({"h100": H100}, admissionChecks=checks)
+    plan = decide(queued(gpu_job()), [], NODES, NOW, kueue_gate=gate)
+    assert plan.create_indices == [] and plan.status["phase"] == "Failed"
+    assert plan.status["reason"] == "FailedToStart" and "'a100'" in plan.status["message"]
+    kueue.report("ns/j", gate, plan.status, [], NODES, NOW, 20.0)
+    api = kueue.api
+    assert isinstance(api, FakeWorkloadApi)
+    (patch,) = api.status_patches
+    assert [x["reason"] for x in patch["conditions"] if x["type"] == "Finished"] == ["Failed"]
+
+
+def test_a_missing_flavor_is_waited_for_a_bounded_time_then_the_job_fails() -> None:
+    tj = queued(gpu_job())
+    wl = workload_of(tj)
+    wl["metadata"]["resourceVersion"] = "3"
+    wl["status"] = admitted_workload()["status"]
+    clock = [1000.0]
+    kueue = KueueWorkloads(FakeWorkloadApi(wl), "cluster.local", clock=lambda: clock[0])  # type: ignore[arg-type]
+    spec = parse(TrainingJobSpec, tj["spec"])
+    first = decide(tj, [], NODES, NOW, kueue_gate=kueue.gate("ns/j", tj, spec, "q"))
+    assert first.status["phase"] == "Pending"  # it may be created again
+    clock[0] += kueue_workloads.FLAVOR_MISSING_MAX_SECONDS + 1
+    later = decide(tj, [], NODES, NOW, kueue_gate=kueue.gate("ns/j", tj, spec, "q"))
+    assert later.status["phase"] == "Failed" and "ResourceFlavor h100" in later.status["message"]
