@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
@@ -60,11 +61,17 @@ PENDING_WRITE_RETRY_SECONDS: Final = 1.0
 # After the API server refused the Workload (Kueue's webhook), or its placement failed: 2, 4, 8 ... s.
 REFUSED_RETRY_FIRST_SECONDS: Final = 2.0
 REFUSED_RETRY_MAX_SECONDS: Final = 120.0
+# How long an assigned ResourceFlavor may be missing (deleted, to be made again) before the job fails.
+FLAVOR_MISSING_MAX_SECONDS: Final = 300.0
 
 
 class KueueWorkloads:
-    def __init__(self, api: KubeApi, cluster_domain: str) -> None:
+    def __init__(
+        self, api: KubeApi, cluster_domain: str, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.api = api
+        self.clock = clock
+        self.flavor_missing_since: dict[str, float] = {}  # job key -> when its flavor was first missing
         self.cluster_domain = cluster_domain
         self.priority_values = PriorityValues(lambda: self.api.priority_values())
         self.lock = threading.Lock()  # PriorityValues is read from several reconcile threads
@@ -131,25 +138,32 @@ class KueueWorkloads:
         self.last[key] = workload
         gate = gate_of(workload)
         if gate.admitted:
-            gate = self._placed(gate)
+            gate = self._placed(key, gate)
         return dataclasses.replace(gate, stale=stale) if stale else gate
 
-    def _placed(self, gate: KueueGate) -> KueueGate:
+    def _placed(self, key: str, gate: KueueGate) -> KueueGate:
         """The gate with the placement of its flavors and admission checks, or why there is none: a
-        pod started without its flavor's node labels and tolerations would run off the flavor's nodes."""
+        pod started without its flavor's node labels and tolerations would run off the flavor's nodes.
+        A conflict never resolves itself, a missing flavor may be made again: waited for a while."""
         flavors = []
         for name in gate.flavors:
             flavor = self.api.get_resource_flavor(name)
             if flavor is None:
-                return dataclasses.replace(gate, placement_error=(
-                    f"ResourceFlavor {name}, which Kueue assigned to Workload {gate.workload}, is not found: "
-                    "no pod starts without its placement (create it again, or Kueue evicts the Workload)"
+                since = self.flavor_missing_since.setdefault(key, self.clock())
+                failed = self.clock() - since >= FLAVOR_MISSING_MAX_SECONDS
+                return dataclasses.replace(gate, placement_failed=failed, placement_error=(
+                    f"ResourceFlavor {name}, which Kueue assigned to Workload {gate.workload}, is not found"
+                    + (f" after {FLAVOR_MISSING_MAX_SECONDS:.0f} s" if failed else
+                       ": no pod starts without its placement (create it again, or Kueue evicts the Workload)")
                 ))  # fmt: skip
             flavors.append(flavor)
+        self.flavor_missing_since.pop(key, None)
         try:
             return dataclasses.replace(gate, placement=placement_of(flavors, gate.pod_set_updates))
         except FlavorConflict as conflict:
-            return dataclasses.replace(gate, placement_error=f"{conflict}: no node can have both")
+            return dataclasses.replace(
+                gate, placement_failed=True, placement_error=f"{conflict}: no node can have both"
+            )
 
     def _desired(self, job: dict[str, Any], spec: TrainingJobSpec, queue: str) -> dict[str, Any]:
         """The Workload of the job as it is now."""
@@ -252,6 +266,7 @@ class KueueWorkloads:
 
     def forget(self, key: str) -> None:
         self.last.pop(key, None)
+        self.flavor_missing_since.pop(key, None)
         self.refusals.pop(key, None)
         self.pending_release.discard(key)
 

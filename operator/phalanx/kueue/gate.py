@@ -37,6 +37,9 @@ class KueueGate:
     # start when that failed: an assigned ResourceFlavor missing, or two values asked for one key.
     placement: FlavorPlacement = field(default_factory=FlavorPlacement)
     placement_error: str = ""
+    # The placement cannot be made (a conflict, or a flavor missing past its bound): the job fails,
+    # so that Finished hands the quota back (Kueue's own integrations: FailedToStart).
+    placement_failed: bool = False
     # The API server (Kueue's validating webhook) refused to create or change the Workload: its words
     # are in `message`; looked at again after `retry_after` seconds (a growing backoff).
     refused: bool = False

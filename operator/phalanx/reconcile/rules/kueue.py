@@ -21,12 +21,13 @@ from phalanx.policy.pod_outcome import VerdictKind
 from phalanx.reconcile.conditions import get_condition
 from phalanx.reconcile.observed import Observed
 from phalanx.reconcile.plan import Event, PlanBuilder
-from phalanx.reconcile.rules.transitions import new_attempt
+from phalanx.reconcile.rules.transitions import fail, new_attempt
 
 REASON_WAITING_FOR_KUEUE = "WaitingForKueue"
 REASON_WORKLOAD_REFUSED = "WorkloadRefused"  # the API server (Kueue's webhook) refused the Workload
 REASON_EVICTED_BY_KUEUE = "EvictedByKueue"  # preempted (or its node failed): restarts.preemptions
 REASON_REQUEUED_BY_KUEUE = "RequeuedByKueue"  # any other eviction: restarts.requeues
+REASON_FAILED_TO_START = "FailedToStart"  # admitted, but its flavors cannot be placed (Kueue's word)
 # How often a waiting or running job looks at its Workload again: the fallback to the Workload watch
 # (controller/kueue_workloads.py), should it be lost.
 RECHECK_WAITING_SECONDS = 2.0
@@ -66,6 +67,16 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
         b.recheck(RECHECK_WAITING_SECONDS)
         b.condition("Admitted", "False", REASON_WAITING_FOR_KUEUE, message)
         b.phase("Pending", REASON_WAITING_FOR_KUEUE, message)
+        return True
+    if gate.admitted and not gate.evicted and gate.placement_failed and not started:
+        # Never placeable as admitted: failed, so that Finished hands the quota back (as Kueue's own
+        # integrations do); a Workload deactivated instead would leave the job Pending for good.
+        fail(
+            b,
+            seen.current,
+            REASON_FAILED_TO_START,
+            f"Kueue's admission cannot be placed: {gate.placement_error}",
+        )
         return True
     if gate.admitted and not gate.evicted and gate.placement_error and not started:
         # Admitted, but the pods cannot be placed as Kueue assigned: none starts off its flavor's nodes.
