@@ -889,3 +889,25 @@ def test_a_missing_flavor_is_waited_for_a_bounded_time_then_the_job_fails() -> N
     clock[0] += kueue_workloads.FLAVOR_MISSING_MAX_SECONDS + 1
     later = decide(tj, [], NODES, NOW, kueue_gate=kueue.gate("ns/j", tj, spec, "q"))
     assert later.status["phase"] == "Failed" and "ResourceFlavor h100" in later.status["message"]
+
+
+# -- a finished Workload drops the finalizer (nothing is left for GC to wait on after an uninstall) -
+
+
+def test_a_finished_workload_drops_the_finalizer_once_the_gang_stopped_and_keeps_it_off() -> None:
+    tj = queued(gpu_job())
+    wl = workload_of(tj)
+    wl["metadata"]["resourceVersion"] = "3"
+    wl["status"] = admitted_workload()["status"]
+    api = FakeWorkloadApi(wl)
+    api.flavors = {"h100": H100}
+    kueue = KueueWorkloads(api, "cluster.local")  # type: ignore[arg-type]
+    spec = parse(TrainingJobSpec, tj["spec"])
+    gate = kueue.gate("ns/j", tj, spec, "q")
+    done = {"phase": "Succeeded", "message": "done"}
+    stopped = [pod(0, phase="Succeeded", exit_code=0), pod(1, phase="Succeeded", exit_code=0)]
+    kueue.report("ns/j", gate, done, stopped, NODES, NOW, 20.0)
+    assert api.workload is not None and api.workload["metadata"]["finalizers"] == []
+    # A later pass reads it finished: the finalizer is not put back.
+    kueue.report("ns/j", kueue.gate("ns/j", tj, spec, "q"), done, stopped, NODES, NOW + 1, 20.0)
+    assert api.workload["metadata"]["finalizers"] == []
