@@ -44,6 +44,7 @@ from phalanx.kueue.workload import (
     workload_name,
 )
 from phalanx.pod_facts import is_owned_by
+from phalanx.reconcile.conditions import get_condition
 from phalanx.reconcile.plan import FINISHED_PHASES, iso
 
 log = logging.getLogger("phalanx.controller")
@@ -130,7 +131,12 @@ class KueueWorkloads:
             workload = self._create(desired, ref.namespace, name, queue)
             if workload is None:
                 return KueueGate(workload=name, admitted=False, evicted=False, message=NO_KUEUE_MESSAGE)
-        if not holds_finalizer(workload) and not workload["metadata"].get("deletionTimestamp"):
+        finished = get_condition((workload.get("status") or {}).get("conditions") or [], "Finished")
+        if (
+            not holds_finalizer(workload)
+            and not workload["metadata"].get("deletionTimestamp")
+            and (finished or {}).get("status") != "True"  # finished: released on purpose
+        ):
             workload = self._hold(workload)  # made by an operator version that did not set it
         change = active_patch(workload, bool(spec.run_policy.suspend))
         if change is not None:  # suspended or resumed: Kueue evicts it, or queues it again
@@ -228,7 +234,7 @@ class KueueWorkloads:
         for _ in range(WRITE_TRIES):
             patch = self._patch_for(workload, gate, status, stopped, iso(now))
             if patch is None:
-                return False
+                return self._release_finished(workload, phase)
             meta = workload["metadata"]
             try:
                 stored = self.api.patch_workload_status(
@@ -244,8 +250,17 @@ class KueueWorkloads:
                 self.last[key] = stored
                 if "admission" in patch:
                     log.info("released the quota of evicted Workload %s/%s", meta["namespace"], meta["name"])
+                return self._release_finished(stored, phase)
             return False
         return True
+
+    def _release_finished(self, workload: dict[str, Any], phase: Any) -> bool:
+        """Finished written and the gang stopped: the finalizer comes off, as Kueue's integrations
+        drop it, so that nothing waits on this operator (after an uninstall, garbage collection
+        would leave the Workload Terminating for good). True: to be tried again soon."""
+        if phase not in FINISHED_PHASES or not holds_finalizer(workload):
+            return False
+        return not self._release(workload)
 
     @staticmethod
     def _patch_for(workload: dict[str, Any], gate: KueueGate, status: dict[str, Any], stopped: bool,
