@@ -911,3 +911,59 @@ def test_a_finished_workload_drops_the_finalizer_once_the_gang_stopped_and_keeps
     # A later pass reads it finished: the finalizer is not put back.
     kueue.report("ns/j", kueue.gate("ns/j", tj, spec, "q"), done, stopped, NODES, NOW + 1, 20.0)
     assert api.workload["metadata"]["finalizers"] == []
+
+
+# -- a refusal (Kueue's webhook) while the gang runs ------------------------------------------------
+
+
+class RefusingLaterApi(FakeWorkloadApi):
+    """Serves the Workload until `refuse`: then it is gone and making it again is refused."""
+
+    refuse = False
+
+    def get_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return None if self.refuse else self.workload
+
+    def create_if_absent(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
+        if self.refuse:
+            raise CreationRefused(403, DENIED)
+        return super().create_if_absent(manifest)
+
+
+def admitted_api(api: FakeWorkloadApi, tj: dict[str, Any]) -> FakeWorkloadApi:
+    api.workload = workload_of(tj)
+    api.workload["metadata"]["resourceVersion"] = "3"
+    api.workload["status"] = admitted_workload()["status"]
+    api.flavors = {"h100": H100}
+    return api
+
+
+def test_a_refusal_while_the_gang_runs_keeps_the_last_admission_and_writes_nothing_on_it() -> None:
+    tj = queued(gpu_job(status=dict(RUNNING_UNDER_KUEUE)))
+    api = admitted_api(RefusingLaterApi(), tj)
+    assert isinstance(api, RefusingLaterApi)
+    kueue = KueueWorkloads(api, "cluster.local")  # type: ignore[arg-type]
+    spec = parse(TrainingJobSpec, tj["spec"])
+    assert kueue.gate("ns/j", tj, spec, "q").admitted
+    api.refuse = True
+    gate = kueue.gate("ns/j", tj, spec, "q")
+    assert gate.refused and gate.admitted  # the last read, kept
+    plan = decide(tj, [pod(0), pod(1)], NODES, NOW, kueue_gate=gate)
+    assert plan.delete_pods == [] and plan.status["phase"] == "Running"
+    # No PodsReady=False WaitForStart on an admitted, running Workload (Kueue may evict it for it).
+    assert kueue.report("ns/j", gate, plan.status, [pod(0), pod(1)], NODES, NOW, 20.0) is False
+    assert api.status_patches == []
+
+
+class RefusingPatchApi(FakeWorkloadApi):
+    def patch_workload(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any] | None:
+        raise CreationRefused(403, DENIED)
+
+
+def test_a_refused_finalizer_patch_on_an_older_workload_leaves_the_job_admitted() -> None:
+    tj = queued(gpu_job())
+    api = admitted_api(RefusingPatchApi(), tj)
+    assert api.workload is not None
+    api.workload["metadata"]["finalizers"] = []  # made by an operator version that did not set it
+    gate = KueueWorkloads(api, "cluster.local").gate("ns/j", tj, parse(TrainingJobSpec, tj["spec"]), "q")  # type: ignore[arg-type]
+    assert gate.admitted and not gate.refused
