@@ -80,6 +80,7 @@ class KueueWorkloads:
         # Jobs (keys) whose deleted or orphaned Workload still holds Kueue's finalizer.
         self.pending_release: set[str] = set()
         self.refusals: dict[str, int] = {}  # job key -> refusals (or failed placements) in a row
+        self.gates: dict[str, KueueGate] = {}  # job key -> the last gate read (kept over a refusal)
         self.watched = Store(slim_workload)  # fed by the controller's Workload reflector
         self.served = False  # the last sweep found the API server serving Kueue's Workloads
 
@@ -89,6 +90,7 @@ class KueueWorkloads:
             gate = self._gate(key, job, spec, queue, ref)
         except CreationRefused as refusal:
             return self._refused(key, workload_name(ref.name, ref.uid), refusal)
+        self.gates[key] = gate
         if gate.placement_error:
             return dataclasses.replace(gate, retry_after=self._backoff(key))
         self.refusals.pop(key, None)
@@ -111,9 +113,11 @@ class KueueWorkloads:
             f"waiting for Kueue: the API server refused Workload {name}: {refusal.message}; tried again "
             "with a growing backoff (fix the job's spec, or Kueue's configuration)"
         )
-        return KueueGate(
-            workload=name, admitted=False, evicted=False, message=message, refused=True, retry_after=delay
-        )
+        previous = self.gates.get(key)
+        if previous is not None:  # a started gang goes on as Kueue last said (reconcile/rules/kueue.py)
+            return dataclasses.replace(previous, refused=True, refusal=message, retry_after=delay)
+        return KueueGate(workload=name, admitted=False, evicted=False, message=message, refused=True,
+                         refusal=message, retry_after=delay)  # fmt: skip
 
     def _gate(
         self, key: str, job: dict[str, Any], spec: TrainingJobSpec, queue: str, ref: JobRef
@@ -208,7 +212,7 @@ class KueueWorkloads:
         owed (Kueue kept writing meanwhile); the caller comes back soon, as a finished job is not
         resynced otherwise."""
         workload = self.last.get(key)
-        if workload is None:
+        if workload is None or gate.refused:  # refused: not what Kueue says now; written once it is read
             return False
         stopped = workload_status.gang_stopped(pods, nodes, now, node_lost_after)
         phase = status.get("phase")
@@ -281,6 +285,7 @@ class KueueWorkloads:
 
     def forget(self, key: str) -> None:
         self.last.pop(key, None)
+        self.gates.pop(key, None)
         self.flavor_missing_since.pop(key, None)
         self.refusals.pop(key, None)
         self.pending_release.discard(key)
@@ -345,6 +350,10 @@ class KueueWorkloads:
         try:
             return self.api.patch_workload(meta["namespace"], meta["name"], patch) or workload
         except StatusConflict:  # changed meanwhile: set on the next pass
+            return workload
+        except CreationRefused as refusal:  # an older Workload Kueue's webhook will not change: as it is
+            log.warning("Workload %s/%s: adding Kueue's finalizer refused: %s", meta["namespace"], meta["name"],
+                        refusal.message)  # fmt: skip
             return workload
 
     def _release(self, workload: dict[str, Any]) -> bool:

@@ -40,10 +40,13 @@ class KueueGate:
     # The placement cannot be made (a conflict, or a flavor missing past its bound): the job fails,
     # so that Finished hands the quota back (Kueue's own integrations: FailedToStart).
     placement_failed: bool = False
-    # The API server (Kueue's validating webhook) refused to create or change the Workload: its words
-    # are in `message`; looked at again after `retry_after` seconds (a growing backoff).
+    # The API server (Kueue's validating webhook) refused to create or change the Workload; looked at
+    # again after `retry_after` seconds (a growing backoff).
     refused: bool = False
     retry_after: float | None = None
+    # The refusal, in the API's words; the rest of a refused gate is the last one read (a started
+    # gang goes on as Kueue last said), or a waiting one when none was.
+    refusal: str = ""
 
 
 # Evictions that take the devices for someone else, or with a node: counted as preemptions. Any other

@@ -43,20 +43,22 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
         not is_deleting(p) for p in seen.current.values()
     )
     if gate.refused:
-        # Said in status, and in an Event whenever the API's words change; a running gang goes on.
+        # Said in status, and in an Event whenever the API's words change; a running gang goes on as
+        # Kueue last said (the gate read before the refusal), stopped only if that was an eviction.
         said = get_condition(b.old.get("conditions") or [], "Admitted") or {}
         if b.old.get("phase") == "Pending" and (said.get("reason"), said.get("message")) != (
             REASON_WORKLOAD_REFUSED,
-            gate.message,
+            gate.refusal,
         ):
-            b.plan.events.append(Event("Warning", REASON_WORKLOAD_REFUSED, gate.message))
+            b.plan.events.append(Event("Warning", REASON_WORKLOAD_REFUSED, gate.refusal))
         b.recheck(gate.retry_after or RECHECK_WAITING_SECONDS)
-        b.condition("Admitted", "False", REASON_WORKLOAD_REFUSED, gate.message)
-        if started:
+        b.condition("Admitted", "False", REASON_WORKLOAD_REFUSED, gate.refusal)
+        if started and not gate.evicted:
             return False
-        status.pop("admission", None)
-        b.phase("Pending", REASON_WORKLOAD_REFUSED, gate.message, "Warning")
-        return True
+        if not started:
+            status.pop("admission", None)
+            b.phase("Pending", REASON_WORKLOAD_REFUSED, gate.refusal, "Warning")
+            return True
     if gate.admitted and not gate.evicted and gate.stale and not started:
         # Admitted for the job as it was: its pods would run against quota for another gang.
         message = (
