@@ -771,7 +771,8 @@ class RefusingWorkloadApi(FakeWorkloadApi):
 
 def test_a_workload_kueues_webhook_refuses_says_its_words_in_status_and_an_event_and_backs_off() -> None:
     tj = queued(gpu_job())
-    kueue = KueueWorkloads(RefusingWorkloadApi(), "cluster.local")  # type: ignore[arg-type]
+    clock = [1000.0]
+    kueue = KueueWorkloads(RefusingWorkloadApi(), "cluster.local", clock=lambda: clock[0])  # type: ignore[arg-type]
     spec = parse(TrainingJobSpec, tj["spec"])
     plan = decide(tj, [], NODES, NOW, kueue_gate=kueue.gate("ns/j", tj, spec, "q"))
     assert plan.create_indices == [] and plan.status["phase"] == "Pending"
@@ -779,6 +780,8 @@ def test_a_workload_kueues_webhook_refuses_says_its_words_in_status_and_an_event
     assert admitted_reason(plan.status) == "WorkloadRefused"
     assert [(e.type, e.reason) for e in plan.events] == [("Warning", "WorkloadRefused")]
     first_wait = plan.recheck_after
+    assert first_wait is not None
+    clock[0] += first_wait
     again = decide(
         {**tj, "status": plan.status}, [], NODES, NOW + 2, kueue_gate=kueue.gate("ns/j", tj, spec, "q")
     )
@@ -967,3 +970,29 @@ def test_a_refused_finalizer_patch_on_an_older_workload_leaves_the_job_admitted(
     api.workload["metadata"]["finalizers"] = []  # made by an operator version that did not set it
     gate = KueueWorkloads(api, "cluster.local").gate("ns/j", tj, parse(TrainingJobSpec, tj["spec"]), "q")  # type: ignore[arg-type]
     assert gate.admitted and not gate.refused
+
+
+class CountingRefusingApi(RefusingWorkloadApi):
+    calls = 0
+
+    def get_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self.calls += 1
+        return None
+
+
+def test_the_refusal_backoff_runs_on_elapsed_time_not_on_calls() -> None:
+    tj = queued(gpu_job())
+    clock = [1000.0]
+    api = CountingRefusingApi()
+    kueue = KueueWorkloads(api, "cluster.local", clock=lambda: clock[0])  # type: ignore[arg-type]
+    spec = parse(TrainingJobSpec, tj["spec"])
+    first = kueue.gate("ns/j", tj, spec, "q")
+    assert first.refused and first.retry_after == 2.0 and api.calls == 1
+    clock[0] += 0.5
+    for _ in range(5):  # enqueued by the watch, say: none of these asks the API, nor grows the wait
+        early = kueue.gate("ns/j", tj, spec, "q")
+        assert early.refused and early.retry_after == 1.5
+    assert api.calls == 1
+    clock[0] += 1.5
+    later = kueue.gate("ns/j", tj, spec, "q")
+    assert api.calls == 2 and later.retry_after == 4.0
