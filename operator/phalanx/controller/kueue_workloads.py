@@ -81,24 +81,39 @@ class KueueWorkloads:
         self.pending_release: set[str] = set()
         self.refusals: dict[str, int] = {}  # job key -> refusals (or failed placements) in a row
         self.gates: dict[str, KueueGate] = {}  # job key -> the last gate read (kept over a refusal)
+        self.retry_at: dict[str, float] = {}  # job key -> when its backoff allows the next try (clock)
+        self.held_refusal: dict[str, KueueGate] = {}  # job key -> its refused gate, until retry_at
         self.watched = Store(slim_workload)  # fed by the controller's Workload reflector
         self.served = False  # the last sweep found the API server serving Kueue's Workloads
 
     def gate(self, key: str, job: dict[str, Any], spec: TrainingJobSpec, queue: str) -> KueueGate:
         ref = JobRef.of(job)
+        held, now = self.held_refusal.get(key), self.clock()
+        if held is not None and now < self.retry_at.get(key, now):  # its backoff runs on time, not calls
+            return dataclasses.replace(held, retry_after=self.retry_at[key] - now)
         try:
             gate = self._gate(key, job, spec, queue, ref)
         except CreationRefused as refusal:
-            return self._refused(key, workload_name(ref.name, ref.uid), refusal)
+            refused = self.held_refusal[key] = self._refused(key, workload_name(ref.name, ref.uid), refusal)
+            return refused
+        self.held_refusal.pop(key, None)
         self.gates[key] = gate
         if gate.placement_error:
             return dataclasses.replace(gate, retry_after=self._backoff(key))
         self.refusals.pop(key, None)
+        self.retry_at.pop(key, None)
         return gate
 
     def _backoff(self, key: str) -> float:
+        """Seconds to the next try; the wait doubles per try made, not per call before it is due."""
+        now = self.clock()
+        due = self.retry_at.get(key)
+        if due is not None and now < due:
+            return due - now
         count = self.refusals[key] = self.refusals.get(key, 0) + 1
-        return float(min(REFUSED_RETRY_FIRST_SECONDS * 2.0 ** (count - 1), REFUSED_RETRY_MAX_SECONDS))
+        delay = float(min(REFUSED_RETRY_FIRST_SECONDS * 2.0 ** (count - 1), REFUSED_RETRY_MAX_SECONDS))
+        self.retry_at[key] = now + delay
+        return delay
 
     def _refused(self, key: str, name: str, refusal: CreationRefused) -> KueueGate:
         delay = self._backoff(key)
@@ -286,6 +301,8 @@ class KueueWorkloads:
     def forget(self, key: str) -> None:
         self.last.pop(key, None)
         self.gates.pop(key, None)
+        self.retry_at.pop(key, None)
+        self.held_refusal.pop(key, None)
         self.flavor_missing_since.pop(key, None)
         self.refusals.pop(key, None)
         self.pending_release.discard(key)
