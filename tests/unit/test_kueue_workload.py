@@ -996,3 +996,12 @@ def test_the_refusal_backoff_runs_on_elapsed_time_not_on_calls() -> None:
     clock[0] += 1.5
     later = kueue.gate("ns/j", tj, spec, "q")
     assert api.calls == 2 and later.retry_after == 4.0
+
+
+def test_a_gang_that_failed_as_kueue_evicts_it_ends_failed_not_requeued() -> None:
+    # Kueue looks at Finished before Evicted: a failure that came first is the job's outcome.
+    gate = evicted_by("Preempted", "Preempted to accommodate a workload")
+    pods = [pod(0, phase="Failed", exit_code=1), pod(1)]
+    plan = decide(gpu_job(status=dict(RUNNING_UNDER_KUEUE)), pods, NODES, NOW, kueue_gate=gate)
+    assert plan.status["phase"] == "Failed" and plan.delete_pods == ["j-worker-1"]
+    assert plan.status["restarts"]["preemptions"] == 0 and plan.status["attempt"] == 0
