@@ -7,8 +7,8 @@ trainer writes its emergency checkpoint and exits with the preemption code), and
 waits for Kueue to admit the Workload again; it resumes from that checkpoint. The restart is never a
 failure: a preemption (Kueue's reason Preempted, or NodeFailures) counts in restarts.preemptions, any
 other eviction (PodsReadyTimeout, AdmissionCheck, a stopped queue, a deactivation) in
-restarts.requeues, with Kueue's reason in the status and the Event. A gang whose every pod succeeded
-before the eviction was acted on ends Succeeded (the success rule decides it).
+restarts.requeues, with Kueue's reason in the status and the Event. A gang that succeeded, or failed
+for good, before the eviction was acted on ends so (the success or failure rule decides it).
 """
 
 from __future__ import annotations
@@ -97,8 +97,10 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
         status["admission"] = record
         b.recheck(RECHECK_ADMITTED_SECONDS)  # an eviction is seen within this
         return False
-    if started and seen.verdict.kind is VerdictKind.SUCCEEDED:
-        return False  # done before the eviction was acted on: Succeeded, and Finished hands the quota back
+    if started and seen.verdict.kind in (VerdictKind.SUCCEEDED, VerdictKind.FAILED):
+        # Done before the eviction was acted on (Kueue too looks at Finished before Evicted): the
+        # success or failure rule decides, and Finished hands the quota back.
+        return False
     status.pop("admission", None)
     b.recheck(RECHECK_WAITING_SECONDS)
     if started:
