@@ -23,6 +23,11 @@ from phalanx.k8s import CreationRefused, StatusConflict
 from phalanx.kueue import workload_status
 from phalanx.kueue.gate import KueueGate, gate_of
 from phalanx.kueue.placement import FlavorConflict, placed_pod, placement_of
+
+try:  # the name this test asks for
+    from phalanx.kueue.placement import PlacementUnavailable
+except ImportError:  # before the fix
+    PlacementUnavailable = LookupError  # type: ignore[misc,assignment]
 from phalanx.kueue.workload import (
     active_patch,
     build_workload,
@@ -1005,3 +1010,12 @@ def test_a_gang_that_failed_as_kueue_evicts_it_ends_failed_not_requeued() -> Non
     plan = decide(gpu_job(status=dict(RUNNING_UNDER_KUEUE)), pods, NODES, NOW, kueue_gate=gate)
     assert plan.status["phase"] == "Failed" and plan.delete_pods == ["j-worker-1"]
     assert plan.status["restarts"]["preemptions"] == 0 and plan.status["attempt"] == 0
+
+
+def test_no_placement_is_given_while_its_error_stands_so_no_replacement_pod_goes_out_bare() -> None:
+    # A started gang goes on past the rule; a replacement pod must not be made without its flavor's
+    # nodeSelector and tolerations (controller/reconciler.py _create_gang asks placement()).
+    kueue, gate = admitted_gate({})
+    assert gate.placement_error
+    with pytest.raises(PlacementUnavailable, match="ResourceFlavor h100"):
+        kueue.placement(gate)
