@@ -22,12 +22,7 @@ from phalanx.controller.kueue_workloads import (
 from phalanx.k8s import CreationRefused, StatusConflict
 from phalanx.kueue import workload_status
 from phalanx.kueue.gate import KueueGate, gate_of
-from phalanx.kueue.placement import FlavorConflict, placed_pod, placement_of
-
-try:  # the name this test asks for
-    from phalanx.kueue.placement import PlacementUnavailable
-except ImportError:  # before the fix
-    PlacementUnavailable = LookupError  # type: ignore[misc,assignment]
+from phalanx.kueue.placement import FlavorConflict, PlacementUnavailable, placed_pod, placement_of
 from phalanx.kueue.workload import (
     active_patch,
     build_workload,

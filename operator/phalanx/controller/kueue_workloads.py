@@ -32,7 +32,7 @@ from phalanx.controller.admission_state import PriorityValues
 from phalanx.k8s import CreationRefused, KubeApi, StatusConflict
 from phalanx.kueue import workload_status
 from phalanx.kueue.gate import KueueGate, gate_of
-from phalanx.kueue.placement import FlavorConflict, FlavorPlacement, placement_of
+from phalanx.kueue.placement import FlavorConflict, FlavorPlacement, PlacementUnavailable, placement_of
 from phalanx.kueue.workload import (
     active_patch,
     build_workload,
@@ -218,7 +218,10 @@ class KueueWorkloads:
 
     def placement(self, gate: KueueGate) -> FlavorPlacement:
         """The node labels, tolerations, labels and annotations of the flavors Kueue assigned and of
-        its admission checks (resolved when the gate was read)."""
+        its admission checks (resolved when the gate was read). Raises PlacementUnavailable while
+        they could not be resolved: a replacement pod of a started gang would go out without them."""
+        if gate.placement_error:
+            raise PlacementUnavailable(gate.placement_error)
         return gate.placement
 
     def report(self, key: str, gate: KueueGate, status: dict[str, Any], pods: list[dict[str, Any]],

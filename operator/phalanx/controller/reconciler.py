@@ -31,7 +31,7 @@ from phalanx.controller.queue import WorkQueue
 from phalanx.controller.stores import ClusterStores
 from phalanx.k8s import CreationRefused, KubeApi, StatusConflict
 from phalanx.kueue.gate import KueueGate
-from phalanx.kueue.placement import placed_pod
+from phalanx.kueue.placement import PlacementUnavailable, placed_pod
 from phalanx.kueue.workload import managed_here, queue_name
 from phalanx.pod_facts import attempt_spec, is_owned_by
 from phalanx.policy import bad_nodes
@@ -277,6 +277,10 @@ class Reconciler:
     ) -> list[CreateOutcome]:
         """Creates the Service, the PodGroup (external schedulers) and the missing pods of the
         attempt; says, per pod, whether another owner's pod holds its name or the API refused it."""
+        try:  # admitted by Kueue: on its flavors' nodes; none goes out while they cannot be resolved
+            placement = self.kueue.placement(gate) if gate is not None else None
+        except PlacementUnavailable as why:
+            return [CreateOutcome("worker pods", refused=f"not created: {why}")]
         for manifest in (build_headless_service(ref, spec), build_podgroup(ref, spec)):
             if manifest is None:
                 continue
@@ -307,8 +311,7 @@ class Reconciler:
             )
             for index in plan.create_indices
         ]
-        if gate is not None:  # admitted by Kueue: on its flavors' nodes, ungated, the scheduler places them
-            placement = self.kueue.placement(gate)
+        if placement is not None:  # admitted by Kueue: ungated, the scheduler places them
             pods_to_create = [placed_pod(pod, placement) for pod in pods_to_create]
         elif len(pods_to_create) == spec.replicas:
             pods_to_create = self.creation_admission.admit(key, spec, pods_to_create, now)

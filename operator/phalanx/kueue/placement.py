@@ -21,6 +21,10 @@ class FlavorPlacement:
     annotations: dict[str, str] = field(default_factory=dict)
 
 
+class PlacementUnavailable(LookupError):
+    """The gate holds no placement (a flavor missing, or a conflict): no pod may be created."""
+
+
 class FlavorConflict(ValueError):
     """Two assigned flavors ask for different values of one node label: no node can have both."""
 
