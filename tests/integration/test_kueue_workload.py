@@ -222,6 +222,27 @@ def test_a_deleted_jobs_quota_is_held_until_its_pods_have_stopped(
              what="the deleted job's Workload gone once its pods are")  # fmt: skip
 
 
+def test_a_deleted_workload_requeues_its_running_job_which_runs_again_on_a_fresh_one(
+    cluster: Cluster, namespace: str, queues: Queues
+) -> None:
+    # `kubectl delete workload` is Kueue's usual way to requeue: the gang stops (its pods, not the
+    # Workload, go first), the finalizer comes off, and a fresh Workload is admitted.
+    queues.gpu_queue()
+    cluster.apply(queued("first"), namespace)
+    wait_running(cluster, namespace, "first")
+    old = workload_of(cluster, namespace, "first")
+    assert old is not None
+    first_pods = {p["metadata"]["uid"] for p in job_pods(cluster, namespace, "first")}
+    cluster.kubectl("delete", WORKLOADS, old["metadata"]["name"], "-n", namespace, "--wait=false")
+    wait_for(lambda: job_status(cluster, namespace, "first")["restarts"].get("requeues") == 1,
+             timeout=30, what="the job requeued (WorkloadDeleted)")  # fmt: skip
+    wait_running(cluster, namespace, "first", timeout=90)
+    fresh = workload_of(cluster, namespace, "first")
+    assert fresh is not None and fresh["metadata"]["uid"] != old["metadata"]["uid"]
+    assert condition(fresh, "Admitted") == "True"
+    assert not {p["metadata"]["uid"] for p in job_pods(cluster, namespace, "first")} & first_pods
+
+
 def test_suspending_a_job_hands_its_quota_to_the_next_and_resuming_queues_it_again(
     cluster: Cluster, namespace: str, queues: Queues
 ) -> None:
