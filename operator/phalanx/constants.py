@@ -39,6 +39,10 @@ KUEUE_API_VERSION: Final = f"{KUEUE_GROUP}/{KUEUE_VERSION}"
 # TrainingJob as Kueue's integrations.externalFrameworks names it (Kind.version.group): required, so
 # that Kueue's pod integration leaves the worker pods to the operator (docs/kueue.md).
 KUEUE_EXTERNAL_FRAMEWORK: Final = f"{KIND}.{VERSION}.{GROUP}"
+# Kueue's finalizer, set on the Workload when it is created (as Kueue's own integrations do): garbage
+# collection of a deleted job would otherwise drop the Workload, and the quota with it, while the
+# pods still take their grace period. The operator removes it once the gang has stopped.
+KUEUE_RESOURCE_IN_USE_FINALIZER: Final = "kueue.x-k8s.io/resource-in-use"
 KUEUE_PODSET: Final = "workers"  # the Workload's one pod set: the whole gang
 # On the Workload: the spec.runPolicy.suspend the operator last wrote into spec.active ("true"/"false"),
 # so that it writes spec.active only when suspend changes, never over Kueue's or an admin's deactivation.

@@ -389,7 +389,9 @@ class KubeApi:
             raise
 
     def patch_workload(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any] | None:
-        """Merge-patches the Workload (its spec.active); None when it is gone."""
+        """Merge-patches the Workload (its spec.active, its finalizers); None when it is gone,
+        StatusConflict when the patch names a resourceVersion that is no longer current,
+        CreationRefused when an admission webhook (Kueue's) refuses the change."""
         try:
             workload: dict[str, Any] = self._json(self.custom.patch_namespaced_custom_object(
                 c.KUEUE_GROUP, c.KUEUE_VERSION, namespace, "workloads", name, patch,
@@ -399,7 +401,44 @@ class KubeApi:
         except ApiException as exc:
             if exc.status == 404:
                 return None
+            if exc.status == 409:
+                raise StatusConflict(f"Workload {namespace}/{name} changed meanwhile") from exc
+            if exc.status in REFUSED_CREATE_STATUSES:  # Kueue's validating webhook, in its words
+                raise CreationRefused(exc.status, api_message(exc)) from exc
             raise
+
+    def workloads_request(self, namespace: str | None, **params: Any) -> Any:
+        """List or watch this operator's Workloads (controller/kueue_workloads.py: a change enqueues
+        the owning job at once; reflector.py)."""
+        params = {"label_selector": f"{c.LABEL_MANAGED_BY}={c.MANAGED_BY}", **_without_none(params)}
+        if namespace is None:
+            return self.custom.list_cluster_custom_object(
+                c.KUEUE_GROUP, c.KUEUE_VERSION, "workloads", _preload_content=False, **params
+            )
+        return self.custom.list_namespaced_custom_object(
+            c.KUEUE_GROUP, c.KUEUE_VERSION, namespace, "workloads", _preload_content=False, **params
+        )
+
+    def list_workloads(self, namespace: str | None, label_selector: str) -> list[dict[str, Any]] | None:
+        """The Workloads with these labels in `namespace` (None: every namespace); None when the API
+        server serves no Kueue Workloads."""
+        try:
+            if namespace is None:
+                out = self.custom.list_cluster_custom_object(
+                    c.KUEUE_GROUP, c.KUEUE_VERSION, "workloads", label_selector=label_selector,
+                    _preload_content=False,
+                )  # fmt: skip
+            else:
+                out = self.custom.list_namespaced_custom_object(
+                    c.KUEUE_GROUP, c.KUEUE_VERSION, namespace, "workloads", label_selector=label_selector,
+                    _preload_content=False,
+                )  # fmt: skip
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        items: list[dict[str, Any]] = self._json(out)["items"]
+        return items
 
     def delete_workload(self, namespace: str, name: str, uid: str | None) -> None:
         """Deletes the Workload with this `uid` (one built from an older version of its job); gone

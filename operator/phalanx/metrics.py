@@ -34,8 +34,8 @@ from prometheus_client.registry import Collector
 
 from phalanx.policy import goodput, recovery_timeline
 
-RestartReason = Literal["failure", "preemption", "hang", "resize"]
-RESTART_REASONS: Final[tuple[RestartReason, ...]] = ("failure", "preemption", "hang", "resize")
+RestartReason = Literal["failure", "preemption", "hang", "resize", "requeue"]
+RESTART_REASONS: Final[tuple[RestartReason, ...]] = ("failure", "preemption", "hang", "resize", "requeue")
 TERMINAL_PHASES: Final = ("Succeeded", "Failed")
 JOB_LABELS: Final = ("namespace", "trainingjob")
 
@@ -442,7 +442,7 @@ def observe_status(namespace: str, name: str, old: Mapping[str, Any], new: Mappi
         observe_phase_change(namespace, name, old.get("phase"), new["phase"])
     old_restarts, new_restarts = old.get("restarts") or {}, new.get("restarts") or {}
     for field_name, reason in (("failures", "failure"), ("preemptions", "preemption"), ("hangs", "hang"),
-                               ("resizes", "resize")):  # fmt: skip
+                               ("resizes", "resize"), ("requeues", "requeue")):  # fmt: skip
         if new_restarts.get(field_name, 0) > (old_restarts.get(field_name) or 0):
             observe_restart(namespace, name, reason)  # type: ignore[arg-type]
     admission = new.get("admission") or {}

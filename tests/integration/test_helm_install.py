@@ -39,10 +39,14 @@ NEEDED_IN_WATCHED_NAMESPACE = (
     ("create", "events", ()),
     ("create", "podgroups.scheduling.volcano.sh", ()),
     ("get", "podgroups.scheduling.x-k8s.io", ()),
+    # The Workloads of deleted jobs are found by label; Kueue's finalizer comes off with a patch.
+    ("list", "workloads.kueue.x-k8s.io", ()),
+    ("patch", "workloads.kueue.x-k8s.io", ()),
+    ("watch", "workloads.kueue.x-k8s.io", ()),
 )
 # Groups whose API the test cluster does not serve: `kubectl auth can-i` cannot resolve them (it
 # falls back to group "*"), so these are asked through a SubjectAccessReview with the group spelt out.
-APIS_NOT_SERVED = ("scheduling.volcano.sh", "scheduling.x-k8s.io")
+APIS_NOT_SERVED = ("scheduling.volcano.sh", "scheduling.x-k8s.io", "kueue.x-k8s.io")
 NEEDED_CLUSTER_WIDE = (
     ("list", "nodes", ()),
     ("list", "priorityclasses.scheduling.k8s.io", ()),

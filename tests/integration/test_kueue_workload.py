@@ -8,6 +8,7 @@ nodes only through what the operator injects from the flavor Kueue assigned.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -23,6 +24,7 @@ pytestmark = pytest.mark.integration
 
 WORKLOADS = "workloads.kueue.x-k8s.io"
 LQ = "lq"
+FINALIZER = "kueue.x-k8s.io/resource-in-use"
 
 
 class Queues:
@@ -180,6 +182,65 @@ def test_quota_is_released_on_failure_and_on_deletion(
     if how == "deletion":  # garbage-collected by its ownerReference
         wait_for(lambda: workload_of(cluster, namespace, "first") is None, timeout=60,
                  what="the deleted job's Workload gone")  # fmt: skip
+
+
+def test_a_deleted_jobs_quota_is_held_until_its_pods_have_stopped(
+    cluster: Cluster, namespace: str, queues: Queues
+) -> None:
+    # Garbage collection deletes the Workload at once; the pods take their grace period (here 20 s
+    # after SIGTERM): Kueue's finalizer keeps the quota booked until they are gone, or the next job
+    # would be admitted onto devices still in use.
+    queues.gpu_queue()
+    first = training_job("first", replicas=2, terminate_after="20s")
+    first["metadata"]["labels"] = {QUEUE_NAME_LABEL: LQ}
+    cluster.apply(first, namespace)
+    wait_running(cluster, namespace, "first")
+    cluster.apply(queued("second"), namespace)
+    waiting_message(cluster, namespace, "second", "insufficient")
+
+    cluster.kubectl("delete", "tj", "first", "-n", namespace, "--wait=false")
+    deleted = time.monotonic()
+    wait_for(lambda: (pods := job_pods(cluster, namespace, "first"))
+             and all(p["metadata"].get("deletionTimestamp") for p in pods),
+             timeout=30, what="the deleted job's pods terminating")  # fmt: skip
+    while job_pods(cluster, namespace, "first"):
+        assert job_pods(cluster, namespace, "second") == [], "second started while first's pods still stop"
+        # Read before the pods: a pod not yet terminal now was not then either, so the Workload
+        # must have been there, holding the finalizer (a terminal pod may outlive the release).
+        wl = workload_of(cluster, namespace, "first")
+        stopping = [p for p in job_pods(cluster, namespace, "first")
+                    if p.get("status", {}).get("phase") not in ("Succeeded", "Failed")]  # fmt: skip
+        if stopping:
+            assert wl is not None, "the deleted job's Workload is gone while its pods still stop"
+            assert FINALIZER in wl["metadata"].get("finalizers", []), (
+                "the deleted job's Workload lost Kueue's finalizer while its pods still stop"
+            )
+        time.sleep(0.5)
+    assert time.monotonic() - deleted > 10, "the deleted job's pods stopped too soon to show anything"
+    wait_running(cluster, namespace, "second")
+    wait_for(lambda: workload_of(cluster, namespace, "first") is None, timeout=30,
+             what="the deleted job's Workload gone once its pods are")  # fmt: skip
+
+
+def test_a_deleted_workload_requeues_its_running_job_which_runs_again_on_a_fresh_one(
+    cluster: Cluster, namespace: str, queues: Queues
+) -> None:
+    # `kubectl delete workload` is Kueue's usual way to requeue: the gang stops (its pods, not the
+    # Workload, go first), the finalizer comes off, and a fresh Workload is admitted.
+    queues.gpu_queue()
+    cluster.apply(queued("first"), namespace)
+    wait_running(cluster, namespace, "first")
+    old = workload_of(cluster, namespace, "first")
+    assert old is not None
+    first_pods = {p["metadata"]["uid"] for p in job_pods(cluster, namespace, "first")}
+    cluster.kubectl("delete", WORKLOADS, old["metadata"]["name"], "-n", namespace, "--wait=false")
+    wait_for(lambda: job_status(cluster, namespace, "first")["restarts"].get("requeues") == 1,
+             timeout=30, what="the job requeued (WorkloadDeleted)")  # fmt: skip
+    wait_running(cluster, namespace, "first", timeout=90)
+    fresh = workload_of(cluster, namespace, "first")
+    assert fresh is not None and fresh["metadata"]["uid"] != old["metadata"]["uid"]
+    assert condition(fresh, "Admitted") == "True"
+    assert not {p["metadata"]["uid"] for p in job_pods(cluster, namespace, "first")} & first_pods
 
 
 def test_suspending_a_job_hands_its_quota_to_the_next_and_resuming_queues_it_again(

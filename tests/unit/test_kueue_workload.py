@@ -13,15 +13,22 @@ from phalanx import metrics
 from phalanx.api.schema import parse
 from phalanx.api.v1alpha1 import TrainingJobSpec
 from phalanx.builders.pods import JobRef, build_worker_pod
-from phalanx.controller.kueue_workloads import KueueWorkloads
-from phalanx.k8s import StatusConflict
+from phalanx.controller import kueue_workloads
+from phalanx.controller.kueue_workloads import (
+    KueueWorkloads,
+    job_key_of_workload,
+    slim_workload,
+)
+from phalanx.k8s import CreationRefused, StatusConflict
 from phalanx.kueue import workload_status
 from phalanx.kueue.gate import KueueGate, gate_of
-from phalanx.kueue.placement import FlavorConflict, placed_pod, placement_of
+from phalanx.kueue.placement import FlavorConflict, PlacementUnavailable, placed_pod, placement_of
 from phalanx.kueue.workload import (
     active_patch,
     build_workload,
+    finalizer_release,
     managed_here,
+    orphaned,
     queue_name,
     stale_in,
     workload_name,
@@ -392,7 +399,7 @@ def test_the_builtin_admission_says_so() -> None:
 
 
 def test_an_evicted_gang_stops_with_its_grace_period_counts_a_preemption_and_waits() -> None:
-    evicted = KueueGate(workload="wl", admitted=True, evicted=True,
+    evicted = KueueGate(workload="wl", admitted=True, evicted=True, eviction_reason="Preempted",
                         message="evicted by Kueue (Preempted): Preempted to accommodate a workload")  # fmt: skip
     status = {**RUNNING, "restarts": {"failures": 0, "preemptions": 0}, "admission": {"by": "Kueue"}}
     plan = decide(gpu_job(status=status), [pod(0), pod(1)], NODES, NOW, kueue_gate=evicted)
@@ -403,6 +410,54 @@ def test_an_evicted_gang_stops_with_its_grace_period_counts_a_preemption_and_wai
     # The next look, pods gone: still waiting, and the preemption is not counted twice.
     again = decide(gpu_job(status=plan.status), [], NODES, NOW + 2, kueue_gate=evicted)
     assert again.status["restarts"]["preemptions"] == 1 and again.create_indices == []
+
+
+def evicted_by(reason: str, message: str) -> KueueGate:
+    return gate_of(admitted_workload(conditions=[
+        cond("QuotaReserved", "True"), cond("Admitted", "True"), cond("Evicted", "True", reason, message)]))  # fmt: skip
+
+
+def admitted_reason(status: dict[str, Any]) -> str:
+    return next(str(x["reason"]) for x in status["conditions"] if x["type"] == "Admitted")
+
+
+RUNNING_UNDER_KUEUE = {**RUNNING, "restarts": {"failures": 0, "preemptions": 0}, "admission": {"by": "Kueue"}}
+
+
+def test_only_a_preemption_by_kueue_counts_as_a_preemption() -> None:
+    gate = evicted_by("Preempted", "Preempted to accommodate a workload (UID: u) due to prioritization")
+    plan = decide(gpu_job(status=dict(RUNNING_UNDER_KUEUE)), [pod(0), pod(1)], NODES, NOW, kueue_gate=gate)
+    assert plan.status["restarts"]["preemptions"] == 1 and not plan.status["restarts"].get("requeues")
+    assert admitted_reason(plan.status) == "EvictedByKueue"
+    assert [x["status"] for x in plan.status["conditions"] if x["type"] == "Preempted"] == ["True"]
+
+
+@pytest.mark.parametrize(
+    ("reason", "message"),
+    [
+        ("PodsReadyTimeout", "Exceeded the PodsReady timeout default/wl"),
+        ("AdmissionCheck", "At least one admission check is false"),
+        ("ClusterQueueStopped", "The ClusterQueue is stopped"),
+        ("LocalQueueStopped", "The LocalQueue is stopped"),
+    ],
+)
+def test_an_eviction_other_than_a_preemption_is_a_requeue_in_its_own_words(reason: str, message: str) -> None:
+    gate = evicted_by(reason, message)
+    plan = decide(gpu_job(status=dict(RUNNING_UNDER_KUEUE)), [pod(0), pod(1)], NODES, NOW, kueue_gate=gate)
+    assert sorted(plan.delete_pods) == ["j-worker-0", "j-worker-1"] and plan.status["attempt"] == 1
+    assert plan.status["restarts"] == {"failures": 0, "preemptions": 0, "requeues": 1}
+    assert admitted_reason(plan.status) == "RequeuedByKueue"
+    assert reason in plan.status["message"] and message in plan.status["message"]
+    assert not [x for x in plan.status["conditions"] if x["type"] == "Preempted" and x["status"] == "True"]
+    assert [(e.reason, reason in e.message) for e in plan.events] == [("RequeuedByKueue", True)]
+
+
+def test_a_gang_that_succeeded_as_kueue_evicts_it_ends_succeeded_not_requeued() -> None:
+    gate = evicted_by("Preempted", "Preempted to accommodate a workload")
+    done = [pod(0, phase="Succeeded", exit_code=0), pod(1, phase="Succeeded", exit_code=0)]
+    plan = decide(gpu_job(status=dict(RUNNING_UNDER_KUEUE)), done, NODES, NOW, kueue_gate=gate)
+    assert plan.status["phase"] == "Succeeded" and plan.delete_pods == []
+    assert plan.status["restarts"]["preemptions"] == 0 and plan.status["attempt"] == 0
 
 
 def test_no_pod_starts_against_a_stale_workload_that_holds_quota_but_a_running_gang_goes_on() -> None:
@@ -426,8 +481,13 @@ class FakeWorkloadApi:
         self.status_patches: list[dict[str, Any]] = []
         self.spec_patches: list[dict[str, Any]] = []
 
+    flavors: dict[str, dict[str, Any]] = {}
+
     def priority_values(self) -> dict[str, int]:
         return {}
+
+    def get_resource_flavor(self, name: str) -> dict[str, Any] | None:
+        return self.flavors.get(name)
 
     def get_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.workload
@@ -452,6 +512,8 @@ class FakeWorkloadApi:
             **(patch.get("metadata") or {}).get("annotations", {}),
         }
         meta["annotations"] = annotations
+        if "finalizers" in (patch.get("metadata") or {}):
+            meta["finalizers"] = patch["metadata"]["finalizers"] or []
         self.workload = {
             **self.workload,
             "metadata": meta,
@@ -544,3 +606,411 @@ def test_a_failed_job_hands_its_quota_back_only_once_its_pods_have_stopped() -> 
     )
     (patch,) = api.status_patches
     assert [x["reason"] for x in patch["conditions"] if x["type"] == "Finished"] == ["Failed"]
+
+
+# -- Kueue's finalizer: the quota stays booked until the gang has stopped ---------------------------
+
+
+class ListedWorkloadApi:
+    """list_workloads and patch_workload of KubeApi over a few in-memory Workloads."""
+
+    def __init__(self, *workloads: dict[str, Any]) -> None:
+        self.workloads = {w["metadata"]["name"]: w for w in workloads}
+        self.patches: list[tuple[str, dict[str, Any]]] = []
+
+    def list_workloads(self, namespace: str | None, label_selector: str) -> list[dict[str, Any]]:
+        wanted = dict(term.split("=", 1) for term in label_selector.split(","))
+        return [w for w in self.workloads.values()
+                if all(w["metadata"]["labels"].get(k) == v for k, v in wanted.items())]  # fmt: skip
+
+    def patch_workload(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any] | None:
+        self.patches.append((name, patch))
+        self.workloads[name]["metadata"]["finalizers"] = patch["metadata"]["finalizers"] or []
+        return self.workloads[name]
+
+
+def deleted_workload(uid: str = "uid-1", name: str = "wl") -> dict[str, Any]:
+    tj = queued(gpu_job())
+    tj["metadata"]["uid"] = uid
+    wl = workload_of(tj)
+    wl["metadata"].update(name=name, resourceVersion="7", deletionTimestamp=T1)
+    return wl
+
+
+def test_a_workload_is_created_with_kueues_resource_in_use_finalizer() -> None:
+    wl = workload_of(queued(gpu_job()))
+    assert wl["metadata"]["finalizers"] == ["kueue.x-k8s.io/resource-in-use"]
+
+
+def test_the_finalizer_comes_off_guarded_by_the_resource_version_keeping_any_other() -> None:
+    wl = deleted_workload()
+    wl["metadata"]["finalizers"] = ["example.com/other", c.KUEUE_RESOURCE_IN_USE_FINALIZER]
+    assert finalizer_release(wl) == {
+        "metadata": {"finalizers": ["example.com/other"], "resourceVersion": "7"}
+    }
+    wl["metadata"]["finalizers"] = [c.KUEUE_RESOURCE_IN_USE_FINALIZER]
+    assert finalizer_release(wl) == {"metadata": {"finalizers": None, "resourceVersion": "7"}}
+    wl["metadata"]["finalizers"] = []
+    assert finalizer_release(wl) is None
+
+
+def test_a_workload_is_orphaned_once_deleted_or_its_job_gone_or_recreated() -> None:
+    wl = deleted_workload(uid="uid-1")
+    assert orphaned(wl, "uid-1")  # deleted: nothing runs against it again
+    del wl["metadata"]["deletionTimestamp"]
+    assert not orphaned(wl, "uid-1")
+    assert orphaned(wl, None) and orphaned(wl, "uid-2")  # its job gone, or re-created under the name
+
+
+def test_a_deleted_jobs_workload_keeps_its_finalizer_until_every_pod_has_stopped() -> None:
+    api = ListedWorkloadApi(deleted_workload(uid="uid-1"))
+    kueue = KueueWorkloads(api, "cluster.local")  # type: ignore[arg-type]
+    mine = {"metadata": {"ownerReferences": [{"controller": True, "uid": "uid-1", "kind": "TrainingJob"}]}}
+    stopping = [
+        pod(0, metadata={**mine["metadata"], "deletionTimestamp": T1}),
+        pod(1, phase="Failed", **mine),
+    ]
+    assert kueue.release_orphans("ns/j", None, stopping, NODES, NOW, 20.0) is True  # come back
+    assert api.patches == [] and "ns/j" in kueue.pending_release
+    stopped = [pod(0, phase="Failed", **mine), pod(1, phase="Succeeded", **mine)]
+    assert kueue.release_orphans("ns/j", None, stopped, NODES, NOW, 20.0) is False
+    ((name, patch),) = api.patches
+    assert name == "wl" and patch["metadata"]["finalizers"] is None
+    assert "ns/j" not in kueue.pending_release
+
+
+def test_a_predecessors_workload_goes_with_its_own_pods_not_the_new_jobs() -> None:
+    # Re-created under the same name: the new job's running pods do not hold the old Workload.
+    old = deleted_workload(uid="uid-old", name="wl-old")
+    del old["metadata"]["deletionTimestamp"]  # garbage collection has not got to it yet
+    api = ListedWorkloadApi(old)
+    kueue = KueueWorkloads(api, "cluster.local")  # type: ignore[arg-type]
+    new_pods = [
+        pod(0, metadata={"ownerReferences": [{"controller": True, "uid": "uid-new", "kind": "TrainingJob"}]})
+    ]
+    assert kueue.release_orphans("ns/j", "uid-new", new_pods, NODES, NOW, 20.0) is False
+    assert [name for name, _ in api.patches] == ["wl-old"]
+
+
+def test_the_resync_finds_the_jobs_of_workloads_left_holding_the_finalizer() -> None:
+    live = deleted_workload(uid="uid-live", name="wl-live")
+    del live["metadata"]["deletionTimestamp"]
+    gone = deleted_workload(uid="uid-gone", name="wl-gone")
+    gone["metadata"]["labels"] = {**gone["metadata"]["labels"], c.LABEL_JOB_NAME: "k"}
+    api = ListedWorkloadApi(live, gone)
+    kueue = KueueWorkloads(api, "cluster.local")  # type: ignore[arg-type]
+    keys = kueue.orphan_keys([], {"ns/j": "uid-live"}.get)
+    assert keys == ["ns/k"] and kueue.may_hold_quota("ns/k") and not kueue.may_hold_quota("ns/j")
+
+
+# -- placement: the flavors' and the admission checks' -------------------------------------------
+
+H100 = {"metadata": {"name": "h100"}, "spec": {"nodeLabels": {"gpu": "h100"}}}
+
+
+def admitted_gate(flavors: dict[str, dict[str, Any]], **status: Any) -> tuple[KueueWorkloads, KueueGate]:
+    tj = queued(gpu_job())
+    wl = workload_of(tj)
+    wl["metadata"]["resourceVersion"] = "3"
+    wl["status"] = admitted_workload(**status)["status"]
+    api = FakeWorkloadApi(wl)
+    api.flavors = flavors
+    kueue = KueueWorkloads(api, "cluster.local")  # type: ignore[arg-type]
+    return kueue, kueue.gate("ns/j", tj, parse(TrainingJobSpec, tj["spec"]), "q")
+
+
+def test_admission_check_pod_set_updates_go_on_the_pods_with_the_flavors_placement() -> None:
+    update = {"name": "workers", "labels": {"team": "a"}, "annotations": {"prov/req": "r1"},
+              "nodeSelector": {"zone": "z1"}, "tolerations": [{"key": "prov", "operator": "Exists"}]}  # fmt: skip
+    kueue, gate = admitted_gate(
+        {"h100": H100}, admissionChecks=[{"name": "prov", "state": "Ready", "podSetUpdates": [update]}]
+    )
+    tj = gpu_job()
+    spec = parse(TrainingJobSpec, tj["spec"])
+    pod_ = placed_pod(
+        build_worker_pod(JobRef.of(tj), spec, 0, 0, tj["spec"]["template"]), kueue.placement(gate)
+    )
+    assert pod_["spec"]["nodeSelector"] == {"gpu": "h100", "zone": "z1"}
+    assert {"key": "prov", "operator": "Exists"} in pod_["spec"]["tolerations"]
+    assert pod_["metadata"]["labels"]["team"] == "a" and pod_["metadata"]["annotations"]["prov/req"] == "r1"
+
+
+def test_no_pod_starts_when_an_assigned_flavor_is_missing_and_the_status_says_which() -> None:
+    _, gate = admitted_gate({})
+    plan = decide(gpu_job(), [], NODES, NOW, kueue_gate=gate)
+    assert plan.create_indices == [] and plan.status["phase"] == "Pending"
+    assert "ResourceFlavor h100" in plan.status["message"], plan.status["message"]
+
+
+def test_admission_checks_that_ask_two_values_of_one_node_label_start_no_pod_and_say_so() -> None:
+    checks = [
+        {
+            "name": "a",
+            "state": "Ready",
+            "podSetUpdates": [{"name": "workers", "nodeSelector": {"gpu": "a100"}}],
+        },
+    ]
+    _, gate = admitted_gate({"h100": H100}, admissionChecks=checks)
+    plan = decide(gpu_job(), [], NODES, NOW, kueue_gate=gate)
+    assert plan.create_indices == [] and plan.status["phase"] == "Failed"  # it never places
+    assert "gpu" in plan.status["message"] and "'a100'" in plan.status["message"], plan.status["message"]
+
+
+# -- Kueue's webhook refusing the Workload -------------------------------------------------------
+
+DENIED = (
+    'admission webhook "vworkload.kb.io" denied the request: spec.podSets[0].minCount: '
+    "Invalid value: 3: should be less than or equal to 2"
+)
+
+
+class RefusingWorkloadApi(FakeWorkloadApi):
+    def create_if_absent(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
+        raise CreationRefused(403, DENIED)
+
+
+def test_a_workload_kueues_webhook_refuses_says_its_words_in_status_and_an_event_and_backs_off() -> None:
+    tj = queued(gpu_job())
+    clock = [1000.0]
+    kueue = KueueWorkloads(RefusingWorkloadApi(), "cluster.local", clock=lambda: clock[0])  # type: ignore[arg-type]
+    spec = parse(TrainingJobSpec, tj["spec"])
+    plan = decide(tj, [], NODES, NOW, kueue_gate=kueue.gate("ns/j", tj, spec, "q"))
+    assert plan.create_indices == [] and plan.status["phase"] == "Pending"
+    assert DENIED in plan.status["message"]
+    assert admitted_reason(plan.status) == "WorkloadRefused"
+    assert [(e.type, e.reason) for e in plan.events] == [("Warning", "WorkloadRefused")]
+    first_wait = plan.recheck_after
+    assert first_wait is not None
+    clock[0] += first_wait
+    again = decide(
+        {**tj, "status": plan.status}, [], NODES, NOW + 2, kueue_gate=kueue.gate("ns/j", tj, spec, "q")
+    )
+    assert again.events == []  # said once while the words stay the same
+    assert first_wait is not None and again.recheck_after is not None and again.recheck_after > first_wait
+
+
+# -- the watch -------------------------------------------------------------------------------------
+
+
+def test_a_watched_workload_change_enqueues_its_job_and_only_ours() -> None:
+    wl = deleted_workload()
+    assert job_key_of_workload(slim_workload(wl)) == "ns/j"
+    assert slim_workload(wl)["metadata"]["resourceVersion"] == "7"  # every change of Kueue's is one
+    assert job_key_of_workload({"metadata": {"namespace": "ns", "name": "other", "labels": {}}}) is None
+
+
+# -- a Workload deleted under a live job (`kubectl delete workload`: Kueue's way to requeue) ---------
+
+
+def deleting_admitted(tj: dict[str, Any]) -> tuple[FakeWorkloadApi, KueueWorkloads]:
+    wl = workload_of(tj)
+    wl["metadata"].update(resourceVersion="9", deletionTimestamp=T1)
+    wl["status"] = admitted_workload()["status"]
+    api = FakeWorkloadApi(wl)
+    api.flavors = {"h100": H100}
+    return api, KueueWorkloads(api, "cluster.local")  # type: ignore[arg-type]
+
+
+def test_a_deleted_workload_starts_no_gang_and_is_released_then_made_again() -> None:
+    tj = queued(gpu_job())
+    api, kueue = deleting_admitted(tj)
+    spec = parse(TrainingJobSpec, tj["spec"])
+    gate = kueue.gate("ns/j", tj, spec, "q")
+    assert not gate.admitted and gate.evicted and gate.eviction_reason == "WorkloadDeleted"
+    plan = decide(tj, [], NODES, NOW, kueue_gate=gate)
+    assert plan.create_indices == [] and plan.status["phase"] == "Pending"
+    # Nothing runs on it: the finalizer comes off, and no 1 s loop is asked for.
+    assert kueue.report("ns/j", gate, plan.status, [], NODES, NOW, 20.0) is False
+    assert api.workload is not None and api.workload["metadata"]["finalizers"] == []
+    api.workload = None  # gone: the next pass queues a fresh one
+    fresh = kueue.gate("ns/j", tj, spec, "q")
+    assert api.created == 1 and not fresh.evicted
+
+
+def test_a_running_gang_on_a_deleted_workload_is_stopped_as_a_requeue_and_then_released() -> None:
+    tj = queued(gpu_job(status=dict(RUNNING_UNDER_KUEUE)))
+    api, kueue = deleting_admitted(tj)
+    gate = kueue.gate("ns/j", tj, parse(TrainingJobSpec, tj["spec"]), "q")
+    plan = decide(tj, [pod(0), pod(1)], NODES, NOW, kueue_gate=gate)
+    assert sorted(plan.delete_pods) == ["j-worker-0", "j-worker-1"]
+    assert plan.status["restarts"]["requeues"] == 1 and "WorkloadDeleted" in plan.status["message"]
+    stopping = [pod(0, metadata={"deletionTimestamp": T1}), pod(1, metadata={"deletionTimestamp": T1})]
+    # Its pods still stop: the finalizer stays; the rule's recheck comes back, not a 1 s loop.
+    assert kueue.report("ns/j", gate, plan.status, stopping, NODES, NOW, 20.0) is False
+    assert plan.recheck_after is not None
+    assert (
+        api.workload is not None
+        and c.KUEUE_RESOURCE_IN_USE_FINALIZER in api.workload["metadata"]["finalizers"]
+    )
+    kueue.report("ns/j", gate, plan.status, [], NODES, NOW + 30, 20.0)
+    assert api.workload["metadata"]["finalizers"] == []
+
+
+def test_the_live_jobs_own_deleted_workload_is_left_to_its_reconcile_not_the_orphan_sweep() -> None:
+    own = deleted_workload(uid="uid-1")
+    api = ListedWorkloadApi(own)
+    kueue = KueueWorkloads(api, "cluster.local")  # type: ignore[arg-type]
+    assert kueue.orphan_keys([], {"ns/j": "uid-1"}.get) == []
+    assert kueue.release_orphans("ns/j", "uid-1", [], NODES, NOW, 20.0) is False and api.patches == []
+
+
+# -- a placement that cannot be made: the job fails so that the quota goes back --------------------
+
+
+def test_flavors_that_conflict_fail_the_job_and_finish_the_workload_so_the_quota_goes_back() -> None:
+    checks = [
+        {
+            "name": "a",
+            "state": "Ready",
+            "podSetUpdates": [{"name": "workers", "nodeSelector": {"gpu": "a100"}}],
+        }
+    ]
+    kueue, gate = admitted_gate({"h100": H100}, admissionChecks=checks)
+    plan = decide(queued(gpu_job()), [], NODES, NOW, kueue_gate=gate)
+    assert plan.create_indices == [] and plan.status["phase"] == "Failed"
+    failed = [
+        x["reason"] for x in plan.status["conditions"] if x["type"] == "Failed" and x["status"] == "True"
+    ]
+    assert failed == ["FailedToStart"] and "'a100'" in plan.status["message"]
+    kueue.report("ns/j", gate, plan.status, [], NODES, NOW, 20.0)
+    api = kueue.api
+    assert isinstance(api, FakeWorkloadApi)
+    (patch,) = api.status_patches
+    assert [x["reason"] for x in patch["conditions"] if x["type"] == "Finished"] == ["Failed"]
+
+
+def test_a_missing_flavor_is_waited_for_a_bounded_time_then_the_job_fails() -> None:
+    tj = queued(gpu_job())
+    wl = workload_of(tj)
+    wl["metadata"]["resourceVersion"] = "3"
+    wl["status"] = admitted_workload()["status"]
+    clock = [1000.0]
+    kueue = KueueWorkloads(FakeWorkloadApi(wl), "cluster.local", clock=lambda: clock[0])  # type: ignore[arg-type]
+    spec = parse(TrainingJobSpec, tj["spec"])
+    first = decide(tj, [], NODES, NOW, kueue_gate=kueue.gate("ns/j", tj, spec, "q"))
+    assert first.status["phase"] == "Pending"  # it may be created again
+    clock[0] += kueue_workloads.FLAVOR_MISSING_MAX_SECONDS + 1
+    later = decide(tj, [], NODES, NOW, kueue_gate=kueue.gate("ns/j", tj, spec, "q"))
+    assert later.status["phase"] == "Failed" and "ResourceFlavor h100" in later.status["message"]
+
+
+# -- a finished Workload drops the finalizer (nothing is left for GC to wait on after an uninstall) -
+
+
+def test_a_finished_workload_drops_the_finalizer_once_the_gang_stopped_and_keeps_it_off() -> None:
+    tj = queued(gpu_job())
+    wl = workload_of(tj)
+    wl["metadata"]["resourceVersion"] = "3"
+    wl["status"] = admitted_workload()["status"]
+    api = FakeWorkloadApi(wl)
+    api.flavors = {"h100": H100}
+    kueue = KueueWorkloads(api, "cluster.local")  # type: ignore[arg-type]
+    spec = parse(TrainingJobSpec, tj["spec"])
+    gate = kueue.gate("ns/j", tj, spec, "q")
+    done = {"phase": "Succeeded", "message": "done"}
+    stopped = [pod(0, phase="Succeeded", exit_code=0), pod(1, phase="Succeeded", exit_code=0)]
+    kueue.report("ns/j", gate, done, stopped, NODES, NOW, 20.0)
+    assert api.workload is not None and api.workload["metadata"]["finalizers"] == []
+    # A later pass reads it finished: the finalizer is not put back.
+    kueue.report("ns/j", kueue.gate("ns/j", tj, spec, "q"), done, stopped, NODES, NOW + 1, 20.0)
+    assert api.workload["metadata"]["finalizers"] == []
+
+
+# -- a refusal (Kueue's webhook) while the gang runs ------------------------------------------------
+
+
+class RefusingLaterApi(FakeWorkloadApi):
+    """Serves the Workload until `refuse`: then it is gone and making it again is refused."""
+
+    refuse = False
+
+    def get_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return None if self.refuse else self.workload
+
+    def create_if_absent(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
+        if self.refuse:
+            raise CreationRefused(403, DENIED)
+        return super().create_if_absent(manifest)
+
+
+def admitted_api(api: FakeWorkloadApi, tj: dict[str, Any]) -> FakeWorkloadApi:
+    api.workload = workload_of(tj)
+    api.workload["metadata"]["resourceVersion"] = "3"
+    api.workload["status"] = admitted_workload()["status"]
+    api.flavors = {"h100": H100}
+    return api
+
+
+def test_a_refusal_while_the_gang_runs_keeps_the_last_admission_and_writes_nothing_on_it() -> None:
+    tj = queued(gpu_job(status=dict(RUNNING_UNDER_KUEUE)))
+    api = admitted_api(RefusingLaterApi(), tj)
+    assert isinstance(api, RefusingLaterApi)
+    kueue = KueueWorkloads(api, "cluster.local")  # type: ignore[arg-type]
+    spec = parse(TrainingJobSpec, tj["spec"])
+    assert kueue.gate("ns/j", tj, spec, "q").admitted
+    api.refuse = True
+    gate = kueue.gate("ns/j", tj, spec, "q")
+    assert gate.refused and gate.admitted  # the last read, kept
+    plan = decide(tj, [pod(0), pod(1)], NODES, NOW, kueue_gate=gate)
+    assert plan.delete_pods == [] and plan.status["phase"] == "Running"
+    # No PodsReady=False WaitForStart on an admitted, running Workload (Kueue may evict it for it).
+    assert kueue.report("ns/j", gate, plan.status, [pod(0), pod(1)], NODES, NOW, 20.0) is False
+    assert api.status_patches == []
+
+
+class RefusingPatchApi(FakeWorkloadApi):
+    def patch_workload(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any] | None:
+        raise CreationRefused(403, DENIED)
+
+
+def test_a_refused_finalizer_patch_on_an_older_workload_leaves_the_job_admitted() -> None:
+    tj = queued(gpu_job())
+    api = admitted_api(RefusingPatchApi(), tj)
+    assert api.workload is not None
+    api.workload["metadata"]["finalizers"] = []  # made by an operator version that did not set it
+    gate = KueueWorkloads(api, "cluster.local").gate("ns/j", tj, parse(TrainingJobSpec, tj["spec"]), "q")  # type: ignore[arg-type]
+    assert gate.admitted and not gate.refused
+
+
+class CountingRefusingApi(RefusingWorkloadApi):
+    calls = 0
+
+    def get_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self.calls += 1
+        return None
+
+
+def test_the_refusal_backoff_runs_on_elapsed_time_not_on_calls() -> None:
+    tj = queued(gpu_job())
+    clock = [1000.0]
+    api = CountingRefusingApi()
+    kueue = KueueWorkloads(api, "cluster.local", clock=lambda: clock[0])  # type: ignore[arg-type]
+    spec = parse(TrainingJobSpec, tj["spec"])
+    first = kueue.gate("ns/j", tj, spec, "q")
+    assert first.refused and first.retry_after == 2.0 and api.calls == 1
+    clock[0] += 0.5
+    for _ in range(5):  # enqueued by the watch, say: none of these asks the API, nor grows the wait
+        early = kueue.gate("ns/j", tj, spec, "q")
+        assert early.refused and early.retry_after == 1.5
+    assert api.calls == 1
+    clock[0] += 1.5
+    later = kueue.gate("ns/j", tj, spec, "q")
+    assert api.calls == 2 and later.retry_after == 4.0
+
+
+def test_a_gang_that_failed_as_kueue_evicts_it_ends_failed_not_requeued() -> None:
+    # Kueue looks at Finished before Evicted: a failure that came first is the job's outcome.
+    gate = evicted_by("Preempted", "Preempted to accommodate a workload")
+    pods = [pod(0, phase="Failed", exit_code=1), pod(1)]
+    plan = decide(gpu_job(status=dict(RUNNING_UNDER_KUEUE)), pods, NODES, NOW, kueue_gate=gate)
+    assert plan.status["phase"] == "Failed" and plan.delete_pods == ["j-worker-1"]
+    assert plan.status["restarts"]["preemptions"] == 0 and plan.status["attempt"] == 0
+
+
+def test_no_placement_is_given_while_its_error_stands_so_no_replacement_pod_goes_out_bare() -> None:
+    # A started gang goes on past the rule; a replacement pod must not be made without its flavor's
+    # nodeSelector and tolerations (controller/reconciler.py _create_gang asks placement()).
+    kueue, gate = admitted_gate({})
+    assert gate.placement_error
+    with pytest.raises(PlacementUnavailable, match="ResourceFlavor h100"):
+        kueue.placement(gate)

@@ -178,6 +178,12 @@ KUBE_API_CALLS: dict[str, Callable[[k8s.KubeApi, str | None], Iterable[Any]]] = 
     "patch_workload": lambda api, _: [
         api.patch_workload(JOB.namespace, "trainingjob-gpt-abcde", {"spec": {"active": False}})
     ],
+    # By one job's name (a deleted job's Workloads), and in the watched scope (the orphan sweep).
+    "list_workloads": lambda api, ns: [
+        api.list_workloads(JOB.namespace, "phalanx.dev/job-name=gpt"),
+        api.list_workloads(ns, "app.kubernetes.io/managed-by=phalanx"),
+    ],
+    "workloads_request": lambda api, ns: [api.workloads_request(ns, watch=w) for w in (False, True)],
     "delete_workload": lambda api, _: [api.delete_workload(JOB.namespace, "trainingjob-gpt-abcde", "u")],
     "get_resource_flavor": lambda api, _: [api.get_resource_flavor("h100")],
     "create_event": lambda api, _: [

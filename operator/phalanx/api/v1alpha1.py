@@ -554,6 +554,11 @@ class Restarts:
         "Restarts after no step came within the hang bound (count against backoffLimit with failures).",
         default=0,
     )
+    # No default (as resizes): only jobs in a Kueue queue have it.
+    requeues: int | None = api_field(
+        "Kueue: restarts after an eviction other than a preemption (PodsReadyTimeout, AdmissionCheck, a "
+        "stopped queue, deactivation; do not count)."
+    )
     # No default: the API server would add it to every job's status, elastic or not.
     resizes: int | None = api_field("spec.elastic: restarts to grow the gang at a checkpoint (do not count).")
 

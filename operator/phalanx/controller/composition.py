@@ -27,6 +27,7 @@ from phalanx.controller.admission_pass import AdmissionPass
 from phalanx.controller.admission_state import AdmissionState
 from phalanx.controller.generations import GenerationPublisher
 from phalanx.controller.job_writes import JobWriter
+from phalanx.controller.kueue_workloads import job_key_of_workload
 from phalanx.controller.preemption import Preemptor
 from phalanx.controller.progress import ProgressPoller
 from phalanx.controller.queue import WorkQueue
@@ -46,6 +47,9 @@ RESYNC_TICK_SECONDS: Final = 1.0  # the resync's share of jobs is enqueued once 
 # On shutdown, how long running reconciles and admission writes may take to finish (well within the
 # pod's 30 s grace period); the lease is released only if they did.
 DRAIN_SECONDS: Final = 10.0
+# How often the Workloads left holding Kueue's finalizer are looked for (a job deleted while no
+# operator ran: controller/kueue_workloads.py orphan_keys).
+KUEUE_ORPHAN_SWEEP_SECONDS: Final = 60.0
 WRITE_CONCURRENCY: Final = 8  # pod creations and gate lifts in flight at once
 
 
@@ -82,6 +86,7 @@ class Controller:
         self.admission.fresh_progress = self.progress.held_back
         self.watch = WatchCallbacks(self.stores, self.work)
         self.reflectors: list[Reflector] = []
+        self.workload_reflectors: list[Reflector] = []  # started once Kueue's API is served
         self.tasks: list[asyncio.Task[None]] = []
 
     # The event loop the queue hands off to; set before start() (handlers.configure).
@@ -153,6 +158,7 @@ class Controller:
             self.tasks.append(asyncio.create_task(self._worker(), name=f"reconcile-{i}"))
         self.tasks.append(asyncio.create_task(self.admission.run(), name="admission"))
         self.tasks.append(asyncio.create_task(self._resync_loop(), name="resync"))
+        self.tasks.append(asyncio.create_task(self._kueue_orphan_loop(), name="kueue-orphans"))
         self.tasks.append(asyncio.create_task(self.progress.run(), name="progress"))
 
     async def _worker(self) -> None:
@@ -169,6 +175,56 @@ class Controller:
             jobs = [(key, self._uid_of(key)) for key in list(self.reconciler.known_jobs)]
             for key in due_for_resync(jobs, tick, slots):
                 self.work.enqueue(key, resync=True)
+
+    async def _kueue_orphan_loop(self) -> None:
+        """At start, then every KUEUE_ORPHAN_SWEEP_SECONDS: the jobs of Workloads whose quota is
+        still held for pods long gone are reconciled, which drops Kueue's finalizer."""
+        loop = asyncio.get_running_loop()
+        while True:
+            if self.stores.jobs.synced.is_set():
+                try:
+                    keys = await loop.run_in_executor(
+                        self.reconcile_pool,
+                        self.reconciler.kueue.orphan_keys,
+                        self.namespaces,
+                        self._live_uid,
+                    )
+                except Exception:  # the next sweep tries again; nothing else depends on it
+                    log.exception("looking for Workloads left holding Kueue's finalizer")
+                    keys = []
+                for key in keys:
+                    self.work.enqueue(key)
+                if self.reconciler.kueue.served and not self.workload_reflectors:
+                    self._watch_workloads()
+                await asyncio.sleep(KUEUE_ORPHAN_SWEEP_SECONDS)
+            else:
+                await asyncio.sleep(1.0)
+
+    def _watch_workloads(self) -> None:
+        """Kueue's Workloads are served (Kueue may be installed after the operator): watch ours, so
+        that an admission or an eviction reaches its job's reconcile at once."""
+        self.workload_reflectors = [
+            reflector.start()
+            for reflector in per_namespace(
+                "workloads", self.api.workloads_request, self.reconciler.kueue.watched, [*self.namespaces],
+                self._on_workload_change,
+            )
+        ]  # fmt: skip
+        self.reflectors.extend(self.workload_reflectors)
+        log.info("watching Kueue Workloads")
+
+    def _on_workload_change(
+        self, key: str, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None
+    ) -> None:
+        job = job_key_of_workload(new or old or {})
+        if job is not None:
+            self.work.enqueue_threadsafe(job)
+
+    def _live_uid(self, key: str) -> str | None:
+        job = self.stores.jobs.get(key)
+        if job is None or job["metadata"].get("deletionTimestamp"):
+            return None
+        return str(job["metadata"].get("uid") or "") or None
 
     def _uid_of(self, key: str) -> str:
         job = self.stores.jobs.get(key)

@@ -31,7 +31,7 @@ from phalanx.controller.queue import WorkQueue
 from phalanx.controller.stores import ClusterStores
 from phalanx.k8s import CreationRefused, KubeApi, StatusConflict
 from phalanx.kueue.gate import KueueGate
-from phalanx.kueue.placement import placed_pod
+from phalanx.kueue.placement import PlacementUnavailable, placed_pod
 from phalanx.kueue.workload import managed_here, queue_name
 from phalanx.pod_facts import attempt_spec, is_owned_by
 from phalanx.policy import bad_nodes
@@ -46,6 +46,7 @@ from phalanx.reconcile.rules.creation import creation_refused, name_conflict, sp
 BOOKKEEPING_FIELDS: Final = ("goodput", "lastRecovery", "progress", "lastCheckpoint")
 NAME_CONFLICT_RETRY_SECONDS: Final = 10.0
 CREATE_REFUSED_RETRY_SECONDS: Final = 5.0
+KUEUE_RELEASE_RETRY_SECONDS: Final = 2.0
 
 
 @dataclass(frozen=True)
@@ -97,9 +98,13 @@ class Reconciler:
                 stores.jobs.upsert(job)
         if job is None or job["metadata"].get("deletionTimestamp") or not managed_here(job):
             # Not managed here: spec.managedBy names another controller (MultiKueue's contract).
+            if self._kueue_quota_held(key, None):
+                return [KUEUE_RELEASE_RETRY_SECONDS]  # its pods still stop; their events bring it back too
             self.forget(key)
             self.kueue.forget(key)
             return followups
+        if key in self.kueue.pending_release and self._kueue_quota_held(key, job["metadata"]["uid"]):
+            followups.append(KUEUE_RELEASE_RETRY_SECONDS)  # a Workload of its predecessor of that name
         self.known_jobs.add(key)
         # From the watch-fed store once it is listed (a reconcile per pod event would otherwise list
         # the job's pods each time); pods another controller owns are not ours despite our label.
@@ -214,6 +219,21 @@ class Reconciler:
             followups.append(1.0)
         return followups
 
+    def _kueue_quota_held(self, key: str, live_uid: str | None) -> bool:
+        """A Workload nothing runs against any more still holds Kueue's finalizer, as pods of its
+        job still stop (controller/kueue_workloads.py release_orphans)."""
+        if not self.kueue.may_hold_quota(key):
+            return False
+        namespace, name = key.split("/", 1)
+        pods = (
+            self.stores.pods.indexed(key)
+            if self.stores.pods.synced.is_set()
+            else self.api.list_job_pods(namespace, name)
+        )
+        return self.kueue.release_orphans(
+            key, live_uid, pods, self.stores.current_nodes(), self.clock(), self.node_lost_after
+        )
+
     def _decide(
         self,
         job: dict[str, Any],
@@ -257,6 +277,10 @@ class Reconciler:
     ) -> list[CreateOutcome]:
         """Creates the Service, the PodGroup (external schedulers) and the missing pods of the
         attempt; says, per pod, whether another owner's pod holds its name or the API refused it."""
+        try:  # admitted by Kueue: on its flavors' nodes; none goes out while they cannot be resolved
+            placement = self.kueue.placement(gate) if gate is not None else None
+        except PlacementUnavailable as why:
+            return [CreateOutcome("worker pods", refused=f"not created: {why}")]
         for manifest in (build_headless_service(ref, spec), build_podgroup(ref, spec)):
             if manifest is None:
                 continue
@@ -287,8 +311,7 @@ class Reconciler:
             )
             for index in plan.create_indices
         ]
-        if gate is not None:  # admitted by Kueue: on its flavors' nodes, ungated, the scheduler places them
-            placement = self.kueue.placement(gate)
+        if placement is not None:  # admitted by Kueue: ungated, the scheduler places them
             pods_to_create = [placed_pod(pod, placement) for pod in pods_to_create]
         elif len(pods_to_create) == spec.replicas:
             pods_to_create = self.creation_admission.admit(key, spec, pods_to_create, now)

@@ -3,10 +3,11 @@ and if not, why, in Kueue's words."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Final
 
 from phalanx import constants as c
+from phalanx.kueue.placement import FlavorPlacement
 from phalanx.reconcile.conditions import get_condition
 from phalanx.reconcile.plan import parse_iso
 
@@ -26,6 +27,39 @@ class KueueGate:
     # What the job changed since its Workload was admitted (kueue/workload.py stale_in): no pod starts
     # against that admission; the Workload is recreated once the gang is stopped. "": up to date.
     stale: str = ""
+    # The Evicted condition's reason (Kueue's words: Preempted, PodsReadyTimeout, AdmissionCheck,
+    # ClusterQueueStopped, LocalQueueStopped, NodeFailures, Deactivated, ...); "" when not evicted.
+    eviction_reason: str = ""
+    # The admission checks' podSetUpdates for the workers pod set, each with its check's name under
+    # "admissionCheck" (kueue/placement.py merges them with the flavors').
+    pod_set_updates: tuple[dict[str, Any], ...] = ()
+    # Where the gang goes (controller/kueue_workloads.py resolves the flavors), and why it cannot
+    # start when that failed: an assigned ResourceFlavor missing, or two values asked for one key.
+    placement: FlavorPlacement = field(default_factory=FlavorPlacement)
+    placement_error: str = ""
+    # The placement cannot be made (a conflict, or a flavor missing past its bound): the job fails,
+    # so that Finished hands the quota back (Kueue's own integrations: FailedToStart).
+    placement_failed: bool = False
+    # The API server (Kueue's validating webhook) refused to create or change the Workload; looked at
+    # again after `retry_after` seconds (a growing backoff).
+    refused: bool = False
+    retry_after: float | None = None
+    # The refusal, in the API's words; the rest of a refused gate is the last one read (a started
+    # gang goes on as Kueue last said), or a waiting one when none was.
+    refusal: str = ""
+
+
+# Evictions that take the devices for someone else, or with a node: counted as preemptions. Any other
+# (PodsReadyTimeout, a rejected admission check, a stopped queue, a deactivation) is a requeue.
+PREEMPTION_REASONS: Final = ("Preempted", "NodeFailures")
+
+
+# The eviction reason of a Workload someone deleted under its live job (not one of Kueue's own).
+WORKLOAD_DELETED: Final = "WorkloadDeleted"
+
+
+def counts_as_preemption(eviction_reason: str) -> bool:
+    return eviction_reason in PREEMPTION_REASONS
 
 
 def _true(workload: dict[str, Any], type_: str) -> dict[str, Any] | None:
@@ -72,6 +106,12 @@ def gate_of(workload: dict[str, Any]) -> KueueGate:
     for assignment in admission.get("podSetAssignments") or []:
         if assignment.get("name") == c.KUEUE_PODSET:
             flavors.update(str(f) for f in (assignment.get("flavors") or {}).values())
+    updates = tuple(
+        {**update, "admissionCheck": str(check.get("name") or "")}
+        for check in status.get("admissionChecks") or []
+        for update in check.get("podSetUpdates") or []
+        if update.get("name") == c.KUEUE_PODSET
+    )
     reserved = get_condition(conditions, "QuotaReserved")
     pending = ""  # Kueue's reason for not reserving quota, if it gave one
     if reserved is not None and reserved.get("status") == "False":
@@ -98,13 +138,21 @@ def gate_of(workload: dict[str, Any]) -> KueueGate:
     deactivated = deactivated_message(workload)
     if deactivated is not None:
         admitted, message = False, deactivated
+    eviction_reason = str(evicted.get("reason") or "Evicted") if evicted is not None else ""
+    if (workload.get("metadata") or {}).get("deletionTimestamp"):
+        # `kubectl delete workload` is Kueue's way to requeue: the gang stops, the finalizer comes
+        # off once it has, and a fresh Workload queues the job again (controller/kueue_workloads.py).
+        admitted, eviction_reason = False, WORKLOAD_DELETED
+        message = f"evicted ({WORKLOAD_DELETED}): Workload {name} was deleted; it is made again once the gang stopped"
     return KueueGate(
         workload=name,
         admitted=admitted,
-        evicted=evicted is not None,
+        evicted=evicted is not None or eviction_reason == WORKLOAD_DELETED,
         message=message,
         cluster_queue=admission.get("clusterQueue"),
         flavors=tuple(sorted(flavors)),
         waited_seconds=waited,
         finished=finished,
+        eviction_reason=eviction_reason,
+        pod_set_updates=updates,
     )

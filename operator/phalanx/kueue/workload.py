@@ -143,6 +143,38 @@ def build_workload(
             "labels": {c.LABEL_JOB_NAME: ref.name, c.LABEL_MANAGED_BY: c.MANAGED_BY},
             "annotations": {c.KUEUE_SUSPENDED_ANNOTATION: _flag(suspended)},
             "ownerReferences": [ref.owner_reference()],
+            "finalizers": [c.KUEUE_RESOURCE_IN_USE_FINALIZER],
         },
         "spec": spec,
     }
+
+
+def owner_uid(workload: dict[str, Any]) -> str | None:
+    """The uid of the TrainingJob that controls the Workload; None without one."""
+    for ref in (workload.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("kind") == c.KIND:
+            return str(ref.get("uid") or "") or None
+    return None
+
+
+def holds_finalizer(workload: dict[str, Any]) -> bool:
+    return c.KUEUE_RESOURCE_IN_USE_FINALIZER in ((workload.get("metadata") or {}).get("finalizers") or [])
+
+
+def orphaned(workload: dict[str, Any], live_uid: str | None) -> bool:
+    """Deleted, or its owner gone (`live_uid`: the uid of the job of that name now, None when there
+    is none or it is being deleted): nothing will run against it again."""
+    if (workload.get("metadata") or {}).get("deletionTimestamp"):
+        return True
+    return live_uid is None or owner_uid(workload) != live_uid
+
+
+def finalizer_release(workload: dict[str, Any]) -> dict[str, Any] | None:
+    """The merge patch that removes Kueue's resource-in-use finalizer (guarded by the resourceVersion:
+    a finalizer another controller added meanwhile is not dropped); None when it has none."""
+    meta = workload.get("metadata") or {}
+    finalizers = list(meta.get("finalizers") or [])
+    if c.KUEUE_RESOURCE_IN_USE_FINALIZER not in finalizers:
+        return None
+    kept = [f for f in finalizers if f != c.KUEUE_RESOURCE_IN_USE_FINALIZER]
+    return {"metadata": {"finalizers": kept or None, "resourceVersion": meta.get("resourceVersion")}}
