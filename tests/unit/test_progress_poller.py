@@ -120,3 +120,17 @@ def test_the_backfill_reads_the_eta_the_interval_held_back(trainer: Trainer) -> 
     assert passing._freshest_status(job)["progress"]["etaSeconds"] == 580
     other = {**job, "metadata": {**job["metadata"], "uid": "uid-2"}}  # a job re-created by name
     assert passing._freshest_status(other)["progress"]["etaSeconds"] == 600
+
+
+def test_the_poller_reads_the_url_its_settings_name_for_the_pod(
+    trainer: Trainer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: list[str] = []
+    monkeypatch.setattr(progress_module.urllib.request, "urlopen",
+                        lambda url, timeout: asked.append(url) or trainer.urlopen(url, timeout))  # fmt: skip
+    default = poller(RecordingWriter(), seconds=30.0)
+    default.poll("ns/job")
+    stand_in = ProgressPoller(RecordingWriter(), NoQueue(), 30.0, "http://127.0.0.1:8000/{ip}/progress")  # type: ignore[arg-type]
+    stand_in.targets["ns/job"] = ProgressTarget("uid-1", "10.0.0.1")
+    stand_in.poll("ns/job")
+    assert asked == ["http://10.0.0.1:9400/progress", "http://127.0.0.1:8000/10.0.0.1/progress"]
