@@ -58,6 +58,8 @@ class OperatorSettings:
     # The least seconds between two status.progress writes of a running job; a new checkpoint and a
     # phase change are written at once (policy/progress_writes.py).
     progress_status_seconds: float = DEFAULT_PROGRESS_STATUS_SECONDS
+    # Where /progress is read; only the steady-state bench changes it (constants.py).
+    progress_url_template: str = c.PROGRESS_URL_TEMPLATE
 
     @classmethod
     def from_environment(
@@ -71,6 +73,7 @@ class OperatorSettings:
             "admit_on_creation": environ.get(ENV_ADMIT_ON_CREATION, "true").lower() != "false",
             "node_lost_after_seconds": node_lost_after_from_env(environ),
             "retry_max_seconds": _positive_seconds(environ, c.ENV_RETRY_MAX_SECONDS, c.RETRY_MAX_SECONDS),
+            "progress_url_template": progress_url_template_from_env(environ),
             "progress_status_seconds": _positive_seconds(
                 environ, c.ENV_PROGRESS_STATUS_SECONDS, DEFAULT_PROGRESS_STATUS_SECONDS
             ),
@@ -103,3 +106,14 @@ def node_lost_after_from_env(environ: Mapping[str, str] = os.environ) -> float:
     if value < 0:
         raise ValueError(f"{c.ENV_NODE_LOST_AFTER}={raw!r}: give a number of seconds >= 0, for example 20")
     return value
+
+
+def progress_url_template_from_env(environ: Mapping[str, str]) -> str:
+    """$PHALANX_PROGRESS_URL_TEMPLATE, checked to name the pod: every job would read one document."""
+    template = environ.get(c.ENV_PROGRESS_URL_TEMPLATE) or c.PROGRESS_URL_TEMPLATE
+    if "{ip}" not in template:
+        raise ValueError(
+            f"{c.ENV_PROGRESS_URL_TEMPLATE}={template!r} lacks {{ip}}: give the pod's place in the URL, "
+            "as http://127.0.0.1:8000/{ip}/progress"
+        )
+    return template

@@ -122,9 +122,14 @@ class HangWatch(NamedTuple):
 
 class ProgressPoller:
     def __init__(
-        self, writer: JobWriter, work: WorkQueue, status_seconds: float = DEFAULT_PROGRESS_STATUS_SECONDS
+        self,
+        writer: JobWriter,
+        work: WorkQueue,
+        status_seconds: float = DEFAULT_PROGRESS_STATUS_SECONDS,
+        url_template: str = c.PROGRESS_URL_TEMPLATE,
     ) -> None:
         self.writer = writer
+        self.url_template = url_template  # {ip}, {port}: settings.progress_url_template
         self.work = work
         self.status_seconds = status_seconds  # the least time between two progress writes of a job
         # Own threads: slow polls of unreachable pods must not hold up reconciles or admission.
@@ -250,7 +255,7 @@ class ProgressPoller:
         if target is None:
             return
         try:
-            url = f"http://{target.ip}:{c.DEFAULT_METRICS_PORT}{c.PROGRESS_PATH}"
+            url = self.url_template.format(ip=target.ip, port=c.DEFAULT_METRICS_PORT)
             with urllib.request.urlopen(url, timeout=PROGRESS_TIMEOUT_SECONDS) as response:
                 body = response.read(PROGRESS_MAX_BYTES + 1)
             if len(body) > PROGRESS_MAX_BYTES:
