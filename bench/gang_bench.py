@@ -324,9 +324,9 @@ def process_cpu_seconds(pid: int) -> float:
 
 # -- the operator -----------------------------------------------------------------------------------
 class Operator:
-    def __init__(self, kubeconfig: Path, log_path: Path) -> None:
+    def __init__(self, kubeconfig: Path, log_path: Path, env: dict[str, str] | None = None) -> None:
         self.log_file = log_path.open("wb")
-        env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+        env = {**os.environ, **(env or {}), "KUBECONFIG": str(kubeconfig)}
         self.metrics_port = free_port()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "phalanx.cli", "operator", "--metrics-port", str(self.metrics_port),

@@ -9,9 +9,11 @@ method and endpoint (its own phalanx_api_requests_total, scraped before and afte
 apiserver_request_total would count kwok and the scheduler too), and reconciles per second
 (phalanx_reconcile_duration_seconds' count).
 
-kwok's pods have no trainer behind their IPs, so no /progress answers: the progress write interval
-(policy/progress_writes.py) is not exercised here (tests/unit/test_progress_poller.py counts it);
-the poller's polls and back-off are.
+kwok's pods have no trainer behind their IPs, so a stand-in answers /progress for every pod
+(fake_progress.py, a step that moves on each second, as a trainer's does), the operator pointed at it
+by $PHALANX_PROGRESS_URL_TEMPLATE: the polls and the progress writes the interval lets through
+(policy/progress_writes.py) are then what is measured. --no-fake-progress measures the poller's
+back-off against pods that never answer instead.
 
     make bench-gang                          # runs this after gang_bench.py (key steady_state)
     python bench/steady_state.py --nodes 1000 --jobs 4000
@@ -32,6 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from fake_progress import FakeProgress
 from gang_bench import (  # beside this script (its directory is on sys.path when run)
     GROUP,
     JOB_LABEL,
@@ -51,6 +54,7 @@ from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 from result_file import write_result
 
+from phalanx import constants as c
 from phalanx.devcluster.cluster import LocalCluster
 
 REPO = Path(__file__).resolve().parents[1]
@@ -77,7 +81,7 @@ def scrape(port: int) -> dict[str, dict[str, float]]:
 
 
 def steady_state(api: client.ApiClient, operator: Operator, jobs: int, window: float, settle: float,
-                 timeout: float) -> dict[str, Any]:  # fmt: skip
+                 timeout: float, fake: FakeProgress | None = None) -> dict[str, Any]:  # fmt: skip
     core: Any = client.CoreV1Api(api)
     custom = client.CustomObjectsApi(api)
     ns = "steady"
@@ -110,6 +114,7 @@ def steady_state(api: client.ApiClient, operator: Operator, jobs: int, window: f
     time.sleep(settle)  # the last creations' follow-ups and the first resyncs
 
     log(f"  measuring {window:.0f} idle seconds")
+    polls_before = fake.poll_count() if fake is not None else 0
     before, cpu_before, at_before = scrape(operator.metrics_port), operator.cpu_seconds(), time.monotonic()
     rss: list[float] = []
     end = at_before + window
@@ -117,6 +122,7 @@ def steady_state(api: client.ApiClient, operator: Operator, jobs: int, window: f
         rss.append(operator.rss_mib()[0])
         time.sleep(min(5.0, max(0.0, end - time.monotonic())))
     after, cpu_after, at_after = scrape(operator.metrics_port), operator.cpu_seconds(), time.monotonic()
+    polls_after = fake.poll_count() if fake is not None else 0
     elapsed = at_after - at_before
     per_second = {
         key: round((total - before["requests"].get(key, 0.0)) / elapsed, 3)
@@ -145,6 +151,16 @@ def steady_state(api: client.ApiClient, operator: Operator, jobs: int, window: f
         "api_requests_per_second": per_second,
         "writes_per_second": writes,
         "writes_goal_per_second": round(jobs * GOALS["writes_per_second_per_job"], 2),
+        # Answered by fake_progress.py (None: run with --no-fake-progress, every poll unanswered).
+        "progress_polls_per_second": round((polls_after - polls_before) / elapsed, 2) if fake else None,
+        "status_writes_per_second": round(
+            sum(
+                r
+                for k, r in per_second.items()
+                if k.split(" ", 1)[0] in WRITE_METHODS and k.endswith("/status")
+            ),
+            3,
+        ),
         "reconciles_per_second": round(
             (after["reconciles"]["count"] - before["reconciles"]["count"]) / elapsed, 3
         ),
@@ -165,6 +181,8 @@ def rows(steady: dict[str, Any]) -> list[tuple[str, str]]:
         ("  operator RSS median / peak", f"{steady['operator_rss_mib_median']} / {steady['operator_peak_rss_mib']} MiB"),
         ("  API requests/s by verb", verbs),
         ("  writes/s (goal <= jobs/30)", f"{steady['writes_per_second']} (<= {steady['writes_goal_per_second']})"),
+        ("  of them status writes/s", f"{steady['status_writes_per_second']}"),
+        ("  /progress polls/s answered", f"{steady['progress_polls_per_second']}"),
         ("  reconciles/s", f"{steady['reconciles_per_second']}"),
     ]  # fmt: skip
 
@@ -184,20 +202,27 @@ def main() -> int:
     parser.add_argument("--settle", type=float, default=60, help="seconds after all run, before measuring")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds for every job to run")
     parser.add_argument("--out", type=Path, default=RESULTS, help="merged into this file under steady_state")
+    parser.add_argument(
+        "--no-fake-progress", action="store_true", help="no stand-in /progress server: every poll fails"
+    )
     args = parser.parse_args()  # fmt: skip
 
     started = time.time()
     state_dir = Path(tempfile.mkdtemp(prefix="phalanx-bench-steady-"))
     cluster = LocalCluster(state_dir, log=log)
     operator: Operator | None = None
+    fake = None if args.no_fake_progress else FakeProgress().start()
+    env = {c.ENV_PROGRESS_URL_TEMPLATE: fake.url_template} if fake is not None else {}
     try:
         kubeconfig, api = start_bench_cluster(cluster, [bench_pool("main", args.nodes)])
-        operator = Operator(kubeconfig, state_dir / "operator.log")
+        operator = Operator(kubeconfig, state_dir / "operator.log", env)
         log(f"cluster ready ({time.time() - started:.0f}s); operator log {state_dir}/operator.log")
-        steady = steady_state(api, operator, args.jobs, args.window, args.settle, args.timeout)
+        steady = steady_state(api, operator, args.jobs, args.window, args.settle, args.timeout, fake)
     finally:
         if operator is not None:
             operator.stop()
+        if fake is not None:
+            fake.stop()
         cluster.down(quiet=True)
     steady["nodes"] = args.nodes
     steady["wall_seconds"] = round(time.time() - started, 1)

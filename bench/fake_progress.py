@@ -1,0 +1,79 @@
+"""A stand-in for the trainers' /progress servers, for benchmarks on kwok pods (which serve nothing).
+
+One local HTTP server answers GET /<pod ip>/progress with the document a trainer's rank 0 serves
+(docs/environment.md): the step moves on with time (one step per `seconds_per_step` since the pod
+was first asked), so every poll reads something new, as it does from a training job. The operator
+is pointed at it with $PHALANX_PROGRESS_URL_TEMPLATE (constants.py); it counts the polls it answers.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+TOTAL_STEPS = 1_000_000
+
+
+class FakeProgress:
+    def __init__(self, seconds_per_step: float = 1.0) -> None:
+        self.seconds_per_step = seconds_per_step
+        self.first_asked: dict[str, float] = {}
+        self.polls = 0
+        self.lock = threading.Lock()
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                ip, _, rest = self.path.strip("/").partition("/")
+                if rest != "progress" or not ip:
+                    self.send_error(404)
+                    return
+                body = json.dumps(fake.document(ip)).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base's name)
+                pass  # thousands of polls a minute
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, name="fake-progress", daemon=True)
+
+    @property
+    def url_template(self) -> str:
+        """For $PHALANX_PROGRESS_URL_TEMPLATE: {ip} is the pod's IP, as the poller fills it in."""
+        return f"http://127.0.0.1:{self.server.server_port}/{{ip}}/progress"
+
+    def document(self, ip: str) -> dict[str, Any]:
+        now = time.monotonic()
+        with self.lock:
+            self.polls += 1
+            since = now - self.first_asked.setdefault(ip, now)
+        step = int(since / self.seconds_per_step)
+        return {
+            "step": step,
+            "total_steps": TOTAL_STEPS,
+            "eta_seconds": (TOTAL_STEPS - step) * self.seconds_per_step,
+            "loss": 2.0 + 1.0 / (1 + step),
+            "tokens_per_second": 50_000.0,
+            "seconds_per_step": self.seconds_per_step,
+            "attempt": 0,
+        }
+
+    def poll_count(self) -> int:
+        with self.lock:
+            return self.polls
+
+    def start(self) -> FakeProgress:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
