@@ -463,7 +463,8 @@ def run_baseline_side(api: client.ApiClient, ns: str, gangs: list[tuple[str, int
 
 
 def admission_cost(api: client.ApiClient, operator: Operator, components: dict[str, int], rounds: int,
-                   jobs_per_round: int, rng: random.Random, timeout: float) -> dict[str, Any]:  # fmt: skip
+                   jobs_per_round: int, rng: random.Random, timeout: float,
+                   warmup_jobs: int = WARMUP_JOBS) -> dict[str, Any]:  # fmt: skip
     """components: control-plane process name -> pid, whose CPU time each side is charged with."""
     core: Any = client.CoreV1Api(api)
     operator_requests: dict[str, float] = {}  # "METHOD endpoint" -> requests during the Phalanx sides
@@ -479,7 +480,7 @@ def admission_cost(api: client.ApiClient, operator: Operator, components: dict[s
     # ABBA order that cost fell on the Phalanx side alone. Its own random source leaves the measured
     # gang lists of a seed as they were.
     warm_rng = random.Random(WARMUP_JOBS)
-    warm_gangs = [(f"w-{i}", warm_rng.randint(4, 32)) for i in range(WARMUP_JOBS)]
+    warm_gangs = [(f"w-{i}", warm_rng.randint(4, 32)) for i in range(warmup_jobs)]
     for side, run in (("phalanx", run_phalanx_side), ("baseline", run_baseline_side)):
         ns = f"warmup-{side}"
         create_namespace(core, ns)
@@ -555,7 +556,7 @@ def admission_cost(api: client.ApiClient, operator: Operator, components: dict[s
         "ratio_goal": 1.2,
         "rounds": rounds,
         "order": "ABBA: rounds alternate which side goes first; each side starts on a quiet cluster",
-        "warmup": f"one unmeasured round of {WARMUP_JOBS} gangs per side before the measured rounds",
+        "warmup": f"one unmeasured round of {warmup_jobs} gangs per side before the measured rounds",
         "operator_cpu_cores_per_round": [round(x, 2) for x in operator_cpu],
         "operator_api_requests_per_pod": round(sum(operator_requests.values()) / max(pods, 1), 2),
         "cpu_seconds_per_side": {
@@ -790,6 +791,9 @@ def main() -> int:
     )
     parser.add_argument("--rounds", type=int, default=4, help="admission rounds (each: both sides, ABBA)")
     parser.add_argument("--jobs-per-round", type=int, default=50)
+    parser.add_argument(
+        "--warmup-jobs", type=int, default=WARMUP_JOBS, help="gangs per side in the unmeasured first round"
+    )
     parser.add_argument("--contention-run-seconds", type=int, default=20)
     parser.add_argument("--footprint-jobs", type=int, default=1000)
     parser.add_argument(
@@ -831,6 +835,7 @@ def main() -> int:
                 args.jobs_per_round,
                 rng,
                 args.timeout,
+                args.warmup_jobs,
             )
             save_partial(args.out, {"admission": admission})
         if "contention" in parts:
