@@ -134,3 +134,39 @@ def test_the_poller_reads_the_url_its_settings_name_for_the_pod(
     stand_in.targets["ns/job"] = ProgressTarget("uid-1", "10.0.0.1")
     stand_in.poll("ns/job")
     assert asked == ["http://10.0.0.1:9400/progress", "http://127.0.0.1:8000/10.0.0.1/progress"]
+
+
+def test_a_silent_pod_holds_one_poll_slot_not_the_polls_after_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+    import threading
+
+    release = threading.Event()
+    asked: list[str] = []
+
+    def urlopen(url: str, timeout: float) -> io.BytesIO:
+        asked.append(url)
+        if "10.0.0.0:" in url:
+            release.wait(timeout=10)  # the first job's rank 0 answers only at the end
+        return io.BytesIO(json.dumps({"step": len(asked), "total_steps": 100}).encode())
+
+    monkeypatch.setattr(progress_module.urllib.request, "urlopen", urlopen)
+    monkeypatch.setattr(progress_module, "PROGRESS_POLL_SECONDS", 0.05)
+    polling = ProgressPoller(RecordingWriter(), NoQueue(), status_seconds=30.0)  # type: ignore[arg-type]
+    for i in range(progress_module.PROGRESS_CONCURRENCY + 1):  # one more than a batch
+        polling.targets[f"ns/job-{i}"] = ProgressTarget(f"uid-{i}", f"10.0.0.{i}")
+
+    async def run_a_while() -> None:
+        task = asyncio.create_task(polling.run())
+        await asyncio.sleep(1.0)
+        release.set()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    try:
+        asyncio.run(run_a_while())
+    finally:
+        release.set()
+        polling.pool.shutdown(wait=True)
+    last = f"10.0.0.{progress_module.PROGRESS_CONCURRENCY}:"
+    assert sum(last in url for url in asked) >= 2, asked  # polled on, while the first job's poll waited
+    assert sum("10.0.0.0:" in url for url in asked) == 1  # never asked twice at once
