@@ -22,6 +22,7 @@ from phalanx.controller.queue import WorkQueue
 from phalanx.k8s import short_error
 from phalanx.pod_facts import in_current_attempt, pod_index
 from phalanx.policy import hang
+from phalanx.policy.progress_polls import polls_to_start
 from phalanx.policy.progress_writes import DEFAULT_PROGRESS_STATUS_SECONDS, progress_write_due
 from phalanx.reconcile.plan import parse_iso
 
@@ -195,20 +196,35 @@ class ProgressPoller:
             self.failures.pop(key, None)
 
     async def run(self) -> None:
+        """Every PROGRESS_POLL_SECONDS, starts the due polls (policy/progress_polls.py), at most
+        PROGRESS_CONCURRENCY in flight and no batch waiting for its slowest: each poll frees its slot
+        as it answers."""
         loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(PROGRESS_POLL_SECONDS)
-            now = time.monotonic()
-            due = [k for k in list(self.targets) if self.next_poll.get(k, 0.0) <= now]
-            for start in range(0, len(due), PROGRESS_CONCURRENCY):
-                batch = due[start : start + PROGRESS_CONCURRENCY]
-                results = await asyncio.gather(
-                    *(loop.run_in_executor(self.pool, self.poll, k) for k in batch),
-                    return_exceptions=True,
-                )
-                for key, result in zip(batch, results, strict=True):
-                    if isinstance(result, Exception):
-                        log.warning("progress of %s not recorded: %s", key, short_error(result))
+        slots = asyncio.Semaphore(PROGRESS_CONCURRENCY)
+        in_flight: set[str] = set()
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def poll_one(key: str) -> None:
+            try:
+                await loop.run_in_executor(self.pool, self.poll, key)
+            except Exception as exc:
+                log.warning("progress of %s not recorded: %s", key, short_error(exc))
+            finally:
+                in_flight.discard(key)
+                slots.release()
+
+        try:
+            while True:
+                await asyncio.sleep(PROGRESS_POLL_SECONDS)
+                for key in polls_to_start(list(self.targets), self.next_poll, in_flight, time.monotonic()):
+                    await slots.acquire()
+                    in_flight.add(key)
+                    task = asyncio.create_task(poll_one(key), name=f"progress {key}")
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+        finally:
+            for task in list(tasks):
+                task.cancel()
 
     def _probe_if_stalled(self, key: str, target: ProgressTarget) -> None:
         """Once the step has stalled half the hang bound, asks every pod once whether it answers,
