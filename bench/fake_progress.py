@@ -4,11 +4,15 @@ One local HTTP server answers GET /<pod ip>/progress with the document a trainer
 (docs/environment.md): the step moves on with time (one step per `seconds_per_step` since the pod
 was first asked), so every poll reads something new, as it does from a training job. The operator
 is pointed at it with $PHALANX_PROGRESS_URL_TEMPLATE (constants.py); it counts the polls it answers.
+It serves from a process of its own: in the bench's process, whose pod watch parses thousands of pods
+under the same interpreter lock, each answer took over a second on a loaded machine, and the poller's
+8 slots, not the operator, set the poll rate.
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -20,9 +24,9 @@ TOTAL_STEPS = 1_000_000
 class FakeProgress:
     def __init__(self, seconds_per_step: float = 1.0) -> None:
         self.seconds_per_step = seconds_per_step
-        self.first_asked: dict[str, float] = {}
-        self.polls = 0
+        self.first_asked: dict[str, float] = {}  # in the serving process
         self.lock = threading.Lock()
+        self.polls = multiprocessing.get_context("fork").Value("q", 0)  # read by the bench's process
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -43,7 +47,9 @@ class FakeProgress:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, name="fake-progress", daemon=True)
+        self.process = multiprocessing.get_context("fork").Process(
+            target=self.server.serve_forever, name="fake-progress", daemon=True
+        )
 
     @property
     def url_template(self) -> str:
@@ -53,8 +59,9 @@ class FakeProgress:
     def document(self, ip: str) -> dict[str, Any]:
         now = time.monotonic()
         with self.lock:
-            self.polls += 1
             since = now - self.first_asked.setdefault(ip, now)
+        with self.polls.get_lock():
+            self.polls.value += 1
         step = int(since / self.seconds_per_step)
         return {
             "step": step,
@@ -67,13 +74,14 @@ class FakeProgress:
         }
 
     def poll_count(self) -> int:
-        with self.lock:
-            return self.polls
+        with self.polls.get_lock():
+            return int(self.polls.value)
 
     def start(self) -> FakeProgress:
-        self.thread.start()
+        self.process.start()  # forked: the listening socket is already bound, its port known
         return self
 
     def stop(self) -> None:
-        self.server.shutdown()
+        self.process.terminate()
+        self.process.join(timeout=10)
         self.server.server_close()
