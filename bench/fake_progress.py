@@ -4,9 +4,9 @@ One local HTTP server answers GET /<pod ip>/progress with the document a trainer
 (docs/environment.md): the step moves on with time (one step per `seconds_per_step` since the pod
 was first asked), so every poll reads something new, as it does from a training job. The operator
 is pointed at it with $PHALANX_PROGRESS_URL_TEMPLATE (constants.py); it counts the polls it answers.
-It serves from a process of its own: in the bench's process, whose pod watch parses thousands of pods
-under the same interpreter lock, each answer took over a second on a loaded machine, and the poller's
-8 slots, not the operator, set the poll rate.
+It serves from a process of its own, so the bench's pod watch (parsing thousands of pods) does not
+share an interpreter lock with it. On a 2-core machine at load 20 the polls answered stayed at about
+4.5/s either way (8 slots, about 1.8 s a poll): there the machine, not the operator, sets the rate.
 """
 
 from __future__ import annotations
