@@ -16,7 +16,6 @@ from phalanx.builders.pods import admitted_pod
 from phalanx.cache import object_key
 from phalanx.controller import failpoints
 from phalanx.controller.admission_state import AdmissionState, PriorityValues
-from phalanx.controller.gang_writes import GangWritePool
 from phalanx.controller.job_writes import JobWriter
 from phalanx.controller.preemption import Preemptor
 from phalanx.controller.queue import WorkQueue
@@ -28,15 +27,12 @@ from phalanx.gang.requests import waiting_gang
 from phalanx.k8s import KubeApi, short_error
 from phalanx.kueue.workload import managed_here, queue_name
 from phalanx.pod_facts import is_terminal, job_of_pod
-from phalanx.policy.write_order import GangRank
 from phalanx.providers import provider_of_raw
 from phalanx.reconcile.plan import FINISHED_PHASES, parse_iso
 
 log = logging.getLogger("phalanx.controller")
 
 ADMISSION_INTERVAL_SECONDS: Final = 1.0
-# One admitted gang's gate lifts: its rank in admission order, and (namespace, pod, admitted spec).
-GangPatches = tuple[GangRank, list[tuple[str, str, dict[str, Any]]]]
 
 
 def is_admission_candidate(job: dict[str, Any]) -> bool:
@@ -60,7 +56,7 @@ def is_admission_candidate(job: dict[str, Any]) -> bool:
 
 class AdmissionPass:
     def __init__(self, api: KubeApi, stores: ClusterStores, state: AdmissionState, writer: JobWriter,
-                 preemptor: Preemptor, work: WorkQueue, write_pool: GangWritePool,
+                 preemptor: Preemptor, work: WorkQueue, write_pool: ThreadPoolExecutor,
                  clock: Callable[[], float]) -> None:  # fmt: skip
         self.api = api
         self.stores = stores
@@ -134,17 +130,13 @@ class AdmissionPass:
                                   free_at=free_at)  # fmt: skip
             state.reservations = dict(plan.reservations)
         jobs_by_key = {object_key(j): j for j in jobs}
-        requested = {r.key: r for r in requests}
-        gangs: list[GangPatches] = []
+        patches = []
         for admission in plan.admitted:
             namespace = admission.key.split("/", 1)[0]
-            request = requested[admission.key]
-            patches = [
-                (namespace, pod_name, admitted_pod(gated_pods[admission.key][pod_name], node)["spec"])
-                for pod_name, node in admission.placements
-            ]
-            gangs.append((GangRank.of(request.priority, request.created, request.key), patches))
-        self.admit_pods(gangs)
+            for pod_name, node in admission.placements:
+                admitted = admitted_pod(gated_pods[admission.key][pod_name], node)
+                patches.append((namespace, pod_name, admitted["spec"]))
+        self.admit_pods(patches)
         for admission in plan.admitted:
             namespace = admission.key.split("/", 1)[0]
             created = min(parse_iso(p["metadata"].get("creationTimestamp")) or now
@@ -182,12 +174,9 @@ class AdmissionPass:
         fresh = self.fresh_progress(object_key(job), str(job["metadata"].get("uid") or ""))
         return {**status, "progress": fresh} if fresh is not None else status
 
-    def admit_pods(self, gangs: list[GangPatches]) -> None:
+    def admit_pods(self, patches: list[tuple[str, str, dict[str, Any]]]) -> None:
         """Lifts the gates, several requests at a time: one request per pod, so a big burst of gangs
-        would otherwise wait on round trips one by one. Gang by gang (policy/write_order.py): each
-        gang's patches queued under its rank, so the head's pods run first and no gang waits for the
-        whole burst. A crash half-way is finished by the next pass."""
-        patches = [patch for _, gang in gangs for patch in gang]
+        would otherwise wait on round trips one by one. A crash half-way is finished by the next pass."""
         if not patches:
             return
         started = time.monotonic()
@@ -202,9 +191,5 @@ class AdmissionPass:
             for patch in patches:  # one by one: the failpoint counts them in order
                 admit(patch)
         else:
-            futures = [
-                self.write_pool.submit(admit, patch, rank=rank) for rank, gang in gangs for patch in gang
-            ]
-            for future in futures:
-                future.result()
+            list(self.write_pool.map(admit, patches))
         log.info("admitted %d pod(s) in %.2fs", len(patches), time.monotonic() - started)

@@ -25,7 +25,6 @@ from phalanx import metrics
 from phalanx.controller.admission_at_creation import CreationAdmission
 from phalanx.controller.admission_pass import AdmissionPass
 from phalanx.controller.admission_state import AdmissionState
-from phalanx.controller.gang_writes import GangWritePool
 from phalanx.controller.generations import GenerationPublisher
 from phalanx.controller.job_writes import JobWriter
 from phalanx.controller.preemption import Preemptor
@@ -47,8 +46,7 @@ RESYNC_TICK_SECONDS: Final = 1.0  # the resync's share of jobs is enqueued once 
 # On shutdown, how long running reconciles and admission writes may take to finish (well within the
 # pod's 30 s grace period); the lease is released only if they did.
 DRAIN_SECONDS: Final = 10.0
-# Pod creations and gate lifts in flight at once, gang by gang (controller/gang_writes.py).
-WRITE_CONCURRENCY: Final = 8
+WRITE_CONCURRENCY: Final = 8  # pod creations and gate lifts in flight at once
 
 
 class Controller:
@@ -65,7 +63,7 @@ class Controller:
         # Own threads per kind of work: asyncio's default pool (cores + 4) would let slow progress
         # polls of unreachable pods hold up reconciles and the admission pass.
         self.reconcile_pool = ThreadPoolExecutor(workers, thread_name_prefix="reconcile")
-        self.write_pool = GangWritePool(WRITE_CONCURRENCY, thread_name_prefix="writes")
+        self.write_pool = ThreadPoolExecutor(WRITE_CONCURRENCY, thread_name_prefix="writes")
         self.writer = JobWriter(api, self.stores, self.write_pool)
         self.progress = ProgressPoller(
             self.writer, self.work, settings.progress_status_seconds, settings.progress_url_template

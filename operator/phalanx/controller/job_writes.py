@@ -5,10 +5,10 @@ goes into the job store, so the next decision never reads an older status than t
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from phalanx.controller import failpoints
-from phalanx.controller.gang_writes import GangWritePool
 from phalanx.controller.stores import ClusterStores
 from phalanx.k8s import KubeApi, short_error
 
@@ -36,7 +36,7 @@ def status_diff(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
 
 
 class JobWriter:
-    def __init__(self, api: KubeApi, stores: ClusterStores, event_pool: GangWritePool) -> None:
+    def __init__(self, api: KubeApi, stores: ClusterStores, event_pool: ThreadPoolExecutor) -> None:
         self.api = api
         self.stores = stores
         self.event_pool = event_pool

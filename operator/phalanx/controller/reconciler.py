@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import secrets
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -22,7 +23,6 @@ from phalanx.builders.pods import JobRef, build_headless_service, build_worker_p
 from phalanx.cache import object_key
 from phalanx.controller import failpoints
 from phalanx.controller.admission_at_creation import CreationAdmission
-from phalanx.controller.gang_writes import GangWritePool
 from phalanx.controller.generations import GenerationPublisher
 from phalanx.controller.job_writes import JobWriter, status_diff
 from phalanx.controller.kueue_workloads import PENDING_WRITE_RETRY_SECONDS, KueueWorkloads
@@ -38,9 +38,8 @@ from phalanx.policy import bad_nodes
 from phalanx.policy.elastic import Room
 from phalanx.policy.host_path import REASON_HOST_PATH_NOT_ALLOWED, host_path_refusal
 from phalanx.policy.progress_writes import decided_on, settle_progress
-from phalanx.policy.write_order import GangRank
 from phalanx.reconcile.lifecycle import decide
-from phalanx.reconcile.plan import FINISHED_PHASES, Event, Plan, iso, merged_events, parse_iso
+from phalanx.reconcile.plan import FINISHED_PHASES, Event, Plan, iso, merged_events
 from phalanx.reconcile.rules.creation import creation_refused, name_conflict, spec_refused
 
 # Status fields no decision reads: a write that changed only these needs no second look.
@@ -61,7 +60,7 @@ class CreateOutcome:
 class Reconciler:
     def __init__(self, api: KubeApi, stores: ClusterStores, writer: JobWriter, work: WorkQueue,
                  creation_admission: CreationAdmission, progress: ProgressPoller,
-                 write_pool: GangWritePool, forget: Callable[[str], None], clock: Callable[[], float],
+                 write_pool: ThreadPoolExecutor, forget: Callable[[str], None], clock: Callable[[], float],
                  node_lost_after: float, cluster_domain: str,
                  allow_host_path_checkpoints: bool = False,
                  generations: GenerationPublisher | None = None,
@@ -293,19 +292,15 @@ class Reconciler:
             pods_to_create = [placed_pod(pod, placement) for pod in pods_to_create]
         elif len(pods_to_create) == spec.replicas:
             pods_to_create = self.creation_admission.admit(key, spec, pods_to_create, now)
-        # In admission order among the gangs being written (policy/write_order.py): the head's pods first.
-        priority = self.creation_admission.state.priority_of(spec)
-        rank = GangRank.of(priority, parse_iso(job["metadata"].get("creationTimestamp")) or now, key)
         try:
-            outcomes = self._create_pods(pods_to_create, ref.uid, rank)
+            outcomes = self._create_pods(pods_to_create, ref.uid)
         finally:
             self.creation_admission.release(ref.namespace, pods_to_create)
         self.work.admission_dirty_threadsafe()
         return outcomes
 
-    def _create_pods(self, pods: list[dict[str, Any]], owner_uid: str, rank: GangRank) -> list[CreateOutcome]:
-        """Creates the pods a few at a time (a 32-pod gang one by one waits on 32 round trips), all
-        of the gang's together: the writer threads take them before any later gang's."""
+    def _create_pods(self, pods: list[dict[str, Any]], owner_uid: str) -> list[CreateOutcome]:
+        """Creates the pods a few at a time (a 32-pod gang one by one waits on 32 round trips)."""
 
         def create(pod: dict[str, Any]) -> CreateOutcome:
             meta = pod["metadata"]
@@ -325,7 +320,7 @@ class Reconciler:
 
         if failpoints.counts_pod_creations() or len(pods) < 2:
             return [create(pod) for pod in pods]  # one by one: the failpoint counts them in order
-        return self.write_pool.map(create, pods, rank=rank)
+        return list(self.write_pool.map(create, pods))
 
     def _record(self, job: dict[str, Any], event: Event | None, now: float) -> None:
         if event is not None:
