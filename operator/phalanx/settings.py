@@ -4,6 +4,7 @@ the environment."""
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import uuid
@@ -14,7 +15,10 @@ from typing import Any, Final
 from phalanx import constants as c
 from phalanx import leader
 from phalanx.policy.node_loss import DEFAULT_NODE_LOST_AFTER_SECONDS
+from phalanx.policy.progress_url import template_problem
 from phalanx.policy.progress_writes import DEFAULT_PROGRESS_STATUS_SECONDS
+
+log = logging.getLogger("phalanx.settings")
 
 
 def default_identity() -> str:
@@ -109,11 +113,17 @@ def node_lost_after_from_env(environ: Mapping[str, str] = os.environ) -> float:
 
 
 def progress_url_template_from_env(environ: Mapping[str, str]) -> str:
-    """$PHALANX_PROGRESS_URL_TEMPLATE, checked to name the pod: every job would read one document."""
-    template = environ.get(c.ENV_PROGRESS_URL_TEMPLATE) or c.PROGRESS_URL_TEMPLATE
-    if "{ip}" not in template:
+    """$PHALANX_PROGRESS_URL_TEMPLATE, checked at start (policy/progress_url.py): a template the
+    poller cannot use would fail every poll, and that reads as silence, not as an error."""
+    template = environ.get(c.ENV_PROGRESS_URL_TEMPLATE)
+    if not template:
+        return c.PROGRESS_URL_TEMPLATE
+    problem = template_problem(template)
+    if problem is not None:
         raise ValueError(
-            f"{c.ENV_PROGRESS_URL_TEMPLATE}={template!r} lacks {{ip}}: give the pod's place in the URL, "
-            "as http://127.0.0.1:8000/{ip}/progress"
+            f"{c.ENV_PROGRESS_URL_TEMPLATE}={template!r} {problem}; give http://{{ip}}:{{port}}/progress "
+            "or a stand-in on this machine, as http://127.0.0.1:8000/{ip}/progress"
         )
+    log.warning("%s=%r: /progress is read from there, not from the trainers (benchmarks only)",
+                c.ENV_PROGRESS_URL_TEMPLATE, template)  # fmt: skip
     return template

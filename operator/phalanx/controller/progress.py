@@ -23,6 +23,7 @@ from phalanx.k8s import short_error
 from phalanx.pod_facts import in_current_attempt, pod_index
 from phalanx.policy import hang
 from phalanx.policy.progress_polls import polls_to_start
+from phalanx.policy.progress_url import progress_url
 from phalanx.policy.progress_writes import DEFAULT_PROGRESS_STATUS_SECONDS, progress_write_due
 from phalanx.reconcile.plan import parse_iso
 
@@ -95,12 +96,14 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def trainer_answers(ip: str, port: int = c.DEFAULT_METRICS_PORT) -> bool:
+def trainer_answers(
+    ip: str, port: int = c.DEFAULT_METRICS_PORT, template: str = c.PROGRESS_URL_TEMPLATE
+) -> bool:
     """Whether the pod's trainer answers on its metrics port at all: only global rank 0 serves
     /progress, so any HTTP answer (a 404 from the other pods) counts; silence or a refused
     connection does not."""
     try:
-        with urllib.request.urlopen(f"http://{ip}:{port}{c.PROGRESS_PATH}", timeout=PROGRESS_TIMEOUT_SECONDS):
+        with urllib.request.urlopen(progress_url(template, ip, port), timeout=PROGRESS_TIMEOUT_SECONDS):
             return True
     except urllib.error.HTTPError:
         return True  # it answered
@@ -130,7 +133,7 @@ class ProgressPoller:
         url_template: str = c.PROGRESS_URL_TEMPLATE,
     ) -> None:
         self.writer = writer
-        self.url_template = url_template  # {ip}, {port}: settings.progress_url_template
+        self.url_template = url_template  # {ip}, {port}: policy/progress_url.py
         self.work = work
         self.status_seconds = status_seconds  # the least time between two progress writes of a job
         # Own threads: slow polls of unreachable pods must not hold up reconciles or admission.
@@ -261,8 +264,11 @@ class ProgressPoller:
         process serves nothing; one blocked in a collective still answers from its server thread)."""
 
         with ThreadPoolExecutor(PROGRESS_CONCURRENCY, thread_name_prefix="hang-probe") as pool:
-            answered = list(pool.map(trainer_answers, [ip for _, ip in watch.pods]))
+            answered = list(pool.map(self._answers, [ip for _, ip in watch.pods]))
         return [name for (name, _), ok in zip(watch.pods, answered, strict=True) if not ok]
+
+    def _answers(self, ip: str) -> bool:
+        return trainer_answers(ip, c.DEFAULT_METRICS_PORT, self.url_template)
 
     def poll(self, key: str) -> None:
         """Reads the trainer's /progress; copies it into status.progress and status.lastCheckpoint when
@@ -271,7 +277,7 @@ class ProgressPoller:
         if target is None:
             return
         try:
-            url = self.url_template.format(ip=target.ip, port=c.DEFAULT_METRICS_PORT)
+            url = progress_url(self.url_template, target.ip, c.DEFAULT_METRICS_PORT)
             with urllib.request.urlopen(url, timeout=PROGRESS_TIMEOUT_SECONDS) as response:
                 body = response.read(PROGRESS_MAX_BYTES + 1)
             if len(body) > PROGRESS_MAX_BYTES:
