@@ -170,3 +170,64 @@ def test_a_silent_pod_holds_one_poll_slot_not_the_polls_after_it(monkeypatch: py
     last = f"10.0.0.{progress_module.PROGRESS_CONCURRENCY}:"
     assert sum(last in url for url in asked) >= 2, asked  # polled on, while the first job's poll waited
     assert sum("10.0.0.0:" in url for url in asked) == 1  # never asked twice at once
+
+
+class BlockingTrainer:
+    """A /progress that answers (or fails) only when the test lets it, so that the test can act
+    while a poll is in flight."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, answers: bool) -> None:
+        import threading
+
+        self.asked, self.release, self.answers = threading.Event(), threading.Event(), answers
+        monkeypatch.setattr(progress_module.urllib.request, "urlopen", self.urlopen)
+
+    def urlopen(self, url: str, timeout: float) -> io.BytesIO:
+        self.asked.set()
+        self.release.wait(timeout=10)
+        if not self.answers:
+            raise OSError("connection refused")
+        return io.BytesIO(json.dumps({"step": 7, "total_steps": 100, "startup": {"ready": "x"}}).encode())
+
+    def poll_while(self, polling: ProgressPoller, key: str, meanwhile: Any) -> None:
+        import threading
+
+        thread = threading.Thread(target=polling.poll, args=(key,))
+        thread.start()
+        assert self.asked.wait(timeout=10)
+        meanwhile()
+        self.release.set()
+        thread.join(timeout=10)
+        assert not thread.is_alive()
+
+
+@pytest.mark.parametrize("answers", [True, False])
+def test_a_job_forgotten_while_its_poll_is_in_flight_stays_forgotten(
+    monkeypatch: pytest.MonkeyPatch, answers: bool
+) -> None:
+    blocking = BlockingTrainer(monkeypatch, answers)
+    writer = RecordingWriter()
+    polling = poller(writer, seconds=30.0)
+    blocking.poll_while(polling, "ns/job", lambda: polling.forget("ns/job"))
+    tables = {"trainer_reports": polling.trainer_reports, "failures": polling.failures,
+              "next_poll": polling.next_poll, "unwritten": polling.unwritten,
+              "last_progress": polling.last_progress, "written_at": polling.written_at}  # fmt: skip
+    assert {name: dict(table) for name, table in tables.items() if table} == {}
+    assert writer.writes == []
+
+
+def test_a_stale_poll_does_not_overwrite_the_job_re_created_under_its_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    blocking = BlockingTrainer(monkeypatch, answers=True)
+    writer = RecordingWriter()
+    polling = poller(writer, seconds=30.0)
+
+    def re_create() -> None:
+        polling.forget("ns/job")
+        polling.targets["ns/job"] = ProgressTarget("uid-2", "10.0.0.2")  # the new job's rank 0
+
+    blocking.poll_while(polling, "ns/job", re_create)
+    assert "ns/job" not in polling.trainer_reports  # uid-1's report is not booked for uid-2
+    assert "ns/job" not in polling.next_poll  # the new job is polled at once
+    assert writer.writes == []
