@@ -286,6 +286,8 @@ class ProgressPoller:
             if not isinstance(report, dict):
                 raise ValueError("/progress is not a JSON object")
         except (OSError, ValueError):
+            if self.targets.get(key) != target:
+                return  # forgotten, or re-created under the name, while the poll waited
             # Simulated pods serve nothing and a trainer may still be starting: back off, quietly.
             failures = self.failures.get(key, 0) + 1
             self.failures[key] = failures
@@ -299,6 +301,8 @@ class ProgressPoller:
                 self.trainer_reports[key] = (target.uid, {**known[1], "polled_at": time.time()})
             self._probe_if_stalled(key, target)  # rank 0 itself may be the one stopped
             return
+        if self.targets.get(key) != target:
+            return  # forgotten, or re-created under the name, while the poll waited: not its state
         self.failures.pop(key, None)
         namespace, name = key.split("/", 1)
         known = self.trainer_reports.get(key)
@@ -336,6 +340,8 @@ class ProgressPoller:
             if self.targets.get(key) == target:
                 self.targets.pop(key, None)
             return
+        if self.targets.get(key) != target:
+            return  # forgotten during the write
         self.last_progress[key] = patch
         self.written_at[key] = now
         self.unwritten.pop(key, None)
