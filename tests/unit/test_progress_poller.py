@@ -231,3 +231,18 @@ def test_a_stale_poll_does_not_overwrite_the_job_re_created_under_its_name(
     assert "ns/job" not in polling.trainer_reports  # uid-1's report is not booked for uid-2
     assert "ns/job" not in polling.next_poll  # the new job is polled at once
     assert writer.writes == []
+
+
+def test_an_answered_poll_sets_the_next_one_so_the_longest_overdue_job_goes_first(trainer: Trainer) -> None:
+    from phalanx.policy.progress_polls import polls_to_start
+
+    polling = poller(RecordingWriter(), seconds=30.0)
+    polling.targets["ns/other"] = ProgressTarget("uid-2", "10.0.0.2")
+    polling.poll("ns/job")  # answered at 1000 s
+    assert polling.next_poll["ns/job"] == 1000.0 + progress_module.PROGRESS_POLL_SECONDS
+    trainer.now += 5.0
+    # Both due; the job never polled is the more overdue one, then the one polled 5 s ago.
+    assert polls_to_start(list(polling.targets), polling.next_poll, set(), trainer.now) == [
+        "ns/other",
+        "ns/job",
+    ]
