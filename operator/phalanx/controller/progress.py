@@ -276,6 +276,7 @@ class ProgressPoller:
         target = self.targets.get(key)
         if target is None:
             return
+        started = time.monotonic()  # the next poll is due a poll interval after this one began
         try:
             url = progress_url(self.url_template, target.ip, c.DEFAULT_METRICS_PORT)
             with urllib.request.urlopen(url, timeout=PROGRESS_TIMEOUT_SECONDS) as response:
@@ -304,6 +305,7 @@ class ProgressPoller:
         if self.targets.get(key) != target:
             return  # forgotten, or re-created under the name, while the poll waited: not its state
         self.failures.pop(key, None)
+        self.next_poll[key] = started + PROGRESS_POLL_SECONDS  # policy/progress_polls.py orders by it
         namespace, name = key.split("/", 1)
         known = self.trainer_reports.get(key)
         known_facts = known[1] if known is not None and known[0] == target.uid else None

@@ -2,7 +2,9 @@
 
 The polls run concurrently, PROGRESS_CONCURRENCY at most, with no barrier between batches: a poll
 that waits its full timeout on a silent pod holds one slot, not the seven polls queued behind it.
-A job whose last poll has not answered yet is not asked again (its state is one poll's to change)."""
+A job whose last poll has not answered yet is not asked again (its state is one poll's to change).
+Every poll sets its job's next one (an answer: a poll interval after it began; silence: the back-off),
+so the order below is by how long each job has been due."""
 
 from __future__ import annotations
 
