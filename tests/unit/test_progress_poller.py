@@ -246,3 +246,19 @@ def test_an_answered_poll_sets_the_next_one_so_the_longest_overdue_job_goes_firs
         "ns/other",
         "ns/job",
     ]
+
+
+def test_the_poller_counts_its_own_progress_writes(trainer: Trainer) -> None:
+    """The steady-state bench tells them from the reconcile's status writes (same endpoint) by it."""
+    from phalanx import metrics
+
+    def written() -> float:
+        return metrics.REGISTRY.get_sample_value("phalanx_progress_writes_total") or 0.0
+
+    before = written()
+    polling = poller(RecordingWriter(), seconds=30.0)
+    polling.poll("ns/job")  # written
+    trainer.now += 1.0
+    trainer.report["step"] = 2
+    polling.poll("ns/job")  # held back by the interval
+    assert written() - before == 1.0
