@@ -56,6 +56,8 @@ from result_file import write_result
 
 from phalanx import constants as c
 from phalanx.devcluster.cluster import LocalCluster
+from phalanx.policy.hang import POLL_STALE_SECONDS
+from phalanx.policy.progress_writes import DEFAULT_PROGRESS_STATUS_SECONDS
 
 REPO = Path(__file__).resolve().parents[1]
 ENV_WINDOW = "PHALANX_BENCH_STEADY_SECONDS"
@@ -64,11 +66,12 @@ GOALS = {"writes_per_second_per_job": 1 / 30, "cpu_cores": 0.2, "rss_mib_at_4000
 
 
 def scrape(port: int) -> dict[str, dict[str, float]]:
-    """{"requests": {"METHOD endpoint": total}, "reconciles": {"count": n}} from the operator."""
+    """{"requests": {"METHOD endpoint": total}, "reconciles": {"count": n}, "progress_writes":
+    {"count": n}} from the operator."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as answer:
         text = answer.read().decode()
     requests: dict[str, float] = {}
-    reconciles = 0.0
+    reconciles = progress_writes = 0.0
     for family in text_string_to_metric_families(text):
         if family.name == "phalanx_api_requests":
             for sample in family.samples:
@@ -77,7 +80,35 @@ def scrape(port: int) -> dict[str, dict[str, float]]:
                     requests[key] = requests.get(key, 0.0) + sample.value
         elif family.name == "phalanx_reconcile_duration_seconds":
             reconciles += sum(s.value for s in family.samples if s.name.endswith("_count"))
-    return {"requests": requests, "reconciles": {"count": reconciles}}
+        elif family.name == "phalanx_progress_writes":
+            progress_writes += sum(s.value for s in family.samples if s.name.endswith("_total"))
+    return {
+        "requests": requests,
+        "reconciles": {"count": reconciles},
+        "progress_writes": {"count": progress_writes},
+    }
+
+
+def poll_pace(jobs: int, polls_per_second: float, stale_seconds: float = POLL_STALE_SECONDS,
+              write_seconds: float = DEFAULT_PROGRESS_STATUS_SECONDS) -> dict[str, Any]:  # fmt: skip
+    """The seconds between two answered polls of one job (jobs / polls answered per second), and
+    flags when that is longer than the hang rule's staleness bound (policy/hang.py: its verdicts
+    then rest on old reads) or the progress write interval (fewer progress writes than the interval
+    allows: a writes figure from such a run undercounts them)."""
+    if polls_per_second <= 0:
+        return {
+            "seconds_between_polls_per_job": None,
+            "poll_pace_flags": ["no /progress poll answered in the window"],
+        }
+    between = round(jobs / polls_per_second, 1)
+    flags: list[str] = []
+    if between > stale_seconds:
+        flags.append(f"{between} s between polls of a job > POLL_STALE_SECONDS ({stale_seconds:.0f} s)")
+    if between > write_seconds:
+        flags.append(
+            f"{between} s between polls of a job > the progress write interval ({write_seconds:.0f} s)"
+        )
+    return {"seconds_between_polls_per_job": between, "poll_pace_flags": flags}
 
 
 def steady_state(api: client.ApiClient, operator: Operator, jobs: int, window: float, settle: float,
@@ -134,6 +165,16 @@ def steady_state(api: client.ApiClient, operator: Operator, jobs: int, window: f
         method = key.split(" ", 1)[0]
         by_verb[method] = round(by_verb.get(method, 0.0) + rate, 3)
     writes = round(sum(r for m, r in by_verb.items() if m in WRITE_METHODS), 3)
+    status_writes = round(
+        sum(
+            r for k, r in per_second.items() if k.split(" ", 1)[0] in WRITE_METHODS and k.endswith("/status")
+        ),
+        3,
+    )
+    progress_writes = round(
+        (after["progress_writes"]["count"] - before["progress_writes"]["count"]) / elapsed, 3
+    )
+    polls = round((polls_after - polls_before) / elapsed, 2) if fake is not None else None
     core.delete_namespace(ns)
     cpu = round((cpu_after - cpu_before) / elapsed, 3)
     peak_rss = round(operator.rss_mib()[1], 1)
@@ -152,15 +193,14 @@ def steady_state(api: client.ApiClient, operator: Operator, jobs: int, window: f
         "writes_per_second": writes,
         "writes_goal_per_second": round(jobs * GOALS["writes_per_second_per_job"], 2),
         # Answered by fake_progress.py (None: run with --no-fake-progress, every poll unanswered).
-        "progress_polls_per_second": round((polls_after - polls_before) / elapsed, 2) if fake else None,
-        "status_writes_per_second": round(
-            sum(
-                r
-                for k, r in per_second.items()
-                if k.split(" ", 1)[0] in WRITE_METHODS and k.endswith("/status")
-            ),
-            3,
-        ),
+        "progress_polls_per_second": polls,
+        **(poll_pace(running, polls) if polls is not None else {}),
+        "status_writes_per_second": status_writes,
+        # The poller's (phalanx_progress_writes_total), and the rest of the status writes: the
+        # reconcile's (phase changes, and the goodput a Running job's resync books every
+        # REFRESH_SECONDS, policy/goodput.py).
+        "progress_writes_per_second": progress_writes,
+        "reconcile_status_writes_per_second": round(max(0.0, status_writes - progress_writes), 3),
         "reconciles_per_second": round(
             (after["reconciles"]["count"] - before["reconciles"]["count"]) / elapsed, 3
         ),
@@ -182,7 +222,10 @@ def rows(steady: dict[str, Any]) -> list[tuple[str, str]]:
         ("  API requests/s by verb", verbs),
         ("  writes/s (goal <= jobs/30)", f"{steady['writes_per_second']} (<= {steady['writes_goal_per_second']})"),
         ("  of them status writes/s", f"{steady['status_writes_per_second']}"),
+        ("    progress (poller) / reconcile", f"{steady['progress_writes_per_second']} / {steady['reconcile_status_writes_per_second']}"),
         ("  /progress polls/s answered", f"{steady['progress_polls_per_second']}"),
+        ("  s between polls of a job", f"{steady.get('seconds_between_polls_per_job')}"),
+        ("  FLAGGED", "; ".join(steady.get("poll_pace_flags") or []) or "no"),
         ("  reconciles/s", f"{steady['reconciles_per_second']}"),
     ]  # fmt: skip
 

@@ -342,6 +342,7 @@ class ProgressPoller:
             if self.targets.get(key) == target:
                 self.targets.pop(key, None)
             return
+        metrics.observe_progress_write()
         if self.targets.get(key) != target:
             return  # forgotten during the write
         self.last_progress[key] = patch
