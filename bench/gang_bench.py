@@ -788,7 +788,18 @@ def _footprint_rows(foot: dict[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
-def main() -> int:
+def at_least_one(raw: str) -> int:
+    """An argparse type: a whole number >= 1 (argparse names the flag in its error)."""
+    try:
+        value = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: give at least 1")
+    return value
+
+
+def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -799,7 +810,10 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=4, help="admission rounds (each: both sides, ABBA)")
     parser.add_argument("--jobs-per-round", type=int, default=50)
     parser.add_argument(
-        "--warmup-jobs", type=int, default=WARMUP_JOBS, help="gangs per side in the unmeasured first round"
+        "--warmup-jobs",
+        type=at_least_one,
+        default=WARMUP_JOBS,
+        help="gangs per side in the unmeasured first round (>= 1: a fresh control plane binds its first pods slowly)",
     )
     parser.add_argument("--contention-run-seconds", type=int, default=20)
     parser.add_argument("--footprint-jobs", type=int, default=1000)
@@ -816,7 +830,11 @@ def main() -> int:
     parser.add_argument(
         "--keep-cluster", action="store_true", help="leave the cluster running (its state dir is printed)"
     )
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def main() -> int:
+    args = arguments()
     rng = random.Random(args.seed)
 
     started = time.time()
