@@ -140,11 +140,14 @@ def test_a_silent_pod_holds_one_poll_slot_not_the_polls_after_it(monkeypatch: py
     import asyncio
     import threading
 
-    release = threading.Event()
+    release, last_polled_twice = threading.Event(), threading.Event()
     asked: list[str] = []
+    last = f"10.0.0.{progress_module.PROGRESS_CONCURRENCY}:"
 
     def urlopen(url: str, timeout: float) -> io.BytesIO:
         asked.append(url)
+        if sum(last in u for u in asked) >= 2:
+            last_polled_twice.set()
         if "10.0.0.0:" in url:
             release.wait(timeout=10)  # the first job's rank 0 answers only at the end
         return io.BytesIO(json.dumps({"step": len(asked), "total_steps": 100}).encode())
@@ -155,9 +158,13 @@ def test_a_silent_pod_holds_one_poll_slot_not_the_polls_after_it(monkeypatch: py
     for i in range(progress_module.PROGRESS_CONCURRENCY + 1):  # one more than a batch
         polling.targets[f"ns/job-{i}"] = ProgressTarget(f"uid-{i}", f"10.0.0.{i}")
 
+    polled_on: list[bool] = []
+
     async def run_a_while() -> None:
         task = asyncio.create_task(polling.run())
-        await asyncio.sleep(1.0)
+        # Until the job after a full batch is polled twice while the first job's poll still waits
+        # (that poll waits up to 10 s: far longer than two poll rounds).
+        polled_on.append(await asyncio.to_thread(last_polled_twice.wait, 10))
         release.set()
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
@@ -167,8 +174,7 @@ def test_a_silent_pod_holds_one_poll_slot_not_the_polls_after_it(monkeypatch: py
     finally:
         release.set()
         polling.pool.shutdown(wait=True)
-    last = f"10.0.0.{progress_module.PROGRESS_CONCURRENCY}:"
-    assert sum(last in url for url in asked) >= 2, asked  # polled on, while the first job's poll waited
+    assert polled_on == [True], asked  # polled on, while the first job's poll waited
     assert sum("10.0.0.0:" in url for url in asked) == 1  # never asked twice at once
 
 
