@@ -9,9 +9,11 @@ method and endpoint (its own phalanx_api_requests_total, scraped before and afte
 apiserver_request_total would count kwok and the scheduler too), and reconciles per second
 (phalanx_reconcile_duration_seconds' count).
 
-kwok's pods have no trainer behind their IPs, so no /progress answers: the progress write interval
-(policy/progress_writes.py) is not exercised here (tests/unit/test_progress_poller.py counts it);
-the poller's polls and back-off are.
+kwok's pods have no trainer behind their IPs, so a stand-in answers /progress for every pod
+(fake_progress.py, a step that moves on each second, as a trainer's does), the operator pointed at it
+by $PHALANX_PROGRESS_URL_TEMPLATE: the polls and the progress writes the interval lets through
+(policy/progress_writes.py) are then what is measured. --no-fake-progress measures the poller's
+back-off against pods that never answer instead.
 
     make bench-gang                          # runs this after gang_bench.py (key steady_state)
     python bench/steady_state.py --nodes 1000 --jobs 4000
@@ -32,6 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from fake_progress import FakeProgress
 from gang_bench import (  # beside this script (its directory is on sys.path when run)
     GROUP,
     JOB_LABEL,
@@ -51,7 +54,10 @@ from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 from result_file import write_result
 
+from phalanx import constants as c
 from phalanx.devcluster.cluster import LocalCluster
+from phalanx.policy.hang import POLL_STALE_SECONDS
+from phalanx.policy.progress_writes import DEFAULT_PROGRESS_STATUS_SECONDS
 
 REPO = Path(__file__).resolve().parents[1]
 ENV_WINDOW = "PHALANX_BENCH_STEADY_SECONDS"
@@ -60,11 +66,12 @@ GOALS = {"writes_per_second_per_job": 1 / 30, "cpu_cores": 0.2, "rss_mib_at_4000
 
 
 def scrape(port: int) -> dict[str, dict[str, float]]:
-    """{"requests": {"METHOD endpoint": total}, "reconciles": {"count": n}} from the operator."""
+    """{"requests": {"METHOD endpoint": total}, "reconciles": {"count": n}, "progress_writes":
+    {"count": n}} from the operator."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as answer:
         text = answer.read().decode()
     requests: dict[str, float] = {}
-    reconciles = 0.0
+    reconciles = progress_writes = 0.0
     for family in text_string_to_metric_families(text):
         if family.name == "phalanx_api_requests":
             for sample in family.samples:
@@ -73,11 +80,39 @@ def scrape(port: int) -> dict[str, dict[str, float]]:
                     requests[key] = requests.get(key, 0.0) + sample.value
         elif family.name == "phalanx_reconcile_duration_seconds":
             reconciles += sum(s.value for s in family.samples if s.name.endswith("_count"))
-    return {"requests": requests, "reconciles": {"count": reconciles}}
+        elif family.name == "phalanx_progress_writes":
+            progress_writes += sum(s.value for s in family.samples if s.name.endswith("_total"))
+    return {
+        "requests": requests,
+        "reconciles": {"count": reconciles},
+        "progress_writes": {"count": progress_writes},
+    }
+
+
+def poll_pace(jobs: int, polls_per_second: float, stale_seconds: float = POLL_STALE_SECONDS,
+              write_seconds: float = DEFAULT_PROGRESS_STATUS_SECONDS) -> dict[str, Any]:  # fmt: skip
+    """The seconds between two answered polls of one job (jobs / polls answered per second), and
+    flags when that is longer than the hang rule's staleness bound (policy/hang.py: its verdicts
+    then rest on old reads) or the progress write interval (fewer progress writes than the interval
+    allows: a writes figure from such a run undercounts them)."""
+    if polls_per_second <= 0:
+        return {
+            "seconds_between_polls_per_job": None,
+            "poll_pace_flags": ["no /progress poll answered in the window"],
+        }
+    between = round(jobs / polls_per_second, 1)
+    flags: list[str] = []
+    if between > stale_seconds:
+        flags.append(f"{between} s between polls of a job > POLL_STALE_SECONDS ({stale_seconds:.0f} s)")
+    if between > write_seconds:
+        flags.append(
+            f"{between} s between polls of a job > the progress write interval ({write_seconds:.0f} s)"
+        )
+    return {"seconds_between_polls_per_job": between, "poll_pace_flags": flags}
 
 
 def steady_state(api: client.ApiClient, operator: Operator, jobs: int, window: float, settle: float,
-                 timeout: float) -> dict[str, Any]:  # fmt: skip
+                 timeout: float, fake: FakeProgress | None = None) -> dict[str, Any]:  # fmt: skip
     core: Any = client.CoreV1Api(api)
     custom = client.CustomObjectsApi(api)
     ns = "steady"
@@ -110,6 +145,7 @@ def steady_state(api: client.ApiClient, operator: Operator, jobs: int, window: f
     time.sleep(settle)  # the last creations' follow-ups and the first resyncs
 
     log(f"  measuring {window:.0f} idle seconds")
+    polls_before = fake.poll_count() if fake is not None else 0
     before, cpu_before, at_before = scrape(operator.metrics_port), operator.cpu_seconds(), time.monotonic()
     rss: list[float] = []
     end = at_before + window
@@ -117,6 +153,7 @@ def steady_state(api: client.ApiClient, operator: Operator, jobs: int, window: f
         rss.append(operator.rss_mib()[0])
         time.sleep(min(5.0, max(0.0, end - time.monotonic())))
     after, cpu_after, at_after = scrape(operator.metrics_port), operator.cpu_seconds(), time.monotonic()
+    polls_after = fake.poll_count() if fake is not None else 0
     elapsed = at_after - at_before
     per_second = {
         key: round((total - before["requests"].get(key, 0.0)) / elapsed, 3)
@@ -128,6 +165,16 @@ def steady_state(api: client.ApiClient, operator: Operator, jobs: int, window: f
         method = key.split(" ", 1)[0]
         by_verb[method] = round(by_verb.get(method, 0.0) + rate, 3)
     writes = round(sum(r for m, r in by_verb.items() if m in WRITE_METHODS), 3)
+    status_writes = round(
+        sum(
+            r for k, r in per_second.items() if k.split(" ", 1)[0] in WRITE_METHODS and k.endswith("/status")
+        ),
+        3,
+    )
+    progress_writes = round(
+        (after["progress_writes"]["count"] - before["progress_writes"]["count"]) / elapsed, 3
+    )
+    polls = round((polls_after - polls_before) / elapsed, 2) if fake is not None else None
     core.delete_namespace(ns)
     cpu = round((cpu_after - cpu_before) / elapsed, 3)
     peak_rss = round(operator.rss_mib()[1], 1)
@@ -145,6 +192,15 @@ def steady_state(api: client.ApiClient, operator: Operator, jobs: int, window: f
         "api_requests_per_second": per_second,
         "writes_per_second": writes,
         "writes_goal_per_second": round(jobs * GOALS["writes_per_second_per_job"], 2),
+        # Answered by fake_progress.py (None: run with --no-fake-progress, every poll unanswered).
+        "progress_polls_per_second": polls,
+        **(poll_pace(running, polls) if polls is not None else {}),
+        "status_writes_per_second": status_writes,
+        # The poller's (phalanx_progress_writes_total), and the rest of the status writes: the
+        # reconcile's (phase changes, and the goodput a Running job's resync books every
+        # REFRESH_SECONDS, policy/goodput.py).
+        "progress_writes_per_second": progress_writes,
+        "reconcile_status_writes_per_second": round(max(0.0, status_writes - progress_writes), 3),
         "reconciles_per_second": round(
             (after["reconciles"]["count"] - before["reconciles"]["count"]) / elapsed, 3
         ),
@@ -165,6 +221,11 @@ def rows(steady: dict[str, Any]) -> list[tuple[str, str]]:
         ("  operator RSS median / peak", f"{steady['operator_rss_mib_median']} / {steady['operator_peak_rss_mib']} MiB"),
         ("  API requests/s by verb", verbs),
         ("  writes/s (goal <= jobs/30)", f"{steady['writes_per_second']} (<= {steady['writes_goal_per_second']})"),
+        ("  of them status writes/s", f"{steady['status_writes_per_second']}"),
+        ("    progress (poller) / reconcile", f"{steady['progress_writes_per_second']} / {steady['reconcile_status_writes_per_second']}"),
+        ("  /progress polls/s answered", f"{steady['progress_polls_per_second']}"),
+        ("  s between polls of a job", f"{steady.get('seconds_between_polls_per_job')}"),
+        ("  FLAGGED", "; ".join(steady.get("poll_pace_flags") or []) or "no"),
         ("  reconciles/s", f"{steady['reconciles_per_second']}"),
     ]  # fmt: skip
 
@@ -184,20 +245,27 @@ def main() -> int:
     parser.add_argument("--settle", type=float, default=60, help="seconds after all run, before measuring")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds for every job to run")
     parser.add_argument("--out", type=Path, default=RESULTS, help="merged into this file under steady_state")
+    parser.add_argument(
+        "--no-fake-progress", action="store_true", help="no stand-in /progress server: every poll fails"
+    )
     args = parser.parse_args()  # fmt: skip
 
     started = time.time()
     state_dir = Path(tempfile.mkdtemp(prefix="phalanx-bench-steady-"))
     cluster = LocalCluster(state_dir, log=log)
     operator: Operator | None = None
+    fake = None if args.no_fake_progress else FakeProgress().start()
+    env = {c.ENV_PROGRESS_URL_TEMPLATE: fake.url_template} if fake is not None else {}
     try:
         kubeconfig, api = start_bench_cluster(cluster, [bench_pool("main", args.nodes)])
-        operator = Operator(kubeconfig, state_dir / "operator.log")
+        operator = Operator(kubeconfig, state_dir / "operator.log", env)
         log(f"cluster ready ({time.time() - started:.0f}s); operator log {state_dir}/operator.log")
-        steady = steady_state(api, operator, args.jobs, args.window, args.settle, args.timeout)
+        steady = steady_state(api, operator, args.jobs, args.window, args.settle, args.timeout, fake)
     finally:
         if operator is not None:
             operator.stop()
+        if fake is not None:
+            fake.stop()
         cluster.down(quiet=True)
     steady["nodes"] = args.nodes
     steady["wall_seconds"] = round(time.time() - started, 1)

@@ -211,3 +211,8 @@ ENV_PROGRESS_STATUS_SECONDS: Final = "PHALANX_PROGRESS_STATUS_SECONDS"
 
 # Progress endpoint the trainer's local rank 0 of global rank 0 serves (JSON, see docs/environment.md).
 PROGRESS_PATH: Final = "/progress"
+# Where the progress poller reads a job's rank 0 ({ip}: its pod IP, {port}: the trainer's port).
+PROGRESS_URL_TEMPLATE: Final = "http://{ip}:{port}" + PROGRESS_PATH
+# Benchmarks only (bench/steady_state.py; checked at start by policy/progress_url.py): poll a stand-in server instead, as
+# http://127.0.0.1:8000/{ip}/progress, since kwok's simulated pods serve nothing.
+ENV_PROGRESS_URL_TEMPLATE: Final = "PHALANX_PROGRESS_URL_TEMPLATE"

@@ -104,6 +104,12 @@ API_REQUESTS: Final = Counter(
     ["method", "endpoint", "code"],
     registry=REGISTRY,
 )
+PROGRESS_WRITES: Final = Counter(
+    "phalanx_progress_writes",
+    "status.progress writes of the progress poller (the reconcile's status writes are beside them "
+    "in phalanx_api_requests_total, on the same endpoint).",
+    registry=REGISTRY,
+)
 JOB_PROGRESS: Final = Gauge(
     "phalanx_job_progress_ratio",
     "Fraction of a TrainingJob's total steps completed (0 to 1), as reported by its trainer.",
@@ -269,6 +275,7 @@ METRIC_NAMES: Final = (
     "phalanx_reconcile_errors_total",
     "phalanx_pods_created_total",
     "phalanx_api_requests_total",
+    "phalanx_progress_writes_total",
     "phalanx_job_checkpoint_age_seconds",
     "phalanx_job_progress_ratio",
     "phalanx_recovery_seconds",
@@ -358,6 +365,10 @@ def observe_pods_created(count: int = 1) -> None:
 
 def observe_api_request(method: str, endpoint: str, code: int | None) -> None:
     API_REQUESTS.labels(method, endpoint, str(code) if code is not None else "error").inc()
+
+
+def observe_progress_write() -> None:
+    PROGRESS_WRITES.inc()
 
 
 def observe_checkpoint(namespace: str, name: str, saved_at: float) -> None:

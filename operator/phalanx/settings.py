@@ -4,6 +4,7 @@ the environment."""
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import uuid
@@ -14,7 +15,10 @@ from typing import Any, Final
 from phalanx import constants as c
 from phalanx import leader
 from phalanx.policy.node_loss import DEFAULT_NODE_LOST_AFTER_SECONDS
+from phalanx.policy.progress_url import template_problem
 from phalanx.policy.progress_writes import DEFAULT_PROGRESS_STATUS_SECONDS
+
+log = logging.getLogger("phalanx.settings")
 
 
 def default_identity() -> str:
@@ -58,6 +62,8 @@ class OperatorSettings:
     # The least seconds between two status.progress writes of a running job; a new checkpoint and a
     # phase change are written at once (policy/progress_writes.py).
     progress_status_seconds: float = DEFAULT_PROGRESS_STATUS_SECONDS
+    # Where /progress is read; only the steady-state bench changes it (constants.py).
+    progress_url_template: str = c.PROGRESS_URL_TEMPLATE
 
     @classmethod
     def from_environment(
@@ -71,6 +77,7 @@ class OperatorSettings:
             "admit_on_creation": environ.get(ENV_ADMIT_ON_CREATION, "true").lower() != "false",
             "node_lost_after_seconds": node_lost_after_from_env(environ),
             "retry_max_seconds": _positive_seconds(environ, c.ENV_RETRY_MAX_SECONDS, c.RETRY_MAX_SECONDS),
+            "progress_url_template": progress_url_template_from_env(environ),
             "progress_status_seconds": _positive_seconds(
                 environ, c.ENV_PROGRESS_STATUS_SECONDS, DEFAULT_PROGRESS_STATUS_SECONDS
             ),
@@ -103,3 +110,20 @@ def node_lost_after_from_env(environ: Mapping[str, str] = os.environ) -> float:
     if value < 0:
         raise ValueError(f"{c.ENV_NODE_LOST_AFTER}={raw!r}: give a number of seconds >= 0, for example 20")
     return value
+
+
+def progress_url_template_from_env(environ: Mapping[str, str]) -> str:
+    """$PHALANX_PROGRESS_URL_TEMPLATE, checked at start (policy/progress_url.py): a template the
+    poller cannot use would fail every poll, and that reads as silence, not as an error."""
+    template = environ.get(c.ENV_PROGRESS_URL_TEMPLATE)
+    if not template:
+        return c.PROGRESS_URL_TEMPLATE
+    problem = template_problem(template)
+    if problem is not None:
+        raise ValueError(
+            f"{c.ENV_PROGRESS_URL_TEMPLATE}={template!r} {problem}; give http://{{ip}}:{{port}}/progress "
+            "or a stand-in on this machine, as http://127.0.0.1:8000/{ip}/progress"
+        )
+    log.warning("%s=%r: /progress is read from there, not from the trainers (benchmarks only)",
+                c.ENV_PROGRESS_URL_TEMPLATE, template)  # fmt: skip
+    return template

@@ -137,3 +137,151 @@ def test_a_trainer_slow_to_start_is_still_polled_every_second_after_four_minutes
         polling.poll("ns/job")
         trainer.now += 1.0
     assert polling.next_poll["ns/job"] - trainer.now <= progress_module.PROGRESS_POLL_SECONDS
+
+
+def test_the_poller_reads_the_url_its_settings_name_for_the_pod(
+    trainer: Trainer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: list[str] = []
+    monkeypatch.setattr(progress_module.urllib.request, "urlopen",
+                        lambda url, timeout: asked.append(url) or trainer.urlopen(url, timeout))  # fmt: skip
+    default = poller(RecordingWriter(), seconds=30.0)
+    default.poll("ns/job")
+    stand_in = ProgressPoller(RecordingWriter(), NoQueue(), 30.0, "http://127.0.0.1:8000/{ip}/progress")  # type: ignore[arg-type]
+    stand_in.targets["ns/job"] = ProgressTarget("uid-1", "10.0.0.1")
+    stand_in.poll("ns/job")
+    assert asked == ["http://10.0.0.1:9400/progress", "http://127.0.0.1:8000/10.0.0.1/progress"]
+
+
+def test_a_silent_pod_holds_one_poll_slot_not_the_polls_after_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+    import threading
+
+    release, last_polled_twice = threading.Event(), threading.Event()
+    asked: list[str] = []
+    last = f"10.0.0.{progress_module.PROGRESS_CONCURRENCY}:"
+
+    def urlopen(url: str, timeout: float) -> io.BytesIO:
+        asked.append(url)
+        if sum(last in u for u in asked) >= 2:
+            last_polled_twice.set()
+        if "10.0.0.0:" in url:
+            release.wait(timeout=10)  # the first job's rank 0 answers only at the end
+        return io.BytesIO(json.dumps({"step": len(asked), "total_steps": 100}).encode())
+
+    monkeypatch.setattr(progress_module.urllib.request, "urlopen", urlopen)
+    monkeypatch.setattr(progress_module, "PROGRESS_POLL_SECONDS", 0.05)
+    polling = ProgressPoller(RecordingWriter(), NoQueue(), status_seconds=30.0)  # type: ignore[arg-type]
+    for i in range(progress_module.PROGRESS_CONCURRENCY + 1):  # one more than a batch
+        polling.targets[f"ns/job-{i}"] = ProgressTarget(f"uid-{i}", f"10.0.0.{i}")
+
+    polled_on: list[bool] = []
+
+    async def run_a_while() -> None:
+        task = asyncio.create_task(polling.run())
+        # Until the job after a full batch is polled twice while the first job's poll still waits
+        # (that poll waits up to 10 s: far longer than two poll rounds).
+        polled_on.append(await asyncio.to_thread(last_polled_twice.wait, 10))
+        release.set()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    try:
+        asyncio.run(run_a_while())
+    finally:
+        release.set()
+        polling.pool.shutdown(wait=True)
+    assert polled_on == [True], asked  # polled on, while the first job's poll waited
+    assert sum("10.0.0.0:" in url for url in asked) == 1  # never asked twice at once
+
+
+class BlockingTrainer:
+    """A /progress that answers (or fails) only when the test lets it, so that the test can act
+    while a poll is in flight."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, answers: bool) -> None:
+        import threading
+
+        self.asked, self.release, self.answers = threading.Event(), threading.Event(), answers
+        monkeypatch.setattr(progress_module.urllib.request, "urlopen", self.urlopen)
+
+    def urlopen(self, url: str, timeout: float) -> io.BytesIO:
+        self.asked.set()
+        self.release.wait(timeout=10)
+        if not self.answers:
+            raise OSError("connection refused")
+        return io.BytesIO(json.dumps({"step": 7, "total_steps": 100, "startup": {"ready": "x"}}).encode())
+
+    def poll_while(self, polling: ProgressPoller, key: str, meanwhile: Any) -> None:
+        import threading
+
+        thread = threading.Thread(target=polling.poll, args=(key,))
+        thread.start()
+        assert self.asked.wait(timeout=10)
+        meanwhile()
+        self.release.set()
+        thread.join(timeout=10)
+        assert not thread.is_alive()
+
+
+@pytest.mark.parametrize("answers", [True, False])
+def test_a_job_forgotten_while_its_poll_is_in_flight_stays_forgotten(
+    monkeypatch: pytest.MonkeyPatch, answers: bool
+) -> None:
+    blocking = BlockingTrainer(monkeypatch, answers)
+    writer = RecordingWriter()
+    polling = poller(writer, seconds=30.0)
+    blocking.poll_while(polling, "ns/job", lambda: polling.forget("ns/job"))
+    tables = {"trainer_reports": polling.trainer_reports, "failures": polling.failures,
+              "next_poll": polling.next_poll, "unwritten": polling.unwritten,
+              "last_progress": polling.last_progress, "written_at": polling.written_at}  # fmt: skip
+    assert {name: dict(table) for name, table in tables.items() if table} == {}
+    assert writer.writes == []
+
+
+def test_a_stale_poll_does_not_overwrite_the_job_re_created_under_its_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    blocking = BlockingTrainer(monkeypatch, answers=True)
+    writer = RecordingWriter()
+    polling = poller(writer, seconds=30.0)
+
+    def re_create() -> None:
+        polling.forget("ns/job")
+        polling.targets["ns/job"] = ProgressTarget("uid-2", "10.0.0.2")  # the new job's rank 0
+
+    blocking.poll_while(polling, "ns/job", re_create)
+    assert "ns/job" not in polling.trainer_reports  # uid-1's report is not booked for uid-2
+    assert "ns/job" not in polling.next_poll  # the new job is polled at once
+    assert writer.writes == []
+
+
+def test_an_answered_poll_sets_the_next_one_so_the_longest_overdue_job_goes_first(trainer: Trainer) -> None:
+    from phalanx.policy.progress_polls import polls_to_start
+
+    polling = poller(RecordingWriter(), seconds=30.0)
+    polling.targets["ns/other"] = ProgressTarget("uid-2", "10.0.0.2")
+    polling.poll("ns/job")  # answered at 1000 s
+    assert polling.next_poll["ns/job"] == 1000.0 + progress_module.PROGRESS_POLL_SECONDS
+    trainer.now += 5.0
+    # Both due; the job never polled is the more overdue one, then the one polled 5 s ago.
+    assert polls_to_start(list(polling.targets), polling.next_poll, set(), trainer.now) == [
+        "ns/other",
+        "ns/job",
+    ]
+
+
+def test_the_poller_counts_its_own_progress_writes(trainer: Trainer) -> None:
+    """The steady-state bench tells them from the reconcile's status writes (same endpoint) by it."""
+    from phalanx import metrics
+
+    def written() -> float:
+        return metrics.REGISTRY.get_sample_value("phalanx_progress_writes_total") or 0.0
+
+    before = written()
+    polling = poller(RecordingWriter(), seconds=30.0)
+    polling.poll("ns/job")  # written
+    trainer.now += 1.0
+    trainer.report["step"] = 2
+    polling.poll("ns/job")  # held back by the interval
+    assert written() - before == 1.0

@@ -74,3 +74,14 @@ def test_the_controller_takes_its_settings_and_clock_from_its_caller() -> None:
         for pool in (controller.reconcile_pool, controller.write_pool, controller.progress.pool,
                      controller.admission.pool):  # fmt: skip
             pool.shutdown(wait=False)
+
+
+def test_the_progress_url_is_the_trainers_unless_a_bench_points_it_elsewhere() -> None:
+    assert OperatorSettings.from_environment({}).progress_url_template == "http://{ip}:{port}/progress"
+    bench = {"PHALANX_PROGRESS_URL_TEMPLATE": "http://127.0.0.1:8000/{ip}/progress"}
+    assert (
+        OperatorSettings.from_environment(bench).progress_url_template
+        == "http://127.0.0.1:8000/{ip}/progress"
+    )
+    with pytest.raises(ValueError, match=r"PHALANX_PROGRESS_URL_TEMPLATE=.*lacks \{ip\}"):
+        OperatorSettings.from_environment({"PHALANX_PROGRESS_URL_TEMPLATE": "http://127.0.0.1:8000/progress"})

@@ -69,7 +69,9 @@ class Controller:
         self.reconcile_pool = ThreadPoolExecutor(workers, thread_name_prefix="reconcile")
         self.write_pool = ThreadPoolExecutor(WRITE_CONCURRENCY, thread_name_prefix="writes")
         self.writer = JobWriter(api, self.stores, self.write_pool)
-        self.progress = ProgressPoller(self.writer, self.work, settings.progress_status_seconds)
+        self.progress = ProgressPoller(
+            self.writer, self.work, settings.progress_status_seconds, settings.progress_url_template
+        )
         self.generations = GenerationPublisher(self.work)
         admission = AdmissionState()
         self.reconciler = Reconciler(

@@ -22,6 +22,8 @@ from phalanx.controller.queue import WorkQueue
 from phalanx.k8s import short_error
 from phalanx.pod_facts import in_current_attempt, pod_index
 from phalanx.policy import hang
+from phalanx.policy.progress_polls import polls_to_start
+from phalanx.policy.progress_url import progress_url
 from phalanx.policy.progress_writes import DEFAULT_PROGRESS_STATUS_SECONDS, progress_write_due
 from phalanx.reconcile.plan import parse_iso
 
@@ -96,12 +98,14 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def trainer_answers(ip: str, port: int = c.DEFAULT_METRICS_PORT) -> bool:
+def trainer_answers(
+    ip: str, port: int = c.DEFAULT_METRICS_PORT, template: str = c.PROGRESS_URL_TEMPLATE
+) -> bool:
     """Whether the pod's trainer answers on its metrics port at all: only global rank 0 serves
     /progress, so any HTTP answer (a 404 from the other pods) counts; silence or a refused
     connection does not."""
     try:
-        with urllib.request.urlopen(f"http://{ip}:{port}{c.PROGRESS_PATH}", timeout=PROGRESS_TIMEOUT_SECONDS):
+        with urllib.request.urlopen(progress_url(template, ip, port), timeout=PROGRESS_TIMEOUT_SECONDS):
             return True
     except urllib.error.HTTPError:
         return True  # it answered
@@ -124,9 +128,14 @@ class HangWatch(NamedTuple):
 
 class ProgressPoller:
     def __init__(
-        self, writer: JobWriter, work: WorkQueue, status_seconds: float = DEFAULT_PROGRESS_STATUS_SECONDS
+        self,
+        writer: JobWriter,
+        work: WorkQueue,
+        status_seconds: float = DEFAULT_PROGRESS_STATUS_SECONDS,
+        url_template: str = c.PROGRESS_URL_TEMPLATE,
     ) -> None:
         self.writer = writer
+        self.url_template = url_template  # {ip}, {port}: policy/progress_url.py
         self.work = work
         self.status_seconds = status_seconds  # the least time between two progress writes of a job
         # Own threads: slow polls of unreachable pods must not hold up reconciles or admission.
@@ -192,20 +201,35 @@ class ProgressPoller:
             self.failures.pop(key, None)
 
     async def run(self) -> None:
+        """Every PROGRESS_POLL_SECONDS, starts the due polls (policy/progress_polls.py), at most
+        PROGRESS_CONCURRENCY in flight and no batch waiting for its slowest: each poll frees its slot
+        as it answers."""
         loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(PROGRESS_POLL_SECONDS)
-            now = time.monotonic()
-            due = [k for k in list(self.targets) if self.next_poll.get(k, 0.0) <= now]
-            for start in range(0, len(due), PROGRESS_CONCURRENCY):
-                batch = due[start : start + PROGRESS_CONCURRENCY]
-                results = await asyncio.gather(
-                    *(loop.run_in_executor(self.pool, self.poll, k) for k in batch),
-                    return_exceptions=True,
-                )
-                for key, result in zip(batch, results, strict=True):
-                    if isinstance(result, Exception):
-                        log.warning("progress of %s not recorded: %s", key, short_error(result))
+        slots = asyncio.Semaphore(PROGRESS_CONCURRENCY)
+        in_flight: set[str] = set()
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def poll_one(key: str) -> None:
+            try:
+                await loop.run_in_executor(self.pool, self.poll, key)
+            except Exception as exc:
+                log.warning("progress of %s not recorded: %s", key, short_error(exc))
+            finally:
+                in_flight.discard(key)
+                slots.release()
+
+        try:
+            while True:
+                await asyncio.sleep(PROGRESS_POLL_SECONDS)
+                for key in polls_to_start(list(self.targets), self.next_poll, in_flight, time.monotonic()):
+                    await slots.acquire()
+                    in_flight.add(key)
+                    task = asyncio.create_task(poll_one(key), name=f"progress {key}")
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+        finally:
+            for task in list(tasks):
+                task.cancel()
 
     def _probe_if_stalled(self, key: str, target: ProgressTarget) -> None:
         """Once the step has stalled half the hang bound, asks every pod once whether it answers,
@@ -242,8 +266,11 @@ class ProgressPoller:
         process serves nothing; one blocked in a collective still answers from its server thread)."""
 
         with ThreadPoolExecutor(PROGRESS_CONCURRENCY, thread_name_prefix="hang-probe") as pool:
-            answered = list(pool.map(trainer_answers, [ip for _, ip in watch.pods]))
+            answered = list(pool.map(self._answers, [ip for _, ip in watch.pods]))
         return [name for (name, _), ok in zip(watch.pods, answered, strict=True) if not ok]
+
+    def _answers(self, ip: str) -> bool:
+        return trainer_answers(ip, c.DEFAULT_METRICS_PORT, self.url_template)
 
     def poll(self, key: str) -> None:
         """Reads the trainer's /progress; copies it into status.progress and status.lastCheckpoint when
@@ -251,8 +278,9 @@ class ProgressPoller:
         target = self.targets.get(key)
         if target is None:
             return
+        started = time.monotonic()  # the next poll is due a poll interval after this one began
         try:
-            url = f"http://{target.ip}:{c.DEFAULT_METRICS_PORT}{c.PROGRESS_PATH}"
+            url = progress_url(self.url_template, target.ip, c.DEFAULT_METRICS_PORT)
             with urllib.request.urlopen(url, timeout=PROGRESS_TIMEOUT_SECONDS) as response:
                 body = response.read(PROGRESS_MAX_BYTES + 1)
             if len(body) > PROGRESS_MAX_BYTES:
@@ -261,6 +289,8 @@ class ProgressPoller:
             if not isinstance(report, dict):
                 raise ValueError("/progress is not a JSON object")
         except (OSError, ValueError):
+            if self.targets.get(key) != target:
+                return  # forgotten, or re-created under the name, while the poll waited
             # Simulated pods serve nothing and a trainer may still be starting: back off, quietly.
             failures = self.failures.get(key, 0) + 1
             self.failures[key] = failures
@@ -274,7 +304,10 @@ class ProgressPoller:
                 self.trainer_reports[key] = (target.uid, {**known[1], "polled_at": time.time()})
             self._probe_if_stalled(key, target)  # rank 0 itself may be the one stopped
             return
+        if self.targets.get(key) != target:
+            return  # forgotten, or re-created under the name, while the poll waited: not its state
         self.failures.pop(key, None)
+        self.next_poll[key] = started + PROGRESS_POLL_SECONDS  # policy/progress_polls.py orders by it
         namespace, name = key.split("/", 1)
         known = self.trainer_reports.get(key)
         known_facts = known[1] if known is not None and known[0] == target.uid else None
@@ -311,6 +344,9 @@ class ProgressPoller:
             if self.targets.get(key) == target:
                 self.targets.pop(key, None)
             return
+        metrics.observe_progress_write()
+        if self.targets.get(key) != target:
+            return  # forgotten during the write
         self.last_progress[key] = patch
         self.written_at[key] = now
         self.unwritten.pop(key, None)
