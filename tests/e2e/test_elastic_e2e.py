@@ -4,8 +4,8 @@ world size, and keeps the global batch constant (data.global_batch_size; docs/tr
 resize"), as the trainer's own start lines say.
 
 The room is made scarce by a blocker pod on the dev node that asks for the node's free CPU less
-what one of the job's pods needs. The shrink after a lost node is in tests/integration/
-test_elastic.py (kwok): the dev node is the only real node, and losing it would lose the job too.
+what one of the job's pods needs. The shrink after a lost node, with real training on two dev nodes,
+is in test_elastic_shrink_e2e.py.
 """
 
 from __future__ import annotations
