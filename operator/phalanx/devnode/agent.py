@@ -29,7 +29,7 @@ from phalanx.devnode.containers import (
     build_local_command,
     prepend_path_list,
 )
-from phalanx.devnode.network import IpPool, PodAddress, render_hosts, resolver_env
+from phalanx.devnode.network import IpPool, PodAddress, peer_pod_addresses, render_hosts, resolver_env
 from phalanx.devnode.podstatus import ContainerState, exit_code_of, orphan_status, pod_status
 from phalanx.devnode.preflight import check_name_resolution, default_nss_wrapper
 from phalanx.devnode.processes import POD_UID_ENV, ContainerProcess, kill_leftover_group, log_path, spawn
@@ -101,6 +101,7 @@ class Agent:
         self.ready_since = time.time()
         self._last_beat = 0.0
         self._hosts_text = ""
+        self._peers: list[PodAddress] = []  # other dev nodes' running pods, as of the last resync
         self._host_lines = _read_host_lines()
         self.log = log or (lambda msg: print(f"devnode: {msg}", file=sys.stderr, flush=True))
         self.bind_shim = build_bind_shim(config.state_dir / "lib")
@@ -197,6 +198,11 @@ class Agent:
             self._signal(runtime, signal.SIGKILL)
             self.pool.release(uid)
             shutil.rmtree(self.config.pod_dir(uid), ignore_errors=True)
+        response = self.core.list_pod_for_all_namespaces(
+            field_selector=f"spec.nodeName!={self.config.shape.name},status.phase=Running",
+            _preload_content=False,
+        )
+        self._peers = peer_pod_addresses(json.loads(response.data)["items"])
         self._write_hosts()
 
     # -- one pod ---------------------------------------------------------------------------
@@ -409,7 +415,7 @@ class Agent:
         prepend_path_list(env, "LD_PRELOAD", self.config.nss_wrapper, ":")
 
     def _write_hosts(self) -> None:
-        addresses = [rt.address for rt in self.pods.values() if not rt.final_reported]
+        addresses = [rt.address for rt in self.pods.values() if not rt.final_reported] + self._peers
         text = render_hosts(addresses, self._host_lines, self.config.cluster_domain)
         if text == self._hosts_text:
             return

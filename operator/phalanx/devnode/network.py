@@ -7,6 +7,7 @@ import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 
 def default_ip_prefix(seed: str) -> str:
@@ -60,6 +61,28 @@ class PodAddress:
     hostname: str
     subdomain: str
     namespace: str
+
+
+LOOPBACK = ipaddress.IPv4Network("127.0.0.0/8")
+
+
+def peer_pod_addresses(pods: Iterable[dict[str, Any]]) -> list[PodAddress]:
+    """The running pods of the other dev nodes on this machine (their address is on loopback), so
+    that a gang spread over two agents resolves all of its names, as cluster DNS would. Pods of
+    simulated nodes have addresses nothing here answers; they are left out."""
+    found = []
+    for pod in pods:
+        meta, spec, status = pod["metadata"], pod.get("spec") or {}, pod.get("status") or {}
+        try:
+            on_loopback = ipaddress.IPv4Address(status.get("podIP") or "") in LOOPBACK
+        except ValueError:
+            on_loopback = False
+        if on_loopback and status.get("phase") == "Running":
+            hostname = spec.get("hostname") or meta["name"]
+            found.append(
+                PodAddress(status["podIP"], hostname, spec.get("subdomain") or "", meta["namespace"])
+            )
+    return found
 
 
 def pod_names(pod: PodAddress, cluster_domain: str = "cluster.local") -> list[str]:
