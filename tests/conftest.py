@@ -392,37 +392,56 @@ class RealNode:
         return path.read_text(errors="replace") if path.exists() else ""
 
 
-@pytest.fixture(scope="session")
-def real_node(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealNode]:
-    """A dev-node agent for this test session (its own name, state dir and pod address range)."""
-    import signal
+def start_dev_node_agent(
+    cluster: Cluster, name: str, state_dir: Path, extra_args: Sequence[str] = ()
+) -> subprocess.Popen[bytes]:
+    """A dev-node agent (its own name, state dir and pod address range), in a session of its own so
+    that a test can stop or kill it alone; returns once its Node is Ready."""
     import sys
 
     from phalanx.devcluster.realnode import check_real_node_preflight
     from phalanx.devnode.network import default_ip_prefix
 
     check_real_node_preflight()  # one line naming the missing library and the fix, before any wait
-    name = f"real-{uuid.uuid4().hex[:6]}"
-    state_dir = tmp_path_factory.mktemp("devnode")
-    log = (state_dir / "agent.log").open("ab")
     argv = [
         sys.executable, "-m", "phalanx.devnode", "--kubeconfig", cluster.kubeconfig, "--name", name,
         "--state-dir", str(state_dir), "--ip-prefix", default_ip_prefix(f"{state_dir}:{name}"),
-        "--workdir", str(REPO_ROOT),
+        "--workdir", str(REPO_ROOT), *extra_args,
     ]  # fmt: skip
-    agent = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    with (state_dir / "agent.log").open("ab") as log:
+        agent = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_for(lambda: _node_ready_or_missing(cluster, name), timeout=60, what=f"dev node {name} Ready")
-        yield RealNode(name, state_dir)
-    finally:
+    except BaseException:
+        stop_dev_node_agent(cluster, name, agent)
+        raise
+    return agent
+
+
+def stop_dev_node_agent(cluster: Cluster, name: str, agent: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (the agent stops its pods' processes), SIGKILL to its group after 20 s; the Node goes."""
+    import signal
+
+    if agent.poll() is None:
         agent.send_signal(signal.SIGTERM)
         try:
             agent.wait(timeout=20)
         except subprocess.TimeoutExpired:
             os.killpg(agent.pid, signal.SIGKILL)
             agent.wait()
-        log.close()
-        cluster.kubectl("delete", "node", "--wait=false", "--ignore-not-found", name, check=False)
+    cluster.kubectl("delete", "node", "--wait=false", "--ignore-not-found", name, check=False)
+
+
+@pytest.fixture(scope="session")
+def real_node(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealNode]:
+    """A dev-node agent for this test session (its own name, state dir and pod address range)."""
+    name = f"real-{uuid.uuid4().hex[:6]}"
+    state_dir = tmp_path_factory.mktemp("devnode")
+    agent = start_dev_node_agent(cluster, name, state_dir)
+    try:
+        yield RealNode(name, state_dir)
+    finally:
+        stop_dev_node_agent(cluster, name, agent)
 
 
 def _node_ready_or_missing(cluster: Cluster, name: str) -> bool:

@@ -17,6 +17,7 @@ from tests.conftest import Cluster, RealNode, wait_for
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TRAINER_CONFIG = REPO_ROOT / "examples" / "demo-trainer.yaml"
 DEMO_JOB = REPO_ROOT / "examples" / "demo-trainingjob.yaml"
+POD_CPU = 0.5  # what each of the demo job's pods asks for (examples/demo-trainingjob.yaml)
 
 
 def job_manifests(
@@ -180,3 +181,60 @@ class Run:
 
     def losses(self, attempt: int) -> dict[int, float]:
         return {step: record.loss for step, record in self.attempts[attempt].steps.items()}
+
+
+def millicores(quantity: str) -> int:
+    return int(quantity[:-1]) if quantity.endswith("m") else int(float(quantity) * 1000)
+
+
+def unfinished_pods(cluster: Cluster, node: str) -> list[dict[str, Any]]:
+    """The pods bound to `node` that still hold their requests: any phase but Succeeded or Failed,
+    terminating ones included (the scheduler counts them until they are gone)."""
+    pods: list[dict[str, Any]] = cluster.get_json("pods", "-A", "--field-selector", f"spec.nodeName={node}")[
+        "items"
+    ]
+    return [p for p in pods if p["status"].get("phase") not in ("Succeeded", "Failed")]
+
+
+def free_millicores(cluster: Cluster, node: str) -> int:
+    allocatable = millicores(cluster.get_json("node", node)["status"]["allocatable"]["cpu"])
+    asked = sum(
+        millicores(((c.get("resources") or {}).get("requests") or {}).get("cpu", "0"))
+        for p in unfinished_pods(cluster, node)
+        for c in p["spec"]["containers"]
+    )
+    return allocatable - asked
+
+
+def wait_node_free_of_others(cluster: Cluster, node: str, namespace: str, timeout: float = 120.0) -> None:
+    """Until no pod outside `namespace` holds room on `node`: the pods of an earlier test, still
+    terminating, would free their room later and make room sized now too large."""
+
+    def others() -> list[str]:
+        return [
+            f"{p['metadata']['namespace']}/{p['metadata']['name']}"
+            for p in unfinished_pods(cluster, node)
+            if p["metadata"]["namespace"] != namespace
+        ]
+
+    try:
+        wait_for(lambda: not others(), timeout=timeout, what=f"no other test's pod left on {node}")
+    except AssertionError as err:
+        raise AssertionError(f"{err}; still there: {others()}") from None
+
+
+def blocker(node: RealNode, cpu_millicores: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "blocker"},
+        "spec": {
+            **node.placement(),
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{
+                "name": "sleep", "image": "python",
+                "command": ["python", "-c", "import time; time.sleep(3600)"],
+                "resources": {"requests": {"cpu": f"{cpu_millicores}m", "memory": "16Mi"}},
+            }],
+        },
+    }  # fmt: skip

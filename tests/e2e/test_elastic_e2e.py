@@ -4,8 +4,8 @@ world size, and keeps the global batch constant (data.global_batch_size; docs/tr
 resize"), as the trainer's own start lines say.
 
 The room is made scarce by a blocker pod on the dev node that asks for the node's free CPU less
-what one of the job's pods needs. The shrink after a lost node is in tests/integration/
-test_elastic.py (kwok): the dev node is the only real node, and losing it would lose the job too.
+what one of the job's pods needs. The shrink after a lost node, with real training on two dev nodes,
+is in test_elastic_shrink_e2e.py.
 """
 
 from __future__ import annotations
@@ -19,48 +19,14 @@ from typing import Any
 import pytest
 
 from tests.conftest import Cluster, OperatorProcess, RealNode, create_namespace, wait_for
-from tests.e2e.runs import job_manifests, job_status, wait_job_phase
+from tests.e2e.runs import POD_CPU, blocker, free_millicores, job_manifests, job_status, wait_job_phase
 
 pytestmark = pytest.mark.e2e
 
 STEPS = 120
 INTERVAL = 10
 GLOBAL_BATCH = 32  # batch_size 8: 2 micro-steps on 2 ranks (1 pod x 2 processes), 1 on 4 ranks
-POD_CPU = 0.5  # what each of the demo job's pods asks for (examples/demo-trainingjob.yaml)
 TIMEOUT = 300.0
-
-
-def millicores(quantity: str) -> int:
-    return int(quantity[:-1]) if quantity.endswith("m") else int(float(quantity) * 1000)
-
-
-def free_millicores(cluster: Cluster, node: str) -> int:
-    allocatable = millicores(cluster.get_json("node", node)["status"]["allocatable"]["cpu"])
-    pods = cluster.get_json("pods", "-A", "--field-selector", f"spec.nodeName={node}")["items"]
-    asked = sum(
-        millicores(((c.get("resources") or {}).get("requests") or {}).get("cpu", "0"))
-        for p in pods
-        if p["status"].get("phase") not in ("Succeeded", "Failed")
-        for c in p["spec"]["containers"]
-    )
-    return allocatable - asked
-
-
-def blocker(node: RealNode, cpu_millicores: int) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "blocker"},
-        "spec": {
-            **node.placement(),
-            "terminationGracePeriodSeconds": 0,
-            "containers": [{
-                "name": "sleep", "image": "python",
-                "command": ["python", "-c", "import time; time.sleep(3600)"],
-                "resources": {"requests": {"cpu": f"{cpu_millicores}m", "memory": "16Mi"}},
-            }],
-        },
-    }  # fmt: skip
 
 
 def trainer_events(node: RealNode, namespace: str, pod: str, event: str) -> list[dict[str, Any]]:

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from phalanx.devnode.network import IpPool, PodAddress, default_ip_prefix, pod_names, render_hosts
+from phalanx.devnode.network import (
+    IpPool,
+    PodAddress,
+    default_ip_prefix,
+    peer_pod_addresses,
+    pod_names,
+    render_hosts,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -70,3 +77,43 @@ def test_hosts_file_has_an_ipv4_and_a_v4_mapped_ipv6_line_per_pod_after_the_mach
     assert lines[2].startswith("::ffff:127.9.9.2 a.svc.ns.svc.cluster.local ")
     assert lines[3].startswith("127.9.9.3 b.svc.ns.svc.cluster.local ")
     assert len(lines) == 5
+
+
+def pod(
+    name: str, ip: str, phase: str = "Running", subdomain: str = "job", deleted_at: str = ""
+) -> dict[str, object]:
+    deletion = {"deletionTimestamp": deleted_at} if deleted_at else {}
+    return {
+        "metadata": {"name": name, "namespace": "ns", **deletion},
+        "spec": {"hostname": name, "subdomain": subdomain},
+        "status": {"podIP": ip, "phase": phase},
+    }
+
+
+def test_the_running_pods_of_other_dev_nodes_are_listed_and_simulated_ones_are_not() -> None:
+    found = peer_pod_addresses([
+        pod("on-another-agent", "127.9.8.2"),
+        pod("on-kwok", "10.0.0.7"),  # a simulated node's address: nothing here answers it
+        pod("not-started", ""),
+        pod("ended", "127.9.8.3", phase="Succeeded"),
+    ])  # fmt: skip
+    assert found == [PodAddress("127.9.8.2", "on-another-agent", "job", "ns")]
+    assert "on-another-agent.job.ns.svc.cluster.local" in render_hosts(found)
+
+
+def test_a_peer_pod_being_deleted_is_left_out() -> None:
+    going = pod("going", "127.9.8.4", deleted_at="2026-12-01T00:00:00Z")  # still Running, until it ends
+    assert peer_pod_addresses([going, pod("staying", "127.9.8.5")]) == [
+        PodAddress("127.9.8.5", "staying", "job", "ns")
+    ]
+
+
+def test_this_agents_own_pods_come_before_the_peers_so_a_short_name_resolves_to_its_own_pod() -> None:
+    # nss_wrapper answers with the first matching line: "worker-0.job" must be this agent's pod,
+    # even where a peer's namespace sorts first.
+    own = PodAddress("127.9.9.2", "worker-0", "job", "zz-own")
+    peer = PodAddress("127.9.8.2", "worker-0", "job", "aa-peer")
+    lines = render_hosts([own], peers=[peer]).splitlines()
+    first_short = next(line for line in lines if " worker-0.job " in f"{line} ")
+    assert first_short.startswith("127.9.9.2 "), lines
+    assert any(line.startswith("127.9.8.2 ") for line in lines), lines

@@ -19,6 +19,7 @@ from typing import Any
 
 from kubernetes import client, watch
 from kubernetes.client import ApiException
+from urllib3.exceptions import HTTPError
 
 from phalanx.devnode import node as node_objects
 from phalanx.devnode.bindshim import build_bind_shim
@@ -29,7 +30,7 @@ from phalanx.devnode.containers import (
     build_local_command,
     prepend_path_list,
 )
-from phalanx.devnode.network import IpPool, PodAddress, render_hosts, resolver_env
+from phalanx.devnode.network import IpPool, PodAddress, peer_pod_addresses, render_hosts, resolver_env
 from phalanx.devnode.podstatus import ContainerState, exit_code_of, orphan_status, pod_status
 from phalanx.devnode.preflight import check_name_resolution, default_nss_wrapper
 from phalanx.devnode.processes import POD_UID_ENV, ContainerProcess, kill_leftover_group, log_path, spawn
@@ -40,6 +41,10 @@ POD_IP_ENV = "PHALANX_DEVNODE_POD_IP"
 STRATEGIC_MERGE = "application/strategic-merge-patch+json"
 TERMINAL_PHASES = ("Succeeded", "Failed")
 DEFAULT_GRACE_SECONDS = 30
+# Under heartbeat_seconds: a slow peer list must not hold the loop past a beat.
+PEER_LIST_TIMEOUT_SECONDS = 5.0
+# What a request to the API server can raise: refused or failed answers, broken or slow connections.
+API_ERRORS = (ApiException, OSError, HTTPError)
 
 
 @dataclass(frozen=True)
@@ -101,6 +106,9 @@ class Agent:
         self.ready_since = time.time()
         self._last_beat = 0.0
         self._hosts_text = ""
+        self._peers: list[PodAddress] = []  # other dev nodes' running pods, as of the last good list
+        self._peers_listed_at = float("-inf")  # monotonic
+        self._peer_error = ""  # the last peer-list error logged: a repeat is not logged again
         self._host_lines = _read_host_lines()
         self.log = log or (lambda msg: print(f"devnode: {msg}", file=sys.stderr, flush=True))
         self.bind_shim = build_bind_shim(config.state_dir / "lib")
@@ -149,11 +157,19 @@ class Agent:
         self.register()
         threading.Thread(target=self._watch_pods, name="devnode-watch", daemon=True).start()
         while not self.stopping.is_set():
+            failed = False
             try:
                 self.sync_once()
-                self.heartbeat()
-            except (ApiException, OSError) as exc:
+            except API_ERRORS as exc:
                 self.log(f"sync failed, retrying: {exc}")
+                failed = True
+            # Apart from the sync: whatever fails there, the Node must stay Ready.
+            try:
+                self.heartbeat()
+            except API_ERRORS as exc:
+                self.log(f"heartbeat failed, retrying: {exc}")
+                failed = True
+            if failed:
                 time.sleep(1.0)
             self.wake.wait(self._next_wait())
             self.wake.clear()
@@ -197,7 +213,33 @@ class Agent:
             self._signal(runtime, signal.SIGKILL)
             self.pool.release(uid)
             shutil.rmtree(self.config.pod_dir(uid), ignore_errors=True)
+        self._refresh_peers()
         self._write_hosts()
+
+    def _refresh_peers(self) -> None:
+        """The other dev nodes' pods, listed at most once per resync (a pod's own events wake the
+        loop far more often). A failed list keeps the last peers: an API server may refuse it (a node
+        authorizer that lets a node see only its own pods) and the node must run its pods regardless."""
+        now = time.monotonic()
+        if now - self._peers_listed_at < self.config.resync_seconds:
+            return
+        self._peers_listed_at = now
+        try:
+            response = self.core.list_pod_for_all_namespaces(
+                field_selector=f"spec.nodeName!={self.config.shape.name},status.phase=Running",
+                _preload_content=False,
+                _request_timeout=PEER_LIST_TIMEOUT_SECONDS,
+            )
+            self._peers = peer_pod_addresses(json.loads(response.data)["items"])
+        except (*API_ERRORS, ValueError) as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            if error != self._peer_error:
+                self.log(
+                    f"listing the other dev nodes' pods failed; keeping the last {len(self._peers)}: {error}"
+                )
+                self._peer_error = error
+            return
+        self._peer_error = ""
 
     # -- one pod ---------------------------------------------------------------------------
     def _step(self, pod: dict[str, Any]) -> None:
@@ -410,7 +452,7 @@ class Agent:
 
     def _write_hosts(self) -> None:
         addresses = [rt.address for rt in self.pods.values() if not rt.final_reported]
-        text = render_hosts(addresses, self._host_lines, self.config.cluster_domain)
+        text = render_hosts(addresses, self._host_lines, self.config.cluster_domain, self._peers)
         if text == self._hosts_text:
             return
         # Replace, never rewrite in place: a process may be reading the file right now.

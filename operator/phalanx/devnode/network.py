@@ -7,6 +7,7 @@ import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 
 def default_ip_prefix(seed: str) -> str:
@@ -62,6 +63,30 @@ class PodAddress:
     namespace: str
 
 
+LOOPBACK = ipaddress.IPv4Network("127.0.0.0/8")
+
+
+def peer_pod_addresses(pods: Iterable[dict[str, Any]]) -> list[PodAddress]:
+    """The running pods of the other dev nodes on this machine (their address is on loopback), so
+    that a gang spread over two agents resolves all of its names, as cluster DNS would. Pods of
+    simulated nodes have addresses nothing here answers, and a pod being deleted is about to stop
+    answering; they are left out."""
+    found = []
+    for pod in pods:
+        meta, spec, status = pod["metadata"], pod.get("spec") or {}, pod.get("status") or {}
+        try:
+            on_loopback = ipaddress.IPv4Address(status.get("podIP") or "") in LOOPBACK
+        except ValueError:
+            on_loopback = False
+        deleting = bool(meta.get("deletionTimestamp"))
+        if on_loopback and status.get("phase") == "Running" and not deleting:
+            hostname = spec.get("hostname") or meta["name"]
+            found.append(
+                PodAddress(status["podIP"], hostname, spec.get("subdomain") or "", meta["namespace"])
+            )
+    return found
+
+
 def pod_names(pod: PodAddress, cluster_domain: str = "cluster.local") -> list[str]:
     """The names a pod answers to, most qualified first, as cluster DNS and /etc/hosts would give them."""
     if not pod.subdomain:
@@ -77,19 +102,30 @@ def pod_names(pod: PodAddress, cluster_domain: str = "cluster.local") -> list[st
 
 
 def render_hosts(
-    pods: Iterable[PodAddress], host_lines: str = "", cluster_domain: str = "cluster.local"
+    pods: Iterable[PodAddress],
+    host_lines: str = "",
+    cluster_domain: str = "cluster.local",
+    peers: Iterable[PodAddress] = (),
 ) -> str:
-    """An /etc/hosts for nss_wrapper: the machine's own entries, then two lines per pod.
+    """An /etc/hosts for nss_wrapper: the machine's own entries, then two lines per pod of this
+    agent, then two per pod of the other dev nodes (`peers`). nss_wrapper answers with the first
+    matching line, so a short name that two namespaces share (worker-0.job) resolves to this
+    agent's pod, as the search path of the pod's own namespace would make it in a cluster.
 
     The second line carries the IPv4-mapped IPv6 address: c10d's store looks a name up as IPv6 first
     and retries that form instead of falling back to IPv4 when only an IPv4 line exists.
     """
     lines = [line for line in host_lines.splitlines() if line.strip() and not line.lstrip().startswith("#")]
-    for pod in sorted(pods, key=lambda p: (p.namespace, p.hostname, p.ip)):
+    ordered = sorted(pods, key=_by_name) + sorted(peers, key=_by_name)
+    for pod in ordered:
         names = " ".join(pod_names(pod, cluster_domain))
         lines.append(f"{pod.ip} {names}")
         lines.append(f"::ffff:{pod.ip} {names}")
     return "\n".join(lines) + "\n"
+
+
+def _by_name(pod: PodAddress) -> tuple[str, str, str]:
+    return (pod.namespace, pod.hostname, pod.ip)
 
 
 def resolver_env(hosts_file: Path, hostname: str) -> dict[str, str]:
