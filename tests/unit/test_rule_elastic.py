@@ -203,3 +203,14 @@ def test_a_gang_does_not_grow_during_the_cool_down_after_a_gang_timeout() -> Non
     pods = [sized(i, 3, phase="Running", attempt=1) for i in range(3)]
     plan = decide(elastic_job_of(4, running), pods, NODES, later + 60, room=Room(pods=1))
     assert plan.status["phase"] == "Running" and not plan.delete_pods
+
+
+def test_before_the_cluster_is_listed_a_new_attempt_waits_to_be_sized() -> None:
+    # room None: the stores have not listed (the first pass after a start). Sizing now would read
+    # no room and start at minReplicas when maxReplicas fits.
+    plan = decide(elastic_job(), [], NODES, NOW, room=None)
+    assert not plan.create_indices
+    assert "currentReplicas" not in plan.status and "sizedAttempt" not in plan.status
+    assert plan.recheck_after is not None and plan.recheck_after <= 5
+    later = decide(elastic_job(plan.status), [], NODES, NOW + 1, room=Room(pods=2))
+    assert later.create_indices == [0, 1] and later.status["currentReplicas"] == 2
