@@ -29,6 +29,8 @@ REASON_RESIZED: Final = "Resized"  # the Event of every size change, from -> to
 # How often a gang below its size looks for room again: node and pod events of other jobs do not
 # enqueue it, and a checkpoint report alone does not either.
 GROW_RECHECK_SECONDS: Final = 5.0
+# How soon a new attempt not sized yet, for want of a listed cluster, is looked at again.
+UNSIZED_RECHECK_SECONDS: Final = 1.0
 
 
 # How long the sizes of new attempts stay below one torn down for not starting, and growth waits.
@@ -71,7 +73,7 @@ class Room:
 def start_size(spec: TrainingJobSpec, room: Room | None, cap: Cap | None = None) -> int:
     """The size of a new attempt, chosen before its first pod is created; at most cap.replicas.
 
-    room None (the cluster not listed yet): minReplicas, the size admitted first; it grows later.
+    room None (the cluster not listed yet): minReplicas; rules/creation.py waits for the room instead.
     """
     if spec.elastic is None:
         return spec.replicas

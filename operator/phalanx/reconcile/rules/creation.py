@@ -28,6 +28,11 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
     # The attempt's size is chosen once, before its first pod exists, and recorded before any is
     # created (the reconciler writes the status first): a pod store behind the creates sees none yet.
     if not current and status.get("sizedAttempt") != attempt:
+        if seen.as_written.elastic is not None and seen.room is None:
+            # The stores have not listed yet (the first pass after a start): the room would read as
+            # none and the attempt start at minReplicas where more fits. Sized once they have.
+            b.recheck(elastic.UNSIZED_RECHECK_SECONDS)
+            return True
         size = _choose_size(b, seen)
     missing = [i for i in range(size) if i not in current]
     if missing and gang_timeout.partly_created(b, seen):
