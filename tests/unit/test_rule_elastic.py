@@ -214,3 +214,10 @@ def test_before_the_cluster_is_listed_a_new_attempt_waits_to_be_sized() -> None:
     assert plan.recheck_after is not None and plan.recheck_after <= 5
     later = decide(elastic_job(plan.status), [], NODES, NOW + 1, room=Room(pods=2))
     assert later.create_indices == [0, 1] and later.status["currentReplicas"] == 2
+
+
+def test_the_cap_after_a_failed_start_is_cleared_when_the_job_succeeds() -> None:
+    status = {**RUNNING, "currentReplicas": 2, "elasticCap": {"replicas": 1, "until": "2099-01-01T00:00:00Z"}}
+    done = [pod(0, phase="Succeeded", exit_code=0), pod(1, phase="Succeeded", exit_code=0)]
+    plan = decide(elastic_job(status), done, NODES, NOW)
+    assert plan.status["phase"] == "Succeeded" and "elasticCap" not in plan.status
