@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from phalanx import constants as c
 from phalanx.controller.admission_at_creation import CreationAdmission
 from phalanx.controller.admission_state import AdmissionState
 from phalanx.controller.stores import ClusterStores
@@ -60,3 +61,58 @@ def test_nodes_reserved_for_another_blocked_gang_offer_no_room_but_the_gangs_own
 
 def test_before_the_stores_are_listed_the_room_is_unknown() -> None:
     assert admission(["n0"], [], listed=False).room_for("ns/j", GPU_POD, 2, 0.0) is None
+
+
+def gated_pod(name: str) -> dict[str, Any]:
+    """A pod created for a gang that waits for the admission pass (gated, on no node yet)."""
+    return {
+        "metadata": {"name": name, "namespace": "ns", "resourceVersion": "1"},
+        "spec": {**GPU_POD, "schedulingGates": [{"name": c.GANG_SCHEDULING_GATE}]},
+        "status": {"phase": "Pending"},
+    }
+
+
+def test_room_one_gang_was_sized_into_is_not_offered_to_another_before_its_pods_are_placed() -> None:
+    room = admission(["n0", "n1"], [])
+    assert room.room_for("ns/a", GPU_POD, 2, 0.0, hold=True) == Room(2)
+    # Sized in the same moment, before a's pods exist: the room is a's.
+    assert room.room_for("ns/b", GPU_POD, 2, 0.0, hold=True) == Room(0)
+    room.claim("ns/a", GPU_POD, pods=2, needed=2, names=["ns/a-0", "ns/a-1"], now=0.0)
+    # a's pods created, waiting for the admission pass: still a's.
+    room.stores.pods.upsert(gated_pod("a-0"))
+    room.stores.pods.upsert(gated_pod("a-1"))
+    assert room.room_for("ns/b", GPU_POD, 2, 1.0) == Room(0)
+    assert room.room_for("ns/a", GPU_POD, 2, 1.0) == Room(2)  # its own claim does not count against it
+
+
+def test_a_provisional_hold_not_followed_by_a_decision_is_dropped() -> None:
+    room = admission(["n0", "n1"], [])
+    assert room.room_for("ns/a", GPU_POD, 2, 0.0, hold=True) == Room(2)
+    room.settle("ns/a")  # a decided nothing that needs the room
+    assert room.room_for("ns/b", GPU_POD, 2, 0.0) == Room(2)
+
+
+def test_a_claim_ends_once_its_pods_hold_their_nodes() -> None:
+    room = admission(["n0", "n1", "n2"], [])
+    room.claim("ns/a", GPU_POD, pods=1, needed=1, names=["ns/a-0"], now=0.0)
+    assert room.room_for("ns/b", GPU_POD, 3, 0.0) == Room(2)
+    placed = {
+        **gated_pod("a-0"),
+        "metadata": {"name": "a-0", "namespace": "ns", "resourceVersion": "2"},
+        "spec": {**GPU_POD, "nodeName": "n0"},
+        "status": {"phase": "Running"},
+    }
+    room.stores.pods.upsert(placed)
+    assert room.room_for("ns/b", GPU_POD, 3, 1.0) == Room(2)  # counted once: as used, not claimed too
+    assert "ns/a" not in room.state.claims
+
+
+def test_one_free_node_is_granted_to_one_grow_and_the_growers_own_nodes_stay_its() -> None:
+    a0 = {**bound_pod("a-0", "n0"), "metadata": {"name": "a-0", "namespace": "ns", "resourceVersion": "1"}}
+    room = admission(["n0", "n1"], [a0, bound_pod("b-0", "n2")])
+    # a grows from 1 to 2 into the free n1: the whole new gang, of which one pod more than a holds.
+    room.claim("ns/a", GPU_POD, pods=2, needed=1, names=[], now=0.0)
+    assert room.room_for("ns/b", GPU_POD, 2, 0.0) == Room(0)  # b does not restart for n1 too
+    room.stores.pods.delete(a0)  # a's old pod is gone while it restarts: n0 is a's still
+    assert room.room_for("ns/b", GPU_POD, 2, 1.0) == Room(0)
+    assert room.room_for("ns/a", GPU_POD, 2, 1.0) == Room(2)

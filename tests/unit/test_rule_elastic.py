@@ -216,6 +216,31 @@ def test_before_the_cluster_is_listed_a_new_attempt_waits_to_be_sized() -> None:
     assert later.create_indices == [0, 1] and later.status["currentReplicas"] == 2
 
 
+def test_a_restart_to_grow_claims_the_room_it_grows_into() -> None:
+    status = checkpointed({**RUNNING, "currentReplicas": 1})
+    plan = decide(elastic_job(status), [pod(0)], NODES, NOW, room=Room(pods=1))
+    # The new gang of 2, of which 1 beyond the pod it holds now (rules/elastic.py, admission_at_creation.py).
+    assert plan.grow == (2, 1)
+    waiting = decide(elastic_job(checkpointed({**RUNNING, "currentReplicas": 1})), [pod(0)], NODES, NOW,
+                     room=Room(pods=0))  # fmt: skip
+    assert waiting.grow is None
+
+
+def test_the_room_is_read_only_for_a_decision_that_needs_it() -> None:
+    from phalanx.reconcile.rules.elastic import room_needed
+
+    assert room_needed(elastic_job(), [])  # a new attempt to size
+    assert not room_needed(job(), [])  # not elastic
+    sized_not_seen = {"attempt": 0, "sizedAttempt": 0, "currentReplicas": 1}
+    assert not room_needed(elastic_job(sized_not_seen), [])  # sized already: its pods are on the way
+    assert not room_needed(elastic_job({**RUNNING, "currentReplicas": 2}), [pod(0), pod(1)])  # whole
+    below = {**RUNNING, "currentReplicas": 1}
+    assert not room_needed(elastic_job(below), [pod(0)])  # no checkpoint since admission: cannot grow
+    assert room_needed(elastic_job(checkpointed(below)), [pod(0)])  # a grow check
+    capped = {**checkpointed(below), "elasticCap": {"replicas": 1, "until": "2099-01-01T00:00:00Z"}}
+    assert not room_needed(elastic_job(capped), [pod(0)])
+
+
 def test_the_cap_after_a_failed_start_is_cleared_when_the_job_succeeds() -> None:
     status = {**RUNNING, "currentReplicas": 2, "elasticCap": {"replicas": 1, "until": "2099-01-01T00:00:00Z"}}
     done = [pod(0, phase="Succeeded", exit_code=0), pod(1, phase="Succeeded", exit_code=0)]
