@@ -35,12 +35,12 @@ from phalanx.kueue.placement import placed_pod
 from phalanx.kueue.workload import managed_here, queue_name
 from phalanx.pod_facts import attempt_spec, is_owned_by
 from phalanx.policy import bad_nodes
-from phalanx.policy.elastic import Room
 from phalanx.policy.host_path import REASON_HOST_PATH_NOT_ALLOWED, host_path_refusal
 from phalanx.policy.progress_writes import decided_on, settle_progress
 from phalanx.reconcile.lifecycle import decide
 from phalanx.reconcile.plan import FINISHED_PHASES, Event, Plan, iso, merged_events
 from phalanx.reconcile.rules.creation import creation_refused, name_conflict, spec_refused
+from phalanx.reconcile.rules.elastic import room_needed
 
 # Status fields no decision reads: a write that changed only these needs no second look.
 BOOKKEEPING_FIELDS: Final = ("goodput", "lastRecovery", "progress", "lastCheckpoint")
@@ -136,6 +136,7 @@ class Reconciler:
             try:
                 stored = writer.write_status(key, job, old_status, plan.status)
             except StatusConflict:
+                self.creation_admission.settle(key)  # nothing was done: decided again on the new version
                 return writer.refreshed(key)
             if stored is None:
                 self.forget(key)
@@ -157,6 +158,7 @@ class Reconciler:
         refusal = host_path_refusal(spec, self.allow_host_path_checkpoints) if plan.create_indices else None
         if refusal is not None:  # nothing is created; a restart with the flag, or a new job, moves on
             plan.create_indices, plan.events = [], []
+            self.creation_admission.settle(key)
             self._record(job, spec_refused(job, plan.status, REASON_HOST_PATH_NOT_ALLOWED, refusal, now), now)
         if plan.create_indices:
             outcomes = self._create_gang(key, job, ref, spec, plan, now, gate)
@@ -229,13 +231,28 @@ class Reconciler:
         report = reported[1] if reported is not None and reported[0] == uid else None
         attempt = int((job.get("status") or {}).get("attempt") or 0)
         refusals = self.generations.refusals(key, str(uid), attempt)
-        return decide(job, pods, nodes, now, self.node_lost_after, trainer_report=report,
-                      launcher_refusals=refusals, room=self._elastic_room(key, job, now),
-                      kueue_gate=gate)  # fmt: skip
+        probe = self._room_probe(job, pods, now)
+        # Held for this decision (hold=True): a decision for another gang meanwhile cannot be given
+        # the same room (admission_at_creation.py, claims).
+        room = (
+            None
+            if probe is None
+            else self.creation_admission.room_for(key, probe, probe_most(job), now, hold=True)
+        )
+        plan = decide(job, pods, nodes, now, self.node_lost_after, trainer_report=report,
+                      launcher_refusals=refusals, room=room, kueue_gate=gate)  # fmt: skip
+        if probe is not None and plan.grow is not None:  # the room is the growing gang's until it is placed
+            self.creation_admission.claim(key, probe, plan.grow[0], plan.grow[1], (), now)
+        elif probe is not None and not plan.create_indices:
+            self.creation_admission.settle(key)  # decided without taking the room (_create_gang claims it)
+        return plan
 
-    def _elastic_room(self, key: str, job: dict[str, Any], now: float) -> Room | None:
-        """spec.elastic: the room for the job's pods now, to size a new attempt or grow (policy/elastic.py)."""
-        if not (job.get("spec") or {}).get("elastic"):
+    def _room_probe(
+        self, job: dict[str, Any], pods: list[dict[str, Any]], now: float
+    ) -> dict[str, Any] | None:
+        """spec.elastic, and a decision that needs the room (sizing a new attempt, a grow check;
+        rules/elastic.room_needed): the pod spec to measure it by. None: the room is not read."""
+        if not room_needed(job, pods):
             return None
         written = parse(TrainingJobSpec, job["spec"])
         status = job.get("status") or {}
@@ -243,7 +260,8 @@ class Reconciler:
             JobRef.of(job), written, 0, int(status.get("attempt") or 0), job["spec"].get("template") or {},
             cluster_domain=self.cluster_domain, avoid_nodes=bad_nodes.avoided(status.get("badNodes"), now),
         )  # fmt: skip
-        return self.creation_admission.room_for(key, probe["spec"], written.replicas, now)
+        spec: dict[str, Any] = probe["spec"]
+        return spec
 
     def _create_gang(
         self,
@@ -287,6 +305,9 @@ class Reconciler:
             )
             for index in plan.create_indices
         ]
+        if spec.elastic is not None and pods_to_create:  # the room it was sized into, until its pods hold it
+            self.creation_admission.claim(key, pods_to_create[0]["spec"], len(pods_to_create), len(pods_to_create),
+                                          [f"{ref.namespace}/{p['metadata']['name']}" for p in pods_to_create], now)  # fmt: skip
         if gate is not None:  # admitted by Kueue: on its flavors' nodes, ungated, the scheduler places them
             placement = self.kueue.placement(gate)
             pods_to_create = [placed_pod(pod, placement) for pod in pods_to_create]
@@ -325,6 +346,11 @@ class Reconciler:
     def _record(self, job: dict[str, Any], event: Event | None, now: float) -> None:
         if event is not None:
             self.writer.record_event(job, event.type, event.reason, event.message, iso(now))
+
+
+def probe_most(job: dict[str, Any]) -> int:
+    """The most pods an elastic gang's room is measured up to: its size (spec.replicas, or maxReplicas)."""
+    return parse(TrainingJobSpec, job["spec"]).replicas
 
 
 def _size_unrecorded(job: dict[str, Any], old_status: dict[str, Any], plan: Plan) -> bool:

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from phalanx.api.schema import parse
 from phalanx.api.v1alpha1 import TrainingJobSpec
-from phalanx.pod_facts import attempt_replicas, attempt_sizes
+from phalanx.pod_facts import attempt_replicas, attempt_sizes, in_current_attempt
 from phalanx.policy import elastic
 from phalanx.policy.pod_outcome import VerdictKind
 from phalanx.reconcile.observed import Observed
@@ -73,9 +74,30 @@ def grow(b: PlanBuilder, seen: Observed) -> bool:
     if size is None:
         b.recheck(elastic.GROW_RECHECK_SECONDS)  # room and checkpoints come without an event for it
         return False
+    b.plan.grow = (size, size - current)
     restarts = b.status["restarts"]
     restarts["resizes"] = int(restarts.get("resizes", 0)) + 1
     restart(b, seen.current, elastic.REASON_RESIZE,
             f"room for {size - current} more pod(s) and a checkpoint at step "
             f"{(b.status.get('lastCheckpoint') or {}).get('step')}: growing from {current} towards {size} pod(s)")  # fmt: skip
     return True
+
+
+def room_needed(job: dict[str, Any], pods: list[dict[str, Any]]) -> bool:
+    """Whether this pass's decision may read the room (the I/O layer computes it only then: placing
+    a probe gang costs a plan over every node): a new elastic attempt to size (rules/creation.py),
+    or a gang that could grow now, running below its size with a checkpoint since its admission and
+    no cap (grow above). Any other pass decides without it."""
+    spec = job.get("spec") or {}
+    if not spec.get("elastic"):
+        return False
+    status = job.get("status") or {}
+    attempt = int(status.get("attempt") or 0)
+    if status.get("createdAttempt") != attempt and status.get("sizedAttempt") != attempt:
+        return not any(in_current_attempt(p, status) for p in pods)
+    if status.get("phase") != "Running" or not elastic.checkpointed_since_admission(status):
+        return False
+    if (status.get("elasticCap") or {}).get("until"):
+        return False  # active or not, grow() drops it first and looks for room 5 s later
+    written = parse(TrainingJobSpec, spec)
+    return attempt_replicas(written, status, pods) < written.replicas
