@@ -107,3 +107,19 @@ def test_with_replicas_multiple_of_a_gang_grows_only_by_whole_multiples() -> Non
     assert grow_size(in_steps_of(2, 2, 8), 2, Room(pods=3), CHECKPOINT_AFTER) == 4
     assert grow_size(in_steps_of(2, 2, 8), 2, Room(pods=1), CHECKPOINT_AFTER) is None
     assert grow_size(in_steps_of(4, 4, 8, replicas=6), 4, Room(pods=5), CHECKPOINT_AFTER) is None
+
+
+def test_a_checkpoint_counts_by_when_the_operator_saw_it_not_by_the_trainers_clock() -> None:
+    # The trainer's clock runs ahead: its timestamp says after the admission, the operator saw the
+    # checkpoint before it (the attempt before wrote it). No growth: a restart would lose more.
+    ahead = {**ADMITTED, "lastCheckpoint": {"step": 10, "time": "2027-01-15T08:09:00.000Z",
+                                            "observedTime": "2027-01-15T07:59:50Z"}}  # fmt: skip
+    assert not checkpointed_since_admission(ahead)
+    # Behind: its timestamp says before the admission, the operator first saw it after.
+    behind = {**ADMITTED, "lastCheckpoint": {"step": 20, "time": "2027-01-15T07:50:00.000Z",
+                                             "observedTime": "2027-01-15T08:05:01Z"}}  # fmt: skip
+    assert checkpointed_since_admission(behind)
+    # Stored before the operator stamped its observations: not known to be newer, no growth yet.
+    assert not checkpointed_since_admission(
+        {**ADMITTED, "lastCheckpoint": {"step": 20, "time": "2027-01-15T08:05:00Z"}}
+    )

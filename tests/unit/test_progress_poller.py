@@ -120,3 +120,36 @@ def test_the_backfill_reads_the_eta_the_interval_held_back(trainer: Trainer) -> 
     assert passing._freshest_status(job)["progress"]["etaSeconds"] == 580
     other = {**job, "metadata": {**job["metadata"], "uid": "uid-2"}}  # a job re-created by name
     assert passing._freshest_status(other)["progress"]["etaSeconds"] == 600
+
+
+def test_a_new_checkpoint_is_stamped_with_the_operators_time_once(
+    trainer: Trainer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Growth compares it with status.admittedTime, the operator's clock too (policy/elastic.py).
+    monkeypatch.setattr(progress_module.time, "time", lambda: 1_800_000_000.0)
+    writer = RecordingWriter()
+    polling = poller(writer, seconds=0.0)
+    trainer.report.update(step=2, last_checkpoint={"step": 2, "time": "2000-01-01T00:00:00Z"})
+    polling.poll("ns/job")
+    assert writer.writes[-1]["lastCheckpoint"]["observedTime"] == "2027-01-15T08:00:00Z"
+    monkeypatch.setattr(progress_module.time, "time", lambda: 1_800_000_100.0)
+    trainer.report.update(step=3)
+    trainer.now += 1.0
+    polling.poll("ns/job")  # the same checkpoint: when it was first seen stays
+    assert writer.writes[-1]["lastCheckpoint"]["observedTime"] == "2027-01-15T08:00:00Z"
+
+
+def test_a_checkpoint_the_status_holds_keeps_its_observed_time_after_an_operator_restart(
+    trainer: Trainer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(progress_module.time, "time", lambda: 1_800_000_100.0)
+    writer = RecordingWriter()
+    polling = ProgressPoller(writer, NoQueue(), status_seconds=0.0)  # type: ignore[arg-type]
+    stored = {"step": 2, "time": "2000-01-01T00:00:00Z", "observedTime": "2027-01-15T07:00:00Z"}
+    rank0 = {"metadata": {"name": "job-worker-0", "labels": {"phalanx.dev/attempt": "0",
+                                                             "phalanx.dev/replica-index": "0"}},
+             "status": {"podIP": "10.0.0.1"}}  # fmt: skip
+    polling.track("ns/job", "uid-1", [rank0], {"phase": "Running", "attempt": 0, "lastCheckpoint": stored})
+    trainer.report.update(step=3, last_checkpoint={"step": 2, "time": "2000-01-01T00:00:00Z"})
+    polling.poll("ns/job")
+    assert writer.writes[-1]["lastCheckpoint"]["observedTime"] == "2027-01-15T07:00:00Z"
