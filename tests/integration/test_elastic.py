@@ -53,9 +53,11 @@ def events_with(cluster: Cluster, ns: str, job: str, reason: str) -> list[str]:
 
 
 def report_checkpoint(cluster: Cluster, ns: str, job: str, step: int) -> None:
-    """What the progress poller copies in from rank 0's /progress: a checkpoint committed now."""
-    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
-    patch = {"status": {"lastCheckpoint": {"step": step, "time": now}}}
+    """What the progress poller copies in from rank 0's /progress: a checkpoint committed now, first
+    seen by the operator now (observedTime, the operator's clock; this machine's here)."""
+    now = dt.datetime.now(dt.UTC)
+    saved, observed = now.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z", now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    patch = {"status": {"lastCheckpoint": {"step": step, "time": saved, "observedTime": observed}}}
     cluster.kubectl(
         "patch", "tj", job, "-n", ns, "--subresource=status", "--type=merge", "-p", json.dumps(patch)
     )

@@ -21,7 +21,14 @@ pytestmark = pytest.mark.unit
 
 TEMPLATE = {"spec": {"containers": [{"name": "trainer"}]}}
 ADMITTED = {"admittedTime": "2027-01-15T08:00:00Z"}
-CHECKPOINT_AFTER = {**ADMITTED, "lastCheckpoint": {"step": 20, "time": "2027-01-15T08:05:00.250Z"}}
+CHECKPOINT_AFTER = {
+    **ADMITTED,
+    "lastCheckpoint": {
+        "step": 20,
+        "time": "2027-01-15T08:05:00.250Z",
+        "observedTime": "2027-01-15T08:05:01Z",
+    },
+}
 
 
 def spec(**fields: Any) -> TrainingJobSpec:
@@ -74,7 +81,8 @@ def test_a_gang_grows_into_free_room_after_a_checkpoint_since_its_admission() ->
 
 
 def test_no_growth_without_a_checkpoint_since_admission() -> None:
-    before = {**ADMITTED, "lastCheckpoint": {"step": 10, "time": "2027-01-15T07:59:59.900Z"}}
+    before = {**ADMITTED, "lastCheckpoint": {"step": 10, "time": "2027-01-15T07:59:59.900Z",
+                                             "observedTime": "2027-01-15T07:59:59Z"}}  # fmt: skip
     assert grow_size(elastic(1, 4), 1, Room(pods=3), before) is None
     assert grow_size(elastic(1, 4), 1, Room(pods=3), ADMITTED) is None
     assert checkpointed_since_admission(CHECKPOINT_AFTER)

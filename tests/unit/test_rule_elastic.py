@@ -25,7 +25,8 @@ def elastic_job(status: dict[str, Any] | None = None) -> dict[str, Any]:
 def checkpointed(status: dict[str, Any], seconds_after_admission: float = 30) -> dict[str, Any]:
     from phalanx.reconcile.plan import iso
 
-    return {**status, "lastCheckpoint": {"step": 40, "time": iso(NOW - 60 + seconds_after_admission)}}
+    seen = iso(NOW - 60 + seconds_after_admission)  # when the operator saw it (admitted at NOW - 60)
+    return {**status, "lastCheckpoint": {"step": 40, "time": seen, "observedTime": seen}}
 
 
 def test_the_first_attempt_is_created_at_the_size_that_fits() -> None:

@@ -615,7 +615,11 @@ class LastCheckpoint:
     """The newest complete checkpoint the trainer reported."""
 
     step: int | None = api_field("Training step of the checkpoint.")
-    time: str | None = api_field("When it was committed (RFC 3339).")
+    time: str | None = api_field("When it was committed (RFC 3339), by the trainer's clock.")
+    observed_time: str | None = api_field(
+        "When the operator first saw it (RFC 3339, the operator's clock): what an elastic gang's "
+        "growth compares with admittedTime."
+    )
 
 
 @dataclass

@@ -94,13 +94,14 @@ def usable(spec: TrainingJobSpec, pods: int) -> int:
 
 def checkpointed_since_admission(status: Mapping[str, Any]) -> bool:
     """The trainer reported a checkpoint committed after the current attempt was admitted: a restart
-    now loses only the steps since then."""
-    checkpoint = (status.get("lastCheckpoint") or {}).get("time")
+    now loses only the steps since then. Judged by when the operator first saw it
+    (lastCheckpoint.observedTime, controller/progress.py), against admittedTime: both the operator's
+    clock, whole seconds, UTC "Z". The trainer's own timestamp is another machine's clock."""
+    observed = (status.get("lastCheckpoint") or {}).get("observedTime")
     admitted = status.get("admittedTime")
-    if not checkpoint or not admitted:
+    if not observed or not admitted:
         return False
-    # To the second: the trainer writes milliseconds, the operator whole seconds (both UTC, "Z").
-    return str(checkpoint)[:19] >= str(admitted)[:19]
+    return str(observed)[:19] >= str(admitted)[:19]
 
 
 def grow_size(
