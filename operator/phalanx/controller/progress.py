@@ -339,3 +339,7 @@ class ProgressPoller:
         self.last_progress[key] = patch
         self.written_at[key] = now
         self.unwritten.pop(key, None)
+        if "lastCheckpoint" in patch and patch["lastCheckpoint"] != (written or {}).get("lastCheckpoint"):
+            # A decision reads it (an elastic gang grows after a checkpoint since its admission), and
+            # the job's own status events do not enqueue it: a checkpoint every few minutes, one pass each.
+            self.work.enqueue_threadsafe(key)

@@ -42,8 +42,9 @@ from phalanx.reconcile.plan import FINISHED_PHASES, Event, Plan, iso, merged_eve
 from phalanx.reconcile.rules.creation import creation_refused, name_conflict, spec_refused
 from phalanx.reconcile.rules.elastic import room_needed
 
-# Status fields no decision reads: a write that changed only these needs no second look.
-BOOKKEEPING_FIELDS: Final = ("goodput", "lastRecovery", "progress", "lastCheckpoint")
+# Status fields no decision reads: a write that changed only these needs no second look. Not
+# lastCheckpoint: an elastic gang's growth reads it (rules/elastic.py).
+BOOKKEEPING_FIELDS: Final = ("goodput", "lastRecovery", "progress")
 NAME_CONFLICT_RETRY_SECONDS: Final = 10.0
 CREATE_REFUSED_RETRY_SECONDS: Final = 5.0
 
