@@ -247,3 +247,33 @@ def test_the_cap_after_a_failed_start_is_cleared_when_the_job_succeeds() -> None
     done = [pod(0, phase="Succeeded", exit_code=0), pod(1, phase="Succeeded", exit_code=0)]
     plan = decide(elastic_job(status), done, NODES, NOW)
     assert plan.status["phase"] == "Succeeded" and "elasticCap" not in plan.status
+
+
+def world_size_exit(index: int, size: int) -> dict[str, Any]:
+    """A pod of an attempt of `size` whose trainer found that world size unusable (exit 78)."""
+    p = pod(index, phase="Failed", exit_code=78)
+    p["metadata"]["labels"][GANG_SIZE] = str(size)
+    return p
+
+
+def test_an_unusable_world_size_caps_the_gang_below_it_and_retries() -> None:
+    status = {**RUNNING, "currentReplicas": 3, "sizedAttempt": 0}
+    pods = [world_size_exit(0, 3), sized(1, 3, phase="Running"), sized(2, 3, phase="Running")]
+    plan = decide(elastic_job_of(4, status), pods, NODES, NOW, room=Room(pods=1))
+    assert plan.status["phase"] != "Failed" and plan.status["attempt"] == 1
+    assert plan.status["elasticCap"]["replicas"] == 2
+    assert plan.status["restarts"]["failures"] == 0  # not the job's failure: the size's
+    warning = next(e for e in plan.events if e.reason == "WorldSizeUnusable")
+    assert warning.type == "Warning"
+    assert "3 pod(s)" in warning.message and "replicasMultipleOf" in warning.message
+    again = decide(elastic_job_of(4, plan.status), [], NODES, NOW + 3600, room=Room(pods=4))
+    assert again.create_indices == [0, 1]  # below the size that failed, though the room is larger
+
+
+def test_an_unusable_world_size_at_min_replicas_fails_the_job_naming_the_fix() -> None:
+    status = {**RUNNING, "currentReplicas": 1, "sizedAttempt": 0}
+    plan = decide(elastic_job_of(4, status), [world_size_exit(0, 1)], NODES, NOW, room=Room(pods=0))
+    assert plan.status["phase"] == "Failed"
+    assert "replicasMultipleOf" in plan.status["message"] or any(
+        "replicasMultipleOf" in c.get("message", "") for c in plan.status["conditions"]
+    )

@@ -165,3 +165,31 @@ def test_deterministic_setting_takes_booleans_as_on_and_off_and_names_its_choice
     assert problems_of(None, ["job.deterministic=1"]) == [
         "job.deterministic: expected a string, got 1 (one of auto, on, off)"
     ]
+
+
+def test_a_config_that_only_this_world_size_cannot_split_exits_with_its_own_code(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # global batch 96 over 5 data-parallel ranks: fine at 1, 2, 3, 4, 6 ranks, not at 5. The
+    # operator reads the code as "this size is unusable" and retries an elastic gang smaller.
+    from phalanx_trainer import contract
+
+    path = tmp_path / "c.toml"
+    path.write_text("[data]\nglobal_batch_size = 96\nbatch_size = 96\n")
+    monkeypatch.setenv("WORLD_SIZE", "5")
+    monkeypatch.setenv("RANK", "0")
+    assert main(["--config", str(path)]) == contract.EXIT_WORLD_SIZE_UNUSABLE
+    err = capsys.readouterr().err
+    assert "world size 5" in err and "Traceback" not in err
+    # A mistake at every size stays a config error (exit 1).
+    path.write_text(
+        "[data]\nglobal_batch_size = 96\nbatch_size = 96\nnum_workers = 0\npersistent_workers = true\n"
+    )
+    assert main(["--config", str(path)]) == contract.EXIT_PERMANENT_ERROR
+
+
+def test_the_world_size_exit_code_is_the_operators() -> None:
+    from phalanx import constants as c
+    from phalanx_trainer import contract
+
+    assert contract.EXIT_WORLD_SIZE_UNUSABLE == c.EXIT_WORLD_SIZE_UNUSABLE == 78
