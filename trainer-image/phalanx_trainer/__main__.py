@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from phalanx_trainer import contract, startup
-from phalanx_trainer.config import ConfigError, TrainerConfig, load_config
+from phalanx_trainer.config import ConfigError, TrainerConfig, WorldSizeError, load_config
 from phalanx_trainer.distenv import (
     DistEnv,
     EnvError,
@@ -174,6 +174,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         dist_env = read_dist_env(env)
         config = apply_env_defaults(load_config(args.config, args.overrides, dist_env.world_size), env)
+    except WorldSizeError as err:
+        for problem in err.problems:
+            print(f"phalanx-trainer: world size {dist_env.world_size} unusable: {problem}", file=sys.stderr)
+        return contract.EXIT_WORLD_SIZE_UNUSABLE
     except ConfigError as err:
         for problem in err.problems:
             print(f"phalanx-trainer: config error: {problem}", file=sys.stderr)

@@ -29,6 +29,10 @@ class ConfigError(Exception):
         self.problems = problems
 
 
+class WorldSizeError(ConfigError):
+    """The config is valid, but not at the world size it was launched with."""
+
+
 @dataclass
 class JobConfig:
     name: str = "phalanx"
@@ -412,6 +416,8 @@ def load_config(path: Path | None, overrides: list[str], world_size: int | None 
     problems += build_problems
     if not problems:
         problems += validate(config, world_size)
+        if problems and world_size is not None and not validate(config, None):
+            raise WorldSizeError(problems)  # valid at its own smallest layout: this size is the trouble
     if problems:
         raise ConfigError(problems)
     return config

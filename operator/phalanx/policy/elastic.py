@@ -35,6 +35,9 @@ UNSIZED_RECHECK_SECONDS: Final = 1.0
 
 # How long the sizes of new attempts stay below one torn down for not starting, and growth waits.
 CAP_COOL_DOWN_SECONDS: Final = 600.0
+# Below a size the trainer cannot split (exit 78), for as long: that size stays unusable while its
+# config does (a day; a new config comes with a new job, or spec.elastic.replicasMultipleOf).
+UNUSABLE_SIZE_CAP_SECONDS: Final = 86_400.0
 
 
 @dataclass(frozen=True)
@@ -50,17 +53,22 @@ class Cap:
 
 
 def cap_after_teardown(
-    spec: TrainingJobSpec, failed_size: int, previous: Cap | None, now: float
+    spec: TrainingJobSpec,
+    failed_size: int,
+    previous: Cap | None,
+    now: float,
+    lasting: float = CAP_COOL_DOWN_SECONDS,
 ) -> Cap | None:
     """The cap after an attempt of `failed_size` pods was torn down for not starting (GangTimeout,
-    CreateRefused): the room it was sized from was not real, and sizing the next from the same room
-    would loop. One usable size below it (lower than a cap still active), never below minReplicas."""
+    CreateRefused), or after its trainer found the size unusable (lasting UNUSABLE_SIZE_CAP_SECONDS):
+    sizing the next attempt from the same room would loop. One usable size below it (lower than a
+    cap still active), never below minReplicas."""
     if spec.elastic is None:
         return None
     below = max(spec.elastic.min_replicas, usable(spec, failed_size - 1))
     if previous is not None and previous.active(now):
         below = min(below, previous.replicas)
-    return Cap(below, now + CAP_COOL_DOWN_SECONDS)
+    return Cap(below, now + lasting)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from typing import Any, Final
 from phalanx.constants import (
     EXIT_CHECKPOINTED_ON_PREEMPTION,
     EXIT_GENERATION_FAILED,
+    EXIT_WORLD_SIZE_UNUSABLE,
     FIRST_SIGNAL_EXIT_CODE,
     TRAINER_CONTAINER,
 )
@@ -31,6 +32,8 @@ REASON_OOM: Final = "OOMKilled"
 REASON_EXIT_CODE: Final = "ExitCode"
 REASON_DEADLINE: Final = "DeadlineExceeded"
 REASON_DEVICE_ERROR: Final = "DeviceError"
+# The trainer cannot split the attempt's world size (exit 78): an elastic gang retries smaller.
+REASON_WORLD_SIZE_UNUSABLE: Final = "WorldSizeUnusable"
 # What NVIDIA drivers, CUDA and NCCL print when the device, not the program, failed, as whole
 # phrases (a bare "Xid" is in "txid" and "oxidized"): an Xid event with its number, an uncorrectable
 # ECC error, a GPU gone from the bus, an NVLink error. Searched in the trainer container's
@@ -181,6 +184,20 @@ def _failure(pod: str, termination: _Termination, retryable_exit_codes: frozense
         message = f"{where} (its restart generation broke: a peer was lost or no new generation came)"
         return PodOutcome(
             pod, OutcomeKind.FAILED_RETRYABLE, REASON_EXIT_CODE, message, code, termination.finished_at
+        )
+    if code == EXIT_WORLD_SIZE_UNUSABLE:
+        message = (
+            f"{where}: the trainer cannot split this world size (data.global_batch_size over the "
+            "data-parallel ranks, or tp x pp, does not divide it); run sizes it divides, for an elastic "
+            "job with spec.elastic.replicasMultipleOf"
+        )
+        return PodOutcome(
+            pod,
+            OutcomeKind.FAILED_PERMANENT,
+            REASON_WORLD_SIZE_UNUSABLE,
+            message,
+            code,
+            termination.finished_at,
         )
     if code in retryable_exit_codes:
         message = f"{where} (listed in retryableExitCodes)"

@@ -10,7 +10,7 @@ from phalanx.api.schema import parse
 from phalanx.api.v1alpha1 import TrainingJobSpec
 from phalanx.pod_facts import attempt_replicas, attempt_sizes, in_current_attempt
 from phalanx.policy import elastic
-from phalanx.policy.pod_outcome import VerdictKind
+from phalanx.policy.pod_outcome import REASON_WORLD_SIZE_UNUSABLE, VerdictKind
 from phalanx.reconcile.observed import Observed
 from phalanx.reconcile.plan import PlanBuilder, iso, parse_iso
 from phalanx.reconcile.rules.transitions import restart
@@ -36,6 +36,29 @@ def cap_after_teardown(b: PlanBuilder, seen: Observed) -> None:
     cap = elastic.cap_after_teardown(seen.as_written, seen.spec.replicas, active_cap(b), b.now)
     if cap is not None:
         b.status["elasticCap"] = {"replicas": cap.replicas, "until": iso(cap.until)}
+
+
+def unusable_size(b: PlanBuilder, seen: Observed) -> bool:
+    """The trainer cannot split the attempt's world size (exit 78, its global batch or tp x pp): an
+    elastic gang above minReplicas is capped below that size (for UNUSABLE_SIZE_CAP_SECONDS) and
+    restarted, counted nowhere: the size failed, not the job. At minReplicas, or without elastic, no
+    other size is left: failure.apply fails the job, its message naming the fix."""
+    written = seen.as_written
+    if seen.verdict.kind is not VerdictKind.FAILED or seen.verdict.reason != REASON_WORLD_SIZE_UNUSABLE:
+        return False
+    size = seen.spec.replicas
+    if written.elastic is None or size <= written.elastic.min_replicas:
+        return False
+    cap = elastic.cap_after_teardown(written, size, active_cap(b), b.now, elastic.UNUSABLE_SIZE_CAP_SECONDS)
+    if cap is None:
+        return False
+    b.status["elasticCap"] = {"replicas": cap.replicas, "until": iso(cap.until)}
+    world = seen.spec.world_size
+    restart(b, seen.current, REASON_WORLD_SIZE_UNUSABLE,
+            f"the trainer cannot use world size {world} ({size} pod(s) x {seen.spec.effective_procs_per_replica}): "
+            f"data.global_batch_size over the data-parallel ranks, or tp x pp, does not divide it; retrying at "
+            f"most {cap.replicas} pod(s). Set spec.elastic.replicasMultipleOf to the sizes the trainer divides")  # fmt: skip
+    return True
 
 
 def adopt_pod_size(b: PlanBuilder, written: TrainingJobSpec, pods: list[dict[str, Any]]) -> None:
