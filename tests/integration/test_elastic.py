@@ -144,3 +144,71 @@ def test_an_operator_killed_after_the_first_pod_of_an_elastic_attempt_creates_th
     pods = attempt_pods(cluster, namespace, "killed", 0)
     assert sorted(world_size(p) for p in pods) == ["16", "16"]
     assert {p["metadata"]["labels"]["phalanx.dev/gang-size"] for p in pods} == {"2"}
+
+
+def test_an_operator_killed_between_a_grow_decision_and_its_deletions_grows_once(
+    cluster: Cluster, namespace: str, operator: OperatorProcess, private_nodes: Any
+) -> None:
+    # The grow is recorded (attempt 1, Restarting, resizes 1) and the operator dies before it deletes
+    # attempt 0's pod: the next operator finishes that restart, neither growing twice nor counting it twice.
+    (first,) = private_nodes.add(1, gpus=8, prefix="eg")
+    operator.stop()
+    operator.start(extra_env={"PHALANX_FAILPOINT_EXIT_AFTER_DECISION_WRITE": "Resize"})
+    job = training_job("regrow", gpus=8, placement=private_nodes.placement(), terminate_after="1s",
+                       elastic=ELASTIC)  # fmt: skip
+    del job["spec"]["replicas"]
+    cluster.apply(job, namespace)
+    wait_for(lambda: running_at(cluster, namespace, "regrow", 0, 1), timeout=60, what="running on 1")
+    private_nodes.add(1, gpus=8, prefix="eg2")
+    report_checkpoint(cluster, namespace, "regrow", step=20)
+    assert operator.proc is not None
+    operator.proc.wait(timeout=120)  # the failpoint killed it after the grow's status write
+    assert operator.proc.returncode == 3
+    status = job_status(cluster, namespace, "regrow")
+    assert status["attempt"] == 1 and status["phase"] == "Restarting" and status["restarts"]["resizes"] == 1
+    (old,) = attempt_pods(cluster, namespace, "regrow", 0)
+    assert not old["metadata"].get("deletionTimestamp")  # killed before the deletion
+    operator.start()
+    status = wait_for(lambda: running_at(cluster, namespace, "regrow", 1, 2), timeout=120, what="grown to 2")
+    assert status["restarts"]["resizes"] == 1
+    assert status["restarts"]["failures"] == 0 and status["restarts"]["preemptions"] == 0
+    assert first in {p["spec"]["nodeName"] for p in attempt_pods(cluster, namespace, "regrow", 1)}
+    wait_for(lambda: not attempt_pods(cluster, namespace, "regrow", 0), timeout=60, what="attempt 0 gone")
+
+
+def test_an_operator_killed_after_the_status_write_of_a_resize_creates_the_attempt_at_that_size(
+    cluster: Cluster, namespace: str, operator: OperatorProcess, private_nodes: Any
+) -> None:
+    # Attempt 1's size (2) is written, then the operator dies before creating its pods. Room for 3
+    # appears meanwhile: the next operator creates the attempt at the size recorded, not at 3 (a pod
+    # created at another size than the status says would split the gang), and does not grow it again
+    # on the checkpoint seen before attempt 1 was admitted.
+    private_nodes.add(1, gpus=8, prefix="er")
+    job = training_job("resized", gpus=8, placement=private_nodes.placement(), terminate_after="1s",
+                       elastic={"minReplicas": 1, "maxReplicas": 3})  # fmt: skip
+    del job["spec"]["replicas"]
+    cluster.apply(job, namespace)
+    wait_for(lambda: running_at(cluster, namespace, "resized", 0, 1), timeout=60, what="running on 1")
+    operator.stop()
+    operator.start(extra_env={"PHALANX_FAILPOINT_EXIT_AFTER_DECISION_WRITE": "Resized"})
+    private_nodes.add(1, gpus=8, prefix="er2")
+    report_checkpoint(cluster, namespace, "resized", step=20)
+    assert operator.proc is not None
+    operator.proc.wait(timeout=120)  # the failpoint killed it after attempt 1's size was written
+    assert operator.proc.returncode == 3
+    status = job_status(cluster, namespace, "resized")
+    assert status["attempt"] == 1 and status["sizedAttempt"] == 1 and status["currentReplicas"] == 2
+    assert not attempt_pods(cluster, namespace, "resized", 1)
+    private_nodes.add(1, gpus=8, prefix="er3")
+    operator.start()
+    status = wait_for(
+        lambda: running_at(cluster, namespace, "resized", 1, 2), timeout=120, what="running on 2"
+    )
+    pods = attempt_pods(cluster, namespace, "resized", 1)
+    assert {p["metadata"]["labels"]["phalanx.dev/gang-size"] for p in pods} == {"2"}
+    assert {world_size(p) for p in pods} == {"16"}
+    assert status["restarts"]["resizes"] == 1
+    end = time.monotonic() + 8  # longer than its 5 s look for room: no second grow on the old checkpoint
+    while time.monotonic() < end:
+        assert job_status(cluster, namespace, "resized").get("attempt") == 1
+        time.sleep(0.5)

@@ -147,6 +147,7 @@ class Reconciler:
             metrics.observe_status(namespace, name, old_status, plan.status)
             for event in plan.events:
                 writer.record_event(job, event.type, event.reason, event.message, iso(now))
+            failpoints.after_decision_write(old_status, plan.status)
             job, recorded, plan.events = stored, copy.deepcopy(plan.status), []
 
         uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
