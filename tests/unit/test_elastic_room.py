@@ -116,3 +116,39 @@ def test_one_free_node_is_granted_to_one_grow_and_the_growers_own_nodes_stay_its
     room.stores.pods.delete(a0)  # a's old pod is gone while it restarts: n0 is a's still
     assert room.room_for("ns/b", GPU_POD, 2, 1.0) == Room(0)
     assert room.room_for("ns/a", GPU_POD, 2, 1.0) == Room(2)
+
+
+def own_pod(name: str, node_name: str) -> dict[str, Any]:
+    return {
+        **bound_pod(name, node_name),
+        "metadata": {"name": name, "namespace": "ns", "resourceVersion": "1"},
+    }
+
+
+def test_a_grow_claim_survives_the_growers_later_passes_while_its_old_pods_terminate() -> None:
+    """The reconciler's sequence (_decide): every pass reads the room with hold=True, then settles the
+    hold when it decided nothing that takes it. After a grow's restart, each teardown pass of the grower
+    reads the room again (no pod belongs to the new attempt yet) and creates nothing."""
+    room = admission(["n0", "n1", "n2"], [own_pod("a-0", "n0"), own_pod("b-0", "n2")])
+    assert room.room_for("ns/a", GPU_POD, 1, 0.0, hold=True) == Room(1)
+    room.claim("ns/a", GPU_POD, pods=2, needed=1, names=(), now=0.0)  # a grows 1 -> 2 into n1
+    assert room.room_for("ns/b", GPU_POD, 1, 0.5, hold=True) == Room(0)
+    room.settle("ns/b")
+    for now in (1.0, 2.0, 70.0, 200.0):  # a's old pod terminating: passes that create nothing
+        room.room_for("ns/a", GPU_POD, 2, now, hold=True)
+        room.settle("ns/a")
+        # a long grace period, or a pod lingering on a NotReady node: n1 is a's still
+        assert room.room_for("ns/b", GPU_POD, 1, now + 0.5, hold=True) == Room(0)
+        room.settle("ns/b")
+    # a's new attempt is sized and its pods created: their claim by name replaces the grow's
+    room.claim("ns/a", GPU_POD, pods=2, needed=2, names=["ns/a-0-1", "ns/a-1-1"], now=201.0)
+    assert room.state.claims["ns/a"].names == frozenset({"ns/a-0-1", "ns/a-1-1"})
+
+
+def test_a_provisional_hold_does_not_replace_a_decided_claim() -> None:
+    room = admission(["n0", "n1"], [])
+    room.claim("ns/a", GPU_POD, pods=2, needed=2, names=(), now=0.0)
+    room.room_for("ns/a", GPU_POD, 2, 1.0, hold=True)
+    room.settle("ns/a")
+    assert not room.state.claims["ns/a"].provisional
+    assert room.room_for("ns/b", GPU_POD, 2, 1.5) == Room(0)
