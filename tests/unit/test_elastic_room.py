@@ -152,3 +152,32 @@ def test_a_provisional_hold_does_not_replace_a_decided_claim() -> None:
     room.settle("ns/a")
     assert not room.state.claims["ns/a"].provisional
     assert room.room_for("ns/b", GPU_POD, 2, 1.5) == Room(0)
+
+
+def test_a_grow_claims_only_the_pods_beyond_those_its_old_pods_hold_while_they_hold_them() -> None:
+    room = admission(["n0", "n1", "n2", "n3"], [own_pod("a-0", "n0")])
+    # a grows from 1 to 2: its old pod still holds n0 (counted as used), so one node more is a's
+    room.claim("ns/a", GPU_POD, pods=2, needed=1, names=(), now=0.0, holding=["ns/a-0"])
+    assert room.room_for("ns/b", GPU_POD, 4, 0.0) == Room(2)
+    room.stores.pods.delete(own_pod("a-0", "n0"))  # gone: the node it freed is a's too
+    assert room.room_for("ns/b", GPU_POD, 4, 1.0) == Room(2)
+    assert room.room_for("ns/a", GPU_POD, 4, 1.0) == Room(4)
+
+
+def test_a_grow_claim_ends_when_the_job_moves_past_its_attempt_or_stops() -> None:
+    room = admission(["n0", "n1"], [])
+    room.claim("ns/a", GPU_POD, pods=2, needed=1, names=(), now=0.0, grown_attempt=3)
+    room.end_grow("ns/a", attempt=3, active=True)  # still restarting into attempt 3: kept
+    assert room.room_for("ns/b", GPU_POD, 2, 1.0) == Room(0)
+    room.end_grow("ns/a", attempt=4, active=True)  # restarted again before attempt 3 was created
+    assert room.room_for("ns/b", GPU_POD, 2, 2.0) == Room(2)
+    room.claim("ns/a", GPU_POD, pods=2, needed=1, names=(), now=3.0, grown_attempt=4)
+    room.end_grow("ns/a", attempt=4, active=False)  # suspended, or finished
+    assert room.room_for("ns/b", GPU_POD, 2, 4.0) == Room(2)
+
+
+def test_pods_the_api_refused_are_no_longer_claimed() -> None:
+    room = admission(["n0", "n1", "n2"], [])
+    room.claim("ns/a", GPU_POD, pods=2, needed=2, names=["ns/a-0", "ns/a-1"], now=0.0)
+    room.unclaim("ns/a", ["ns/a-1"])  # refused: it will not come
+    assert room.room_for("ns/b", GPU_POD, 3, 1.0) == Room(2)
