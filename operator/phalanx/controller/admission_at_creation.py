@@ -4,6 +4,7 @@ nothing waits is created admitted, pinned and without the gate, saving one write
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any, Final
 
 from phalanx import metrics
@@ -20,8 +21,8 @@ from phalanx.policy.elastic import Room
 from phalanx.providers import provider_for
 
 # A claimed pod the store does not hold yet is on its way (its create sent); after this long it is not
-# (refused, or deleted). A grow's claim lasts as long: the restart's new attempt is sized, and claims
-# its room by name, well within it.
+# (refused, or deleted). A provisional hold a decision never settled lasts as long. A grow's claim is
+# not timed: it ends with its attempt (Claim.grown_attempt).
 CLAIM_SECONDS: Final = 60.0
 
 
@@ -101,18 +102,52 @@ class CreationAdmission:
                 [*self._claimed(now, besides=key), probe], nodes, used, now, max_reservations=0
             )
             room = Room(next((len(a.placements) for a in plan.admitted if a.key == key), 0))
-            if hold and room.pods:
+            held = state.claims.get(key)
+            # A decided claim (a grow waiting for its old pods to go, say) stays: the hold is only
+            # for a decision not made yet, and settle() would drop it with the hold.
+            if hold and room.pods and (held is None or held.provisional):
                 state.claims[key] = Claim(demand, room.pods, room.pods, frozenset(), now, provisional=True)
         return room
 
     def claim(
-        self, key: str, pod_spec: dict[str, Any], pods: int, needed: int, names: Iterable[str], now: float
+        self,
+        key: str,
+        pod_spec: dict[str, Any],
+        pods: int,
+        needed: int,
+        names: Iterable[str],
+        now: float,
+        grown_attempt: int | None = None,
+        holding: Iterable[str] = (),
     ) -> None:
         """The gang decided on room: a new attempt of `pods` pods (`names`, being created), or a
-        restart to grow to `pods`, `needed` of them beyond what it holds. Held until placed."""
-        claim = Claim(PodDemand.from_pod_spec(pod_spec), pods, needed, frozenset(names), now)
+        restart to grow to `pods` (as attempt `grown_attempt`), `needed` of them beyond what its old
+        pods (`holding`) hold. Held until placed (a grow: until its attempt's pods are created)."""
+        claim = Claim(PodDemand.from_pod_spec(pod_spec), pods, needed, frozenset(names), now,
+                      grown_attempt=grown_attempt, holding=frozenset(holding))  # fmt: skip
         with self.state.lock:
             self.state.claims[key] = claim
+
+    def unclaim(self, key: str, names: Iterable[str]) -> None:
+        """These pods of the claim were not created (the API refused them, or another owner holds
+        the name): no room is kept for them."""
+        with self.state.lock:
+            held = self.state.claims.get(key)
+            if held is not None and held.names:
+                left = held.names - frozenset(names)
+                self.state.claims[key] = replace(held, names=left, pods=len(left), needed=len(left))
+
+    def end_grow(self, key: str, attempt: int, active: bool) -> None:
+        """The job is at `attempt` (active: not finished or suspended): a grow claim for another
+        attempt, or of a job no longer active, ends (the pods it was for will not be created)."""
+        with self.state.lock:
+            held = self.state.claims.get(key)
+            if (
+                held is not None
+                and held.grown_attempt is not None
+                and (held.grown_attempt != attempt or not active)
+            ):
+                del self.state.claims[key]
 
     def settle(self, key: str, forget: bool = False) -> None:
         """The decision that read the room with hold=True is made and did not claim it: the hold goes
@@ -136,7 +171,10 @@ class CreationAdmission:
                     else set()
                 )
                 pods = needed = len(on_the_way | waiting)
-            elif now - held.since >= CLAIM_SECONDS:
+            elif held.holding:
+                gone, _ = self.stores.usage.unplaced(held.holding)
+                pods = min(held.pods, held.needed + len(gone))
+            elif held.provisional and now - held.since >= CLAIM_SECONDS:
                 pods = 0
             if pods <= 0:
                 del self.state.claims[key]

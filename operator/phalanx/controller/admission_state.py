@@ -73,6 +73,11 @@ class Claim:
     when sized; for a grow, the pods beyond those it still holds). names: "namespace/pod" of the
     attempt's pods, once created (empty for a grow and a hold); the claim ends when all hold their
     nodes. provisional: taken while the room was read, for the decision about to use it.
+    grown_attempt: for a grow, the attempt it restarts into; the claim lasts until that attempt's
+    pods are created (their claim by name replaces it), however long the old pods take to go, and
+    ends should the job move past that attempt or finish first. holding: the grower's old pods
+    ("namespace/pod"); while one is in the store it holds its node (counted as used), so the claim
+    takes only the pods beyond those, plus one for each old pod gone.
     """
 
     demand: PodDemand
@@ -81,6 +86,8 @@ class Claim:
     names: frozenset[str]
     since: float
     provisional: bool = False
+    grown_attempt: int | None = None
+    holding: frozenset[str] = frozenset()
 
 
 class AdmissionState:

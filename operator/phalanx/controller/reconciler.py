@@ -33,7 +33,7 @@ from phalanx.k8s import CreationRefused, KubeApi, StatusConflict
 from phalanx.kueue.gate import KueueGate
 from phalanx.kueue.placement import placed_pod
 from phalanx.kueue.workload import managed_here, queue_name
-from phalanx.pod_facts import attempt_spec, is_owned_by
+from phalanx.pod_facts import attempt_replicas, attempt_spec, in_current_attempt, is_owned_by
 from phalanx.policy import bad_nodes
 from phalanx.policy.host_path import REASON_HOST_PATH_NOT_ALLOWED, host_path_refusal
 from phalanx.policy.progress_writes import decided_on, settle_progress
@@ -133,7 +133,8 @@ class Reconciler:
         # An elastic attempt's size is recorded before its first pod is created, for the same reason:
         # a pass that saw neither the size nor the pods would choose again (pods of two sizes).
         recorded = old_status
-        if plan.delete_pods or plan.force_delete_pods or _size_unrecorded(job, old_status, plan):
+        grows = plan.grow is not None
+        if plan.delete_pods or plan.force_delete_pods or grows or _size_unrecorded(job, old_status, plan):
             try:
                 stored = writer.write_status(key, job, old_status, plan.status)
             except StatusConflict:
@@ -142,6 +143,7 @@ class Reconciler:
             if stored is None:
                 self.forget(key)
                 return followups
+            self._claim_grow(key, job, pods, plan, now)  # only once stored: a conflict decides again
             # Told now: should a deletion below fail, the next pass starts from this status and
             # would see no transition left to report.
             metrics.observe_status(namespace, name, old_status, plan.status)
@@ -239,15 +241,33 @@ class Reconciler:
         room = (
             None
             if probe is None
-            else self.creation_admission.room_for(key, probe, probe_most(job), now, hold=True)
+            else self.creation_admission.room_for(key, probe, probe_most(job, pods), now, hold=True)
         )
         plan = decide(job, pods, nodes, now, self.node_lost_after, trainer_report=report,
                       launcher_refusals=refusals, room=room, kueue_gate=gate)  # fmt: skip
-        if probe is not None and plan.grow is not None:  # the room is the growing gang's until it is placed
-            self.creation_admission.claim(key, probe, plan.grow[0], plan.grow[1], (), now)
-        elif probe is not None and not plan.create_indices:
-            self.creation_admission.settle(key)  # decided without taking the room (_create_gang claims it)
+        phase = plan.status.get("phase")
+        self.creation_admission.end_grow(
+            key, int(plan.status.get("attempt") or 0), phase not in (*FINISHED_PHASES, "Suspended")
+        )
+        if probe is not None and plan.grow is None and not plan.create_indices:
+            # Decided without taking the room (a grow claims it once its status is stored, _claim_grow;
+            # _create_gang claims the new attempt's)
+            self.creation_admission.settle(key)
         return plan
+
+    def _claim_grow(
+        self, key: str, job: dict[str, Any], pods: list[dict[str, Any]], plan: Plan, now: float
+    ) -> None:
+        """The grow decided on is stored: its room is the gang's until its new attempt's pods are
+        created; its old pods still on their nodes hold those (counted as used), not the claim."""
+        if plan.grow is None:
+            return
+        namespace = key.split("/", 1)[0]
+        holding = [
+            f"{namespace}/{p['metadata']['name']}" for p in pods if (p.get("spec") or {}).get("nodeName")
+        ]
+        self.creation_admission.claim(key, self._probe_spec(job, now), plan.grow[0], plan.grow[1], (), now,
+                                      grown_attempt=int(plan.status["attempt"]), holding=holding)  # fmt: skip
 
     def _room_probe(
         self, job: dict[str, Any], pods: list[dict[str, Any]], now: float
@@ -256,6 +276,10 @@ class Reconciler:
         rules/elastic.room_needed): the pod spec to measure it by. None: the room is not read."""
         if not room_needed(job, pods):
             return None
+        return self._probe_spec(job, now)
+
+    def _probe_spec(self, job: dict[str, Any], now: float) -> dict[str, Any]:
+        """The pod spec of one pod of the job's attempt, as the room is measured by."""
         written = parse(TrainingJobSpec, job["spec"])
         status = job.get("status") or {}
         probe = build_worker_pod(
@@ -319,6 +343,9 @@ class Reconciler:
             outcomes = self._create_pods(pods_to_create, ref.uid)
         finally:
             self.creation_admission.release(ref.namespace, pods_to_create)
+        not_created = [o.pod.removeprefix("pod ") for o in outcomes if o.taken or o.refused is not None]
+        if not_created:  # no room is kept for pods that will not come
+            self.creation_admission.unclaim(key, [f"{ref.namespace}/{n}" for n in not_created])
         self.work.admission_dirty_threadsafe()
         return outcomes
 
@@ -350,9 +377,14 @@ class Reconciler:
             self.writer.record_event(job, event.type, event.reason, event.message, iso(now))
 
 
-def probe_most(job: dict[str, Any]) -> int:
-    """The most pods an elastic gang's room is measured up to: its size (spec.replicas, or maxReplicas)."""
-    return parse(TrainingJobSpec, job["spec"]).replicas
+def probe_most(job: dict[str, Any], pods: list[dict[str, Any]]) -> int:
+    """The most pods an elastic gang's room is measured up to: maxReplicas less the pods of its
+    attempt (the room counts pods beyond those it holds; a new attempt to size has none)."""
+    written = parse(TrainingJobSpec, job["spec"])
+    status = job.get("status") or {}
+    if not any(in_current_attempt(p, status) for p in pods):
+        return written.replicas
+    return max(0, written.replicas - attempt_replicas(written, status, pods))
 
 
 def _size_unrecorded(job: dict[str, Any], old_status: dict[str, Any], plan: Plan) -> bool:
