@@ -256,23 +256,44 @@ def world_size_exit(index: int, size: int) -> dict[str, Any]:
     return p
 
 
-def test_an_unusable_world_size_caps_the_gang_below_it_and_retries() -> None:
+def test_an_unusable_world_size_is_kept_and_skipped_without_capping_the_sizes_above_it() -> None:
     status = {**RUNNING, "currentReplicas": 3, "sizedAttempt": 0}
     pods = [world_size_exit(0, 3), sized(1, 3, phase="Running"), sized(2, 3, phase="Running")]
     plan = decide(elastic_job_of(4, status), pods, NODES, NOW, room=Room(pods=1))
     assert plan.status["phase"] != "Failed" and plan.status["attempt"] == 1
-    assert plan.status["elasticCap"]["replicas"] == 2
+    assert plan.status["elasticUnusableSizes"] == [3] and "elasticCap" not in plan.status
     assert plan.status["restarts"]["failures"] == 0  # not the job's failure: the size's
     warning = next(e for e in plan.events if e.reason == "WorldSizeUnusable")
     assert warning.type == "Warning"
     assert "3 pod(s)" in warning.message and "replicasMultipleOf" in warning.message
-    again = decide(elastic_job_of(4, plan.status), [], NODES, NOW + 3600, room=Room(pods=4))
-    assert again.create_indices == [0, 1]  # below the size that failed, though the room is larger
+    below = decide(elastic_job_of(4, plan.status), [], NODES, NOW + 1, room=Room(pods=3))
+    assert below.create_indices == [0, 1]  # room for 3: the size below it
+    resized = next(e for e in below.events if e.reason == "Resized")
+    assert "cannot use" in resized.message and "did not start" not in resized.message
+    above = decide(elastic_job_of(4, plan.status), [], NODES, NOW + 1, room=Room(pods=4))
+    assert above.create_indices == [0, 1, 2, 3]  # a larger size is not blocked
 
 
-def test_an_unusable_world_size_at_min_replicas_fails_the_job_naming_the_fix() -> None:
+def test_growth_skips_an_unusable_size_but_grows_past_it() -> None:
+    status = checkpointed({**RUNNING, "currentReplicas": 2, "elasticUnusableSizes": [3]})
+    running = [sized(0, 2, phase="Running"), sized(1, 2, phase="Running")]
+    stays = decide(elastic_job_of(4, status), running, NODES, NOW, room=Room(pods=1))
+    assert stays.status["phase"] == "Running" and not stays.delete_pods  # to 3 only: unusable
+    grows = decide(elastic_job_of(4, status), running, NODES, NOW, room=Room(pods=2))
+    assert grows.status["phase"] == "Restarting" and grows.grow == (4, 2)
+
+
+def test_an_unusable_min_replicas_with_larger_sizes_left_does_not_fail_the_job() -> None:
     status = {**RUNNING, "currentReplicas": 1, "sizedAttempt": 0}
     plan = decide(elastic_job_of(4, status), [world_size_exit(0, 1)], NODES, NOW, room=Room(pods=0))
+    assert plan.status["phase"] == "Restarting" and plan.status["elasticUnusableSizes"] == [1]
+    again = decide(elastic_job_of(4, plan.status), [], NODES, NOW + 1, room=Room(pods=1))
+    assert again.create_indices == [0, 1]  # the smallest usable size: never the unusable one again
+
+
+def test_an_unusable_world_size_with_no_usable_size_left_fails_the_job_naming_the_fix() -> None:
+    status = {**RUNNING, "currentReplicas": 1, "sizedAttempt": 0, "elasticUnusableSizes": [2]}
+    plan = decide(elastic_job_of(2, status), [world_size_exit(0, 1)], NODES, NOW, room=Room(pods=0))
     assert plan.status["phase"] == "Failed"
     assert "replicasMultipleOf" in plan.status["message"] or any(
         "replicasMultipleOf" in c.get("message", "") for c in plan.status["conditions"]
