@@ -58,8 +58,10 @@ EXIT_CHECKPOINTED_ON_PREEMPTION: Final = 75
 # checkpoint (a peer was lost, or the worker was fenced out as stale): retryable, like a signal.
 EXIT_GENERATION_FAILED: Final = 76
 # EX_CONFIG, from the trainer: its config is valid but cannot split this world size (global batch,
-# tp x pp). An elastic gang is capped below that size and retried (rules/elastic.py); a fixed one fails.
+# tp x pp). An elastic gang skips that size from then on and retries (rules/elastic.py); a fixed one fails.
 EXIT_WORLD_SIZE_UNUSABLE: Final = 78
+# status.elasticUnusableSizes keeps at most this many sizes (the largest: those growth aims at).
+MAX_UNUSABLE_SIZES: Final = 64
 # 1-127 (other than the code above) are permanent unless listed in spec.runPolicy.retryableExitCodes;
 # 128-255 (killed by a signal, including OOM kills) are retryable failures.
 FIRST_SIGNAL_EXIT_CODE: Final = 128

@@ -793,6 +793,11 @@ class TrainingJobStatus:
     elastic_cap: ElasticCap | None = api_field(
         "spec.elastic: the size cap after an attempt was torn down for not starting (absent otherwise)."
     )
+    elastic_unusable_sizes: list[int] | None = api_field(
+        "spec.elastic: sizes (pods) whose world size the trainer could not split (it exited 78); sizing "
+        "and growth skip them.",
+        max_items=c.MAX_UNUSABLE_SIZES,
+    )
     sized_attempt: int | None = api_field(
         "The attempt currentReplicas was chosen for: recorded before its first pod is created, so the "
         "size is not chosen again while its pods are not seen yet."

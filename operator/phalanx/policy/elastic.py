@@ -18,10 +18,11 @@ elastic gang never preempts, nor delays the head of the queue, to grow. docs/ela
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from phalanx import constants as c
 from phalanx.api.v1alpha1 import TrainingJobSpec
 
 REASON_RESIZE: Final = "Resize"  # the Restarting condition of a restart to grow
@@ -35,9 +36,6 @@ UNSIZED_RECHECK_SECONDS: Final = 1.0
 
 # How long the sizes of new attempts stay below one torn down for not starting, and growth waits.
 CAP_COOL_DOWN_SECONDS: Final = 600.0
-# Below a size the trainer cannot split (exit 78), for as long: that size stays unusable while its
-# config does (a day; a new config comes with a new job, or spec.elastic.replicasMultipleOf).
-UNUSABLE_SIZE_CAP_SECONDS: Final = 86_400.0
 
 
 @dataclass(frozen=True)
@@ -53,22 +51,17 @@ class Cap:
 
 
 def cap_after_teardown(
-    spec: TrainingJobSpec,
-    failed_size: int,
-    previous: Cap | None,
-    now: float,
-    lasting: float = CAP_COOL_DOWN_SECONDS,
+    spec: TrainingJobSpec, failed_size: int, previous: Cap | None, now: float
 ) -> Cap | None:
     """The cap after an attempt of `failed_size` pods was torn down for not starting (GangTimeout,
-    CreateRefused), or after its trainer found the size unusable (lasting UNUSABLE_SIZE_CAP_SECONDS):
-    sizing the next attempt from the same room would loop. One usable size below it (lower than a
-    cap still active), never below minReplicas."""
+    CreateRefused): sizing the next attempt from the same room would loop. One usable size below it
+    (lower than a cap still active), never below minReplicas, for CAP_COOL_DOWN_SECONDS."""
     if spec.elastic is None:
         return None
     below = max(spec.elastic.min_replicas, usable(spec, failed_size - 1))
     if previous is not None and previous.active(now):
         below = min(below, previous.replicas)
-    return Cap(below, now + lasting)
+    return Cap(below, now + CAP_COOL_DOWN_SECONDS)
 
 
 @dataclass(frozen=True)
@@ -78,26 +71,54 @@ class Room:
     pods: int  # more pods of this shape that fit now: free room, outside other gangs' reservations
 
 
-def start_size(spec: TrainingJobSpec, room: Room | None, cap: Cap | None = None) -> int:
-    """The size of a new attempt, chosen before its first pod is created; at most cap.replicas.
+def start_size(
+    spec: TrainingJobSpec, room: Room | None, cap: Cap | None = None, unusable: Collection[int] = ()
+) -> int:
+    """The size of a new attempt, chosen before its first pod is created; at most cap.replicas, never
+    a size the trainer found unusable (at least the smallest usable one, which may wait for room).
 
-    room None (the cluster not listed yet): minReplicas; rules/creation.py waits for the room instead.
+    room None (the cluster not listed yet): the smallest; rules/creation.py waits for the room instead.
     """
     if spec.elastic is None:
         return spec.replicas
-    smallest, largest = spec.elastic.min_replicas, usable(spec, spec.replicas)
+    smallest = smallest_usable(spec, unusable) or spec.elastic.min_replicas
+    largest = max(smallest, usable(spec, spec.replicas, unusable))
     if cap is not None:
-        largest = max(smallest, usable(spec, min(largest, cap.replicas)))
+        largest = max(smallest, usable(spec, min(largest, cap.replicas), unusable))
     if room is None:
         return smallest
-    return max(smallest, usable(spec, min(largest, room.pods)))
+    return max(smallest, usable(spec, min(largest, room.pods), unusable))
 
 
-def usable(spec: TrainingJobSpec, pods: int) -> int:
+def usable(spec: TrainingJobSpec, pods: int, unusable: Collection[int] = ()) -> int:
     """pods rounded down to a size the trainer can use (spec.elastic.replicasMultipleOf; the CRD makes
-    minReplicas one, so a size at least minReplicas stays at least it)."""
-    step = spec.elastic.replicas_multiple_of if spec.elastic is not None else None
-    return pods - pods % step if step else pods
+    minReplicas one, so a size at least minReplicas stays at least it), past the sizes its trainer
+    found unusable (status.elasticUnusableSizes); 0 when none is left."""
+    step = (spec.elastic.replicas_multiple_of if spec.elastic is not None else None) or 1
+    size = pods - pods % step
+    while size > 0 and size in unusable:
+        size -= step
+    return max(size, 0)
+
+
+def smallest_usable(spec: TrainingJobSpec, unusable: Collection[int]) -> int | None:
+    """The smallest size from minReplicas to maxReplicas the trainer has not found unusable; None:
+    none is left (the job fails: rules/elastic.unusable_size)."""
+    if spec.elastic is None:
+        return None if spec.replicas in unusable else spec.replicas
+    step = spec.elastic.replicas_multiple_of or 1
+    return next((n for n in range(spec.elastic.min_replicas, spec.replicas + 1)
+                 if n % step == 0 and n not in unusable), None)  # fmt: skip
+
+
+def unusable_sizes(status: Mapping[str, Any]) -> frozenset[int]:
+    """status.elasticUnusableSizes: the sizes whose world the trainer could not split (exit 78)."""
+    return frozenset(n for n in status.get("elasticUnusableSizes") or () if isinstance(n, int))
+
+
+def with_unusable(status: Mapping[str, Any], size: int) -> list[int]:
+    """status.elasticUnusableSizes with `size` added: sorted, the largest constants.MAX_UNUSABLE_SIZES kept."""
+    return sorted(unusable_sizes(status) | {size})[-c.MAX_UNUSABLE_SIZES :]
 
 
 def checkpointed_since_admission(status: Mapping[str, Any]) -> bool:
@@ -115,6 +136,7 @@ def checkpointed_since_admission(status: Mapping[str, Any]) -> bool:
 def grow_size(
     spec: TrainingJobSpec, current: int, room: Room | None, status: Mapping[str, Any], cap: Cap | None = None
 ) -> int | None:
+    # status.elasticUnusableSizes are skipped: growth goes to the next usable size the room allows.
     """The size to restart a running elastic gang at to grow, or None to keep running as it is (also
     while a cap after a teardown is active: the room that failed it may look free again).
 
@@ -124,7 +146,7 @@ def grow_size(
         return None
     if room.pods < 1 or not checkpointed_since_admission(status):
         return None
-    size = usable(spec, min(spec.replicas, current + room.pods))
+    size = usable(spec, min(spec.replicas, current + room.pods), unusable_sizes(status))
     return size if size > current else None  # by whole multiples only
 
 
@@ -134,9 +156,17 @@ def resize_message(old: int, new: int, cause: str) -> str:
     return f"gang {verb} from {old} to {new} pod(s): {cause}"
 
 
-def size_cause(restart_reason: str, room: Room | None, cap: Cap | None = None) -> str:
-    """Why a new attempt got the size it did (for the Event of a change)."""
+def size_cause(
+    restart_reason: str, room: Room | None, cap: Cap | None = None, unusable: Collection[int] = ()
+) -> str:
+    """Why a new attempt got the size it did (for the Event of a change), from what limited it: the
+    room, a cap after an attempt that did not start, the sizes the trainer cannot use."""
     if room is None:
-        return f"after {restart_reason}; the cluster is not listed yet, starting at minReplicas"
+        return f"after {restart_reason}; the cluster is not listed yet, starting at the smallest usable size"
     capped = f", capped at {cap.replicas} after an attempt that did not start" if cap is not None else ""
-    return f"after {restart_reason}; room for {room.pods} pod(s) now{capped}"
+    skipped = (
+        f", skipping the size(s) the trainer cannot use ({', '.join(map(str, sorted(unusable)))})"
+        if unusable
+        else ""
+    )
+    return f"after {restart_reason}; room for {room.pods} pod(s) now{capped}{skipped}"

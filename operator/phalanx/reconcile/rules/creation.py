@@ -61,10 +61,11 @@ def _choose_size(b: PlanBuilder, seen: Observed) -> int:
     a change from the attempt before gets its Event, from -> to and why."""
     written = seen.as_written
     cap = elastic_rules.active_cap(b) if written.elastic is not None else None
-    size = elastic.start_size(written, seen.room, cap)
+    unusable = elastic.unusable_sizes(b.status)
+    size = elastic.start_size(written, seen.room, cap, unusable)
     previous = b.status.get("currentReplicas")
     if written.elastic is not None and isinstance(previous, int) and previous != size:
-        cause = elastic.size_cause(restart_reason(b), seen.room, cap)
+        cause = elastic.size_cause(restart_reason(b), seen.room, cap, unusable)
         b.plan.events.append(
             Event("Normal", elastic.REASON_RESIZED, elastic.resize_message(previous, size, cause))
         )

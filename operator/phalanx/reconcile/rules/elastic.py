@@ -39,25 +39,27 @@ def cap_after_teardown(b: PlanBuilder, seen: Observed) -> None:
 
 
 def unusable_size(b: PlanBuilder, seen: Observed) -> bool:
-    """The trainer cannot split the attempt's world size (exit 78, its global batch or tp x pp): an
-    elastic gang above minReplicas is capped below that size (for UNUSABLE_SIZE_CAP_SECONDS) and
-    restarted, counted nowhere: the size failed, not the job. At minReplicas, or without elastic, no
-    other size is left: failure.apply fails the job, its message naming the fix."""
+    """The trainer cannot split the attempt's world size (exit 78, its global batch or tp x pp): the
+    size is kept in status.elasticUnusableSizes, skipped from then on by sizing and growth (a size above
+    it may well divide), and the gang restarts, counted nowhere: the size failed, not the job. Without
+    elastic, or with no usable size left from minReplicas to maxReplicas, failure.apply fails the job,
+    its message naming the fix."""
     written = seen.as_written
     if seen.verdict.kind is not VerdictKind.FAILED or seen.verdict.reason != REASON_WORLD_SIZE_UNUSABLE:
         return False
     size = seen.spec.replicas
-    if written.elastic is None or size <= written.elastic.min_replicas:
+    if written.elastic is None:
         return False
-    cap = elastic.cap_after_teardown(written, size, active_cap(b), b.now, elastic.UNUSABLE_SIZE_CAP_SECONDS)
-    if cap is None:
+    unusable = elastic.with_unusable(b.status, size)
+    if elastic.smallest_usable(written, unusable) is None:
         return False
-    b.status["elasticCap"] = {"replicas": cap.replicas, "until": iso(cap.until)}
+    b.status["elasticUnusableSizes"] = unusable
     world = seen.spec.world_size
     restart(b, seen.current, REASON_WORLD_SIZE_UNUSABLE,
             f"the trainer cannot use world size {world} ({size} pod(s) x {seen.spec.effective_procs_per_replica}): "
-            f"data.global_batch_size over the data-parallel ranks, or tp x pp, does not divide it; retrying at "
-            f"most {cap.replicas} pod(s). Set spec.elastic.replicasMultipleOf to the sizes the trainer divides")  # fmt: skip
+            f"data.global_batch_size over the data-parallel ranks, or tp x pp, does not divide it; not sized at "
+            f"{size} pod(s) again, retrying at another size. Set spec.elastic.replicasMultipleOf to the sizes the "
+            "trainer divides")  # fmt: skip
     return True
 
 
