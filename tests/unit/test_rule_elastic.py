@@ -252,6 +252,9 @@ def test_the_cap_after_a_failed_start_is_cleared_when_the_job_succeeds() -> None
 def world_size_exit(index: int, size: int) -> dict[str, Any]:
     """A pod of an attempt of `size` whose trainer found that world size unusable (exit 78)."""
     p = pod(index, phase="Failed", exit_code=78)
+    p["status"]["containerStatuses"][0]["state"]["terminated"]["message"] = (
+        f"phalanx-trainer: world size unusable (world size {size}): data.global_batch_size ...\n"
+    )
     p["metadata"]["labels"][GANG_SIZE] = str(size)
     return p
 

@@ -193,3 +193,20 @@ def test_the_world_size_exit_code_is_the_operators() -> None:
     from phalanx_trainer import contract
 
     assert contract.EXIT_WORLD_SIZE_UNUSABLE == c.EXIT_WORLD_SIZE_UNUSABLE == 78
+
+
+def test_the_unusable_world_size_message_carries_the_marker_the_operator_reads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Exit 78 alone is os.EX_CONFIG, which any script may use: the operator reads an unusable world
+    # size only from the trainer container's termination message (its stderr) carrying this marker.
+    from phalanx import constants as c
+    from phalanx_trainer import contract
+
+    assert contract.WORLD_SIZE_UNUSABLE_MARKER == c.WORLD_SIZE_UNUSABLE_MARKER
+    path = tmp_path / "c.toml"
+    path.write_text("[data]\nglobal_batch_size = 96\nbatch_size = 96\n")
+    monkeypatch.setenv("WORLD_SIZE", "5")
+    monkeypatch.setenv("RANK", "0")
+    assert main(["--config", str(path)]) == contract.EXIT_WORLD_SIZE_UNUSABLE
+    assert contract.WORLD_SIZE_UNUSABLE_MARKER in capsys.readouterr().err
