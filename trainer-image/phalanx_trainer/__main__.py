@@ -176,7 +176,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = apply_env_defaults(load_config(args.config, args.overrides, dist_env.world_size), env)
     except WorldSizeError as err:
         for problem in err.problems:
-            print(f"phalanx-trainer: world size {dist_env.world_size} unusable: {problem}", file=sys.stderr)
+            print(
+                f"{contract.WORLD_SIZE_UNUSABLE_MARKER} (world size {dist_env.world_size}): {problem}",
+                file=sys.stderr,
+            )
         return contract.EXIT_WORLD_SIZE_UNUSABLE
     except ConfigError as err:
         for problem in err.problems:

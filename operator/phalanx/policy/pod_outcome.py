@@ -20,6 +20,7 @@ from phalanx.constants import (
     EXIT_WORLD_SIZE_UNUSABLE,
     FIRST_SIGNAL_EXIT_CODE,
     TRAINER_CONTAINER,
+    WORLD_SIZE_UNUSABLE_MARKER,
 )
 
 DISRUPTION_CONDITION: Final = "DisruptionTarget"
@@ -185,7 +186,16 @@ def _failure(pod: str, termination: _Termination, retryable_exit_codes: frozense
         return PodOutcome(
             pod, OutcomeKind.FAILED_RETRYABLE, REASON_EXIT_CODE, message, code, termination.finished_at
         )
-    if code == EXIT_WORLD_SIZE_UNUSABLE:
+    if code in retryable_exit_codes:
+        message = f"{where} (listed in retryableExitCodes)"
+        return PodOutcome(
+            pod, OutcomeKind.FAILED_RETRYABLE, REASON_EXIT_CODE, message, code, termination.finished_at
+        )
+    if (
+        code == EXIT_WORLD_SIZE_UNUSABLE
+        and termination.container == TRAINER_CONTAINER
+        and WORLD_SIZE_UNUSABLE_MARKER in termination.message
+    ):
         message = (
             f"{where}: the trainer cannot split this world size (data.global_batch_size over the "
             "data-parallel ranks, or tp x pp, does not divide it); run sizes it divides, for an elastic "
@@ -198,11 +208,6 @@ def _failure(pod: str, termination: _Termination, retryable_exit_codes: frozense
             message,
             code,
             termination.finished_at,
-        )
-    if code in retryable_exit_codes:
-        message = f"{where} (listed in retryableExitCodes)"
-        return PodOutcome(
-            pod, OutcomeKind.FAILED_RETRYABLE, REASON_EXIT_CODE, message, code, termination.finished_at
         )
     detail = f": {termination.message[:120]}" if termination.message else ""
     return PodOutcome(
