@@ -302,3 +302,9 @@ def test_exit_78_without_the_trainers_marker_is_an_ordinary_exit_code(container:
 def test_retryable_exit_codes_are_read_before_the_world_size_marker() -> None:
     outcome = classify(pod("Failed", [exit_78(message=MARKED)]), retryable=frozenset({78}))
     assert outcome.kind is OutcomeKind.FAILED_RETRYABLE
+
+
+def test_exit_78_for_a_world_too_small_says_so() -> None:
+    message = "phalanx-trainer: world size too small (world size 2): the smallest usable world size is 4\n"
+    outcome = classify(pod("Failed", [exit_78(message=message)]))
+    assert outcome.reason == "WorldSizeTooSmall" and "smallest usable world size is 4" in outcome.message

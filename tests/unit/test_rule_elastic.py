@@ -301,3 +301,15 @@ def test_an_unusable_world_size_with_no_usable_size_left_fails_the_job_naming_th
     assert "replicasMultipleOf" in plan.status["message"] or any(
         "replicasMultipleOf" in c.get("message", "") for c in plan.status["conditions"]
     )
+
+
+def test_a_world_too_small_marks_every_size_up_to_it_and_never_steps_down() -> None:
+    status = {**RUNNING, "currentReplicas": 2, "sizedAttempt": 0}
+    p = world_size_exit(0, 2)
+    p["status"]["containerStatuses"][0]["state"]["terminated"]["message"] = (
+        "phalanx-trainer: world size too small (world size 2): the smallest usable world size is 3\n"
+    )
+    plan = decide(elastic_job_of(4, status), [p, sized(1, 2, phase="Running")], NODES, NOW, room=Room(pods=0))
+    assert plan.status["phase"] == "Restarting" and plan.status["elasticUnusableSizes"] == [1, 2]
+    again = decide(elastic_job_of(4, plan.status), [], NODES, NOW + 1, room=Room(pods=1))
+    assert again.create_indices == [0, 1, 2]  # the smallest size left; it waits for room for it

@@ -210,3 +210,33 @@ def test_the_unusable_world_size_message_carries_the_marker_the_operator_reads(
     monkeypatch.setenv("RANK", "0")
     assert main(["--config", str(path)]) == contract.EXIT_WORLD_SIZE_UNUSABLE
     assert contract.WORLD_SIZE_UNUSABLE_MARKER in capsys.readouterr().err
+
+
+def test_a_fixed_dp_that_differs_from_the_world_is_a_config_error_naming_dp_minus_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No world size is usable but dp x tp x pp: not the size's fault (exit 78 would have an elastic
+    # gang try size after size), the config's.
+    from phalanx_trainer import contract
+
+    path = tmp_path / "c.toml"
+    path.write_text("[parallelism]\ndp = 2\n")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("RANK", "0")
+    assert main(["--config", str(path)]) == contract.EXIT_PERMANENT_ERROR
+    err = capsys.readouterr().err
+    assert "parallelism.dp = 2" in err and "dp = -1" in err
+
+
+def test_a_world_too_small_for_tp_x_pp_names_the_smallest_usable_world_size(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from phalanx_trainer import contract
+
+    path = tmp_path / "c.toml"
+    path.write_text('[model]\nkind = "gpt"\nn_layers = 4\n[parallelism]\ntp = 2\npp = 2\n')
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    assert main(["--config", str(path)]) == contract.EXIT_WORLD_SIZE_UNUSABLE
+    err = capsys.readouterr().err
+    assert contract.WORLD_SIZE_TOO_SMALL_MARKER in err and "smallest usable world size is 4" in err
