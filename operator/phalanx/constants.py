@@ -63,6 +63,8 @@ EXIT_WORLD_SIZE_UNUSABLE: Final = 78
 # The trainer's stderr line with exit 78 (the termination message, FallbackToLogsOnError): 78 alone is
 # os.EX_CONFIG, which any script may use; only the trainer container with this line means the size.
 WORLD_SIZE_UNUSABLE_MARKER: Final = "phalanx-trainer: world size unusable"
+# The same, for a world smaller than tp x pp: no smaller world is usable either.
+WORLD_SIZE_TOO_SMALL_MARKER: Final = "phalanx-trainer: world size too small"
 # status.elasticUnusableSizes keeps at most this many sizes (the largest: those growth aims at).
 MAX_UNUSABLE_SIZES: Final = 64
 # 1-127 (other than the code above) are permanent unless listed in spec.runPolicy.retryableExitCodes;

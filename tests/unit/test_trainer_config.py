@@ -66,7 +66,8 @@ def test_choice_and_range_mistakes_after_types_are_right() -> None:
 def test_layout_product_must_equal_world_size() -> None:
     layout = ["parallelism.dp=2", "parallelism.tp=2", "parallelism.pp=1", "parallelism.dp_mode=fsdp"]
     problems = problems_of(None, layout, world_size=6)
-    assert problems == ["dp x tp x pp = 2 x 2 x 1 = 4 != world size 6"]
+    assert problems[0] == "dp x tp x pp = 2 x 2 x 1 = 4 != world size 6"
+    assert "set parallelism.dp = -1" in problems[1] and len(problems) == 2  # fixed dp: no world size but 4
 
 
 def test_world_size_must_divide_by_tp_times_pp_when_dp_is_inferred() -> None:

@@ -46,6 +46,9 @@ EXIT_WORLD_SIZE_UNUSABLE: Final = 78
 # Starts the stderr line of an exit 78 (the operator reads it in the termination message: 78 alone is
 # os.EX_CONFIG, which any script may use).
 WORLD_SIZE_UNUSABLE_MARKER: Final = "phalanx-trainer: world size unusable"
+# The same, for a world smaller than tp x pp (no smaller one is usable either; the line names the
+# smallest usable world size).
+WORLD_SIZE_TOO_SMALL_MARKER: Final = "phalanx-trainer: world size too small"
 
 DEFAULT_METRICS_PORT: Final = 9400
 DEFAULT_RENDEZVOUS_TIMEOUT_SECONDS: Final = 600.0

@@ -18,7 +18,7 @@ elastic gang never preempts, nor delays the head of the queue, to grow. docs/ela
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -116,9 +116,9 @@ def unusable_sizes(status: Mapping[str, Any]) -> frozenset[int]:
     return frozenset(n for n in status.get("elasticUnusableSizes") or () if isinstance(n, int))
 
 
-def with_unusable(status: Mapping[str, Any], size: int) -> list[int]:
-    """status.elasticUnusableSizes with `size` added: sorted, the largest constants.MAX_UNUSABLE_SIZES kept."""
-    return sorted(unusable_sizes(status) | {size})[-c.MAX_UNUSABLE_SIZES :]
+def with_unusable(status: Mapping[str, Any], sizes: Iterable[int]) -> list[int]:
+    """status.elasticUnusableSizes with `sizes` added: sorted, the largest constants.MAX_UNUSABLE_SIZES kept."""
+    return sorted(unusable_sizes(status) | set(sizes))[-c.MAX_UNUSABLE_SIZES :]
 
 
 def checkpointed_since_admission(status: Mapping[str, Any]) -> bool:

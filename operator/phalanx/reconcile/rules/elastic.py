@@ -10,13 +10,14 @@ from phalanx.api.schema import parse
 from phalanx.api.v1alpha1 import TrainingJobSpec
 from phalanx.pod_facts import attempt_replicas, attempt_sizes, in_current_attempt
 from phalanx.policy import elastic
-from phalanx.policy.pod_outcome import REASON_WORLD_SIZE_UNUSABLE, VerdictKind
+from phalanx.policy.pod_outcome import REASON_WORLD_SIZE_TOO_SMALL, REASON_WORLD_SIZE_UNUSABLE, VerdictKind
 from phalanx.reconcile.observed import Observed
 from phalanx.reconcile.plan import PlanBuilder, iso, parse_iso
 from phalanx.reconcile.rules.transitions import restart
 
 # The Restarting reason when an attempt's pods were built for different sizes: never counted.
 REASON_MIXED_SIZES: Final = "MixedGangSizes"
+WORLD_SIZE_REASONS: Final = (REASON_WORLD_SIZE_UNUSABLE, REASON_WORLD_SIZE_TOO_SMALL)
 
 
 def active_cap(b: PlanBuilder) -> elastic.Cap | None:
@@ -45,21 +46,29 @@ def unusable_size(b: PlanBuilder, seen: Observed) -> bool:
     elastic, or with no usable size left from minReplicas to maxReplicas, failure.apply fails the job,
     its message naming the fix."""
     written = seen.as_written
-    if seen.verdict.kind is not VerdictKind.FAILED or seen.verdict.reason != REASON_WORLD_SIZE_UNUSABLE:
+    reason = seen.verdict.reason
+    if seen.verdict.kind is not VerdictKind.FAILED or reason not in WORLD_SIZE_REASONS:
         return False
     size = seen.spec.replicas
     if written.elastic is None:
         return False
-    unusable = elastic.with_unusable(b.status, size)
+    # Too small for tp x pp: every smaller world is too, so the gang never steps down to one.
+    failed = range(1, size + 1) if reason == REASON_WORLD_SIZE_TOO_SMALL else (size,)
+    unusable = elastic.with_unusable(b.status, failed)
     if elastic.smallest_usable(written, unusable) is None:
         return False
     b.status["elasticUnusableSizes"] = unusable
     world = seen.spec.world_size
+    pods = f"{size} pod(s) x {seen.spec.effective_procs_per_replica}"
+    why = (
+        f"world size {world} ({pods}) is smaller than tp x pp; not sized at {size} pod(s) or fewer again"
+        if reason == REASON_WORLD_SIZE_TOO_SMALL
+        else f"data.global_batch_size over the data-parallel ranks, or tp x pp, does not divide world size "
+        f"{world} ({pods}); not sized at {size} pod(s) again"
+    )
     restart(b, seen.current, REASON_WORLD_SIZE_UNUSABLE,
-            f"the trainer cannot use world size {world} ({size} pod(s) x {seen.spec.effective_procs_per_replica}): "
-            f"data.global_batch_size over the data-parallel ranks, or tp x pp, does not divide it; not sized at "
-            f"{size} pod(s) again, retrying at another size. Set spec.elastic.replicasMultipleOf to the sizes the "
-            "trainer divides")  # fmt: skip
+            f"the trainer cannot use this world size: {why}, retrying at another size. Set "
+            "spec.elastic.replicasMultipleOf (and minReplicas) to the sizes the trainer divides")  # fmt: skip
     return True
 
 
