@@ -313,3 +313,12 @@ def test_a_world_too_small_marks_every_size_up_to_it_and_never_steps_down() -> N
     assert plan.status["phase"] == "Restarting" and plan.status["elasticUnusableSizes"] == [1, 2]
     again = decide(elastic_job_of(4, plan.status), [], NODES, NOW + 1, room=Room(pods=1))
     assert again.create_indices == [0, 1, 2]  # the smallest size left; it waits for room for it
+
+
+def test_a_new_attempt_waiting_for_the_cluster_list_says_so_in_pods_created() -> None:
+    plan = decide(elastic_job(), [], NODES, NOW, room=None)
+    created = next(c for c in plan.status["conditions"] if c["type"] == "PodsCreated")
+    assert created["status"] == "False" and created["reason"] == "WaitingForClusterList"
+    later = decide(elastic_job(plan.status), [], NODES, NOW + 1, room=Room(pods=2))
+    created = next(c for c in later.status["conditions"] if c["type"] == "PodsCreated")
+    assert created["reason"] != "WaitingForClusterList"
