@@ -5,7 +5,7 @@ the status here too (pure)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from phalanx.policy import bad_nodes, elastic
 from phalanx.policy.node_loss import attempt_in_names
@@ -16,6 +16,9 @@ from phalanx.reconcile.plan import REASON_CREATE_REFUSED, REASON_NAME_CONFLICT, 
 from phalanx.reconcile.rules import elastic as elastic_rules
 from phalanx.reconcile.rules import gang_timeout
 from phalanx.reconcile.rules.restart import restart_reason
+
+# PodsCreated=False while a new elastic attempt waits for the stores to list (room unknown).
+REASON_WAITING_FOR_CLUSTER_LIST: Final = "WaitingForClusterList"
 
 
 def apply(b: PlanBuilder, seen: Observed) -> bool:
@@ -31,9 +34,15 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
         if seen.as_written.elastic is not None and seen.room is None:
             # The stores have not listed yet (the first pass after a start): the room would read as
             # none and the attempt start at minReplicas where more fits. Sized once they have.
+            b.condition("PodsCreated", "False", REASON_WAITING_FOR_CLUSTER_LIST,
+                        "spec.elastic: the operator has not listed the cluster's nodes and pods yet; the attempt "
+                        "is sized from the room once it has")  # fmt: skip
             b.recheck(elastic.UNSIZED_RECHECK_SECONDS)
             return True
         size = _choose_size(b, seen)
+        waited = get_condition(status["conditions"], "PodsCreated")
+        if waited is not None and waited.get("reason") == REASON_WAITING_FOR_CLUSTER_LIST:
+            b.condition("PodsCreated", "False", "Creating", f"creating {size} pod(s) for attempt {attempt}")
     missing = [i for i in range(size) if i not in current]
     if missing and gang_timeout.partly_created(b, seen):
         return True
