@@ -212,3 +212,32 @@ def test_an_operator_killed_after_the_status_write_of_a_resize_creates_the_attem
     while time.monotonic() < end:
         assert job_status(cluster, namespace, "resized").get("attempt") == 1
         time.sleep(0.5)
+
+
+def test_a_grow_keeps_its_room_while_its_old_pod_lingers_and_another_gang_does_not_grow_into_it(
+    cluster: Cluster, namespace: str, operator: OperatorProcess, private_nodes: Any
+) -> None:
+    # The reconciler's own sequence: the grower grows into the one free node; its old pod takes 30 s
+    # to stop (a long grace period), so the grower's teardown passes read the room again and create
+    # nothing. The other gang, with a checkpoint too, must not restart to grow into the grower's node.
+    private_nodes.add(1, gpus=8, prefix="ea")
+    for name, stops_in in (("grower", "30s"), ("other", "1s")):
+        job = training_job(name, gpus=8, placement=private_nodes.placement(), terminate_after=stops_in,
+                           elastic=ELASTIC)  # fmt: skip
+        del job["spec"]["replicas"]
+        cluster.apply(job, namespace)
+        wait_for(lambda n=name: running_at(cluster, namespace, n, 0, 1), timeout=60, what=f"{name} on 1")
+        if name == "grower":
+            private_nodes.add(1, gpus=8, prefix="eb")  # room for the other job's one pod
+    private_nodes.add(1, gpus=8, prefix="ec")  # one free node: room for one grow
+    report_checkpoint(cluster, namespace, "grower", step=20)
+    wait_for(lambda: job_status(cluster, namespace, "grower").get("attempt") == 1, timeout=45, what="grow")
+    report_checkpoint(cluster, namespace, "other", step=20)
+    # Several of the grower's passes and of the other's 5 s looks for room, the old pod still stopping.
+    end = time.monotonic() + 20
+    while time.monotonic() < end:
+        assert job_status(cluster, namespace, "other").get("attempt") == 0, "the other gang grew too"
+        time.sleep(0.5)
+    assert attempt_pods(cluster, namespace, "grower", 0), "the old pod stopped early: nothing was tested"
+    wait_for(lambda: running_at(cluster, namespace, "grower", 1, 2), timeout=60, what="grower at 2")
+    assert job_status(cluster, namespace, "other")["attempt"] == 0
