@@ -61,6 +61,16 @@ EXIT_CHECKPOINTED_ON_PREEMPTION: Final = 75
 # EX_PROTOCOL, from a resident launcher (restart in place) whose generation broke without a
 # checkpoint (a peer was lost, or the worker was fenced out as stale): retryable, like a signal.
 EXIT_GENERATION_FAILED: Final = 76
+# EX_CONFIG, from the trainer: its config is valid but cannot split this world size (global batch,
+# tp x pp). An elastic gang skips that size from then on and retries (rules/elastic.py); a fixed one fails.
+EXIT_WORLD_SIZE_UNUSABLE: Final = 78
+# The trainer's stderr line with exit 78 (the termination message, FallbackToLogsOnError): 78 alone is
+# os.EX_CONFIG, which any script may use; only the trainer container with this line means the size.
+WORLD_SIZE_UNUSABLE_MARKER: Final = "phalanx-trainer: world size unusable"
+# The same, for a world smaller than tp x pp: no smaller world is usable either.
+WORLD_SIZE_TOO_SMALL_MARKER: Final = "phalanx-trainer: world size too small"
+# status.elasticUnusableSizes keeps at most this many sizes (the largest: those growth aims at).
+MAX_UNUSABLE_SIZES: Final = 64
 # 1-127 (other than the code above) are permanent unless listed in spec.runPolicy.retryableExitCodes;
 # 128-255 (killed by a signal, including OOM kills) are retryable failures.
 FIRST_SIGNAL_EXIT_CODE: Final = 128

@@ -21,7 +21,14 @@ pytestmark = pytest.mark.unit
 
 TEMPLATE = {"spec": {"containers": [{"name": "trainer"}]}}
 ADMITTED = {"admittedTime": "2027-01-15T08:00:00Z"}
-CHECKPOINT_AFTER = {**ADMITTED, "lastCheckpoint": {"step": 20, "time": "2027-01-15T08:05:00.250Z"}}
+CHECKPOINT_AFTER = {
+    **ADMITTED,
+    "lastCheckpoint": {
+        "step": 20,
+        "time": "2027-01-15T08:05:00.250Z",
+        "observedTime": "2027-01-15T08:05:01Z",
+    },
+}
 
 
 def spec(**fields: Any) -> TrainingJobSpec:
@@ -49,13 +56,6 @@ def test_when_not_even_min_fits_the_attempt_waits_at_min() -> None:
     assert start_size(elastic(2, 4), Room(pods=0)) == 2
 
 
-def test_with_the_cluster_not_known_yet_an_attempt_is_not_sized() -> None:
-    # Sized at min on an empty view, a gang that fits whole would need a restart to grow (and on a
-    # cluster whose pods never checkpoint, never would): the size waits for the listed cluster.
-    assert start_size(elastic(1, 4), None) is None
-    assert start_size(spec(replicas=3), None) == 3  # a fixed size needs no view of the cluster
-
-
 def test_a_fixed_size_job_is_never_resized() -> None:
     fixed = spec(replicas=3)
     assert start_size(fixed, Room(pods=1)) == 3
@@ -77,7 +77,8 @@ def test_a_gang_grows_into_free_room_after_a_checkpoint_since_its_admission() ->
 
 
 def test_no_growth_without_a_checkpoint_since_admission() -> None:
-    before = {**ADMITTED, "lastCheckpoint": {"step": 10, "time": "2027-01-15T07:59:59.900Z"}}
+    before = {**ADMITTED, "lastCheckpoint": {"step": 10, "time": "2027-01-15T07:59:59.900Z",
+                                             "observedTime": "2027-01-15T07:59:59Z"}}  # fmt: skip
     assert grow_size(elastic(1, 4), 1, Room(pods=3), before) is None
     assert grow_size(elastic(1, 4), 1, Room(pods=3), ADMITTED) is None
     assert checkpointed_since_admission(CHECKPOINT_AFTER)
@@ -110,3 +111,19 @@ def test_with_replicas_multiple_of_a_gang_grows_only_by_whole_multiples() -> Non
     assert grow_size(in_steps_of(2, 2, 8), 2, Room(pods=3), CHECKPOINT_AFTER) == 4
     assert grow_size(in_steps_of(2, 2, 8), 2, Room(pods=1), CHECKPOINT_AFTER) is None
     assert grow_size(in_steps_of(4, 4, 8, replicas=6), 4, Room(pods=5), CHECKPOINT_AFTER) is None
+
+
+def test_a_checkpoint_counts_by_when_the_operator_saw_it_not_by_the_trainers_clock() -> None:
+    # The trainer's clock runs ahead: its timestamp says after the admission, the operator saw the
+    # checkpoint before it (the attempt before wrote it). No growth: a restart would lose more.
+    ahead = {**ADMITTED, "lastCheckpoint": {"step": 10, "time": "2027-01-15T08:09:00.000Z",
+                                            "observedTime": "2027-01-15T07:59:50Z"}}  # fmt: skip
+    assert not checkpointed_since_admission(ahead)
+    # Behind: its timestamp says before the admission, the operator first saw it after.
+    behind = {**ADMITTED, "lastCheckpoint": {"step": 20, "time": "2027-01-15T07:50:00.000Z",
+                                             "observedTime": "2027-01-15T08:05:01Z"}}  # fmt: skip
+    assert checkpointed_since_admission(behind)
+    # Stored before the operator stamped its observations: not known to be newer, no growth yet.
+    assert not checkpointed_since_admission(
+        {**ADMITTED, "lastCheckpoint": {"step": 20, "time": "2027-01-15T08:05:00Z"}}
+    )

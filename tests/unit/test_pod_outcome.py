@@ -271,3 +271,40 @@ def test_classified_pods_fold_into_a_preemption_end_to_end() -> None:
     outcomes = [classify(victim), classify(peer)]
     assert [o.kind for o in outcomes] == [OutcomeKind.PREEMPTED, OutcomeKind.FAILED_PERMANENT]
     assert gang_verdict(outcomes).kind is VerdictKind.RESTART_PREEMPTION
+
+
+def exit_78(name: str = "trainer", message: str = "") -> dict[str, Any]:
+    container = terminated(78, name=name)
+    container["state"]["terminated"]["message"] = message
+    return container
+
+
+# As the trainer's stderr reaches the termination message (FallbackToLogsOnError).
+MARKED = "phalanx-trainer: world size unusable (world size 5): data.global_batch_size 96 ...\n"
+
+
+def test_exit_78_with_the_trainers_marker_is_an_unusable_world_size() -> None:
+    outcome = classify(pod("Failed", [exit_78(message=MARKED)]))
+    assert outcome.reason == "WorldSizeUnusable" and outcome.kind is OutcomeKind.FAILED_PERMANENT
+
+
+@pytest.mark.parametrize(
+    "container",
+    [exit_78(message="user script: bad config\n"), exit_78(name="sidecar", message=MARKED)],
+    ids=["trainer-without-marker", "another-container"],
+)
+def test_exit_78_without_the_trainers_marker_is_an_ordinary_exit_code(container: dict[str, Any]) -> None:
+    # 78 is os.EX_CONFIG: user scripts and sidecars exit with it too
+    outcome = classify(pod("Failed", [container]))
+    assert outcome.reason == "ExitCode" and outcome.kind is OutcomeKind.FAILED_PERMANENT
+
+
+def test_retryable_exit_codes_are_read_before_the_world_size_marker() -> None:
+    outcome = classify(pod("Failed", [exit_78(message=MARKED)]), retryable=frozenset({78}))
+    assert outcome.kind is OutcomeKind.FAILED_RETRYABLE
+
+
+def test_exit_78_for_a_world_too_small_says_so() -> None:
+    message = "phalanx-trainer: world size too small (world size 2): the smallest usable world size is 4\n"
+    outcome = classify(pod("Failed", [exit_78(message=message)]))
+    assert outcome.reason == "WorldSizeTooSmall" and "smallest usable world size is 4" in outcome.message

@@ -285,3 +285,68 @@ def test_the_poller_counts_its_own_progress_writes(trainer: Trainer) -> None:
     trainer.report["step"] = 2
     polling.poll("ns/job")  # held back by the interval
     assert written() - before == 1.0
+
+
+def test_a_new_checkpoint_is_stamped_with_the_operators_time_once(
+    trainer: Trainer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Growth compares it with status.admittedTime, the operator's clock too (policy/elastic.py).
+    monkeypatch.setattr(progress_module.time, "time", lambda: 1_800_000_000.0)
+    writer = RecordingWriter()
+    polling = poller(writer, seconds=0.0)
+    trainer.report.update(step=2, last_checkpoint={"step": 2, "time": "2000-01-01T00:00:00Z"})
+    polling.poll("ns/job")
+    assert writer.writes[-1]["lastCheckpoint"]["observedTime"] == "2027-01-15T08:00:00Z"
+    monkeypatch.setattr(progress_module.time, "time", lambda: 1_800_000_100.0)
+    trainer.report.update(step=3)
+    trainer.now += 1.0
+    polling.poll("ns/job")  # the same checkpoint: when it was first seen stays
+    assert writer.writes[-1]["lastCheckpoint"]["observedTime"] == "2027-01-15T08:00:00Z"
+
+
+def test_a_checkpoint_the_status_holds_keeps_its_observed_time_after_an_operator_restart(
+    trainer: Trainer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(progress_module.time, "time", lambda: 1_800_000_100.0)
+    writer = RecordingWriter()
+    polling = ProgressPoller(writer, NoQueue(), status_seconds=0.0)  # type: ignore[arg-type]
+    stored = {"step": 2, "time": "2000-01-01T00:00:00Z", "observedTime": "2027-01-15T07:00:00Z"}
+    rank0 = {"metadata": {"name": "job-worker-0", "labels": {"phalanx.dev/attempt": "0",
+                                                             "phalanx.dev/replica-index": "0"}},
+             "status": {"podIP": "10.0.0.1"}}  # fmt: skip
+    polling.track("ns/job", "uid-1", [rank0], {"phase": "Running", "attempt": 0, "lastCheckpoint": stored})
+    trainer.report.update(step=3, last_checkpoint={"step": 2, "time": "2000-01-01T00:00:00Z"})
+    polling.poll("ns/job")
+    assert writer.writes[-1]["lastCheckpoint"]["observedTime"] == "2027-01-15T07:00:00Z"
+
+
+class RecordingQueue:
+    def __init__(self) -> None:
+        self.enqueued: list[str] = []
+
+    def enqueue_threadsafe(self, key: str) -> None:
+        self.enqueued.append(key)
+
+
+def test_a_new_checkpoint_written_wakes_the_reconcile_once(trainer: Trainer) -> None:
+    # A decision reads it (an elastic gang grows only after a checkpoint since its admission): the
+    # job's own status events do not enqueue it, so the poller that wrote it does.
+    writer, queue = RecordingWriter(), RecordingQueue()
+    polling = ProgressPoller(writer, queue, status_seconds=0.0)  # type: ignore[arg-type]
+    polling.targets["ns/job"] = ProgressTarget("uid-1", "10.0.0.1")
+    polling.poll("ns/job")
+    assert queue.enqueued == []
+    trainer.report.update(step=2, last_checkpoint={"step": 2, "time": "2026-01-01T00:00:00Z"})
+    trainer.now += 1.0
+    polling.poll("ns/job")
+    assert queue.enqueued == ["ns/job"]
+    trainer.report.update(step=3)
+    trainer.now += 1.0
+    polling.poll("ns/job")  # progress only: no reconcile for it
+    assert queue.enqueued == ["ns/job"]
+
+
+def test_last_checkpoint_is_not_bookkeeping_a_decision_reads_it() -> None:
+    from phalanx.controller.reconciler import BOOKKEEPING_FIELDS
+
+    assert "lastCheckpoint" not in BOOKKEEPING_FIELDS

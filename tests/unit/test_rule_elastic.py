@@ -25,7 +25,8 @@ def elastic_job(status: dict[str, Any] | None = None) -> dict[str, Any]:
 def checkpointed(status: dict[str, Any], seconds_after_admission: float = 30) -> dict[str, Any]:
     from phalanx.reconcile.plan import iso
 
-    return {**status, "lastCheckpoint": {"step": 40, "time": iso(NOW - 60 + seconds_after_admission)}}
+    seen = iso(NOW - 60 + seconds_after_admission)  # when the operator saw it (admitted at NOW - 60)
+    return {**status, "lastCheckpoint": {"step": 40, "time": seen, "observedTime": seen}}
 
 
 def test_the_first_attempt_is_created_at_the_size_that_fits() -> None:
@@ -37,18 +38,6 @@ def test_the_first_attempt_is_created_at_the_size_that_fits() -> None:
 def test_with_room_for_all_the_first_attempt_is_created_whole() -> None:
     plan = decide(elastic_job(), [], NODES, NOW, room=Room(pods=5))
     assert plan.create_indices == [0, 1] and plan.status["currentReplicas"] == 2
-
-
-def test_before_the_cluster_is_listed_no_pod_is_created_and_no_size_recorded() -> None:
-    # A restarted operator reconciles before its node and pod stores are listed (the room unknown):
-    # sized then, the gang would start at min with room for all of it (the fresh-clone failures of
-    # the operator-restart test in tests/integration/test_elastic.py).
-    plan = decide(elastic_job(), [], NODES, NOW, room=None)
-    assert not plan.create_indices
-    assert "sizedAttempt" not in plan.status and "currentReplicas" not in plan.status
-    assert plan.recheck_after is not None and plan.recheck_after <= 5
-    later = decide(elastic_job(plan.status), [], NODES, NOW + 1, room=Room(pods=2))
-    assert later.create_indices == [0, 1] and later.status["currentReplicas"] == 2
 
 
 def test_a_fixed_size_job_records_its_size_too() -> None:
@@ -215,3 +204,121 @@ def test_a_gang_does_not_grow_during_the_cool_down_after_a_gang_timeout() -> Non
     pods = [sized(i, 3, phase="Running", attempt=1) for i in range(3)]
     plan = decide(elastic_job_of(4, running), pods, NODES, later + 60, room=Room(pods=1))
     assert plan.status["phase"] == "Running" and not plan.delete_pods
+
+
+def test_before_the_cluster_is_listed_a_new_attempt_waits_to_be_sized() -> None:
+    # room None: the stores have not listed (the first pass after a start). Sizing now would read
+    # no room and start at minReplicas when maxReplicas fits.
+    plan = decide(elastic_job(), [], NODES, NOW, room=None)
+    assert not plan.create_indices
+    assert "currentReplicas" not in plan.status and "sizedAttempt" not in plan.status
+    assert plan.recheck_after is not None and plan.recheck_after <= 5
+    later = decide(elastic_job(plan.status), [], NODES, NOW + 1, room=Room(pods=2))
+    assert later.create_indices == [0, 1] and later.status["currentReplicas"] == 2
+
+
+def test_a_restart_to_grow_claims_the_room_it_grows_into() -> None:
+    status = checkpointed({**RUNNING, "currentReplicas": 1})
+    plan = decide(elastic_job(status), [pod(0)], NODES, NOW, room=Room(pods=1))
+    # The new gang of 2, of which 1 beyond the pod it holds now (rules/elastic.py, admission_at_creation.py).
+    assert plan.grow == (2, 1)
+    waiting = decide(elastic_job(checkpointed({**RUNNING, "currentReplicas": 1})), [pod(0)], NODES, NOW,
+                     room=Room(pods=0))  # fmt: skip
+    assert waiting.grow is None
+
+
+def test_the_room_is_read_only_for_a_decision_that_needs_it() -> None:
+    from phalanx.reconcile.rules.elastic import room_needed
+
+    assert room_needed(elastic_job(), [])  # a new attempt to size
+    assert not room_needed(job(), [])  # not elastic
+    sized_not_seen = {"attempt": 0, "sizedAttempt": 0, "currentReplicas": 1}
+    assert not room_needed(elastic_job(sized_not_seen), [])  # sized already: its pods are on the way
+    assert not room_needed(elastic_job({**RUNNING, "currentReplicas": 2}), [pod(0), pod(1)])  # whole
+    below = {**RUNNING, "currentReplicas": 1}
+    assert not room_needed(elastic_job(below), [pod(0)])  # no checkpoint since admission: cannot grow
+    assert room_needed(elastic_job(checkpointed(below)), [pod(0)])  # a grow check
+    capped = {**checkpointed(below), "elasticCap": {"replicas": 1, "until": "2099-01-01T00:00:00Z"}}
+    assert not room_needed(elastic_job(capped), [pod(0)])
+
+
+def test_the_cap_after_a_failed_start_is_cleared_when_the_job_succeeds() -> None:
+    status = {**RUNNING, "currentReplicas": 2, "elasticCap": {"replicas": 1, "until": "2099-01-01T00:00:00Z"}}
+    done = [pod(0, phase="Succeeded", exit_code=0), pod(1, phase="Succeeded", exit_code=0)]
+    plan = decide(elastic_job(status), done, NODES, NOW)
+    assert plan.status["phase"] == "Succeeded" and "elasticCap" not in plan.status
+
+
+def world_size_exit(index: int, size: int) -> dict[str, Any]:
+    """A pod of an attempt of `size` whose trainer found that world size unusable (exit 78)."""
+    p = pod(index, phase="Failed", exit_code=78)
+    p["status"]["containerStatuses"][0]["state"]["terminated"]["message"] = (
+        f"phalanx-trainer: world size unusable (world size {size}): data.global_batch_size ...\n"
+    )
+    p["metadata"]["labels"][GANG_SIZE] = str(size)
+    return p
+
+
+def test_an_unusable_world_size_is_kept_and_skipped_without_capping_the_sizes_above_it() -> None:
+    status = {**RUNNING, "currentReplicas": 3, "sizedAttempt": 0}
+    pods = [world_size_exit(0, 3), sized(1, 3, phase="Running"), sized(2, 3, phase="Running")]
+    plan = decide(elastic_job_of(4, status), pods, NODES, NOW, room=Room(pods=1))
+    assert plan.status["phase"] != "Failed" and plan.status["attempt"] == 1
+    assert plan.status["elasticUnusableSizes"] == [3] and "elasticCap" not in plan.status
+    assert plan.status["restarts"]["failures"] == 0  # not the job's failure: the size's
+    warning = next(e for e in plan.events if e.reason == "WorldSizeUnusable")
+    assert warning.type == "Warning"
+    assert "3 pod(s)" in warning.message and "replicasMultipleOf" in warning.message
+    below = decide(elastic_job_of(4, plan.status), [], NODES, NOW + 1, room=Room(pods=3))
+    assert below.create_indices == [0, 1]  # room for 3: the size below it
+    resized = next(e for e in below.events if e.reason == "Resized")
+    assert "cannot use" in resized.message and "did not start" not in resized.message
+    above = decide(elastic_job_of(4, plan.status), [], NODES, NOW + 1, room=Room(pods=4))
+    assert above.create_indices == [0, 1, 2, 3]  # a larger size is not blocked
+
+
+def test_growth_skips_an_unusable_size_but_grows_past_it() -> None:
+    status = checkpointed({**RUNNING, "currentReplicas": 2, "elasticUnusableSizes": [3]})
+    running = [sized(0, 2, phase="Running"), sized(1, 2, phase="Running")]
+    stays = decide(elastic_job_of(4, status), running, NODES, NOW, room=Room(pods=1))
+    assert stays.status["phase"] == "Running" and not stays.delete_pods  # to 3 only: unusable
+    grows = decide(elastic_job_of(4, status), running, NODES, NOW, room=Room(pods=2))
+    assert grows.status["phase"] == "Restarting" and grows.grow == (4, 2)
+
+
+def test_an_unusable_min_replicas_with_larger_sizes_left_does_not_fail_the_job() -> None:
+    status = {**RUNNING, "currentReplicas": 1, "sizedAttempt": 0}
+    plan = decide(elastic_job_of(4, status), [world_size_exit(0, 1)], NODES, NOW, room=Room(pods=0))
+    assert plan.status["phase"] == "Restarting" and plan.status["elasticUnusableSizes"] == [1]
+    again = decide(elastic_job_of(4, plan.status), [], NODES, NOW + 1, room=Room(pods=1))
+    assert again.create_indices == [0, 1]  # the smallest usable size: never the unusable one again
+
+
+def test_an_unusable_world_size_with_no_usable_size_left_fails_the_job_naming_the_fix() -> None:
+    status = {**RUNNING, "currentReplicas": 1, "sizedAttempt": 0, "elasticUnusableSizes": [2]}
+    plan = decide(elastic_job_of(2, status), [world_size_exit(0, 1)], NODES, NOW, room=Room(pods=0))
+    assert plan.status["phase"] == "Failed"
+    assert "replicasMultipleOf" in plan.status["message"] or any(
+        "replicasMultipleOf" in c.get("message", "") for c in plan.status["conditions"]
+    )
+
+
+def test_a_world_too_small_marks_every_size_up_to_it_and_never_steps_down() -> None:
+    status = {**RUNNING, "currentReplicas": 2, "sizedAttempt": 0}
+    p = world_size_exit(0, 2)
+    p["status"]["containerStatuses"][0]["state"]["terminated"]["message"] = (
+        "phalanx-trainer: world size too small (world size 2): the smallest usable world size is 3\n"
+    )
+    plan = decide(elastic_job_of(4, status), [p, sized(1, 2, phase="Running")], NODES, NOW, room=Room(pods=0))
+    assert plan.status["phase"] == "Restarting" and plan.status["elasticUnusableSizes"] == [1, 2]
+    again = decide(elastic_job_of(4, plan.status), [], NODES, NOW + 1, room=Room(pods=1))
+    assert again.create_indices == [0, 1, 2]  # the smallest size left; it waits for room for it
+
+
+def test_a_new_attempt_waiting_for_the_cluster_list_says_so_in_pods_created() -> None:
+    plan = decide(elastic_job(), [], NODES, NOW, room=None)
+    created = next(c for c in plan.status["conditions"] if c["type"] == "PodsCreated")
+    assert created["status"] == "False" and created["reason"] == "WaitingForClusterList"
+    later = decide(elastic_job(plan.status), [], NODES, NOW + 1, room=Room(pods=2))
+    created = next(c for c in later.status["conditions"] if c["type"] == "PodsCreated")
+    assert created["reason"] != "WaitingForClusterList"

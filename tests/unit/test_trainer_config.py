@@ -66,7 +66,8 @@ def test_choice_and_range_mistakes_after_types_are_right() -> None:
 def test_layout_product_must_equal_world_size() -> None:
     layout = ["parallelism.dp=2", "parallelism.tp=2", "parallelism.pp=1", "parallelism.dp_mode=fsdp"]
     problems = problems_of(None, layout, world_size=6)
-    assert problems == ["dp x tp x pp = 2 x 2 x 1 = 4 != world size 6"]
+    assert problems[0] == "dp x tp x pp = 2 x 2 x 1 = 4 != world size 6"
+    assert "set parallelism.dp = -1" in problems[1] and len(problems) == 2  # fixed dp: no world size but 4
 
 
 def test_world_size_must_divide_by_tp_times_pp_when_dp_is_inferred() -> None:
@@ -165,3 +166,78 @@ def test_deterministic_setting_takes_booleans_as_on_and_off_and_names_its_choice
     assert problems_of(None, ["job.deterministic=1"]) == [
         "job.deterministic: expected a string, got 1 (one of auto, on, off)"
     ]
+
+
+def test_a_config_that_only_this_world_size_cannot_split_exits_with_its_own_code(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # global batch 96 over 5 data-parallel ranks: fine at 1, 2, 3, 4, 6 ranks, not at 5. The
+    # operator reads the code as "this size is unusable" and retries an elastic gang smaller.
+    from phalanx_trainer import contract
+
+    path = tmp_path / "c.toml"
+    path.write_text("[data]\nglobal_batch_size = 96\nbatch_size = 96\n")
+    monkeypatch.setenv("WORLD_SIZE", "5")
+    monkeypatch.setenv("RANK", "0")
+    assert main(["--config", str(path)]) == contract.EXIT_WORLD_SIZE_UNUSABLE
+    err = capsys.readouterr().err
+    assert "world size 5" in err and "Traceback" not in err
+    # A mistake at every size stays a config error (exit 1).
+    path.write_text(
+        "[data]\nglobal_batch_size = 96\nbatch_size = 96\nnum_workers = 0\npersistent_workers = true\n"
+    )
+    assert main(["--config", str(path)]) == contract.EXIT_PERMANENT_ERROR
+
+
+def test_the_world_size_exit_code_is_the_operators() -> None:
+    from phalanx import constants as c
+    from phalanx_trainer import contract
+
+    assert contract.EXIT_WORLD_SIZE_UNUSABLE == c.EXIT_WORLD_SIZE_UNUSABLE == 78
+
+
+def test_the_unusable_world_size_message_carries_the_marker_the_operator_reads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Exit 78 alone is os.EX_CONFIG, which any script may use: the operator reads an unusable world
+    # size only from the trainer container's termination message (its stderr) carrying this marker.
+    from phalanx import constants as c
+    from phalanx_trainer import contract
+
+    assert contract.WORLD_SIZE_UNUSABLE_MARKER == c.WORLD_SIZE_UNUSABLE_MARKER
+    path = tmp_path / "c.toml"
+    path.write_text("[data]\nglobal_batch_size = 96\nbatch_size = 96\n")
+    monkeypatch.setenv("WORLD_SIZE", "5")
+    monkeypatch.setenv("RANK", "0")
+    assert main(["--config", str(path)]) == contract.EXIT_WORLD_SIZE_UNUSABLE
+    assert contract.WORLD_SIZE_UNUSABLE_MARKER in capsys.readouterr().err
+
+
+def test_a_fixed_dp_that_differs_from_the_world_is_a_config_error_naming_dp_minus_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No world size is usable but dp x tp x pp: not the size's fault (exit 78 would have an elastic
+    # gang try size after size), the config's.
+    from phalanx_trainer import contract
+
+    path = tmp_path / "c.toml"
+    path.write_text("[parallelism]\ndp = 2\n")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("RANK", "0")
+    assert main(["--config", str(path)]) == contract.EXIT_PERMANENT_ERROR
+    err = capsys.readouterr().err
+    assert "parallelism.dp = 2" in err and "dp = -1" in err
+
+
+def test_a_world_too_small_for_tp_x_pp_names_the_smallest_usable_world_size(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from phalanx_trainer import contract
+
+    path = tmp_path / "c.toml"
+    path.write_text('[model]\nkind = "gpt"\nn_layers = 4\n[parallelism]\ntp = 2\npp = 2\n')
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    assert main(["--config", str(path)]) == contract.EXIT_WORLD_SIZE_UNUSABLE
+    err = capsys.readouterr().err
+    assert contract.WORLD_SIZE_TOO_SMALL_MARKER in err and "smallest usable world size is 4" in err

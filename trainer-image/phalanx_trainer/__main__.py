@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from phalanx_trainer import contract, startup
-from phalanx_trainer.config import ConfigError, TrainerConfig, load_config
+from phalanx_trainer.config import ConfigError, TrainerConfig, WorldSizeError, WorldTooSmallError, load_config
 from phalanx_trainer.distenv import (
     DistEnv,
     EnvError,
@@ -174,6 +174,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         dist_env = read_dist_env(env)
         config = apply_env_defaults(load_config(args.config, args.overrides, dist_env.world_size), env)
+    except WorldSizeError as err:
+        too_small = isinstance(err, WorldTooSmallError)
+        marker = contract.WORLD_SIZE_TOO_SMALL_MARKER if too_small else contract.WORLD_SIZE_UNUSABLE_MARKER
+        for problem in err.problems:
+            print(f"{marker} (world size {dist_env.world_size}): {problem}", file=sys.stderr)
+        return contract.EXIT_WORLD_SIZE_UNUSABLE
     except ConfigError as err:
         for problem in err.problems:
             print(f"phalanx-trainer: config error: {problem}", file=sys.stderr)

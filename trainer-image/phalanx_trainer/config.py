@@ -29,6 +29,14 @@ class ConfigError(Exception):
         self.problems = problems
 
 
+class WorldSizeError(ConfigError):
+    """The config is valid, but not at the world size it was launched with."""
+
+
+class WorldTooSmallError(WorldSizeError):
+    """The world is smaller than tp x pp: no smaller world is usable either."""
+
+
 @dataclass
 class JobConfig:
     name: str = "phalanx"
@@ -412,6 +420,22 @@ def load_config(path: Path | None, overrides: list[str], world_size: int | None 
     problems += build_problems
     if not problems:
         problems += validate(config, world_size)
+        if problems and world_size is not None and not validate(config, None):
+            # Valid at its own smallest layout: this size is the trouble, unless dp is fixed (then no
+            # other size is usable either: the config's mistake, for an elastic job too).
+            par = config.parallelism
+            fixed_world = par.dp * par.tp * par.pp
+            if par.dp != -1 and fixed_world != world_size:
+                raise ConfigError([*problems,
+                    f"parallelism.dp = {par.dp} is fixed: it needs a world size of dp x tp x pp = {fixed_world}, "
+                    f"launched with {world_size}; set parallelism.dp = -1 to take the rest (an elastic job needs it)"
+                ])  # fmt: skip
+            if world_size < par.tp * par.pp:
+                raise WorldTooSmallError([
+                    f"tp x pp = {par.tp * par.pp} does not fit in {world_size} rank(s): the smallest usable "
+                    f"world size is {par.tp * par.pp}"
+                ])  # fmt: skip
+            raise WorldSizeError(problems)
     if problems:
         raise ConfigError(problems)
     return config

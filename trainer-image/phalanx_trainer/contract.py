@@ -40,6 +40,15 @@ EXIT_CHECKPOINTED_ON_PREEMPTION: Final = 75
 # EX_PROTOCOL: this worker's restart generation broke (a peer was lost mid-collective, or the worker
 # was fenced out as stale) and nothing was saved; retryable from the newest checkpoint.
 EXIT_GENERATION_FAILED: Final = 76
+# EX_CONFIG: the config is valid, but not at this world size (data.global_batch_size does not divide
+# over its data-parallel ranks, or tp x pp does not divide it). An elastic gang retries another size.
+EXIT_WORLD_SIZE_UNUSABLE: Final = 78
+# Starts the stderr line of an exit 78 (the operator reads it in the termination message: 78 alone is
+# os.EX_CONFIG, which any script may use).
+WORLD_SIZE_UNUSABLE_MARKER: Final = "phalanx-trainer: world size unusable"
+# The same, for a world smaller than tp x pp (no smaller one is usable either; the line names the
+# smallest usable world size).
+WORLD_SIZE_TOO_SMALL_MARKER: Final = "phalanx-trainer: world size too small"
 
 DEFAULT_METRICS_PORT: Final = 9400
 DEFAULT_RENDEZVOUS_TIMEOUT_SECONDS: Final = 600.0

@@ -620,7 +620,11 @@ class LastCheckpoint:
     """The newest complete checkpoint the trainer reported."""
 
     step: int | None = api_field("Training step of the checkpoint.")
-    time: str | None = api_field("When it was committed (RFC 3339).")
+    time: str | None = api_field("When it was committed (RFC 3339), by the trainer's clock.")
+    observed_time: str | None = api_field(
+        "When the operator first saw it (RFC 3339, the operator's clock): what an elastic gang's "
+        "growth compares with admittedTime."
+    )
 
 
 @dataclass
@@ -793,6 +797,11 @@ class TrainingJobStatus:
     created_attempt: int | None = api_field("The attempt whose pods have all been created.")
     elastic_cap: ElasticCap | None = api_field(
         "spec.elastic: the size cap after an attempt was torn down for not starting (absent otherwise)."
+    )
+    elastic_unusable_sizes: list[int] | None = api_field(
+        "spec.elastic: sizes (pods) whose world size the trainer could not split (it exited 78); sizing "
+        "and growth skip them.",
+        max_items=c.MAX_UNUSABLE_SIZES,
     )
     sized_attempt: int | None = api_field(
         "The attempt currentReplicas was chosen for: recorded before its first pod is created, so the "

@@ -2,7 +2,8 @@
 
 assumed: pods admitted at creation whose create reply is still on its way ("namespace/name" ->
 (node, requests)); reservations: nodes held for the head of the queue; priorities: PriorityClass
-values as the last pass read them; node_infos: parsed nodes, re-parsed only when they change.
+values as the last pass read them; node_infos: parsed nodes, re-parsed only when they change;
+claims: room elastic gangs were sized or grown into and have not placed yet (admission_at_creation.py).
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Final
 
 from phalanx.api.v1alpha1 import TrainingJobSpec
 from phalanx.cache import Store
-from phalanx.gang.capacity import NodeInfoCache, Resources
+from phalanx.gang.capacity import NodeInfoCache, PodDemand, Resources
 from phalanx.gang.usage import UsageIndex
 
 log = logging.getLogger("phalanx.controller")
@@ -62,6 +64,32 @@ class PriorityValues:
         return self.values
 
 
+@dataclass(frozen=True)
+class Claim:
+    """Room an elastic gang took a decision on and has not placed yet: the size of its new attempt,
+    or a restart to grow. Others' sizing and growth see it as taken (admission_at_creation.room_for).
+
+    pods: as many as the gang will place; needed: the fewest that must fit together (the whole gang
+    when sized; for a grow, the pods beyond those it still holds). names: "namespace/pod" of the
+    attempt's pods, once created (empty for a grow and a hold); the claim ends when all hold their
+    nodes. provisional: taken while the room was read, for the decision about to use it.
+    grown_attempt: for a grow, the attempt it restarts into; the claim lasts until that attempt's
+    pods are created (their claim by name replaces it), however long the old pods take to go, and
+    ends should the job move past that attempt or finish first. holding: the grower's old pods
+    ("namespace/pod"); while one is in the store it holds its node (counted as used), so the claim
+    takes only the pods beyond those, plus one for each old pod gone.
+    """
+
+    demand: PodDemand
+    pods: int
+    needed: int
+    names: frozenset[str]
+    since: float
+    provisional: bool = False
+    grown_attempt: int | None = None
+    holding: frozenset[str] = frozenset()
+
+
 class AdmissionState:
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -69,6 +97,7 @@ class AdmissionState:
         self.reservations: dict[str, tuple[str, ...]] = {}
         self.priorities: dict[str, int] = {}  # PriorityClass name -> value, read by each admission pass
         self.node_infos = NodeInfoCache()  # read under the lock only
+        self.claims: dict[str, Claim] = {}  # job key -> the room it sized or grew into, not placed yet
 
     def priority_of(self, spec: TrainingJobSpec) -> int:
         """The value of the job's PriorityClass as the last admission pass read it."""

@@ -122,6 +122,7 @@ class Controller:
         self.progress.forget(key)
         self.generations.forget(key)
         self.admission.state.reservations.pop(key, None)
+        self.reconciler.creation_admission.settle(key, forget=True)
         self.admission.preemptor.preempting.pop(key, None)
         namespace, name = key.split("/", 1)
         metrics.forget_job(namespace, name)

@@ -8,6 +8,10 @@ and none is read anywhere else.
 - PHALANX_FAILPOINT_LOSE_STATUS_WRITE=Failed,Restarting: the first reconcile status write per job
   that moves it to one of those phases fails before it reaches the API server, as a dropped
   connection would (tests/integration/test_reliability.py).
+- PHALANX_FAILPOINT_EXIT_AFTER_DECISION_WRITE=Resize,Resized: exit right after the status write that
+  precedes a reconcile's deletions and creations, when it recorded a restart to grow (Resize) or a
+  new elastic attempt sized differently from the one before (Resized), before any pod is deleted or
+  created (tests/integration/test_elastic.py).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ log = logging.getLogger("phalanx.controller")
 EXIT_AFTER_PODS: Final = "PHALANX_FAILPOINT_EXIT_AFTER_PODS"
 EXIT_AFTER_ADMITS: Final = "PHALANX_FAILPOINT_EXIT_AFTER_ADMITS"
 LOSE_STATUS_WRITE: Final = "PHALANX_FAILPOINT_LOSE_STATUS_WRITE"
+EXIT_AFTER_DECISION_WRITE: Final = "PHALANX_FAILPOINT_EXIT_AFTER_DECISION_WRITE"
 EXIT_CODE: Final = 3
 
 _pods_created_here = 0
@@ -64,3 +69,24 @@ def lose_status_write(key: str, patch: dict[str, Any]) -> None:
     _status_writes_lost.add((key, phase))
     log.error("failpoint: status write of %s to %s lost", key, phase)
     raise ConnectionResetError(f"failpoint: status write of {key} to {phase} lost")
+
+
+def after_decision_write(old: dict[str, Any], new: dict[str, Any]) -> None:
+    """`new` was just written over `old`, before the deletions and creations it decided."""
+    moments = set((os.environ.get(EXIT_AFTER_DECISION_WRITE) or "").split(","))
+    resize = (
+        new.get("phase") == "Restarting"
+        and old.get("phase") != "Restarting"
+        and any(
+            c.get("type") == "Restarting" and c.get("status") == "True" and c.get("reason") == "Resize"
+            for c in new.get("conditions") or []
+        )
+    )
+    resized = (
+        isinstance(old.get("currentReplicas"), int)
+        and new.get("sizedAttempt") != old.get("sizedAttempt")
+        and new.get("currentReplicas") != old.get("currentReplicas")
+    )
+    if ("Resize" in moments and resize) or ("Resized" in moments and resized):
+        log.error("failpoint: exiting after the status write of %s", "a grow" if resize else "a new size")
+        os._exit(EXIT_CODE)

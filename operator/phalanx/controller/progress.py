@@ -25,7 +25,7 @@ from phalanx.policy import hang
 from phalanx.policy.progress_polls import polls_to_start
 from phalanx.policy.progress_url import progress_url
 from phalanx.policy.progress_writes import DEFAULT_PROGRESS_STATUS_SECONDS, progress_write_due
-from phalanx.reconcile.plan import parse_iso
+from phalanx.reconcile.plan import iso, parse_iso
 
 log = logging.getLogger("phalanx.controller")
 
@@ -144,6 +144,9 @@ class ProgressPoller:
         self.next_poll: dict[str, float] = {}
         self.failures: dict[str, int] = {}
         self.last_progress: dict[str, dict[str, Any]] = {}  # the status patch last written, per job
+        # status.lastCheckpoint as the reconcile last read it: when a checkpoint was first seen
+        # survives an operator restart (observed_checkpoint).
+        self.stored_checkpoints: dict[str, dict[str, Any]] = {}
         self.written_at: dict[str, float] = {}  # when (monotonic) it was written
         # Read but held back by the interval, with its job's uid: a phase change writes it at once.
         self.unwritten: dict[str, tuple[str, dict[str, Any]]] = {}
@@ -155,9 +158,29 @@ class ProgressPoller:
 
     def forget(self, key: str) -> None:
         tables = (self.targets, self.next_poll, self.failures, self.last_progress, self.trainer_reports,
-                  self.hang_watch, self.written_at, self.unwritten)  # fmt: skip
+                  self.hang_watch, self.written_at, self.unwritten, self.stored_checkpoints)  # fmt: skip
         for table in tables:
             table.pop(key, None)
+
+    def observed_checkpoint(self, key: str, step: int, saved: Any) -> dict[str, Any]:
+        """status.lastCheckpoint for the checkpoint rank 0 reports: its step, the trainer's time, and
+        when this operator first saw it (observedTime, the operator's clock: what growth compares
+        with status.admittedTime, policy/elastic.py; a trainer's clock may be off). The same step
+        keeps the time it was first seen, also one the status held from before a restart (without
+        one it gets none: not known to be newer than the admission)."""
+        known = (
+            (self.last_progress.get(key) or {}).get("lastCheckpoint")
+            or self.stored_checkpoints.get(key)
+            or {}
+        )
+        if known.get("step") == step:
+            observed = known.get("observedTime")
+        else:
+            observed = iso(time.time())
+        entry: dict[str, Any] = {"step": step, "time": saved}
+        if observed:
+            entry["observedTime"] = observed
+        return entry
 
     def held_back(self, key: str, uid: str) -> dict[str, Any] | None:
         """status.progress as last read for the job with `uid`, if newer than its status (the
@@ -182,6 +205,8 @@ class ProgressPoller:
     ) -> None:
         """Remembers where global rank 0 of the job with `uid` serves /progress while the job runs
         (polled, and what is read written to that job only)."""
+        if isinstance(status.get("lastCheckpoint"), dict):
+            self.stored_checkpoints[key] = status["lastCheckpoint"]
         if status.get("phase") != "Running":
             self.targets.pop(key, None)
             self.hang_watch.pop(key, None)
@@ -325,7 +350,9 @@ class ProgressPoller:
         patch: dict[str, Any] = {"progress": progress_status(report)}
         checkpoint = report.get("last_checkpoint") or None
         if isinstance(checkpoint, dict) and isinstance(checkpoint.get("step"), int):
-            patch["lastCheckpoint"] = {"step": int(checkpoint["step"]), "time": checkpoint.get("time")}
+            patch["lastCheckpoint"] = self.observed_checkpoint(
+                key, int(checkpoint["step"]), checkpoint.get("time")
+            )
             saved = parse_iso(checkpoint.get("time"))
             if saved is not None:
                 metrics.observe_checkpoint(namespace, name, saved)
@@ -350,3 +377,7 @@ class ProgressPoller:
         self.last_progress[key] = patch
         self.written_at[key] = now
         self.unwritten.pop(key, None)
+        if "lastCheckpoint" in patch and patch["lastCheckpoint"] != (written or {}).get("lastCheckpoint"):
+            # A decision reads it (an elastic gang grows after a checkpoint since its admission), and
+            # the job's own status events do not enqueue it: a checkpoint every few minutes, one pass each.
+            self.work.enqueue_threadsafe(key)

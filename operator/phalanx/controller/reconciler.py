@@ -33,17 +33,18 @@ from phalanx.k8s import CreationRefused, KubeApi, StatusConflict
 from phalanx.kueue.gate import KueueGate
 from phalanx.kueue.placement import PlacementUnavailable, placed_pod
 from phalanx.kueue.workload import managed_here, queue_name
-from phalanx.pod_facts import attempt_spec, is_owned_by
+from phalanx.pod_facts import attempt_replicas, attempt_spec, in_current_attempt, is_owned_by
 from phalanx.policy import bad_nodes
-from phalanx.policy.elastic import Room
 from phalanx.policy.host_path import REASON_HOST_PATH_NOT_ALLOWED, host_path_refusal
 from phalanx.policy.progress_writes import decided_on, settle_progress
 from phalanx.reconcile.lifecycle import decide
 from phalanx.reconcile.plan import FINISHED_PHASES, Event, Plan, iso, merged_events
 from phalanx.reconcile.rules.creation import creation_refused, name_conflict, spec_refused
+from phalanx.reconcile.rules.elastic import room_needed
 
-# Status fields no decision reads: a write that changed only these needs no second look.
-BOOKKEEPING_FIELDS: Final = ("goodput", "lastRecovery", "progress", "lastCheckpoint")
+# Status fields no decision reads: a write that changed only these needs no second look. Not
+# lastCheckpoint: an elastic gang's growth reads it (rules/elastic.py).
+BOOKKEEPING_FIELDS: Final = ("goodput", "lastRecovery", "progress")
 NAME_CONFLICT_RETRY_SECONDS: Final = 10.0
 CREATE_REFUSED_RETRY_SECONDS: Final = 5.0
 KUEUE_RELEASE_RETRY_SECONDS: Final = 2.0
@@ -137,19 +138,23 @@ class Reconciler:
         # An elastic attempt's size is recorded before its first pod is created, for the same reason:
         # a pass that saw neither the size nor the pods would choose again (pods of two sizes).
         recorded = old_status
-        if plan.delete_pods or plan.force_delete_pods or _size_unrecorded(job, old_status, plan):
+        grows = plan.grow is not None
+        if plan.delete_pods or plan.force_delete_pods or grows or _size_unrecorded(job, old_status, plan):
             try:
                 stored = writer.write_status(key, job, old_status, plan.status)
             except StatusConflict:
+                self.creation_admission.settle(key)  # nothing was done: decided again on the new version
                 return writer.refreshed(key)
             if stored is None:
                 self.forget(key)
                 return followups
+            self._claim_grow(key, job, pods, plan, now)  # only once stored: a conflict decides again
             # Told now: should a deletion below fail, the next pass starts from this status and
             # would see no transition left to report.
             metrics.observe_status(namespace, name, old_status, plan.status)
             for event in plan.events:
                 writer.record_event(job, event.type, event.reason, event.message, iso(now))
+            failpoints.after_decision_write(old_status, plan.status)
             job, recorded, plan.events = stored, copy.deepcopy(plan.status), []
 
         uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
@@ -162,6 +167,7 @@ class Reconciler:
         refusal = host_path_refusal(spec, self.allow_host_path_checkpoints) if plan.create_indices else None
         if refusal is not None:  # nothing is created; a restart with the flag, or a new job, moves on
             plan.create_indices, plan.events = [], []
+            self.creation_admission.settle(key)
             self._record(job, spec_refused(job, plan.status, REASON_HOST_PATH_NOT_ALLOWED, refusal, now), now)
         if plan.create_indices:
             outcomes = self._create_gang(key, job, ref, spec, plan, now, gate)
@@ -249,21 +255,59 @@ class Reconciler:
         report = reported[1] if reported is not None and reported[0] == uid else None
         attempt = int((job.get("status") or {}).get("attempt") or 0)
         refusals = self.generations.refusals(key, str(uid), attempt)
-        return decide(job, pods, nodes, now, self.node_lost_after, trainer_report=report,
-                      launcher_refusals=refusals, room=self._elastic_room(key, job, now),
-                      kueue_gate=gate)  # fmt: skip
+        probe = self._room_probe(job, pods, now)
+        # Held for this decision (hold=True): a decision for another gang meanwhile cannot be given
+        # the same room (admission_at_creation.py, claims).
+        room = (
+            None
+            if probe is None
+            else self.creation_admission.room_for(key, probe, probe_most(job, pods), now, hold=True)
+        )
+        plan = decide(job, pods, nodes, now, self.node_lost_after, trainer_report=report,
+                      launcher_refusals=refusals, room=room, kueue_gate=gate)  # fmt: skip
+        phase = plan.status.get("phase")
+        self.creation_admission.end_grow(
+            key, int(plan.status.get("attempt") or 0), phase not in (*FINISHED_PHASES, "Suspended")
+        )
+        if probe is not None and plan.grow is None and not plan.create_indices:
+            # Decided without taking the room (a grow claims it once its status is stored, _claim_grow;
+            # _create_gang claims the new attempt's)
+            self.creation_admission.settle(key)
+        return plan
 
-    def _elastic_room(self, key: str, job: dict[str, Any], now: float) -> Room | None:
-        """spec.elastic: the room for the job's pods now, to size a new attempt or grow (policy/elastic.py)."""
-        if not (job.get("spec") or {}).get("elastic"):
+    def _claim_grow(
+        self, key: str, job: dict[str, Any], pods: list[dict[str, Any]], plan: Plan, now: float
+    ) -> None:
+        """The grow decided on is stored: its room is the gang's until its new attempt's pods are
+        created; its old pods still on their nodes hold those (counted as used), not the claim."""
+        if plan.grow is None:
+            return
+        namespace = key.split("/", 1)[0]
+        holding = [
+            f"{namespace}/{p['metadata']['name']}" for p in pods if (p.get("spec") or {}).get("nodeName")
+        ]
+        self.creation_admission.claim(key, self._probe_spec(job, now), plan.grow[0], plan.grow[1], (), now,
+                                      grown_attempt=int(plan.status["attempt"]), holding=holding)  # fmt: skip
+
+    def _room_probe(
+        self, job: dict[str, Any], pods: list[dict[str, Any]], now: float
+    ) -> dict[str, Any] | None:
+        """spec.elastic, and a decision that needs the room (sizing a new attempt, a grow check;
+        rules/elastic.room_needed): the pod spec to measure it by. None: the room is not read."""
+        if not room_needed(job, pods):
             return None
+        return self._probe_spec(job, now)
+
+    def _probe_spec(self, job: dict[str, Any], now: float) -> dict[str, Any]:
+        """The pod spec of one pod of the job's attempt, as the room is measured by."""
         written = parse(TrainingJobSpec, job["spec"])
         status = job.get("status") or {}
         probe = build_worker_pod(
             JobRef.of(job), written, 0, int(status.get("attempt") or 0), job["spec"].get("template") or {},
             cluster_domain=self.cluster_domain, avoid_nodes=bad_nodes.avoided(status.get("badNodes"), now),
         )  # fmt: skip
-        return self.creation_admission.room_for(key, probe["spec"], written.replicas, now)
+        spec: dict[str, Any] = probe["spec"]
+        return spec
 
     def _create_gang(
         self,
@@ -311,6 +355,9 @@ class Reconciler:
             )
             for index in plan.create_indices
         ]
+        if spec.elastic is not None and pods_to_create:  # the room it was sized into, until its pods hold it
+            self.creation_admission.claim(key, pods_to_create[0]["spec"], len(pods_to_create), len(pods_to_create),
+                                          [f"{ref.namespace}/{p['metadata']['name']}" for p in pods_to_create], now)  # fmt: skip
         if placement is not None:  # admitted by Kueue: ungated, the scheduler places them
             pods_to_create = [placed_pod(pod, placement) for pod in pods_to_create]
         elif len(pods_to_create) == spec.replicas:
@@ -319,6 +366,9 @@ class Reconciler:
             outcomes = self._create_pods(pods_to_create, ref.uid)
         finally:
             self.creation_admission.release(ref.namespace, pods_to_create)
+        not_created = [o.pod.removeprefix("pod ") for o in outcomes if o.taken or o.refused is not None]
+        if not_created:  # no room is kept for pods that will not come
+            self.creation_admission.unclaim(key, [f"{ref.namespace}/{n}" for n in not_created])
         self.work.admission_dirty_threadsafe()
         return outcomes
 
@@ -348,6 +398,16 @@ class Reconciler:
     def _record(self, job: dict[str, Any], event: Event | None, now: float) -> None:
         if event is not None:
             self.writer.record_event(job, event.type, event.reason, event.message, iso(now))
+
+
+def probe_most(job: dict[str, Any], pods: list[dict[str, Any]]) -> int:
+    """The most pods an elastic gang's room is measured up to: maxReplicas less the pods of its
+    attempt (the room counts pods beyond those it holds; a new attempt to size has none)."""
+    written = parse(TrainingJobSpec, job["spec"])
+    status = job.get("status") or {}
+    if not any(in_current_attempt(p, status) for p in pods):
+        return written.replicas
+    return max(0, written.replicas - attempt_replicas(written, status, pods))
 
 
 def _size_unrecorded(job: dict[str, Any], old_status: dict[str, Any], plan: Plan) -> bool:

@@ -99,6 +99,11 @@ class UsageIndex:
         with self._lock:
             return {node: dict(totals) for node, totals in self._freeing.items()}
 
+    def unplaced(self, keys: frozenset[str]) -> tuple[frozenset[str], frozenset[str]]:
+        """Of these pod keys: those the store does not hold, and those it holds waiting at the gate."""
+        with self._lock:
+            return keys - self._present, keys & self._waiting
+
     def anyone_waits(self) -> bool:
         with self._lock:
             return bool(self._waiting)

@@ -18,10 +18,11 @@ elastic gang never preempts, nor delays the head of the queue, to grow. docs/ela
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from phalanx import constants as c
 from phalanx.api.v1alpha1 import TrainingJobSpec
 
 REASON_RESIZE: Final = "Resize"  # the Restarting condition of a restart to grow
@@ -29,7 +30,7 @@ REASON_RESIZED: Final = "Resized"  # the Event of every size change, from -> to
 # How often a gang below its size looks for room again: node and pod events of other jobs do not
 # enqueue it, and a checkpoint report alone does not either.
 GROW_RECHECK_SECONDS: Final = 5.0
-# How soon an attempt not sized yet (the room unknown until the stores are listed) is looked at again.
+# How soon a new attempt not sized yet, for want of a listed cluster, is looked at again.
 UNSIZED_RECHECK_SECONDS: Final = 1.0
 
 
@@ -53,8 +54,8 @@ def cap_after_teardown(
     spec: TrainingJobSpec, failed_size: int, previous: Cap | None, now: float
 ) -> Cap | None:
     """The cap after an attempt of `failed_size` pods was torn down for not starting (GangTimeout,
-    CreateRefused): the room it was sized from was not real, and sizing the next from the same room
-    would loop. One usable size below it (lower than a cap still active), never below minReplicas."""
+    CreateRefused): sizing the next attempt from the same room would loop. One usable size below it
+    (lower than a cap still active), never below minReplicas, for CAP_COOL_DOWN_SECONDS."""
     if spec.elastic is None:
         return None
     below = max(spec.elastic.min_replicas, usable(spec, failed_size - 1))
@@ -70,44 +71,72 @@ class Room:
     pods: int  # more pods of this shape that fit now: free room, outside other gangs' reservations
 
 
-def start_size(spec: TrainingJobSpec, room: Room | None, cap: Cap | None = None) -> int | None:
-    """The size of a new attempt, chosen before its first pod is created; at most cap.replicas.
+def start_size(
+    spec: TrainingJobSpec, room: Room | None, cap: Cap | None = None, unusable: Collection[int] = ()
+) -> int:
+    """The size of a new attempt, chosen before its first pod is created; at most cap.replicas, never
+    a size the trainer found unusable (at least the smallest usable one, which may wait for room).
 
-    None while the room is unknown (the operator's stores not listed yet, as after a restart): sized
-    on an empty view the gang would start at minReplicas with room for all of it, and growing costs
-    a restart after a checkpoint. A fixed-size job needs no view of the cluster.
+    room None (the cluster not listed yet): the smallest; rules/creation.py waits for the room instead.
     """
     if spec.elastic is None:
         return spec.replicas
-    if room is None:
-        return None
-    smallest, largest = spec.elastic.min_replicas, usable(spec, spec.replicas)
+    smallest = smallest_usable(spec, unusable) or spec.elastic.min_replicas
+    largest = max(smallest, usable(spec, spec.replicas, unusable))
     if cap is not None:
-        largest = max(smallest, usable(spec, min(largest, cap.replicas)))
-    return max(smallest, usable(spec, min(largest, room.pods)))
+        largest = max(smallest, usable(spec, min(largest, cap.replicas), unusable))
+    if room is None:
+        return smallest
+    return max(smallest, usable(spec, min(largest, room.pods), unusable))
 
 
-def usable(spec: TrainingJobSpec, pods: int) -> int:
+def usable(spec: TrainingJobSpec, pods: int, unusable: Collection[int] = ()) -> int:
     """pods rounded down to a size the trainer can use (spec.elastic.replicasMultipleOf; the CRD makes
-    minReplicas one, so a size at least minReplicas stays at least it)."""
-    step = spec.elastic.replicas_multiple_of if spec.elastic is not None else None
-    return pods - pods % step if step else pods
+    minReplicas one, so a size at least minReplicas stays at least it), past the sizes its trainer
+    found unusable (status.elasticUnusableSizes); 0 when none is left."""
+    step = (spec.elastic.replicas_multiple_of if spec.elastic is not None else None) or 1
+    size = pods - pods % step
+    while size > 0 and size in unusable:
+        size -= step
+    return max(size, 0)
+
+
+def smallest_usable(spec: TrainingJobSpec, unusable: Collection[int]) -> int | None:
+    """The smallest size from minReplicas to maxReplicas the trainer has not found unusable; None:
+    none is left (the job fails: rules/elastic.unusable_size)."""
+    if spec.elastic is None:
+        return None if spec.replicas in unusable else spec.replicas
+    step = spec.elastic.replicas_multiple_of or 1
+    return next((n for n in range(spec.elastic.min_replicas, spec.replicas + 1)
+                 if n % step == 0 and n not in unusable), None)  # fmt: skip
+
+
+def unusable_sizes(status: Mapping[str, Any]) -> frozenset[int]:
+    """status.elasticUnusableSizes: the sizes whose world the trainer could not split (exit 78)."""
+    return frozenset(n for n in status.get("elasticUnusableSizes") or () if isinstance(n, int))
+
+
+def with_unusable(status: Mapping[str, Any], sizes: Iterable[int]) -> list[int]:
+    """status.elasticUnusableSizes with `sizes` added: sorted, the largest constants.MAX_UNUSABLE_SIZES kept."""
+    return sorted(unusable_sizes(status) | set(sizes))[-c.MAX_UNUSABLE_SIZES :]
 
 
 def checkpointed_since_admission(status: Mapping[str, Any]) -> bool:
     """The trainer reported a checkpoint committed after the current attempt was admitted: a restart
-    now loses only the steps since then."""
-    checkpoint = (status.get("lastCheckpoint") or {}).get("time")
+    now loses only the steps since then. Judged by when the operator first saw it
+    (lastCheckpoint.observedTime, controller/progress.py), against admittedTime: both the operator's
+    clock, whole seconds, UTC "Z". The trainer's own timestamp is another machine's clock."""
+    observed = (status.get("lastCheckpoint") or {}).get("observedTime")
     admitted = status.get("admittedTime")
-    if not checkpoint or not admitted:
+    if not observed or not admitted:
         return False
-    # To the second: the trainer writes milliseconds, the operator whole seconds (both UTC, "Z").
-    return str(checkpoint)[:19] >= str(admitted)[:19]
+    return str(observed)[:19] >= str(admitted)[:19]
 
 
 def grow_size(
     spec: TrainingJobSpec, current: int, room: Room | None, status: Mapping[str, Any], cap: Cap | None = None
 ) -> int | None:
+    # status.elasticUnusableSizes are skipped: growth goes to the next usable size the room allows.
     """The size to restart a running elastic gang at to grow, or None to keep running as it is (also
     while a cap after a teardown is active: the room that failed it may look free again).
 
@@ -117,7 +146,7 @@ def grow_size(
         return None
     if room.pods < 1 or not checkpointed_since_admission(status):
         return None
-    size = usable(spec, min(spec.replicas, current + room.pods))
+    size = usable(spec, min(spec.replicas, current + room.pods), unusable_sizes(status))
     return size if size > current else None  # by whole multiples only
 
 
@@ -127,9 +156,17 @@ def resize_message(old: int, new: int, cause: str) -> str:
     return f"gang {verb} from {old} to {new} pod(s): {cause}"
 
 
-def size_cause(restart_reason: str, room: Room | None, cap: Cap | None = None) -> str:
-    """Why a new attempt got the size it did (for the Event of a change)."""
+def size_cause(
+    restart_reason: str, room: Room | None, cap: Cap | None = None, unusable: Collection[int] = ()
+) -> str:
+    """Why a new attempt got the size it did (for the Event of a change), from what limited it: the
+    room, a cap after an attempt that did not start, the sizes the trainer cannot use."""
     if room is None:
-        return f"after {restart_reason}; the cluster is not listed yet, starting at minReplicas"
+        return f"after {restart_reason}; the cluster is not listed yet, starting at the smallest usable size"
     capped = f", capped at {cap.replicas} after an attempt that did not start" if cap is not None else ""
-    return f"after {restart_reason}; room for {room.pods} pod(s) now{capped}"
+    skipped = (
+        f", skipping the size(s) the trainer cannot use ({', '.join(map(str, sorted(unusable)))})"
+        if unusable
+        else ""
+    )
+    return f"after {restart_reason}; room for {room.pods} pod(s) now{capped}{skipped}"

@@ -17,8 +17,11 @@ from typing import Any, Final
 from phalanx.constants import (
     EXIT_CHECKPOINTED_ON_PREEMPTION,
     EXIT_GENERATION_FAILED,
+    EXIT_WORLD_SIZE_UNUSABLE,
     FIRST_SIGNAL_EXIT_CODE,
     TRAINER_CONTAINER,
+    WORLD_SIZE_TOO_SMALL_MARKER,
+    WORLD_SIZE_UNUSABLE_MARKER,
 )
 
 DISRUPTION_CONDITION: Final = "DisruptionTarget"
@@ -31,6 +34,10 @@ REASON_OOM: Final = "OOMKilled"
 REASON_EXIT_CODE: Final = "ExitCode"
 REASON_DEADLINE: Final = "DeadlineExceeded"
 REASON_DEVICE_ERROR: Final = "DeviceError"
+# The trainer cannot split the attempt's world size (exit 78): an elastic gang skips the size.
+REASON_WORLD_SIZE_UNUSABLE: Final = "WorldSizeUnusable"
+# The same, for a world smaller than tp x pp: an elastic gang skips every size up to it.
+REASON_WORLD_SIZE_TOO_SMALL: Final = "WorldSizeTooSmall"
 # What NVIDIA drivers, CUDA and NCCL print when the device, not the program, failed, as whole
 # phrases (a bare "Xid" is in "txid" and "oxidized"): an Xid event with its number, an uncorrectable
 # ECC error, a GPU gone from the bus, an NVLink error. Searched in the trainer container's
@@ -186,6 +193,38 @@ def _failure(pod: str, termination: _Termination, retryable_exit_codes: frozense
         message = f"{where} (listed in retryableExitCodes)"
         return PodOutcome(
             pod, OutcomeKind.FAILED_RETRYABLE, REASON_EXIT_CODE, message, code, termination.finished_at
+        )
+    if (
+        code == EXIT_WORLD_SIZE_UNUSABLE
+        and termination.container == TRAINER_CONTAINER
+        and WORLD_SIZE_TOO_SMALL_MARKER in termination.message
+    ):
+        line = next(ln for ln in termination.message.splitlines() if WORLD_SIZE_TOO_SMALL_MARKER in ln)
+        return PodOutcome(
+            pod,
+            OutcomeKind.FAILED_PERMANENT,
+            REASON_WORLD_SIZE_TOO_SMALL,
+            f"{where}: {line.removeprefix(WORLD_SIZE_TOO_SMALL_MARKER).strip()[:200]}",
+            code,
+            termination.finished_at,
+        )
+    if (
+        code == EXIT_WORLD_SIZE_UNUSABLE
+        and termination.container == TRAINER_CONTAINER
+        and WORLD_SIZE_UNUSABLE_MARKER in termination.message
+    ):
+        message = (
+            f"{where}: the trainer cannot split this world size (data.global_batch_size over the "
+            "data-parallel ranks, or tp x pp, does not divide it); run sizes it divides, for an elastic "
+            "job with spec.elastic.replicasMultipleOf"
+        )
+        return PodOutcome(
+            pod,
+            OutcomeKind.FAILED_PERMANENT,
+            REASON_WORLD_SIZE_UNUSABLE,
+            message,
+            code,
+            termination.finished_at,
         )
     detail = f": {termination.message[:120]}" if termination.message else ""
     return PodOutcome(

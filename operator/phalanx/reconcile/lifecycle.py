@@ -69,6 +69,7 @@ STEPS: Final[tuple[Rule, ...]] = (
     node_loss.apply,  # a node going silent: look again the moment it counts as lost
     success.apply,  # every worker exited 0: Succeeded
     in_place.apply,  # restartStrategy InPlace: keep the running pods, replace the lost (or say why not)
+    elastic.unusable_size,  # spec.elastic: the trainer cannot split this size (exit 78): skipped, restart
     failure.apply,  # a worker failed: Failed, or a restart while backoffLimit allows
     preemption.apply,  # a worker was preempted: restart, the failure budget untouched
     hang.apply,  # every worker runs, yet rank 0 reports no new step within the bound: restart (Hang)

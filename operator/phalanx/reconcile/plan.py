@@ -56,6 +56,9 @@ class Plan:
     attempt_in_names: bool = False
     # Nodes the pods to create must stay off: lost nodes where the older attempt's pods linger.
     avoid_nodes: list[str] = field(default_factory=list)
+    # A restart to grow an elastic gang (rules/elastic.py): (the new size, the pods beyond those it
+    # holds now), the room the I/O layer claims for it so that no other gang takes it meanwhile.
+    grow: tuple[int, int] | None = None
 
 
 def iso(ts: float) -> str:

@@ -5,7 +5,7 @@ the status here too (pure)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from phalanx.policy import bad_nodes, elastic
 from phalanx.policy.node_loss import attempt_in_names
@@ -16,6 +16,9 @@ from phalanx.reconcile.plan import REASON_CREATE_REFUSED, REASON_NAME_CONFLICT, 
 from phalanx.reconcile.rules import elastic as elastic_rules
 from phalanx.reconcile.rules import gang_timeout
 from phalanx.reconcile.rules.restart import restart_reason
+
+# PodsCreated=False while a new elastic attempt waits for the stores to list (room unknown).
+REASON_WAITING_FOR_CLUSTER_LIST: Final = "WaitingForClusterList"
 
 
 def apply(b: PlanBuilder, seen: Observed) -> bool:
@@ -28,11 +31,18 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
     # The attempt's size is chosen once, before its first pod exists, and recorded before any is
     # created (the reconciler writes the status first): a pod store behind the creates sees none yet.
     if not current and status.get("sizedAttempt") != attempt:
-        chosen = _choose_size(b, seen)
-        if chosen is None:  # the room is not known yet: nothing is created, nor a size recorded
+        if seen.as_written.elastic is not None and seen.room is None:
+            # The stores have not listed yet (the first pass after a start): the room would read as
+            # none and the attempt start at minReplicas where more fits. Sized once they have.
+            b.condition("PodsCreated", "False", REASON_WAITING_FOR_CLUSTER_LIST,
+                        "spec.elastic: the operator has not listed the cluster's nodes and pods yet; the attempt "
+                        "is sized from the room once it has")  # fmt: skip
             b.recheck(elastic.UNSIZED_RECHECK_SECONDS)
             return True
-        size = chosen
+        size = _choose_size(b, seen)
+        waited = get_condition(status["conditions"], "PodsCreated")
+        if waited is not None and waited.get("reason") == REASON_WAITING_FOR_CLUSTER_LIST:
+            b.condition("PodsCreated", "False", "Creating", f"creating {size} pod(s) for attempt {attempt}")
     missing = [i for i in range(size) if i not in current]
     if missing and gang_timeout.partly_created(b, seen):
         return True
@@ -55,17 +65,16 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
     return False
 
 
-def _choose_size(b: PlanBuilder, seen: Observed) -> int | None:
+def _choose_size(b: PlanBuilder, seen: Observed) -> int:
     """status.currentReplicas for the new attempt (spec.elastic: as the room allows, policy/elastic.py);
-    a change from the attempt before gets its Event, from -> to and why. None: not chosen yet."""
+    a change from the attempt before gets its Event, from -> to and why."""
     written = seen.as_written
     cap = elastic_rules.active_cap(b) if written.elastic is not None else None
-    size = elastic.start_size(written, seen.room, cap)
-    if size is None:
-        return None
+    unusable = elastic.unusable_sizes(b.status)
+    size = elastic.start_size(written, seen.room, cap, unusable)
     previous = b.status.get("currentReplicas")
     if written.elastic is not None and isinstance(previous, int) and previous != size:
-        cause = elastic.size_cause(restart_reason(b), seen.room, cap)
+        cause = elastic.size_cause(restart_reason(b), seen.room, cap, unusable)
         b.plan.events.append(
             Event("Normal", elastic.REASON_RESIZED, elastic.resize_message(previous, size, cause))
         )

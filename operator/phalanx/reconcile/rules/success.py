@@ -13,6 +13,7 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
     if seen.verdict.kind is not VerdictKind.SUCCEEDED:
         return False
     b.status["completionTime"] = b.now_iso
+    b.status.pop("elasticCap", None)  # nothing left to size; a finished job carries no cap
     b.phase("Succeeded", seen.verdict.reason, "every worker exited 0")
     return True
 
