@@ -53,6 +53,9 @@ ANNOTATION_RESIDENT_LAUNCHER: Final = f"{GROUP}/resident-launcher"
 # A random bearer token per in-place pod: the launcher reads it (downward API env), the operator
 # sends it with each POST /generation (docs/trainer.md "Restart in place").
 ANNOTATION_CONTROL_TOKEN: Final = f"{GROUP}/control-token"
+# The nodes a worker pod was built to keep off (comma-separated): its attempt's avoidance, as built,
+# so a gated gang whose avoidance no longer holds can be rebuilt (reconcile/rules/creation.py).
+ANNOTATION_AVOIDED_NODES: Final = f"{GROUP}/avoided-nodes"
 
 # Exit-code contract between trainer and operator (docs/environment.md).
 EXIT_SUCCESS: Final = 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from phalanx.reconcile.lifecycle import decide
@@ -44,3 +46,40 @@ def test_a_pod_stuck_terminating_on_a_lost_node_does_not_hold_the_next_attempt_b
     assert plan.attempt_in_names is True
     assert plan.avoid_nodes == ["silent"]  # and the new attempt stays off the lost node
     assert plan.status["restarts"] == {"failures": 0, "preemptions": 1}
+
+
+def gated_avoiding(index: int, avoided: str) -> dict[str, Any]:
+    """A pod of attempt 1 built to keep off `avoided` (its annotation says so), still gated."""
+    from phalanx.constants import ANNOTATION_AVOIDED_NODES, GANG_SCHEDULING_GATE
+
+    made = pod(index, attempt=1, phase="Pending", metadata={"annotations": {ANNOTATION_AVOIDED_NODES: avoided}},
+               spec={"nodeName": None, "schedulingGates": [{"name": GANG_SCHEDULING_GATE}]})  # fmt: skip
+    made["metadata"]["name"] = f"j-worker-{index}-a1"
+    return made
+
+
+def test_a_gang_kept_off_a_lost_node_is_rebuilt_once_the_node_is_back_and_its_old_pods_gone() -> None:
+    # Two nodes, one lost with the old pod lingering: the next attempt was built to avoid it, so with
+    # only one node left it waits ("can never fit"). The node comes back and the old pod goes; built
+    # as they are, the gated pods would still refuse that node and wait forever (bench/node_loss_bench.py).
+    status = {**RUNNING, "attempt": 1, "createdAttempt": 1, "phase": "Pending",
+              "restarts": {"failures": 0, "preemptions": 1}}  # fmt: skip
+    gated = [gated_avoiding(0, "silent"), gated_avoiding(1, "silent")]
+    nodes = {**NODES, "silent": NODES["n0"]}  # Ready again
+    plan = decide(job(dict(status)), gated, nodes, NOW)
+    assert sorted(plan.delete_pods) == ["j-worker-0-a1", "j-worker-1-a1"]
+    assert plan.status["attempt"] == 1 and plan.status["restarts"] == {"failures": 0, "preemptions": 1}
+    assert plan.status.get("createdAttempt") != 1  # rebuilt by creation once they are gone
+    rebuilt = decide(job(dict(plan.status)), [], nodes, NOW + 1)
+    assert rebuilt.create_indices == [0, 1] and rebuilt.avoid_nodes == []
+
+
+def test_a_gang_kept_off_a_node_where_an_old_pod_still_lingers_keeps_waiting() -> None:
+    nodes = {**NODES, "silent": not_ready_node("silent", NOW - 60)}
+    status = {**RUNNING, "attempt": 1, "createdAttempt": 1, "phase": "Pending",
+              "restarts": {"failures": 0, "preemptions": 1}}  # fmt: skip
+    lingering = pod(1, spec={"nodeName": "silent"}, metadata={"deletionTimestamp": iso(NOW - 30)})
+    gated = [gated_avoiding(0, "silent"), gated_avoiding(1, "silent")]
+    plan = decide(job(dict(status)), [lingering, *gated], nodes, NOW)
+    assert not plan.delete_pods or plan.delete_pods == ["j-worker-1"]  # never the gated ones
+    assert not set(plan.delete_pods) & {"j-worker-0-a1", "j-worker-1-a1"}
