@@ -203,6 +203,7 @@ def build_worker_pod(
     if avoid_nodes:
         avoid = {"key": NODE_NAME_FIELD, "operator": "NotIn", "values": sorted(avoid_nodes)}
         pod_spec["affinity"] = _narrowed_affinity(pod_spec.get("affinity"), avoid)
+        annotations[c.ANNOTATION_AVOIDED_NODES] = ",".join(sorted(avoid_nodes))  # as built: rules/creation.py
     pod_spec["subdomain"] = service_name(job.name)
     pod_spec["restartPolicy"] = "Never"
     pod_spec["terminationGracePeriodSeconds"] = spec.run_policy.termination_grace_period_seconds

@@ -65,6 +65,7 @@ STEPS: Final[tuple[Rule, ...]] = (
     in_place.fallback,  # restarting in place and a launcher refused, or no replacement ran in time: full restart
     restart.apply,  # between attempts: wait for the previous attempt's pods to stop
     elastic.mixed_sizes,  # the attempt's pods were built for different sizes: restart, uncounted
+    creation.avoidance_lifted,  # gated pods built to avoid a node that needs no avoiding now: rebuilt
     creation.apply,  # create the missing pods (tear down a gang the API refused in part too long)
     node_loss.apply,  # a node going silent: look again the moment it counts as lost
     success.apply,  # every worker exited 0: Succeeded

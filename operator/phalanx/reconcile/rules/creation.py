@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from phalanx import constants as c
+from phalanx.pod_facts import is_gated
 from phalanx.policy import bad_nodes, elastic
 from phalanx.policy.node_loss import attempt_in_names
 from phalanx.providers import provider_for
@@ -17,6 +19,8 @@ from phalanx.reconcile.rules import elastic as elastic_rules
 from phalanx.reconcile.rules import gang_timeout
 from phalanx.reconcile.rules.restart import restart_reason
 
+# The Event of a gated gang rebuilt because a node it was built to avoid no longer needs avoiding.
+REASON_AVOIDANCE_LIFTED: Final = "AvoidanceLifted"
 # PodsCreated=False while a new elastic attempt waits for the stores to list (room unknown).
 REASON_WAITING_FOR_CLUSTER_LIST: Final = "WaitingForClusterList"
 
@@ -49,12 +53,7 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
     if missing:
         b.plan.create_indices.extend(missing)
         b.plan.attempt_in_names = attempt_in_names(current.values(), seen.stale, attempt)
-        lingering_on = {
-            p.get("spec", {}).get("nodeName") for p in seen.stale if p["metadata"]["name"] in seen.left_behind
-        }
-        # Off lost nodes where the older pods linger, and off nodes that failed this job twice.
-        avoid = {n for n in lingering_on if n} | set(bad_nodes.avoided(status.get("badNodes"), b.now))
-        b.plan.avoid_nodes = sorted(avoid)
+        b.plan.avoid_nodes = sorted(avoided_now(b, seen))
         if attempt == 0 or status.get("phase") not in ("Restarting",):
             b.phase("Pending", "Created", f"created {size} pod(s) for attempt {attempt}")
         return True
@@ -63,6 +62,40 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
     if any(x["type"] == "PodsCreated" for x in status["conditions"]):
         b.condition("PodsCreated", "True", "AllPodsCreated", f"all {spec.replicas} pod(s) exist")
     return False
+
+
+def avoided_now(b: PlanBuilder, seen: Observed) -> set[str]:
+    """The nodes a pod created now keeps off: lost nodes where the older pods linger, and nodes that
+    failed this job twice (policy/bad_nodes.py)."""
+    lingering_on = {
+        p.get("spec", {}).get("nodeName") for p in seen.stale if p["metadata"]["name"] in seen.left_behind
+    }
+    return {n for n in lingering_on if n} | set(bad_nodes.avoided(b.status.get("badNodes"), b.now))
+
+
+def avoidance_lifted(b: PlanBuilder, seen: Observed) -> bool:
+    """A gang not admitted yet whose pods were built to keep off nodes it no longer needs to avoid
+    (the old pods lingering there are gone, the lost node is back, a bad node's time is up): its
+    pods cannot loosen their node affinity, and a gang that needs those nodes would wait forever
+    ("can never fit"). The gated pods are deleted, uncounted, and created again as they would be now."""
+    current = list(seen.current.values())
+    if not current or not all(is_gated(p) and not (p.get("spec") or {}).get("nodeName") for p in current):
+        return False
+    built = {n for p in current for n in _avoided_as_built(p)}
+    lifted = built - avoided_now(b, seen)
+    if not lifted:
+        return False
+    b.plan.delete_pods.extend(sorted(p["metadata"]["name"] for p in current))
+    b.status.pop("createdAttempt", None)
+    b.plan.events.append(Event("Normal", REASON_AVOIDANCE_LIFTED,
+                               f"{', '.join(sorted(lifted))} no longer avoided (the pods that lingered there are gone): "
+                               f"recreating the {len(current)} pod(s) of attempt {seen.attempt}, still waiting for admission"))  # fmt: skip
+    return True
+
+
+def _avoided_as_built(pod: dict[str, Any]) -> set[str]:
+    raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(c.ANNOTATION_AVOIDED_NODES) or ""
+    return {n for n in raw.split(",") if n}
 
 
 def _choose_size(b: PlanBuilder, seen: Observed) -> int:
