@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadscope)
 
 .PHONY: help system-deps venv cluster-bin kueue-bin lint typecheck test test-unit test-integration test-e2e test-trainer \
-        crd crd-check docs chart-lint kind-up demo bench bench-trainer bench-checkpoint bench-gang bench-kueue bench-recovery bench-goodput bench-failover gpu-check dev-up dev-down clean
+        crd crd-check docs chart-lint kind-up demo bench bench-trainer bench-checkpoint bench-gang bench-kueue bench-recovery bench-node-loss bench-goodput bench-failover gpu-check dev-up dev-down clean
 
 help:
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -101,8 +101,12 @@ bench-kueue: $(STAMP) cluster-bin kueue-bin ## the same gangs via builtin admiss
 bench-failover: $(STAMP) cluster-bin ## leader failover: SIGKILL and SIGTERM the leader, 5 rounds each
 	$(BIN)/python bench/failover_bench.py
 
-bench-recovery: system-deps $(STAMP) cluster-bin ## full restart vs restart in place, 6 evictions each, interleaved -> bench/results/recovery.json
+bench-recovery: system-deps $(STAMP) cluster-bin ## full restart vs restart in place, 6 evictions each, interleaved -> bench/results/recovery.json; then bench-node-loss
 	$(BIN)/python bench/recovery_bench.py
+	$(BIN)/python bench/node_loss_bench.py
+
+bench-node-loss: $(STAMP) cluster-bin ## a lost node: elastic shrink vs a fixed gang waiting for the node, 5 pairs at once -> bench/results/node-loss.json
+	$(BIN)/python bench/node_loss_bench.py
 
 bench-goodput: system-deps $(STAMP) cluster-bin ## not in CI, over an hour: 30 min jobs, an eviction every 5 min, in place vs full restart -> bench/results/goodput.json
 	$(BIN)/python bench/goodput_bench.py
