@@ -317,10 +317,21 @@ class KubeApi:
         stored: dict[str, Any] = self._json(response)
         return stored
 
-    def delete_pod(self, namespace: str, name: str, uid: str | None, grace_seconds: int | None) -> None:
+    def delete_pod(
+        self,
+        namespace: str,
+        name: str,
+        uid: str | None,
+        grace_seconds: int | None,
+        resource_version: str | None = None,
+    ) -> None:
+        """A 409 (the pod changed: another uid, or a newer version than `resource_version`) deletes
+        nothing and is no error: the next pass decides on what it became."""
         body = client.V1DeleteOptions(
             grace_period_seconds=grace_seconds,
-            preconditions=client.V1Preconditions(uid=uid) if uid else None,
+            preconditions=client.V1Preconditions(uid=uid, resource_version=resource_version)
+            if uid or resource_version
+            else None,
         )
         try:
             release(self.core.delete_namespaced_pod(name, namespace, body=body, _preload_content=False))

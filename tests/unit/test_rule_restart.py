@@ -48,6 +48,9 @@ def test_a_pod_stuck_terminating_on_a_lost_node_does_not_hold_the_next_attempt_b
     assert plan.status["restarts"] == {"failures": 0, "preemptions": 1}
 
 
+NEVER = "can never fit: needs 2 pods x 8 nvidia.com/gpu; only 1 node can ever host one"
+
+
 def gated_avoiding(index: int, avoided: str) -> dict[str, Any]:
     """A pod of attempt 1 built to keep off `avoided` (its annotation says so), still gated."""
     from phalanx.constants import ANNOTATION_AVOIDED_NODES, GANG_SCHEDULING_GATE
@@ -62,12 +65,14 @@ def test_a_gang_kept_off_a_lost_node_is_rebuilt_once_the_node_is_back_and_its_ol
     # Two nodes, one lost with the old pod lingering: the next attempt was built to avoid it, so with
     # only one node left it waits ("can never fit"). The node comes back and the old pod goes; built
     # as they are, the gated pods would still refuse that node and wait forever (bench/node_loss_bench.py).
-    status = {**RUNNING, "attempt": 1, "createdAttempt": 1, "phase": "Pending",
+    status = {**RUNNING, "attempt": 1, "createdAttempt": 1, "phase": "Pending", "admissionMessage": NEVER,
               "restarts": {"failures": 0, "preemptions": 1}}  # fmt: skip
     gated = [gated_avoiding(0, "silent"), gated_avoiding(1, "silent")]
     nodes = {**NODES, "silent": NODES["n0"]}  # Ready again
     plan = decide(job(dict(status)), gated, nodes, NOW)
-    assert sorted(plan.delete_pods) == ["j-worker-0-a1", "j-worker-1-a1"]
+    # Only while unchanged (the admission pass may be lifting their gates), and counted nowhere.
+    assert sorted(plan.delete_unchanged_pods) == ["j-worker-0-a1", "j-worker-1-a1"] and not plan.delete_pods
+    assert [e.reason for e in plan.events].count("AvoidanceLifted") == 1
     assert plan.status["attempt"] == 1 and plan.status["restarts"] == {"failures": 0, "preemptions": 1}
     assert plan.status.get("createdAttempt") != 1  # rebuilt by creation once they are gone
     rebuilt = decide(job(dict(plan.status)), [], nodes, NOW + 1)
@@ -76,10 +81,40 @@ def test_a_gang_kept_off_a_lost_node_is_rebuilt_once_the_node_is_back_and_its_ol
 
 def test_a_gang_kept_off_a_node_where_an_old_pod_still_lingers_keeps_waiting() -> None:
     nodes = {**NODES, "silent": not_ready_node("silent", NOW - 60)}
-    status = {**RUNNING, "attempt": 1, "createdAttempt": 1, "phase": "Pending",
+    status = {**RUNNING, "attempt": 1, "createdAttempt": 1, "phase": "Pending", "admissionMessage": NEVER,
               "restarts": {"failures": 0, "preemptions": 1}}  # fmt: skip
     lingering = pod(1, spec={"nodeName": "silent"}, metadata={"deletionTimestamp": iso(NOW - 30)})
     gated = [gated_avoiding(0, "silent"), gated_avoiding(1, "silent")]
     plan = decide(job(dict(status)), [lingering, *gated], nodes, NOW)
-    assert not plan.delete_pods or plan.delete_pods == ["j-worker-1"]  # never the gated ones
+    assert not plan.delete_unchanged_pods
     assert not set(plan.delete_pods) & {"j-worker-0-a1", "j-worker-1-a1"}
+
+
+def test_a_gang_that_can_fit_as_built_or_is_being_rebuilt_is_left_alone() -> None:
+    status = {**RUNNING, "attempt": 1, "createdAttempt": 1, "phase": "Pending",
+              "restarts": {"failures": 0, "preemptions": 1}}  # fmt: skip
+    nodes = {**NODES, "silent": NODES["n0"]}
+    gated = [gated_avoiding(0, "silent"), gated_avoiding(1, "silent")]
+    waiting = decide(job({**status, "admissionMessage": "waiting behind 2 gang(s)"}), gated, nodes, NOW)
+    assert not waiting.delete_unchanged_pods  # it waits its turn as it is
+    going = [{**p, "metadata": {**p["metadata"], "deletionTimestamp": iso(NOW)}} for p in gated]
+    again = decide(job({**status, "createdAttempt": None, "admissionMessage": NEVER}), going, nodes, NOW)
+    assert not again.delete_unchanged_pods and not again.create_indices and not again.events
+
+
+def test_pods_built_to_avoid_nodes_say_so_and_a_templates_copy_of_the_annotation_is_dropped() -> None:
+    from phalanx.api.schema import parse
+    from phalanx.api.v1alpha1 import TrainingJobSpec
+    from phalanx.builders.pods import JobRef, build_worker_pod
+    from phalanx.constants import ANNOTATION_AVOIDED_NODES
+
+    spec = parse(TrainingJobSpec, job()["spec"])
+    ref = JobRef(namespace="ns", name="j", uid="u")
+    template = {
+        "metadata": {"annotations": {ANNOTATION_AVOIDED_NODES: "n9"}},
+        "spec": {"containers": [{"name": "trainer"}]},
+    }
+    plain = build_worker_pod(ref, spec, 0, 1, template)
+    assert ANNOTATION_AVOIDED_NODES not in plain["metadata"].get("annotations", {})  # else a rebuild loop
+    avoiding = build_worker_pod(ref, spec, 0, 1, template, avoid_nodes=["b", "a"])
+    assert avoiding["metadata"]["annotations"][ANNOTATION_AVOIDED_NODES] == "a,b"

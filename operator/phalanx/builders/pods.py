@@ -200,6 +200,7 @@ def build_worker_pod(
             annotations[c.ANNOTATION_CONTROL_TOKEN] = control_token
 
     pod_spec["hostname"] = worker_hostname(job.name, index, named_attempt)
+    annotations.pop(c.ANNOTATION_AVOIDED_NODES, None)  # the operator's alone: a template's copy would loop
     if avoid_nodes:
         avoid = {"key": NODE_NAME_FIELD, "operator": "NotIn", "values": sorted(avoid_nodes)}
         pod_spec["affinity"] = _narrowed_affinity(pod_spec.get("affinity"), avoid)

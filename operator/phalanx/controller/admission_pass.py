@@ -29,6 +29,7 @@ from phalanx.kueue.workload import managed_here, queue_name
 from phalanx.pod_facts import is_terminal, job_of_pod
 from phalanx.providers import provider_of_raw
 from phalanx.reconcile.plan import FINISHED_PHASES, parse_iso
+from phalanx.reconcile.rules.creation import NEVER_FITS
 
 log = logging.getLogger("phalanx.controller")
 
@@ -148,7 +149,7 @@ class AdmissionPass:
             self.preemptor.preempt_for(head, every_job, nodes, used)
         for key, reason in [
             *plan.waiting.items(),
-            *((k, f"can never fit: {r}") for k, r in plan.never_fits.items()),
+            *((k, f"{NEVER_FITS}: {r}") for k, r in plan.never_fits.items()),
         ]:
             job = jobs_by_key[key]
             if (job.get("status") or {}).get("admissionMessage") != reason:

@@ -139,7 +139,8 @@ class Reconciler:
         # a pass that saw neither the size nor the pods would choose again (pods of two sizes).
         recorded = old_status
         grows = plan.grow is not None
-        if plan.delete_pods or plan.force_delete_pods or grows or _size_unrecorded(job, old_status, plan):
+        deleting = plan.delete_pods or plan.force_delete_pods or plan.delete_unchanged_pods
+        if deleting or grows or _size_unrecorded(job, old_status, plan):
             try:
                 stored = writer.write_status(key, job, old_status, plan.status)
             except StatusConflict:
@@ -164,6 +165,9 @@ class Reconciler:
         for pod_name in plan.delete_pods:
             if pod_name not in plan.force_delete_pods:
                 self.api.delete_pod(namespace, pod_name, uids.get(pod_name), grace)
+        versions = {p["metadata"]["name"]: p["metadata"].get("resourceVersion") for p in pods}
+        for pod_name in plan.delete_unchanged_pods:
+            self.api.delete_pod(namespace, pod_name, uids.get(pod_name), 0, versions.get(pod_name))
         refusal = host_path_refusal(spec, self.allow_host_path_checkpoints) if plan.create_indices else None
         if refusal is not None:  # nothing is created; a restart with the flag, or a new job, moves on
             plan.create_indices, plan.events = [], []
@@ -187,7 +191,8 @@ class Reconciler:
                 # (all pods created; admitted, when admitted at creation).
                 pods = [p for p in stores.pods.indexed(key) if is_owned_by(p, job["metadata"]["uid"])]
                 then = self._decide({**job, "status": plan.status}, pods, nodes, now, gate)
-                if not (then.create_indices or then.delete_pods or then.force_delete_pods or then.delete_job):
+                if not (then.create_indices or then.delete_pods or then.force_delete_pods
+                        or then.delete_unchanged_pods or then.delete_job):  # fmt: skip
                     then.events = merged_events([*plan.events, *then.events])
                     plan = then
             if not taken and not refused:
@@ -221,7 +226,7 @@ class Reconciler:
             return followups
         if plan.recheck_after is not None:
             followups.append(plan.recheck_after)
-        if plan.delete_pods or plan.force_delete_pods:
+        if plan.delete_pods or plan.force_delete_pods or plan.delete_unchanged_pods:
             followups.append(1.0)
         return followups
 

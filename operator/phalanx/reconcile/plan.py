@@ -47,6 +47,9 @@ class Plan:
     delete_pods: list[str] = field(default_factory=list)
     # Deleted with no grace period: pods whose node is gone (nothing can run their SIGTERM handler).
     force_delete_pods: list[str] = field(default_factory=list)
+    # Deleted with no grace period only if unchanged since the decision (their resourceVersion): gated
+    # pods the admission pass, on its own thread, may be admitting at this very moment.
+    delete_unchanged_pods: list[str] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     delete_job: bool = False
     # Seconds until the state machine has something time-based to check (deadline, timeout, TTL).

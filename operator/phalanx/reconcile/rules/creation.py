@@ -19,6 +19,8 @@ from phalanx.reconcile.rules import elastic as elastic_rules
 from phalanx.reconcile.rules import gang_timeout
 from phalanx.reconcile.rules.restart import restart_reason
 
+# How the admission pass words a gang no cluster of today's nodes could ever hold (admission_pass.py).
+NEVER_FITS: Final = "can never fit"
 # The Event of a gated gang rebuilt because a node it was built to avoid no longer needs avoiding.
 REASON_AVOIDANCE_LIFTED: Final = "AvoidanceLifted"
 # PodsCreated=False while a new elastic attempt waits for the stores to list (room unknown).
@@ -81,15 +83,24 @@ def avoidance_lifted(b: PlanBuilder, seen: Observed) -> bool:
     current = list(seen.current.values())
     if not current or not all(is_gated(p) and not (p.get("spec") or {}).get("nodeName") for p in current):
         return False
+    if not str(b.status.get("admissionMessage") or "").startswith(NEVER_FITS):
+        return False  # a gang that can fit as it is waits its turn: rebuilding it would only churn
+    if any((p.get("metadata") or {}).get("deletionTimestamp") for p in current):
+        return True  # being rebuilt: wait for the pods to go
     built = {n for p in current for n in _avoided_as_built(p)}
     lifted = built - avoided_now(b, seen)
     if not lifted:
         return False
-    b.plan.delete_pods.extend(sorted(p["metadata"]["name"] for p in current))
+    # Deleted only while unchanged: the admission pass may be lifting their gates at this moment.
+    b.plan.delete_unchanged_pods.extend(sorted(p["metadata"]["name"] for p in current))
     b.status.pop("createdAttempt", None)
-    b.plan.events.append(Event("Normal", REASON_AVOIDANCE_LIFTED,
-                               f"{', '.join(sorted(lifted))} no longer avoided (the pods that lingered there are gone): "
-                               f"recreating the {len(current)} pod(s) of attempt {seen.attempt}, still waiting for admission"))  # fmt: skip
+    if seen.as_written.elastic is not None:
+        b.status.pop("sizedAttempt", None)  # nothing has run: sized again from the room there is now
+    if b.old.get("createdAttempt") == seen.attempt:  # once per rebuild, not per pass the store lags
+        b.plan.events.append(Event("Normal", REASON_AVOIDANCE_LIFTED,
+                                   f"{', '.join(sorted(lifted))} no longer avoided (no pod of the job lingers there, "
+                                   f"and it has not failed the job twice lately): recreating the {len(current)} "
+                                   f"pod(s) of attempt {seen.attempt}, which could never fit as built"))  # fmt: skip
     return True
 
 
