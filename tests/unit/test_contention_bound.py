@@ -1,0 +1,32 @@
+"""The contention bench's zero-latency bound (bench/contention_bound.py): the utilization the
+admission plan itself allows, against which the measured one is read."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from contention_bound import zero_latency_utilization  # noqa: E402 (beside the benchmarks, not a package)
+
+pytestmark = pytest.mark.unit
+
+
+def test_gangs_that_tile_the_pool_exactly_use_all_of_it() -> None:
+    # 4 nodes x 8 GPUs; eight gangs of 2 whole nodes: two waves, never a hole.
+    gangs = [(f"g{i}", 2, 8) for i in range(8)]
+    assert zero_latency_utilization(gangs, 4, 20.0) == pytest.approx(1.0)
+
+
+def test_a_head_that_waits_for_whole_nodes_leaves_the_others_idle() -> None:
+    # 2 nodes: a one-node gang runs, the two-node head behind it waits 20 s holding the free node.
+    # Until the head starts at 20 s, half the GPUs worked: 0.5.
+    gangs = [("small", 1, 8), ("head", 2, 8)]
+    assert zero_latency_utilization(gangs, 2, 20.0) == pytest.approx(0.5)
+
+
+def test_a_gang_that_can_never_fit_is_an_error_not_a_hang() -> None:
+    with pytest.raises(RuntimeError, match="can never fit"):
+        zero_latency_utilization([("huge", 3, 8)], 2, 20.0)
