@@ -7,10 +7,15 @@ computes it (GPU-seconds used until the last gang starts, over the pool's GPU-se
 What stays below 1.0 here is the policy's: whole gangs on whole nodes leave holes, and a blocked
 head's reserved nodes idle while it waits for the rest of them. What the bench measures below this
 bound is latency: seeing a pod finish, the pass, the writes, the scheduler, the kubelet (kwok).
+
+    python bench/contention_bound.py --seeds 40    # the bound's spread over the bench's gang mixes
 """
 
 from __future__ import annotations
 
+import argparse
+import random
+import statistics
 from collections.abc import Sequence
 
 from phalanx.gang.admission import GangRequest, plan_admission
@@ -76,3 +81,27 @@ def zero_latency_utilization(
         for name, start in started.items()
     )
     return gpu_seconds / (pool_nodes * GPUS_PER_NODE * last_start)
+
+
+def main() -> None:
+    from gang_bench import contention_gangs  # beside this script; it imports this module too
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, default=40)
+    parser.add_argument(
+        "--nodes", type=int, default=32, help="the contention pool (gang_bench --contention-nodes)"
+    )
+    parser.add_argument("--run-seconds", type=float, default=20.0)
+    args = parser.parse_args()
+    bounds = sorted(
+        zero_latency_utilization(
+            contention_gangs(random.Random(seed), args.nodes * GPUS_PER_NODE), args.nodes, args.run_seconds
+        )  # fmt: skip
+        for seed in range(args.seeds)
+    )
+    print(f"zero-latency GPU utilization over {args.seeds} gang mixes on {args.nodes} nodes: "
+          f"median {statistics.median(bounds):.3f}, min {bounds[0]:.3f}, max {bounds[-1]:.3f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -605,6 +605,17 @@ def submit_training_job(api: client.ApiClient) -> Submit:
     return submit
 
 
+def contention_gangs(rng: random.Random, capacity: int) -> list[tuple[str, int, int]]:
+    """(name, pods, GPUs per pod) of gangs asking about twice `capacity` GPUs, drawn from `rng`."""
+    gangs: list[tuple[str, int, int]] = []
+    demand = 0
+    while demand < 2 * capacity:
+        size, gpus = rng.choice([(2, 8), (4, 8), (8, 8), (4, 4), (8, 4), (16, 2), (8, 1)])
+        gangs.append((f"c{len(gangs)}", size, gpus))
+        demand += size * gpus
+    return gangs
+
+
 def contention(api: client.ApiClient, pool_nodes: int, run_seconds: int, rng: random.Random,
                gang_timeout: float, timeout: float, submit: Submit | None = None, label: str = JOB_LABEL,
                ns: str = "contention", prepare: Callable[[str], None] | None = None) -> dict[str, Any]:  # fmt: skip
@@ -616,12 +627,8 @@ def contention(api: client.ApiClient, pool_nodes: int, run_seconds: int, rng: ra
     if prepare is not None:
         prepare(ns)
     capacity = pool_nodes * 8
-    gangs: list[tuple[str, int, int]] = []  # name, pods, gpus per pod
-    demand = 0
-    while demand < 2 * capacity:
-        size, gpus = rng.choice([(2, 8), (4, 8), (8, 8), (4, 4), (8, 4), (16, 2), (8, 1)])
-        gangs.append((f"c{len(gangs)}", size, gpus))
-        demand += size * gpus
+    gangs = contention_gangs(rng, capacity)
+    demand = sum(size * gpus for _, size, gpus in gangs)
     log(f"contention: {len(gangs)} gangs asking {demand} GPUs of {capacity} ({pool_nodes} nodes), "
         f"each pod runs {run_seconds}s")  # fmt: skip
     watch = PodWatch(core, ns, label).start()
