@@ -30,3 +30,10 @@ def test_a_head_that_waits_for_whole_nodes_leaves_the_others_idle() -> None:
 def test_a_gang_that_can_never_fit_is_an_error_not_a_hang() -> None:
     with pytest.raises(RuntimeError, match="can never fit"):
         zero_latency_utilization([("huge", 3, 8)], 2, 20.0)
+
+
+def test_each_start_a_second_late_costs_what_the_pool_idles_meanwhile() -> None:
+    # The same two waves, each starting 1 s after its admission: the pool idles 1 s before the first
+    # wave and 1 s between them; the second starts at 22 s, and 20 of those 22 s were used.
+    gangs = [(f"g{i}", 2, 8) for i in range(8)]
+    assert zero_latency_utilization(gangs, 4, 20.0, start_latency=1.0) == pytest.approx(20 / 22)
