@@ -15,7 +15,7 @@ pytestmark = pytest.mark.unit
 
 
 def test_gangs_that_tile_the_pool_exactly_use_all_of_it() -> None:
-    # 4 nodes x 8 GPUs; eight gangs of 2 whole nodes: two waves, never a hole.
+    # 4 nodes x 8 GPUs; eight gangs of 2 whole nodes: four waves, never a hole.
     gangs = [(f"g{i}", 2, 8) for i in range(8)]
     assert zero_latency_utilization(gangs, 4, 20.0) == pytest.approx(1.0)
 
@@ -33,7 +33,7 @@ def test_a_gang_that_can_never_fit_is_an_error_not_a_hang() -> None:
 
 
 def test_each_start_a_second_late_costs_what_the_pool_idles_meanwhile() -> None:
-    # The same two waves, each starting 1 s after its admission: the pool idles 1 s before the first
-    # wave and 1 s between them; the second starts at 22 s, and 20 of those 22 s were used.
-    gangs = [(f"g{i}", 2, 8) for i in range(8)]
+    # Two waves of whole-pool gangs, each starting 1 s after its admission: the pool idles 1 s
+    # before the first wave and 1 s between them; the second starts at 22 s, 20 of those 22 s used.
+    gangs = [(f"g{i}", 2, 8) for i in range(4)]
     assert zero_latency_utilization(gangs, 4, 20.0, start_latency=1.0) == pytest.approx(20 / 22)
