@@ -52,17 +52,43 @@ def poller(writer: RecordingWriter, seconds: float) -> ProgressPoller:
     return polling
 
 
-def test_progress_reaches_status_once_per_interval_but_memory_sees_every_step(trainer: Trainer) -> None:
+def test_the_poller_writes_the_first_report_and_holds_the_rest_for_the_reconcile_but_memory_sees_every_step(
+    trainer: Trainer,
+) -> None:
+    # One periodic write per running job (issue 17): the reconcile's, which carries the sample with
+    # the goodput booking once the interval has passed (tests/unit/test_steady_writes.py).
     writer = RecordingWriter()
     polling = poller(writer, seconds=30.0)
     for step in range(1, 31):  # one poll a second for 30 s, a new step each time
         trainer.report["step"] = step
         polling.poll("ns/job")
         assert polling.trainer_reports["ns/job"][1]["step"] == step  # hang detection reads this
+        assert polling.sample_due("ns/job", "uid-1") is False or step == 1
         trainer.now += 1.0
     trainer.report["step"] = 31
     polling.poll("ns/job")
-    assert [w["progress"]["step"] for w in writer.writes] == [1, 31]
+    assert [w["progress"]["step"] for w in writer.writes] == [1]
+    assert polling.held_back("ns/job", "uid-1") == {"step": 31, "totalSteps": 100, "percent": 31}
+    assert polling.sample_due("ns/job", "uid-1") and not polling.sample_due("ns/job", "uid-2")
+    polling.written_with_status("ns/job", "uid-1", polling.held_back("ns/job", "uid-1"))
+    assert polling.held_back("ns/job", "uid-1") is None
+    trainer.now += 29.0
+    trainer.report["step"] = 60
+    polling.poll("ns/job")
+    assert not polling.sample_due("ns/job", "uid-1")  # an interval from the reconcile's write
+    trainer.now += 1.0
+    assert polling.sample_due("ns/job", "uid-1")
+
+
+def test_an_interval_shorter_than_the_resync_has_the_poller_wake_the_reconcile(trainer: Trainer) -> None:
+    queue = RecordingQueue()
+    polling = ProgressPoller(RecordingWriter(), queue, status_seconds=1.0)  # type: ignore[arg-type]
+    polling.targets["ns/job"] = ProgressTarget("uid-1", "10.0.0.1")
+    polling.poll("ns/job")  # the first report: written by the poller
+    trainer.now += 1.0
+    trainer.report["step"] = 2
+    polling.poll("ns/job")
+    assert queue.enqueued == ["ns/job"]
 
 
 def test_a_new_checkpoint_is_written_at_once(trainer: Trainer) -> None:
@@ -332,7 +358,7 @@ def test_a_new_checkpoint_written_wakes_the_reconcile_once(trainer: Trainer) -> 
     # A decision reads it (an elastic gang grows only after a checkpoint since its admission): the
     # job's own status events do not enqueue it, so the poller that wrote it does.
     writer, queue = RecordingWriter(), RecordingQueue()
-    polling = ProgressPoller(writer, queue, status_seconds=0.0)  # type: ignore[arg-type]
+    polling = ProgressPoller(writer, queue, status_seconds=30.0)  # type: ignore[arg-type]
     polling.targets["ns/job"] = ProgressTarget("uid-1", "10.0.0.1")
     polling.poll("ns/job")
     assert queue.enqueued == []

@@ -14,9 +14,10 @@ import pytest
 
 from phalanx import constants as c
 from phalanx.controller import progress as progress_module
-from phalanx.controller.composition import RESYNC_SECONDS, Controller
+from phalanx.controller.composition import Controller
 from phalanx.policy.goodput import device_seconds
 from phalanx.policy.recovery_timeline import parse_time
+from phalanx.policy.resync import RESYNC_SECONDS
 from phalanx.reconcile.plan import iso
 from phalanx.settings import OperatorSettings
 

@@ -36,13 +36,12 @@ from phalanx.controller.stores import ClusterStores
 from phalanx.controller.watch import WatchCallbacks
 from phalanx.k8s import KubeApi
 from phalanx.leader import LeaderElector
-from phalanx.policy.resync import due_for_resync
+from phalanx.policy.resync import RESYNC_SECONDS, due_for_resync
 from phalanx.reflector import Reflector, per_namespace
 from phalanx.settings import Clock, OperatorSettings
 
 log = logging.getLogger("phalanx.controller")
 
-RESYNC_SECONDS: Final = 20.0
 RESYNC_TICK_SECONDS: Final = 1.0  # the resync's share of jobs is enqueued once a tick
 # On shutdown, how long running reconciles and admission writes may take to finish (well within the
 # pod's 30 s grace period); the lease is released only if they did.

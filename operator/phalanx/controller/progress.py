@@ -1,6 +1,7 @@
 """The progress client: polls global rank 0's /progress (HTTP, docs/environment.md) while a job
 runs, keeps the newest report in memory (hang detection, metrics and the reconcile read it), and
-copies it into status.progress and status.lastCheckpoint when policy/progress_writes.py says so."""
+copies it into status.progress and status.lastCheckpoint when policy/progress_writes.py says so:
+itself for the first report and a new checkpoint, else through the reconcile's write."""
 
 from __future__ import annotations
 
@@ -24,7 +25,13 @@ from phalanx.pod_facts import in_current_attempt, pod_index
 from phalanx.policy import hang
 from phalanx.policy.progress_polls import polls_to_start
 from phalanx.policy.progress_url import progress_url
-from phalanx.policy.progress_writes import DEFAULT_PROGRESS_STATUS_SECONDS, progress_write_due
+from phalanx.policy.progress_writes import (
+    DEFAULT_PROGRESS_STATUS_SECONDS,
+    poller_wakes_reconcile,
+    progress_write_due,
+    sample_due,
+)
+from phalanx.policy.resync import RESYNC_SECONDS
 from phalanx.reconcile.plan import iso, parse_iso
 
 log = logging.getLogger("phalanx.controller")
@@ -137,7 +144,8 @@ class ProgressPoller:
         self.writer = writer
         self.url_template = url_template  # {ip}, {port}: policy/progress_url.py
         self.work = work
-        self.status_seconds = status_seconds  # the least time between two progress writes of a job
+        self.status_seconds = status_seconds  # the least time between two progress samples of a job
+        self.wakes_reconcile = poller_wakes_reconcile(status_seconds, RESYNC_SECONDS)
         # Own threads: slow polls of unreachable pods must not hold up reconciles or admission.
         self.pool = ThreadPoolExecutor(PROGRESS_CONCURRENCY, thread_name_prefix="progress")
         self.targets: dict[str, ProgressTarget] = {}  # job key -> rank 0's pod IP, for the job's uid
@@ -188,12 +196,22 @@ class ProgressPoller:
         held = self.unwritten.get(key)
         return held[1].get("progress") if held is not None and held[0] == uid else None
 
+    def sample_due(self, key: str, uid: str) -> bool:
+        """The reconcile's write is to carry the progress held back for the job with `uid`: the
+        interval has passed since the last sample (policy/progress_writes.py)."""
+        held = self.unwritten.get(key)
+        if held is None or held[0] != uid:
+            return False
+        return sample_due(self.written_at.get(key), time.monotonic(), self.status_seconds)
+
     def written_with_status(self, key: str, uid: str, progress: Mapping[str, Any] | None) -> None:
-        """The reconcile's status write (a phase change) carried `progress`: held back no longer.
-        Only after the write succeeded, so a conflict keeps it for the next try."""
+        """The reconcile's status write carried `progress`: held back no longer, and the next sample
+        is an interval away. Only after the write succeeded, so a conflict keeps it for the next try."""
         held = self.unwritten.get(key)
         if held is not None and held[0] == uid and held[1].get("progress") == progress:
             del self.unwritten[key]
+            self.last_progress[key] = held[1]
+            self.written_at[key] = time.monotonic()
 
     def track(
         self,
@@ -363,8 +381,11 @@ class ProgressPoller:
         if written == patch:
             self.unwritten.pop(key, None)
             return
-        if not progress_write_due(written, self.written_at.get(key), patch, now, self.status_seconds):
+        if not progress_write_due(written, patch):
+            # The reconcile's write carries it, with the goodput booking: one periodic write a job.
             self.unwritten[key] = (target.uid, patch)
+            if self.wakes_reconcile and sample_due(self.written_at.get(key), now, self.status_seconds):
+                self.work.enqueue_threadsafe(key)
             return
         if not self.writer.write_facts(key, target.uid, patch):
             # Its job is gone (or re-created under the name: that one gets its own target).
