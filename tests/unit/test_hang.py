@@ -126,3 +126,15 @@ def test_no_verdict_while_the_operators_own_poller_has_not_looked_lately() -> No
     assert hang is None and recheck is not None
     hang, _ = detect(report(polled_at=T0 + 390), 1, T0 + 400, 45)
     assert hang is not None
+
+
+def test_a_healthy_gang_polled_less_often_than_its_bound_is_not_judged_hung() -> None:
+    # From the review (issue 17): at thousands of jobs a job is polled every ~30 s. Its step moved
+    # at every poll, but between two polls now - step_seen_at passes a 10 s bound; only a poll that
+    # found the same step past the bound is evidence of a stall.
+    polled = report(step_seen_at=T0, polled_at=T0)  # the poll at T0 found a new step
+    hang, recheck = detect(polled, 1, T0 + 25, 10)
+    assert hang is None and recheck is not None
+    # The next poll (T0 + 30) finds the same step still: a stall of at least 30 s, past the bound.
+    hang, _ = detect(report(step_seen_at=T0, polled_at=T0 + 30), 1, T0 + 31, 10)
+    assert hang is not None

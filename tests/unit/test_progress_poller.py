@@ -376,3 +376,14 @@ def test_last_checkpoint_is_not_bookkeeping_a_decision_reads_it() -> None:
     from phalanx.controller.reconciler import BOOKKEEPING_FIELDS
 
     assert "lastCheckpoint" not in BOOKKEEPING_FIELDS
+
+
+def test_with_many_jobs_an_answered_poll_sets_the_next_one_further_away(trainer: Trainer) -> None:
+    from phalanx.policy.progress_polls import poll_interval
+
+    polling = poller(RecordingWriter(), seconds=30.0)
+    for i in range(4000):
+        polling.targets[f"ns/other-{i}"] = ProgressTarget(f"uid-{i}", f"10.1.{i // 250}.{i % 250}")
+    polling.poll("ns/job")
+    assert polling.next_poll["ns/job"] == trainer.now + poll_interval(4001, fastest=1.0)
+    assert polling.next_poll["ns/job"] - trainer.now > 1.0

@@ -21,3 +21,42 @@ def test_due_jobs_start_longest_overdue_first_and_a_pending_poll_is_not_repeated
 
 def test_nothing_due_starts_nothing() -> None:
     assert polls_to_start(["ns/a"], {"ns/a": 101.0}, in_flight=(), now=100.0) == []
+
+
+# -- the pace: every job within the hang rule's staleness bound, at any number of jobs (issue 17)
+
+
+@pytest.mark.parametrize("jobs", [0, 1, 20, 200, 1000, 4000, 20000])
+def test_every_job_is_polled_at_least_every_half_the_hang_rules_staleness_bound(jobs: int) -> None:
+    from phalanx.policy.hang import POLL_STALE_SECONDS
+    from phalanx.policy.progress_polls import poll_interval
+
+    assert 1.0 <= poll_interval(jobs, fastest=1.0) <= POLL_STALE_SECONDS / 2
+
+
+def test_a_few_jobs_are_read_each_second_and_more_jobs_share_a_bounded_rate() -> None:
+    from phalanx.policy.progress_polls import POLLS_PER_SECOND, poll_interval
+
+    assert poll_interval(5, fastest=1.0) == 1.0  # recoveries and checkpoints seen within a second
+    assert 5 / poll_interval(5, fastest=1.0) <= POLLS_PER_SECOND
+    assert 200 / poll_interval(200, fastest=1.0) == pytest.approx(POLLS_PER_SECOND)  # not 200 a second
+
+
+@pytest.mark.parametrize("jobs", [10, 200, 1000, 4000])
+@pytest.mark.parametrize("seconds_per_poll", [0.005, 0.1, 0.4, 1.8])
+def test_the_slots_sized_from_the_time_a_poll_takes_keep_that_pace(
+    jobs: int, seconds_per_poll: float
+) -> None:
+    from phalanx.policy.progress_polls import MAX_POLL_SLOTS, poll_interval, poll_slots
+
+    interval = poll_interval(jobs, fastest=1.0)
+    slots = poll_slots(jobs, interval, seconds_per_poll)
+    if slots < MAX_POLL_SLOTS:
+        assert slots / seconds_per_poll >= jobs / interval  # polls a second the slots can answer
+
+
+def test_the_slots_are_bounded() -> None:
+    from phalanx.policy.progress_polls import MAX_POLL_SLOTS, MIN_POLL_SLOTS, poll_slots
+
+    assert poll_slots(1, 1.0, 0.001) == MIN_POLL_SLOTS
+    assert poll_slots(100_000, 30.0, 2.0) == MAX_POLL_SLOTS  # a thread each: not without end
