@@ -23,7 +23,7 @@ from phalanx.controller.queue import WorkQueue
 from phalanx.k8s import short_error
 from phalanx.pod_facts import in_current_attempt, pod_index
 from phalanx.policy import hang
-from phalanx.policy.progress_polls import polls_to_start
+from phalanx.policy.progress_polls import MAX_POLL_SLOTS, poll_interval, poll_slots, polls_to_start
 from phalanx.policy.progress_url import progress_url
 from phalanx.policy.progress_writes import (
     DEFAULT_PROGRESS_STATUS_SECONDS,
@@ -37,12 +37,13 @@ from phalanx.reconcile.plan import iso, parse_iso
 log = logging.getLogger("phalanx.controller")
 
 PROGRESS_MAX_BACKOFF_SECONDS: Final = 30.0
-PROGRESS_CONCURRENCY: Final = 8
+PROGRESS_CONCURRENCY: Final = 8  # the hang probe's; the polls' slots: policy/progress_polls.py
 # Failed polls at the normal pace before backing off: imports and the rendezvous on a loaded node, or
 # an image pull, can take minutes before rank 0 serves /progress, and a short run is over in seconds.
 PROGRESS_PATIENT_ATTEMPTS: Final = 300
 PROGRESS_TIMEOUT_SECONDS: Final = 2.0  # a trainer busy on every core answers slowly
-PROGRESS_POLL_SECONDS: Final = 1.0
+PROGRESS_POLL_SECONDS: Final = 1.0  # the fastest pace (few jobs), and the tick that starts polls
+POLL_TIME_WEIGHT: Final = 0.05  # of each poll in the moving average of how long one takes
 PROGRESS_MAX_BYTES: Final = 64 * 1024  # a /progress document is a few hundred bytes; more is not one
 
 
@@ -147,7 +148,9 @@ class ProgressPoller:
         self.status_seconds = status_seconds  # the least time between two progress samples of a job
         self.wakes_reconcile = poller_wakes_reconcile(status_seconds, RESYNC_SECONDS)
         # Own threads: slow polls of unreachable pods must not hold up reconciles or admission.
-        self.pool = ThreadPoolExecutor(PROGRESS_CONCURRENCY, thread_name_prefix="progress")
+        self.pool = ThreadPoolExecutor(MAX_POLL_SLOTS, thread_name_prefix="progress")
+        # How long a poll takes (answer or timeout), a moving average: sizes the slots.
+        self.seconds_per_poll = PROGRESS_TIMEOUT_SECONDS / 4
         self.targets: dict[str, ProgressTarget] = {}  # job key -> rank 0's pod IP, for the job's uid
         self.next_poll: dict[str, float] = {}
         self.failures: dict[str, int] = {}
@@ -243,12 +246,16 @@ class ProgressPoller:
             self.next_poll.pop(key, None)
             self.failures.pop(key, None)
 
+    def poll_interval(self) -> float:
+        """Seconds between two polls of a job, at the number of jobs polled now."""
+        return poll_interval(len(self.targets), PROGRESS_POLL_SECONDS)
+
     async def run(self) -> None:
-        """Every PROGRESS_POLL_SECONDS, starts the due polls (policy/progress_polls.py), at most
-        PROGRESS_CONCURRENCY in flight and no batch waiting for its slowest: each poll frees its slot
-        as it answers."""
+        """Every PROGRESS_POLL_SECONDS, starts the due polls (policy/progress_polls.py), as many in
+        flight as the pace needs (poll_slots) and no batch waiting for its slowest: each poll frees
+        its slot as it answers."""
         loop = asyncio.get_running_loop()
-        slots = asyncio.Semaphore(PROGRESS_CONCURRENCY)
+        freed = asyncio.Event()
         in_flight: set[str] = set()
         tasks: set[asyncio.Task[None]] = set()
 
@@ -259,13 +266,17 @@ class ProgressPoller:
                 log.warning("progress of %s not recorded: %s", key, short_error(exc))
             finally:
                 in_flight.discard(key)
-                slots.release()
+                freed.set()
 
         try:
             while True:
                 await asyncio.sleep(PROGRESS_POLL_SECONDS)
+                jobs = len(self.targets)
+                slots = poll_slots(jobs, self.poll_interval(), self.seconds_per_poll)
                 for key in polls_to_start(list(self.targets), self.next_poll, in_flight, time.monotonic()):
-                    await slots.acquire()
+                    while len(in_flight) >= slots:
+                        freed.clear()
+                        await freed.wait()
                     in_flight.add(key)
                     task = asyncio.create_task(poll_one(key), name=f"progress {key}")
                     tasks.add(task)
@@ -273,6 +284,11 @@ class ProgressPoller:
         finally:
             for task in list(tasks):
                 task.cancel()
+
+    def _timed(self, started: float) -> None:
+        # From the poll threads: a lost update only slows the average down a little.
+        took = time.monotonic() - started
+        self.seconds_per_poll += POLL_TIME_WEIGHT * (took - self.seconds_per_poll)
 
     def _probe_if_stalled(self, key: str, target: ProgressTarget) -> None:
         """Once the step has stalled half the hang bound, asks every pod once whether it answers,
@@ -322,10 +338,14 @@ class ProgressPoller:
         if target is None:
             return
         started = time.monotonic()  # the next poll is due a poll interval after this one began
+        interval = self.poll_interval()
         try:
             url = progress_url(self.url_template, target.ip, c.DEFAULT_METRICS_PORT)
-            with urllib.request.urlopen(url, timeout=PROGRESS_TIMEOUT_SECONDS) as response:
-                body = response.read(PROGRESS_MAX_BYTES + 1)
+            try:
+                with urllib.request.urlopen(url, timeout=PROGRESS_TIMEOUT_SECONDS) as response:
+                    body = response.read(PROGRESS_MAX_BYTES + 1)
+            finally:
+                self._timed(started)
             if len(body) > PROGRESS_MAX_BYTES:
                 raise ValueError(f"/progress answered more than {PROGRESS_MAX_BYTES} bytes")
             report = json.loads(body)
@@ -340,7 +360,7 @@ class ProgressPoller:
             # A trainer takes a while to import torch and rendezvous: keep the normal pace for the
             # first attempts, then back off (kwok's simulated pods never answer).
             slow = max(0, failures - PROGRESS_PATIENT_ATTEMPTS)
-            delay = min(PROGRESS_MAX_BACKOFF_SECONDS, PROGRESS_POLL_SECONDS * 2**slow)
+            delay = max(interval, min(PROGRESS_MAX_BACKOFF_SECONDS, PROGRESS_POLL_SECONDS * 2**slow))
             self.next_poll[key] = time.monotonic() + delay
             known = self.trainer_reports.get(key)
             if known is not None and known[0] == target.uid:  # asked, no answer: still a look
@@ -350,7 +370,7 @@ class ProgressPoller:
         if self.targets.get(key) != target:
             return  # forgotten, or re-created under the name, while the poll waited: not its state
         self.failures.pop(key, None)
-        self.next_poll[key] = started + PROGRESS_POLL_SECONDS  # policy/progress_polls.py orders by it
+        self.next_poll[key] = started + interval  # policy/progress_polls.py orders by it
         namespace, name = key.split("/", 1)
         known = self.trainer_reports.get(key)
         known_facts = known[1] if known is not None and known[0] == target.uid else None

@@ -103,8 +103,13 @@ def detect(
     if stalled <= bound.seconds:
         return None, bound.seconds - stalled
     polled_at = report.get("polled_at")
-    if isinstance(polled_at, (int, float)) and now - polled_at > POLL_STALE_SECONDS:
-        return None, 5.0  # the poller has not looked lately: no verdict on what it did not see
+    if isinstance(polled_at, (int, float)):
+        if now - polled_at > POLL_STALE_SECONDS:
+            return None, 5.0  # the poller has not looked lately: no verdict on what it did not see
+        if polled_at - seen_at <= bound.seconds:
+            # No look has found the step stalled past the bound yet: polled less often than the
+            # bound (many jobs, policy/progress_polls.py), it may have moved since the last one.
+            return None, 5.0
     silent = report.get("silent_pods")
     names = tuple(sorted(str(p) for p in silent)) if isinstance(silent, (list, tuple)) else ()
     return Hang(step, stalled, bound, names), None
