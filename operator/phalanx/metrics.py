@@ -106,8 +106,8 @@ API_REQUESTS: Final = Counter(
 )
 PROGRESS_WRITES: Final = Counter(
     "phalanx_progress_writes",
-    "status.progress writes of the progress poller (the reconcile's status writes are beside them "
-    "in phalanx_api_requests_total, on the same endpoint).",
+    "status.progress writes of the progress poller: a first report, a new checkpoint (the periodic "
+    "sample goes with the reconcile's status writes, beside them in phalanx_api_requests_total).",
     registry=REGISTRY,
 )
 JOB_PROGRESS: Final = Gauge(
