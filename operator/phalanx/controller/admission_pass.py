@@ -26,7 +26,7 @@ from phalanx.gang.preemption import head_of_line_blocked
 from phalanx.gang.requests import waiting_gang
 from phalanx.k8s import KubeApi, short_error
 from phalanx.kueue.workload import managed_here, queue_name
-from phalanx.pod_facts import is_terminal, job_of_pod
+from phalanx.pod_facts import is_gated, is_terminal, job_of_pod
 from phalanx.providers import provider_of_raw
 from phalanx.reconcile.plan import FINISHED_PHASES, parse_iso
 from phalanx.reconcile.rules.creation import NEVER_FITS
@@ -114,8 +114,11 @@ class AdmissionPass:
             now = self.clock()
             for job in jobs:
                 key = object_key(job)
+                own = stores.own_pods(job)
+                if not any(is_gated(p) for p in own):
+                    continue  # nothing at the gate (most jobs, running): waiting_gang's None, its spec unparsed
                 created = parse_iso(job["metadata"].get("creationTimestamp")) or now
-                waiting = waiting_gang(key, job, stores.own_pods(job), state.priority_of, created)
+                waiting = waiting_gang(key, job, own, state.priority_of, created)
                 if waiting is None:
                     continue  # still being created (or torn down), or nothing at the gate
                 if waiting.finishing:
