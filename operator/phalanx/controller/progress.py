@@ -37,7 +37,7 @@ from phalanx.reconcile.plan import iso, parse_iso
 log = logging.getLogger("phalanx.controller")
 
 PROGRESS_MAX_BACKOFF_SECONDS: Final = 30.0
-PROGRESS_CONCURRENCY: Final = 8  # the hang probe's; the polls' slots: policy/progress_polls.py
+PROGRESS_CONCURRENCY: Final = hang.PROBE_CONCURRENCY  # the polls' slots: policy/progress_polls.py
 # Failed polls at the normal pace before backing off: imports and the rendezvous on a loaded node, or
 # an image pull, can take minutes before rank 0 serves /progress, and a short run is over in seconds.
 PROGRESS_PATIENT_ATTEMPTS: Final = 300
@@ -113,7 +113,7 @@ def trainer_answers(
     /progress, so any HTTP answer (a 404 from the other pods) counts; silence or a refused
     connection does not."""
     try:
-        with urllib.request.urlopen(progress_url(template, ip, port), timeout=PROGRESS_TIMEOUT_SECONDS):
+        with urllib.request.urlopen(progress_url(template, ip, port), timeout=hang.PROBE_TIMEOUT_SECONDS):
             return True
     except urllib.error.HTTPError:
         return True  # it answered
@@ -317,6 +317,7 @@ class ProgressPoller:
             self.trainer_reports[key] = (target.uid, {**current[1], "silent_pods": silent})
             log.warning("%s: no new step since step %s; pods not answering: %s", key,
                         facts.get("last_step", facts.get("step")), ", ".join(silent) or "none")  # fmt: skip
+            self.work.enqueue_threadsafe(key)  # a verdict that waits for the probe (policy/hang.py)
         finally:
             self.probing.discard(key)
 
