@@ -387,3 +387,51 @@ def test_with_many_jobs_an_answered_poll_sets_the_next_one_further_away(trainer:
     polling.poll("ns/job")
     assert polling.next_poll["ns/job"] == trainer.now + poll_interval(4001, fastest=1.0)
     assert polling.next_poll["ns/job"] - trainer.now > 1.0
+
+
+class PollThreadBetweenGetAndPop(dict):  # type: ignore[type-arg]
+    """The poller's held-back table, with a poll thread that acts right after the reconcile's
+    written_with_status has read its entry: the interleaving of the review (issue 17), made certain."""
+
+    def __init__(self, act: Any) -> None:
+        super().__init__()
+        self.act: Any = act
+        self.other: Any = None
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        value = super().get(key, default)
+        if self.act is not None:
+            act, self.act = self.act, None
+            import threading
+
+            self.other = threading.Thread(target=act)
+            self.other.start()
+            self.other.join(timeout=0.5)  # it runs now, unless a lock keeps it until the check is done
+        return value
+
+
+@pytest.mark.parametrize("newer", [True, False], ids=["a-newer-sample-held", "the-held-one-written"])
+def test_the_reconciles_write_and_a_poll_thread_do_not_lose_or_raise_over_the_held_progress(
+    trainer: Trainer, newer: bool
+) -> None:
+    writer = RecordingWriter()
+    polling = poller(writer, seconds=30.0)
+    polling.poll("ns/job")
+    trainer.now += 1.0
+    trainer.report["step"] = 2
+    polling.poll("ns/job")  # held back
+    carried = polling.held_back("ns/job", "uid-1")
+
+    def poll_again() -> None:
+        trainer.report["step"] = 3 if newer else 1  # 1: what was written: nothing held any more
+        polling.poll("ns/job")
+
+    table = PollThreadBetweenGetAndPop(poll_again)
+    table.update(polling.unwritten)
+    polling.unwritten = table
+    polling.written_with_status("ns/job", "uid-1", carried)  # no KeyError after the status write
+    table.other.join(timeout=5)
+    if newer:
+        assert polling.held_back("ns/job", "uid-1") == {"step": 3, "totalSteps": 100, "percent": 3}
+    else:
+        assert polling.held_back("ns/job", "uid-1") is None

@@ -9,6 +9,7 @@ import asyncio
 import json
 import logging
 import math
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -161,6 +162,8 @@ class ProgressPoller:
         self.written_at: dict[str, float] = {}  # when (monotonic) it was written
         # Read but held back by the interval, with its job's uid: a phase change writes it at once.
         self.unwritten: dict[str, tuple[str, dict[str, Any]]] = {}
+        # The poll threads and the reconcile's written_with_status change `unwritten` under it.
+        self.unwritten_lock = threading.Lock()
         # The newest start-up times rank 0 reported, with the uid of its job (read by the reconcile).
         self.trainer_reports: dict[str, tuple[str, dict[str, Any]]] = {}
         self.hang_watch: dict[str, HangWatch] = {}
@@ -210,11 +213,12 @@ class ProgressPoller:
     def written_with_status(self, key: str, uid: str, progress: Mapping[str, Any] | None) -> None:
         """The reconcile's status write carried `progress`: held back no longer, and the next sample
         is an interval away. Only after the write succeeded, so a conflict keeps it for the next try."""
-        held = self.unwritten.get(key)
-        if held is not None and held[0] == uid and held[1].get("progress") == progress:
-            del self.unwritten[key]
-            self.last_progress[key] = held[1]
-            self.written_at[key] = time.monotonic()
+        with self.unwritten_lock:  # compare and pop: a poll may replace or drop it meanwhile
+            held = self.unwritten.get(key)
+            if held is not None and held[0] == uid and held[1].get("progress") == progress:
+                self.unwritten.pop(key)
+                self.last_progress[key] = held[1]
+                self.written_at[key] = time.monotonic()
 
     def track(
         self,
@@ -400,11 +404,13 @@ class ProgressPoller:
             metrics.observe_progress(namespace, name, step, total)
         written, now = self.last_progress.get(key), time.monotonic()
         if written == patch:
-            self.unwritten.pop(key, None)
+            with self.unwritten_lock:
+                self.unwritten.pop(key, None)
             return
         if not progress_write_due(written, patch):
             # The reconcile's write carries it, with the goodput booking: one periodic write a job.
-            self.unwritten[key] = (target.uid, patch)
+            with self.unwritten_lock:
+                self.unwritten[key] = (target.uid, patch)
             if self.wakes_reconcile and sample_due(self.written_at.get(key), now, self.status_seconds):
                 self.work.enqueue_threadsafe(key)
             return
@@ -416,9 +422,10 @@ class ProgressPoller:
         metrics.observe_progress_write()
         if self.targets.get(key) != target:
             return  # forgotten during the write
-        self.last_progress[key] = patch
-        self.written_at[key] = now
-        self.unwritten.pop(key, None)
+        with self.unwritten_lock:
+            self.last_progress[key] = patch
+            self.written_at[key] = now
+            self.unwritten.pop(key, None)
         if "lastCheckpoint" in patch and patch["lastCheckpoint"] != (written or {}).get("lastCheckpoint"):
             # A decision reads it (an elastic gang grows after a checkpoint since its admission), and
             # the job's own status events do not enqueue it: a checkpoint every few minutes, one pass each.
