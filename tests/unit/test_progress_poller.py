@@ -435,3 +435,48 @@ def test_the_reconciles_write_and_a_poll_thread_do_not_lose_or_raise_over_the_he
         assert polling.held_back("ns/job", "uid-1") == {"step": 3, "totalSteps": 100, "percent": 3}
     else:
         assert polling.held_back("ns/job", "uid-1") is None
+
+
+def test_a_trainer_that_trickles_its_answer_frees_the_poll_slot_at_the_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # From the review (issue 17): the timeout bounds each socket operation, not the poll; a /progress
+    # that sends a byte a little faster than that held a poll slot for good, and eight such trainers
+    # stopped the polls of every job.
+    import http.server
+    import threading
+
+    stop = threading.Event()
+
+    class Trickle(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+            self.send_response(200)
+            self.send_header("Content-Length", "10000")
+            self.end_headers()
+            while not stop.is_set():
+                self.wfile.write(b" ")
+                self.wfile.flush()
+                stop.wait(0.1)
+
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Trickle)
+    serving = threading.Thread(target=server.handle_request, daemon=True)
+    serving.start()
+    monkeypatch.setattr(progress_module, "PROGRESS_TIMEOUT_SECONDS", 1.0)
+    url = f"http://{{ip}}:{server.server_address[1]}/progress"
+    polling = ProgressPoller(RecordingWriter(), NoQueue(), 30.0, url)  # type: ignore[arg-type]
+    polling.targets["ns/job"] = ProgressTarget("uid-1", "127.0.0.1")
+    polled = threading.Thread(target=polling.poll, args=("ns/job",), daemon=True)
+    started = time.monotonic()
+    polled.start()
+    try:
+        polled.join(timeout=6)
+        assert not polled.is_alive(), "the poll still reads a trickle"
+        assert time.monotonic() - started < 3
+        assert polling.failures["ns/job"] == 1  # counted as no answer
+    finally:
+        stop.set()
+        serving.join(5)
+        server.server_close()

@@ -103,6 +103,34 @@ def with_step_timing(facts: dict[str, Any], known: dict[str, Any] | None, now: f
     return timed
 
 
+def read_within(url: str, timeout: float, max_bytes: int) -> bytes:
+    """The body at `url`, read within `timeout` seconds in all (urlopen's timeout bounds each socket
+    operation: a trickling answer would hold the poll's slot for good), and at most `max_bytes`
+    (ValueError beyond)."""
+    deadline = time.monotonic() + timeout
+    body = bytearray()
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"/progress not read within {timeout:g}s")
+            _shorten_socket_timeout(response, left)
+            chunk = response.read1(min(16 * 1024, max_bytes + 1 - len(body)))
+            if not chunk:
+                return bytes(body)
+            body += chunk
+            if len(body) > max_bytes:
+                raise ValueError(f"/progress answered more than {max_bytes} bytes")
+
+
+def _shorten_socket_timeout(response: Any, seconds: float) -> None:
+    # http.client keeps the socket under fp.raw._sock: its next read waits no longer than the
+    # deadline (without it, one read more than the deadline).
+    sock = getattr(getattr(getattr(response, "fp", None), "raw", None), "_sock", None)
+    if sock is not None:
+        sock.settimeout(max(0.001, seconds))
+
+
 def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
@@ -347,12 +375,9 @@ class ProgressPoller:
         try:
             url = progress_url(self.url_template, target.ip, c.DEFAULT_METRICS_PORT)
             try:
-                with urllib.request.urlopen(url, timeout=PROGRESS_TIMEOUT_SECONDS) as response:
-                    body = response.read(PROGRESS_MAX_BYTES + 1)
+                body = read_within(url, PROGRESS_TIMEOUT_SECONDS, PROGRESS_MAX_BYTES)
             finally:
                 self._timed(started)
-            if len(body) > PROGRESS_MAX_BYTES:
-                raise ValueError(f"/progress answered more than {PROGRESS_MAX_BYTES} bytes")
             report = json.loads(body)
             if not isinstance(report, dict):
                 raise ValueError("/progress is not a JSON object")
