@@ -99,6 +99,12 @@ def account(
     due = (now - since >= REFRESH_SECONDS or written_anyway) and old.get("phase") in HOLDING_PHASES
     if not (phase_changed or restarted or recovered or stalls or due or not ledger):
         return None
+    if now < since:
+        # A clock behind the last booking's (another replica's, after a failover): accountedTime
+        # never goes back, or a failback to the right clock would count the difference twice.
+        if not (phase_changed or restarted or recovered or stalls):
+            return None
+        now = since  # the change is booked, with no time
     if not phase_changed and _awaiting_first_report(old, now, trainer):
         return None  # the span is split at the first step once the trainer tells when it came
     book = {cause: device_seconds(ledger, cause) for cause in LOST_CAUSES}
