@@ -480,3 +480,28 @@ def test_a_trainer_that_trickles_its_answer_frees_the_poll_slot_at_the_deadline(
         stop.set()
         serving.join(5)
         server.server_close()
+
+
+def test_after_an_operator_restart_a_job_with_progress_in_its_status_is_not_written_at_its_first_poll(
+    trainer: Trainer,
+) -> None:
+    # From the review (issue 17): every job's first poll after a restart or failover was a "first
+    # report" written at once, ~5,000 PATCHes in a burst; the status already shows progress, so the
+    # first sample goes with the job's staggered resync write instead.
+    writer = RecordingWriter()
+    polling = ProgressPoller(writer, NoQueue(), status_seconds=30.0)  # type: ignore[arg-type]
+    checkpoint = {"step": 2, "time": "2000-01-01T00:00:00Z", "observedTime": "2027-01-15T07:00:00Z"}
+    rank0 = {"metadata": {"name": "job-worker-0", "labels": {"phalanx.dev/attempt": "0",
+                                                             "phalanx.dev/replica-index": "0"}},
+             "status": {"podIP": "10.0.0.1"}}  # fmt: skip
+    status = {"phase": "Running", "attempt": 0, "progress": {"step": 1, "totalSteps": 100, "percent": 1},
+              "lastCheckpoint": checkpoint}  # fmt: skip
+    polling.track("ns/job", "uid-1", [rank0], status)
+    trainer.report.update(step=3, last_checkpoint={"step": 2, "time": "2000-01-01T00:00:00Z"})
+    polling.poll("ns/job")
+    assert writer.writes == []
+    assert polling.held_back("ns/job", "uid-1") == {"step": 3, "totalSteps": 100, "percent": 3}
+    assert polling.sample_due("ns/job", "uid-1")  # the reconcile's next write carries it
+    trainer.report.update(step=5, last_checkpoint={"step": 4, "time": "2000-01-01T00:01:00Z"})
+    polling.poll("ns/job")
+    assert [w["lastCheckpoint"]["step"] for w in writer.writes] == [4]  # a new checkpoint: at once

@@ -264,6 +264,15 @@ class ProgressPoller:
             self.targets.pop(key, None)
             self.hang_watch.pop(key, None)
             return
+        if key not in self.last_progress and isinstance(status.get("progress"), dict):
+            # What the status shows, as if this poller had written it (an operator restart or a
+            # failover): the first poll's report waits for the resync's write like any later sample,
+            # not thousands of first reports written at once.
+            seeded: dict[str, Any] = {"progress": status["progress"]}
+            if isinstance(status.get("lastCheckpoint"), dict):
+                seeded["lastCheckpoint"] = status["lastCheckpoint"]
+            with self.unwritten_lock:
+                self.last_progress.setdefault(key, seeded)
         attempt = status.get("attempt")
         addresses = tuple(sorted(
             (str((p.get("metadata") or {}).get("name", "")), ip)
