@@ -505,3 +505,23 @@ def test_after_an_operator_restart_a_job_with_progress_in_its_status_is_not_writ
     trainer.report.update(step=5, last_checkpoint={"step": 4, "time": "2000-01-01T00:01:00Z"})
     polling.poll("ns/job")
     assert [w["lastCheckpoint"]["step"] for w in writer.writes] == [4]  # a new checkpoint: at once
+
+
+def test_at_scale_a_trainer_that_never_answers_is_asked_less_often_than_one_that_does(
+    monkeypatch: pytest.MonkeyPatch, trainer: Trainer
+) -> None:
+    # From the review (issue 17): the back-off stopped at 30 s, the pace of every job past 600 jobs,
+    # so dead endpoints (kwok's pods, a node gone) cost as much as live ones.
+    def refused(url: str, timeout: float) -> io.BytesIO:
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    monkeypatch.setattr(progress_module.urllib.request, "urlopen", refused)
+    polling = poller(RecordingWriter(), seconds=30.0)
+    for i in range(1, 2000):
+        polling.targets[f"ns/other-{i}"] = ProgressTarget(f"uid-{i}", "10.0.1.1")
+    interval = polling.poll_interval()
+    for _ in range(40):  # twenty minutes or more of failed polls
+        polling.poll("ns/job")
+        trainer.now = polling.next_poll["ns/job"]
+    polling.poll("ns/job")
+    assert polling.next_poll["ns/job"] - trainer.now >= 2 * interval

@@ -60,3 +60,15 @@ def test_the_slots_are_bounded() -> None:
 
     assert poll_slots(1, 1.0, 0.001) == MIN_POLL_SLOTS
     assert poll_slots(100_000, 30.0, 2.0) == MAX_POLL_SLOTS  # a thread each: not without end
+
+
+def test_polls_still_in_flight_count_in_the_time_a_poll_takes() -> None:
+    # From the review (issue 17): the slots were sized from finished polls only; with healthy polls
+    # at ~5 ms there are 8, and 8 polls waiting on silent trainers left none for the other jobs
+    # while the average, fed by nothing, stayed at 5 ms.
+    from phalanx.policy.progress_polls import MIN_POLL_SLOTS, poll_interval, poll_slots
+
+    interval = poll_interval(1000, fastest=1.0)
+    assert poll_slots(1000, interval, 0.005) == MIN_POLL_SLOTS
+    assert poll_slots(1000, interval, 0.005, in_flight_ages=[1.9] * MIN_POLL_SLOTS) > MIN_POLL_SLOTS
+    assert poll_slots(1000, interval, 0.005, in_flight_ages=[0.001] * 3) == MIN_POLL_SLOTS

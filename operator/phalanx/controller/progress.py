@@ -6,6 +6,7 @@ itself for the first report and a new checkpoint, else through the reconcile's w
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -24,7 +25,13 @@ from phalanx.controller.queue import WorkQueue
 from phalanx.k8s import short_error
 from phalanx.pod_facts import in_current_attempt, pod_index
 from phalanx.policy import hang
-from phalanx.policy.progress_polls import MAX_POLL_SLOTS, poll_interval, poll_slots, polls_to_start
+from phalanx.policy.progress_polls import (
+    MAX_POLL_SLOTS,
+    failed_poll_delay,
+    poll_interval,
+    poll_slots,
+    polls_to_start,
+)
 from phalanx.policy.progress_url import progress_url
 from phalanx.policy.progress_writes import (
     DEFAULT_PROGRESS_STATUS_SECONDS,
@@ -37,11 +44,7 @@ from phalanx.reconcile.plan import iso, parse_iso
 
 log = logging.getLogger("phalanx.controller")
 
-PROGRESS_MAX_BACKOFF_SECONDS: Final = 30.0
 PROGRESS_CONCURRENCY: Final = hang.PROBE_CONCURRENCY  # the polls' slots: policy/progress_polls.py
-# Failed polls at the normal pace before backing off: imports and the rendezvous on a loaded node, or
-# an image pull, can take minutes before rank 0 serves /progress, and a short run is over in seconds.
-PROGRESS_PATIENT_ATTEMPTS: Final = 300
 PROGRESS_TIMEOUT_SECONDS: Final = 2.0  # a trainer busy on every core answers slowly
 PROGRESS_POLL_SECONDS: Final = 1.0  # the fastest pace (few jobs), and the tick that starts polls
 POLL_TIME_WEIGHT: Final = 0.05  # of each poll in the moving average of how long one takes
@@ -297,7 +300,7 @@ class ProgressPoller:
         its slot as it answers."""
         loop = asyncio.get_running_loop()
         freed = asyncio.Event()
-        in_flight: set[str] = set()
+        in_flight: dict[str, float] = {}  # job key -> when (monotonic) its poll started
         tasks: set[asyncio.Task[None]] = set()
 
         async def poll_one(key: str) -> None:
@@ -306,19 +309,25 @@ class ProgressPoller:
             except Exception as exc:
                 log.warning("progress of %s not recorded: %s", key, short_error(exc))
             finally:
-                in_flight.discard(key)
+                in_flight.pop(key, None)
                 freed.set()
+
+        def slots(jobs: int) -> int:
+            now = time.monotonic()
+            ages = [now - began for began in in_flight.values()]
+            return poll_slots(jobs, self.poll_interval(), self.seconds_per_poll, ages)
 
         try:
             while True:
                 await asyncio.sleep(PROGRESS_POLL_SECONDS)
                 jobs = len(self.targets)
-                slots = poll_slots(jobs, self.poll_interval(), self.seconds_per_poll)
                 for key in polls_to_start(list(self.targets), self.next_poll, in_flight, time.monotonic()):
-                    while len(in_flight) >= slots:
+                    # Sized again as polls wait: those stuck on silent trainers widen it.
+                    while len(in_flight) >= slots(jobs):
                         freed.clear()
-                        await freed.wait()
-                    in_flight.add(key)
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(freed.wait(), PROGRESS_POLL_SECONDS)
+                    in_flight[key] = time.monotonic()
                     task = asyncio.create_task(poll_one(key), name=f"progress {key}")
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
@@ -397,10 +406,8 @@ class ProgressPoller:
             failures = self.failures.get(key, 0) + 1
             self.failures[key] = failures
             # A trainer takes a while to import torch and rendezvous: keep the normal pace for the
-            # first attempts, then back off (kwok's simulated pods never answer).
-            slow = max(0, failures - PROGRESS_PATIENT_ATTEMPTS)
-            delay = max(interval, min(PROGRESS_MAX_BACKOFF_SECONDS, PROGRESS_POLL_SECONDS * 2**slow))
-            self.next_poll[key] = time.monotonic() + delay
+            # first minutes, then back off (kwok's simulated pods never answer).
+            self.next_poll[key] = time.monotonic() + failed_poll_delay(failures, interval)
             known = self.trainer_reports.get(key)
             if known is not None and known[0] == target.uid:  # asked, no answer: still a look
                 self.trainer_reports[key] = (target.uid, {**known[1], "polled_at": time.time()})

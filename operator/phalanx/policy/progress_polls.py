@@ -23,6 +23,12 @@ SLOWEST_POLL_SECONDS: Final = POLL_STALE_SECONDS / 2
 MIN_POLL_SLOTS: Final = 8
 MAX_POLL_SLOTS: Final = 64  # a thread each, mostly waiting on a socket
 SLOT_HEADROOM: Final = 2.0  # for polls slower than the average, and the ticks between starts
+# A trainer that does not answer: asked at the pace for this long (imports, rendezvous, an image
+# pull), then less and less often, up to BACKOFF_INTERVALS poll intervals (never under
+# MAX_BACKOFF_SECONDS): at scale a dead endpoint costs less than a live one.
+PATIENT_SECONDS: Final = 300.0
+MAX_BACKOFF_SECONDS: Final = 30.0
+BACKOFF_INTERVALS: Final = 4.0
 
 
 def poll_interval(jobs: int, fastest: float) -> float:
@@ -30,10 +36,23 @@ def poll_interval(jobs: int, fastest: float) -> float:
     return min(SLOWEST_POLL_SECONDS, max(fastest, jobs / POLLS_PER_SECOND))
 
 
-def poll_slots(jobs: int, interval: float, seconds_per_poll: float) -> int:
-    """Polls in flight at once: the rate the pace needs times how long a poll takes, with headroom."""
+def poll_slots(
+    jobs: int, interval: float, seconds_per_poll: float, in_flight_ages: Collection[float] = ()
+) -> int:
+    """Polls in flight at once: the rate the pace needs times how long a poll takes, with headroom.
+    `seconds_per_poll` averages finished polls; the polls still waiting (their ages so far) count
+    too, or polls stuck on silent trainers would leave no slot while the average stays low."""
+    if in_flight_ages:
+        seconds_per_poll = max(seconds_per_poll, sum(in_flight_ages) / len(in_flight_ages))
     needed = math.ceil(SLOT_HEADROOM * jobs / interval * seconds_per_poll)
     return max(MIN_POLL_SLOTS, min(MAX_POLL_SLOTS, needed))
+
+
+def failed_poll_delay(failures: int, interval: float) -> float:
+    """Seconds until the next poll of a trainer whose last `failures` polls went unanswered."""
+    slow = max(0, failures - math.ceil(PATIENT_SECONDS / interval))
+    longest = max(MAX_BACKOFF_SECONDS, BACKOFF_INTERVALS * interval)
+    return max(interval, min(longest, interval * 2.0 ** min(slow, 32)))
 
 
 def polls_to_start(keys: Iterable[str], next_poll: Mapping[str, float], in_flight: Collection[str],
