@@ -157,3 +157,11 @@ def test_at_the_30_s_pace_the_verdict_waits_for_the_probe_and_names_the_silent_p
     assert 2 * 2.0 < wait <= 60
     hang, _ = detect(stalled, 1, T0 + 30 + wait + 0.1, 10, pods=2)
     assert hang is not None and hang.silent_pods == ()
+
+
+def test_a_healthy_gang_polled_less_often_than_its_bound_is_looked_at_again_after_its_next_poll() -> None:
+    # From the review (issue 17): a 10 s bound and a poll every 30 s had a healthy job reconciled
+    # every 5 s between its polls, for nothing: only the next poll can say more.
+    polled = report(step_seen_at=T0, polled_at=T0, next_poll_after=30.0)
+    hang, recheck = detect(polled, 1, T0 + 11, 10)
+    assert hang is None and recheck is not None and recheck >= 30 - 11

@@ -407,10 +407,12 @@ class ProgressPoller:
             self.failures[key] = failures
             # A trainer takes a while to import torch and rendezvous: keep the normal pace for the
             # first minutes, then back off (kwok's simulated pods never answer).
-            self.next_poll[key] = time.monotonic() + failed_poll_delay(failures, interval)
+            delay = failed_poll_delay(failures, interval)
+            self.next_poll[key] = time.monotonic() + delay
             known = self.trainer_reports.get(key)
             if known is not None and known[0] == target.uid:  # asked, no answer: still a look
-                self.trainer_reports[key] = (target.uid, {**known[1], "polled_at": time.time()})
+                looked = {"polled_at": time.time(), "next_poll_after": delay}
+                self.trainer_reports[key] = (target.uid, {**known[1], **looked})
             self._probe_if_stalled(key, target)  # rank 0 itself may be the one stopped
             return
         if self.targets.get(key) != target:
@@ -423,6 +425,7 @@ class ProgressPoller:
         facts = {
             **with_step_timing(trainer_facts(report), known_facts, time.time()),
             "polled_at": time.time(),
+            "next_poll_after": interval,  # policy/hang.py looks again after it
         }
         self.trainer_reports[key] = (target.uid, facts)
         self._probe_if_stalled(key, target)

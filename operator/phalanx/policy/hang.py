@@ -113,6 +113,10 @@ def detect(
         if polled_at - seen_at <= bound.seconds:
             # No look has found the step stalled past the bound yet: polled less often than the
             # bound (many jobs, policy/progress_polls.py), it may have moved since the last one.
+            # Only the next poll can tell: look again just after it, not every few seconds.
+            after = report.get("next_poll_after")
+            if isinstance(after, (int, float)) and (left := polled_at + after - now) > 0:
+                return None, left + PROBE_TIMEOUT_SECONDS
             return None, 5.0
     silent = report.get("silent_pods")
     if not isinstance(silent, (list, tuple)) and isinstance(polled_at, (int, float)):
