@@ -48,6 +48,13 @@ def poll_slots(
     return max(MIN_POLL_SLOTS, min(MAX_POLL_SLOTS, needed))
 
 
+def delivered_interval(jobs: int, interval: float, slots: int, seconds_per_poll: float) -> float:
+    """Seconds between two polls of a job that `slots` polls in flight can deliver: the interval
+    aimed at, or longer when they cannot answer jobs / interval polls a second (MAX_POLL_SLOTS
+    reached with slow polls)."""
+    return max(interval, jobs * seconds_per_poll / max(1, min(slots, MAX_POLL_SLOTS)))
+
+
 def failed_poll_delay(failures: int, interval: float) -> float:
     """Seconds until the next poll of a trainer whose last `failures` polls went unanswered."""
     slow = max(0, failures - math.ceil(PATIENT_SECONDS / interval))
