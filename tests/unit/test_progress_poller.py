@@ -527,3 +527,21 @@ def test_at_scale_a_trainer_that_never_answers_is_asked_less_often_than_one_that
         trainer.now = polling.next_poll["ns/job"]
     polling.poll("ns/job")
     assert polling.next_poll["ns/job"] - trainer.now >= 2 * interval
+
+
+def test_jobs_tracked_together_are_first_polled_spread_over_an_interval(trainer: Trainer) -> None:
+    # From the review (issue 17): after a restart every job was due at once, and polled in a burst
+    # at every interval after.
+    from phalanx.policy.progress_polls import polls_to_start
+
+    polling = ProgressPoller(RecordingWriter(), NoQueue(), status_seconds=30.0)  # type: ignore[arg-type]
+    for i in range(1000):
+        rank0 = {"metadata": {"name": f"job-{i}-worker-0", "labels": {"phalanx.dev/attempt": "0",
+                                                                     "phalanx.dev/replica-index": "0"}},
+                 "status": {"podIP": f"10.0.{i // 250}.{i % 250}"}}  # fmt: skip
+        polling.track(f"ns/job-{i}", f"uid-{i}", [rank0], {"phase": "Running", "attempt": 0})
+    interval = polling.poll_interval()
+    due_now = polls_to_start(list(polling.targets), polling.next_poll, (), trainer.now)
+    assert len(due_now) < 100
+    due_within = polls_to_start(list(polling.targets), polling.next_poll, (), trainer.now + interval)
+    assert len(due_within) == 1000

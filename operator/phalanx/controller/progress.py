@@ -28,6 +28,7 @@ from phalanx.policy import hang
 from phalanx.policy.progress_polls import (
     MAX_POLL_SLOTS,
     failed_poll_delay,
+    first_poll_offset,
     poll_interval,
     poll_slots,
     polls_to_start,
@@ -287,7 +288,7 @@ class ProgressPoller:
         ip = (rank0 or {}).get("status", {}).get("podIP")
         if ip and self.targets.get(key) != (target := ProgressTarget(uid, ip)):
             self.targets[key] = target
-            self.next_poll.pop(key, None)
+            self.next_poll[key] = time.monotonic() + first_poll_offset(uid, self.poll_interval())
             self.failures.pop(key, None)
 
     def poll_interval(self) -> float:

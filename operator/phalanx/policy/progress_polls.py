@@ -13,6 +13,7 @@ back-off), so the order below is by how long each job has been due."""
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Collection, Iterable, Mapping
 from typing import Final
 
@@ -53,6 +54,13 @@ def delivered_interval(jobs: int, interval: float, slots: int, seconds_per_poll:
     aimed at, or longer when they cannot answer jobs / interval polls a second (MAX_POLL_SLOTS
     reached with slow polls)."""
     return max(interval, jobs * seconds_per_poll / max(1, min(slots, MAX_POLL_SLOTS)))
+
+
+def first_poll_offset(uid: str, interval: float) -> float:
+    """Seconds until a newly tracked job's first poll: a share of one interval taken from its uid,
+    so jobs tracked together (an operator restart, a failover) are polled spread out, not in a
+    burst at every interval after."""
+    return interval * (zlib.crc32(uid.encode()) / 2**32)
 
 
 def failed_poll_delay(failures: int, interval: float) -> float:
