@@ -545,3 +545,22 @@ def test_jobs_tracked_together_are_first_polled_spread_over_an_interval(trainer:
     assert len(due_now) < 100
     due_within = polls_to_start(list(polling.targets), polling.next_poll, (), trainer.now + interval)
     assert len(due_within) == 1000
+
+
+def test_the_seconds_between_two_polls_of_a_job_are_exported(trainer: Trainer) -> None:
+    # From the review (issue 17): a pace the slots cannot keep (slow polls at MAX_POLL_SLOTS) was
+    # visible nowhere; the time achieved between two polls of a job is a histogram.
+    from phalanx import metrics
+
+    def seen() -> tuple[float, float]:
+        name = "phalanx_progress_poll_interval_seconds"
+        count = metrics.REGISTRY.get_sample_value(f"{name}_count") or 0.0
+        return count, metrics.REGISTRY.get_sample_value(f"{name}_sum") or 0.0
+
+    polling = poller(RecordingWriter(), seconds=30.0)
+    polling.poll("ns/job")
+    before = seen()
+    trainer.now += 47.0
+    polling.poll("ns/job")
+    after = seen()
+    assert after[0] - before[0] == 1 and after[1] - before[1] == pytest.approx(47.0)

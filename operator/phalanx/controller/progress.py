@@ -186,6 +186,7 @@ class ProgressPoller:
         self.seconds_per_poll = PROGRESS_TIMEOUT_SECONDS / 4
         self.targets: dict[str, ProgressTarget] = {}  # job key -> rank 0's pod IP, for the job's uid
         self.next_poll: dict[str, float] = {}
+        self.poll_started: dict[str, float] = {}  # when (monotonic) the job's last poll began
         self.failures: dict[str, int] = {}
         self.last_progress: dict[str, dict[str, Any]] = {}  # the status patch last written, per job
         # status.lastCheckpoint as the reconcile last read it: when a checkpoint was first seen
@@ -203,7 +204,7 @@ class ProgressPoller:
         self.probing: set[str] = set()
 
     def forget(self, key: str) -> None:
-        tables = (self.targets, self.next_poll, self.failures, self.last_progress, self.trainer_reports,
+        tables = (self.targets, self.next_poll, self.poll_started, self.failures, self.last_progress, self.trainer_reports,
                   self.hang_watch, self.written_at, self.unwritten, self.stored_checkpoints)  # fmt: skip
         for table in tables:
             table.pop(key, None)
@@ -391,6 +392,10 @@ class ProgressPoller:
             return
         started = time.monotonic()  # the next poll is due a poll interval after this one began
         interval = self.poll_interval()
+        previous = self.poll_started.get(key)
+        self.poll_started[key] = started
+        if previous is not None:
+            metrics.observe_progress_poll_interval(started - previous)  # the pace achieved
         try:
             url = progress_url(self.url_template, target.ip, c.DEFAULT_METRICS_PORT)
             try:
