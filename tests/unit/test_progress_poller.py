@@ -143,9 +143,12 @@ def test_the_backfill_reads_the_eta_the_interval_held_back(trainer: Trainer) -> 
     polling.poll("ns/job")  # held back by the interval
     passing = AdmissionPass(None, ClusterStores(), None, None, None, None, None, time.time)  # type: ignore[arg-type]
     passing.fresh_progress = polling.held_back
+    passing.fresh_progress_read_at = polling.held_back_read_at
     job = {"metadata": {"name": "job", "namespace": "ns", "uid": "uid-1"},
            "status": {"phase": "Running", "progress": writer.writes[0]["progress"]}}  # fmt: skip
     assert passing._freshest_status(job)["progress"]["etaSeconds"] == 580
+    read_at = polling.trainer_reports["ns/job"][1]["polled_at"]
+    assert passing._job_end(job, read_at + 30.0) == pytest.approx(read_at + 580)  # not 30 s later
     other = {**job, "metadata": {**job["metadata"], "uid": "uid-2"}}  # a job re-created by name
     assert passing._freshest_status(other)["progress"]["etaSeconds"] == 600
 

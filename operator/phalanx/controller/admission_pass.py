@@ -70,6 +70,8 @@ class AdmissionPass:
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="admission")
         # (job key, uid) -> progress newer than its status, if any (the progress poller's held_back).
         self.fresh_progress: Callable[[str, str], dict[str, Any] | None] = lambda key, uid: None
+        # (job key, uid) -> when (wall clock) that progress was read (held_back_read_at).
+        self.fresh_progress_read_at: Callable[[str, str], float | None] = lambda key, uid: None
         self.priority_values = PriorityValues(
             lambda: self.api.priority_values(), watched=stores.priority_classes
         )
@@ -164,13 +166,18 @@ class AdmissionPass:
 
     def _free_at(self, jobs: list[dict[str, Any]], now: float) -> dict[str, float]:
         """When each node's work ends, for the ETA-aware backfill (gang/backfill.py)."""
-        ends = {object_key(j): job_end(self._freshest_status(j), now) for j in jobs}
+        ends = {object_key(j): self._job_end(j, now) for j in jobs}
         bound = (
             (str(p["spec"]["nodeName"]), job_of_pod(p))
             for p in self.stores.pods.items()
             if (p.get("spec") or {}).get("nodeName") and not is_terminal(p)
         )
         return node_free_at(bound, ends)
+
+    def _job_end(self, job: dict[str, Any], now: float) -> float:
+        """When the job's work ends, its ETA counted from the poll that read it when held back."""
+        read_at = self.fresh_progress_read_at(object_key(job), str(job["metadata"].get("uid") or ""))
+        return job_end(self._freshest_status(job), now, read_at)  # None: the status' own progress
 
     def _freshest_status(self, job: dict[str, Any]) -> dict[str, Any]:
         """The job's status with the newest progress read (its ETA), should the status lag it."""

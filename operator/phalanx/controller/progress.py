@@ -195,6 +195,7 @@ class ProgressPoller:
         self.written_at: dict[str, float] = {}  # when (monotonic) it was written
         # Read but held back by the interval, with its job's uid: a phase change writes it at once.
         self.unwritten: dict[str, tuple[str, dict[str, Any]]] = {}
+        self.unwritten_read_at: dict[str, float] = {}  # when (wall clock) the poll read it
         # The poll threads and the reconcile's written_with_status change `unwritten` under it.
         self.unwritten_lock = threading.Lock()
         # The newest start-up times rank 0 reported, with the uid of its job (read by the reconcile).
@@ -204,8 +205,9 @@ class ProgressPoller:
         self.probing: set[str] = set()
 
     def forget(self, key: str) -> None:
-        tables = (self.targets, self.next_poll, self.poll_started, self.failures, self.last_progress, self.trainer_reports,
-                  self.hang_watch, self.written_at, self.unwritten, self.stored_checkpoints)  # fmt: skip
+        tables = (self.targets, self.next_poll, self.poll_started, self.failures, self.last_progress,
+                  self.trainer_reports, self.hang_watch, self.written_at, self.unwritten,
+                  self.unwritten_read_at, self.stored_checkpoints)  # fmt: skip
         for table in tables:
             table.pop(key, None)
 
@@ -234,6 +236,13 @@ class ProgressPoller:
         interval held it back); the backfill reads its ETA from here, not a 30 s old one."""
         held = self.unwritten.get(key)
         return held[1].get("progress") if held is not None and held[0] == uid else None
+
+    def held_back_read_at(self, key: str, uid: str) -> float | None:
+        """When (wall clock) the poll read the progress held back for the job with `uid`: its ETA
+        counts from then (gang/backfill.py job_end)."""
+        with self.unwritten_lock:
+            held = self.unwritten.get(key)
+            return self.unwritten_read_at.get(key) if held is not None and held[0] == uid else None
 
     def sample_due(self, key: str, uid: str) -> bool:
         """The reconcile's write is to carry the progress held back for the job with `uid`: the
@@ -461,6 +470,7 @@ class ProgressPoller:
             # The reconcile's write carries it, with the goodput booking: one periodic write a job.
             with self.unwritten_lock:
                 self.unwritten[key] = (target.uid, patch)
+                self.unwritten_read_at[key] = facts["polled_at"]
             if self.wakes_reconcile and sample_due(self.written_at.get(key), now, self.status_seconds):
                 self.work.enqueue_threadsafe(key)
             return
