@@ -567,3 +567,20 @@ def test_the_seconds_between_two_polls_of_a_job_are_exported(trainer: Trainer) -
     polling.poll("ns/job")
     after = seen()
     assert after[0] - before[0] == 1 and after[1] - before[1] == pytest.approx(47.0)
+
+
+def test_a_restart_between_two_polls_is_not_counted_as_the_pace(trainer: Trainer) -> None:
+    from phalanx import metrics
+
+    rank0 = {"metadata": {"name": "job-worker-0", "labels": {"phalanx.dev/attempt": "0",
+                                                             "phalanx.dev/replica-index": "0"}},
+             "status": {"podIP": "10.0.0.1"}}  # fmt: skip
+    polling = ProgressPoller(RecordingWriter(), NoQueue(), status_seconds=30.0)  # type: ignore[arg-type]
+    polling.track("ns/job", "uid-1", [rank0], {"phase": "Running", "attempt": 0})
+    polling.poll("ns/job")
+    polling.track("ns/job", "uid-1", [rank0], {"phase": "Restarting", "attempt": 0})
+    trainer.now += 600.0
+    count = metrics.REGISTRY.get_sample_value("phalanx_progress_poll_interval_seconds_count") or 0.0
+    polling.track("ns/job", "uid-1", [rank0], {"phase": "Running", "attempt": 0})
+    polling.poll("ns/job")
+    assert (metrics.REGISTRY.get_sample_value("phalanx_progress_poll_interval_seconds_count") or 0.0) == count

@@ -277,6 +277,7 @@ class ProgressPoller:
         if status.get("phase") != "Running":
             self.targets.pop(key, None)
             self.hang_watch.pop(key, None)
+            self.poll_started.pop(key, None)  # the pace resumes with the next attempt's polls
             return
         if key not in self.last_progress and isinstance(status.get("progress"), dict):
             # What the status shows, as if this poller had written it (an operator restart or a
@@ -300,6 +301,7 @@ class ProgressPoller:
             self.targets[key] = target
             self.next_poll[key] = time.monotonic() + first_poll_offset(uid, self.poll_interval())
             self.failures.pop(key, None)
+            self.poll_started.pop(key, None)
 
     def poll_interval(self) -> float:
         """Seconds between two polls of a job, at the number of jobs polled now."""
