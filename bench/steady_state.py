@@ -11,8 +11,8 @@ apiserver_request_total would count kwok and the scheduler too), and reconciles 
 
 kwok's pods have no trainer behind their IPs, so a stand-in answers /progress for every pod
 (fake_progress.py, a step that moves on each second, as a trainer's does), the operator pointed at it
-by $PHALANX_PROGRESS_URL_TEMPLATE: the polls and the progress writes the interval lets through
-(policy/progress_writes.py) are then what is measured. --no-fake-progress measures the poller's
+by $PHALANX_PROGRESS_URL_TEMPLATE: the polls (policy/progress_polls.py) and the periodic status
+writes (policy/progress_writes.py) are then what is measured. --no-fake-progress measures the poller's
 back-off against pods that never answer instead.
 
     make bench-gang                          # runs this after gang_bench.py (key steady_state)
@@ -196,9 +196,9 @@ def steady_state(api: client.ApiClient, operator: Operator, jobs: int, window: f
         "progress_polls_per_second": polls,
         **(poll_pace(running, polls) if polls is not None else {}),
         "status_writes_per_second": status_writes,
-        # The poller's (phalanx_progress_writes_total), and the rest of the status writes: the
-        # reconcile's (phase changes, and the goodput a Running job's resync books every
-        # REFRESH_SECONDS, policy/goodput.py).
+        # The poller's (phalanx_progress_writes_total: first reports, new checkpoints), and the rest
+        # of the status writes: the reconcile's (phase changes, and a Running job's periodic write,
+        # the progress sample with its goodput booking, policy/progress_writes.py).
         "progress_writes_per_second": progress_writes,
         "reconcile_status_writes_per_second": round(max(0.0, status_writes - progress_writes), 3),
         "reconciles_per_second": round(

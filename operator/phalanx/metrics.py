@@ -43,6 +43,7 @@ JOB_LABELS: Final = ("namespace", "trainingjob")
 ADMISSION_WAIT_BUCKETS: Final = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0)
 # A recovery takes seconds in place and minutes for a cold gang restart on a busy cluster.
 RECOVERY_BUCKETS: Final = (0.5, 1.0, 2.0, 3.0, 5.0, 8.0, 12.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+POLL_INTERVAL_BUCKETS: Final = (1.0, 2.0, 5.0, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 120.0, 300.0)
 RECONCILE_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 # Created series (`*_created`) double every counter's series count for little use on dashboards.
@@ -106,8 +107,16 @@ API_REQUESTS: Final = Counter(
 )
 PROGRESS_WRITES: Final = Counter(
     "phalanx_progress_writes",
-    "status.progress writes of the progress poller (the reconcile's status writes are beside them "
-    "in phalanx_api_requests_total, on the same endpoint).",
+    "status.progress writes of the progress poller: a first report, a new checkpoint (the periodic "
+    "sample goes with the reconcile's status writes, beside them in phalanx_api_requests_total).",
+    registry=REGISTRY,
+)
+PROGRESS_POLL_INTERVAL: Final = Histogram(
+    "phalanx_progress_poll_interval_seconds",
+    "Seconds between the starts of two polls of a running job's /progress: the pace achieved "
+    "(aimed at: 1 s up to 20 jobs, jobs/20 s up to 600, 30 s beyond; longer when the poll slots "
+    "cannot keep it, or a trainer that does not answer is backed off).",
+    buckets=POLL_INTERVAL_BUCKETS,
     registry=REGISTRY,
 )
 JOB_PROGRESS: Final = Gauge(
@@ -276,6 +285,7 @@ METRIC_NAMES: Final = (
     "phalanx_pods_created_total",
     "phalanx_api_requests_total",
     "phalanx_progress_writes_total",
+    "phalanx_progress_poll_interval_seconds",
     "phalanx_job_checkpoint_age_seconds",
     "phalanx_job_progress_ratio",
     "phalanx_recovery_seconds",
@@ -369,6 +379,10 @@ def observe_api_request(method: str, endpoint: str, code: int | None) -> None:
 
 def observe_progress_write() -> None:
     PROGRESS_WRITES.inc()
+
+
+def observe_progress_poll_interval(seconds: float) -> None:
+    PROGRESS_POLL_INTERVAL.observe(seconds)
 
 
 def observe_checkpoint(namespace: str, name: str, saved_at: float) -> None:

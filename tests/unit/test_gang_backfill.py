@@ -82,3 +82,11 @@ def test_a_head_whose_start_is_unknown_lends_nothing() -> None:
     head, short = gang("head", 2, 8), gang("short", 1, 4, created=1.0, estimate_seconds=1.0)
     plan = plan_admission([head, short], nodes, used, NOW, free_at={"node-0": math.inf, "node-1": NOW + 100})
     assert not plan.admitted
+
+
+def test_an_eta_read_a_while_ago_counts_from_when_it_was_read() -> None:
+    # From the review (issue 17): at >= 600 jobs the newest report may be 30 s old; its ETA runs
+    # from the poll that read it, not from the admission pass.
+    running = {"phase": "Running", "progress": {"etaSeconds": 120}}
+    assert job_end(running, NOW, read_at=NOW - 30) == NOW - 30 + 120
+    assert job_end(running, NOW, read_at=NOW + 5) == NOW + 120  # a clock ahead: never later than read now

@@ -258,3 +258,20 @@ def test_redone_steps_shorter_than_a_device_second_are_still_booked() -> None:
     ledger = account(status, new, T0, T0 + 56, ONE_CORE, TrainerFacts(1, first_step_at=T0 + 55))
     assert ledger is not None
     assert exact_seconds(ledger, "redoneSteps") == pytest.approx(8 * 0.04, abs=0.002)
+
+
+def test_a_clock_behind_the_last_booking_never_moves_accounted_time_back() -> None:
+    # From the review (issue 17): a replica whose clock is S behind booked with the span clamped to
+    # 0 and accountedTime S earlier, and the failback to a correct clock counted those S twice.
+    job = Job()
+    job.to(st("Running", startTime="x"), 0, TrainerFacts(0, first_step_at=T0))
+    job.to(st("Running", startTime="x"), 40, TrainerFacts(0, first_step_at=T0))
+    booked = job.status["goodput"]
+    behind = account(job.status, st("Running", startTime="x"), T0, T0 + 30, GPUS,
+                     TrainerFacts(0, first_step_at=T0), written_anyway=True)  # fmt: skip
+    assert behind is None or behind["accountedTime"] == booked["accountedTime"]
+    # A phase change is booked even then, with no time going back or counted twice.
+    done = account(job.status, st("Succeeded", startTime="x"), T0, T0 + 30, GPUS,
+                   TrainerFacts(0, first_step_at=T0))  # fmt: skip
+    assert done is not None and done["accountedTime"] == booked["accountedTime"]
+    assert done["allocatedSeconds"] == booked["allocatedSeconds"]

@@ -126,3 +126,42 @@ def test_no_verdict_while_the_operators_own_poller_has_not_looked_lately() -> No
     assert hang is None and recheck is not None
     hang, _ = detect(report(polled_at=T0 + 390), 1, T0 + 400, 45)
     assert hang is not None
+
+
+def test_a_healthy_gang_polled_less_often_than_its_bound_is_not_judged_hung() -> None:
+    # From the review (issue 17): at thousands of jobs a job is polled every ~30 s. Its step moved
+    # at every poll, but between two polls now - step_seen_at passes a 10 s bound; only a poll that
+    # found the same step past the bound is evidence of a stall.
+    polled = report(step_seen_at=T0, polled_at=T0)  # the poll at T0 found a new step
+    hang, recheck = detect(polled, 1, T0 + 25, 10)
+    assert hang is None and recheck is not None
+    # The next poll (T0 + 30) finds the same step still: a stall of at least 30 s, past the bound.
+    hang, _ = detect(report(step_seen_at=T0, polled_at=T0 + 30, silent_pods=[]), 1, T0 + 31, 10)
+    assert hang is not None
+
+
+def test_at_the_30_s_pace_the_verdict_waits_for_the_probe_and_names_the_silent_pod() -> None:
+    # From the review (issue 17): polled every 30 s against a 10 s bound, the poll at T0 + 30 is the
+    # first to find the stall, so the probe starts there (it takes >= 2 s) while that poll already
+    # meets the verdict's condition; the recheck 1 s later must not say "every pod still answers".
+    from phalanx.policy.hang import probe_wait_seconds
+
+    stalled = report(step_seen_at=T0, polled_at=T0 + 30)
+    hang, recheck = detect(stalled, 1, T0 + 31, 10, pods=2)
+    assert hang is None and recheck is not None and recheck > 0
+    hang, _ = detect({**stalled, "silent_pods": ["job-worker-1"]}, 1, T0 + 33, 10, pods=2)
+    assert hang is not None and hang.silent_pods == ("job-worker-1",)
+    assert "not answering: job-worker-1" in hang.message()
+    # A probe that never reports (lost, or queued behind others') holds the verdict a bounded while.
+    wait = probe_wait_seconds(2)
+    assert 2 * 2.0 < wait <= 60
+    hang, _ = detect(stalled, 1, T0 + 30 + wait + 0.1, 10, pods=2)
+    assert hang is not None and hang.silent_pods == ()
+
+
+def test_a_healthy_gang_polled_less_often_than_its_bound_is_looked_at_again_after_its_next_poll() -> None:
+    # From the review (issue 17): a 10 s bound and a poll every 30 s had a healthy job reconciled
+    # every 5 s between its polls, for nothing: only the next poll can say more.
+    polled = report(step_seen_at=T0, polled_at=T0, next_poll_after=30.0)
+    hang, recheck = detect(polled, 1, T0 + 11, 10)
+    assert hang is None and recheck is not None and recheck >= 30 - 11

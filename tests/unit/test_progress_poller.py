@@ -52,17 +52,45 @@ def poller(writer: RecordingWriter, seconds: float) -> ProgressPoller:
     return polling
 
 
-def test_progress_reaches_status_once_per_interval_but_memory_sees_every_step(trainer: Trainer) -> None:
+def test_the_poller_writes_the_first_report_and_holds_the_rest_for_the_reconcile_but_memory_sees_every_step(
+    trainer: Trainer,
+) -> None:
+    # One periodic write per running job (issue 17): the reconcile's, which carries the sample with
+    # the goodput booking once the interval has passed (tests/unit/test_steady_writes.py).
     writer = RecordingWriter()
     polling = poller(writer, seconds=30.0)
     for step in range(1, 31):  # one poll a second for 30 s, a new step each time
         trainer.report["step"] = step
         polling.poll("ns/job")
         assert polling.trainer_reports["ns/job"][1]["step"] == step  # hang detection reads this
+        assert not polling.sample_due("ns/job", "uid-1")  # within the interval of the first write
+        if step > 1:
+            assert (polling.held_back("ns/job", "uid-1") or {}).get("step") == step
         trainer.now += 1.0
     trainer.report["step"] = 31
     polling.poll("ns/job")
-    assert [w["progress"]["step"] for w in writer.writes] == [1, 31]
+    assert [w["progress"]["step"] for w in writer.writes] == [1]
+    assert polling.held_back("ns/job", "uid-1") == {"step": 31, "totalSteps": 100, "percent": 31}
+    assert polling.sample_due("ns/job", "uid-1") and not polling.sample_due("ns/job", "uid-2")
+    polling.written_with_status("ns/job", "uid-1", polling.held_back("ns/job", "uid-1"))
+    assert polling.held_back("ns/job", "uid-1") is None
+    trainer.now += 29.0
+    trainer.report["step"] = 60
+    polling.poll("ns/job")
+    assert not polling.sample_due("ns/job", "uid-1")  # an interval from the reconcile's write
+    trainer.now += 1.0
+    assert polling.sample_due("ns/job", "uid-1")
+
+
+def test_an_interval_shorter_than_the_resync_has_the_poller_wake_the_reconcile(trainer: Trainer) -> None:
+    queue = RecordingQueue()
+    polling = ProgressPoller(RecordingWriter(), queue, status_seconds=1.0)  # type: ignore[arg-type]
+    polling.targets["ns/job"] = ProgressTarget("uid-1", "10.0.0.1")
+    polling.poll("ns/job")  # the first report: written by the poller
+    trainer.now += 1.0
+    trainer.report["step"] = 2
+    polling.poll("ns/job")
+    assert queue.enqueued == ["ns/job"]
 
 
 def test_a_new_checkpoint_is_written_at_once(trainer: Trainer) -> None:
@@ -115,9 +143,12 @@ def test_the_backfill_reads_the_eta_the_interval_held_back(trainer: Trainer) -> 
     polling.poll("ns/job")  # held back by the interval
     passing = AdmissionPass(None, ClusterStores(), None, None, None, None, None, time.time)  # type: ignore[arg-type]
     passing.fresh_progress = polling.held_back
+    passing.fresh_progress_read_at = polling.held_back_read_at
     job = {"metadata": {"name": "job", "namespace": "ns", "uid": "uid-1"},
            "status": {"phase": "Running", "progress": writer.writes[0]["progress"]}}  # fmt: skip
     assert passing._freshest_status(job)["progress"]["etaSeconds"] == 580
+    read_at = polling.trainer_reports["ns/job"][1]["polled_at"]
+    assert passing._job_end(job, read_at + 30.0) == pytest.approx(read_at + 580)  # not 30 s later
     other = {**job, "metadata": {**job["metadata"], "uid": "uid-2"}}  # a job re-created by name
     assert passing._freshest_status(other)["progress"]["etaSeconds"] == 600
 
@@ -332,7 +363,7 @@ def test_a_new_checkpoint_written_wakes_the_reconcile_once(trainer: Trainer) -> 
     # A decision reads it (an elastic gang grows only after a checkpoint since its admission): the
     # job's own status events do not enqueue it, so the poller that wrote it does.
     writer, queue = RecordingWriter(), RecordingQueue()
-    polling = ProgressPoller(writer, queue, status_seconds=0.0)  # type: ignore[arg-type]
+    polling = ProgressPoller(writer, queue, status_seconds=30.0)  # type: ignore[arg-type]
     polling.targets["ns/job"] = ProgressTarget("uid-1", "10.0.0.1")
     polling.poll("ns/job")
     assert queue.enqueued == []
@@ -350,3 +381,206 @@ def test_last_checkpoint_is_not_bookkeeping_a_decision_reads_it() -> None:
     from phalanx.controller.reconciler import BOOKKEEPING_FIELDS
 
     assert "lastCheckpoint" not in BOOKKEEPING_FIELDS
+
+
+def test_with_many_jobs_an_answered_poll_sets_the_next_one_further_away(trainer: Trainer) -> None:
+    from phalanx.policy.progress_polls import poll_interval
+
+    polling = poller(RecordingWriter(), seconds=30.0)
+    for i in range(4000):
+        polling.targets[f"ns/other-{i}"] = ProgressTarget(f"uid-{i}", f"10.1.{i // 250}.{i % 250}")
+    polling.poll("ns/job")
+    assert polling.next_poll["ns/job"] == trainer.now + poll_interval(4001, fastest=1.0)
+    assert polling.next_poll["ns/job"] - trainer.now > 1.0
+
+
+class PollThreadBetweenGetAndPop(dict):  # type: ignore[type-arg]
+    """The poller's held-back table, with a poll thread that acts right after the reconcile's
+    written_with_status has read its entry: the interleaving of the review (issue 17), made certain."""
+
+    def __init__(self, act: Any) -> None:
+        super().__init__()
+        self.act: Any = act
+        self.other: Any = None
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        value = super().get(key, default)
+        if self.act is not None:
+            act, self.act = self.act, None
+            import threading
+
+            self.other = threading.Thread(target=act)
+            self.other.start()
+            self.other.join(timeout=0.5)  # it runs now, unless a lock keeps it until the check is done
+        return value
+
+
+@pytest.mark.parametrize("newer", [True, False], ids=["a-newer-sample-held", "the-held-one-written"])
+def test_the_reconciles_write_and_a_poll_thread_do_not_lose_or_raise_over_the_held_progress(
+    trainer: Trainer, newer: bool
+) -> None:
+    writer = RecordingWriter()
+    polling = poller(writer, seconds=30.0)
+    polling.poll("ns/job")
+    trainer.now += 1.0
+    trainer.report["step"] = 2
+    polling.poll("ns/job")  # held back
+    carried = polling.held_back("ns/job", "uid-1")
+
+    def poll_again() -> None:
+        trainer.report["step"] = 3 if newer else 1  # 1: what was written: nothing held any more
+        polling.poll("ns/job")
+
+    table = PollThreadBetweenGetAndPop(poll_again)
+    table.update(polling.unwritten)
+    polling.unwritten = table
+    polling.written_with_status("ns/job", "uid-1", carried)  # no KeyError after the status write
+    table.other.join(timeout=5)
+    if newer:
+        assert polling.held_back("ns/job", "uid-1") == {"step": 3, "totalSteps": 100, "percent": 3}
+    else:
+        assert polling.held_back("ns/job", "uid-1") is None
+
+
+def test_a_trainer_that_trickles_its_answer_frees_the_poll_slot_at_the_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # From the review (issue 17): the timeout bounds each socket operation, not the poll; a /progress
+    # that sends a byte a little faster than that held a poll slot for good, and eight such trainers
+    # stopped the polls of every job.
+    import http.server
+    import threading
+
+    stop = threading.Event()
+
+    class Trickle(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+            self.send_response(200)
+            self.send_header("Content-Length", "10000")
+            self.end_headers()
+            while not stop.is_set():
+                self.wfile.write(b" ")
+                self.wfile.flush()
+                stop.wait(0.1)
+
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Trickle)
+    serving = threading.Thread(target=server.handle_request, daemon=True)
+    serving.start()
+    monkeypatch.setattr(progress_module, "PROGRESS_TIMEOUT_SECONDS", 1.0)
+    url = f"http://{{ip}}:{server.server_address[1]}/progress"
+    polling = ProgressPoller(RecordingWriter(), NoQueue(), 30.0, url)  # type: ignore[arg-type]
+    polling.targets["ns/job"] = ProgressTarget("uid-1", "127.0.0.1")
+    polled = threading.Thread(target=polling.poll, args=("ns/job",), daemon=True)
+    started = time.monotonic()
+    polled.start()
+    try:
+        polled.join(timeout=6)
+        assert not polled.is_alive(), "the poll still reads a trickle"
+        assert time.monotonic() - started < 3
+        assert polling.failures["ns/job"] == 1  # counted as no answer
+    finally:
+        stop.set()
+        serving.join(5)
+        server.server_close()
+
+
+def test_after_an_operator_restart_a_job_with_progress_in_its_status_is_not_written_at_its_first_poll(
+    trainer: Trainer,
+) -> None:
+    # From the review (issue 17): every job's first poll after a restart or failover was a "first
+    # report" written at once, ~5,000 PATCHes in a burst; the status already shows progress, so the
+    # first sample goes with the job's staggered resync write instead.
+    writer = RecordingWriter()
+    polling = ProgressPoller(writer, NoQueue(), status_seconds=30.0)  # type: ignore[arg-type]
+    checkpoint = {"step": 2, "time": "2000-01-01T00:00:00Z", "observedTime": "2027-01-15T07:00:00Z"}
+    rank0 = {"metadata": {"name": "job-worker-0", "labels": {"phalanx.dev/attempt": "0",
+                                                             "phalanx.dev/replica-index": "0"}},
+             "status": {"podIP": "10.0.0.1"}}  # fmt: skip
+    status = {"phase": "Running", "attempt": 0, "progress": {"step": 1, "totalSteps": 100, "percent": 1},
+              "lastCheckpoint": checkpoint}  # fmt: skip
+    polling.track("ns/job", "uid-1", [rank0], status)
+    trainer.report.update(step=3, last_checkpoint={"step": 2, "time": "2000-01-01T00:00:00Z"})
+    polling.poll("ns/job")
+    assert writer.writes == []
+    assert polling.held_back("ns/job", "uid-1") == {"step": 3, "totalSteps": 100, "percent": 3}
+    assert polling.sample_due("ns/job", "uid-1")  # the reconcile's next write carries it
+    trainer.report.update(step=5, last_checkpoint={"step": 4, "time": "2000-01-01T00:01:00Z"})
+    polling.poll("ns/job")
+    assert [w["lastCheckpoint"]["step"] for w in writer.writes] == [4]  # a new checkpoint: at once
+
+
+def test_at_scale_a_trainer_that_never_answers_is_asked_less_often_than_one_that_does(
+    monkeypatch: pytest.MonkeyPatch, trainer: Trainer
+) -> None:
+    # From the review (issue 17): the back-off stopped at 30 s, the pace of every job past 600 jobs,
+    # so dead endpoints (kwok's pods, a node gone) cost as much as live ones.
+    def refused(url: str, timeout: float) -> io.BytesIO:
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    monkeypatch.setattr(progress_module.urllib.request, "urlopen", refused)
+    polling = poller(RecordingWriter(), seconds=30.0)
+    for i in range(1, 2000):
+        polling.targets[f"ns/other-{i}"] = ProgressTarget(f"uid-{i}", "10.0.1.1")
+    interval = polling.poll_interval()
+    for _ in range(40):  # twenty minutes or more of failed polls
+        polling.poll("ns/job")
+        trainer.now = polling.next_poll["ns/job"]
+    polling.poll("ns/job")
+    assert polling.next_poll["ns/job"] - trainer.now >= 2 * interval
+
+
+def test_jobs_tracked_together_are_first_polled_spread_over_an_interval(trainer: Trainer) -> None:
+    # From the review (issue 17): after a restart every job was due at once, and polled in a burst
+    # at every interval after.
+    from phalanx.policy.progress_polls import polls_to_start
+
+    polling = ProgressPoller(RecordingWriter(), NoQueue(), status_seconds=30.0)  # type: ignore[arg-type]
+    for i in range(1000):
+        rank0 = {"metadata": {"name": f"job-{i}-worker-0", "labels": {"phalanx.dev/attempt": "0",
+                                                                     "phalanx.dev/replica-index": "0"}},
+                 "status": {"podIP": f"10.0.{i // 250}.{i % 250}"}}  # fmt: skip
+        polling.track(f"ns/job-{i}", f"uid-{i}", [rank0], {"phase": "Running", "attempt": 0})
+    interval = polling.poll_interval()
+    due_now = polls_to_start(list(polling.targets), polling.next_poll, (), trainer.now)
+    assert len(due_now) < 100
+    due_within = polls_to_start(list(polling.targets), polling.next_poll, (), trainer.now + interval)
+    assert len(due_within) == 1000
+
+
+def test_the_seconds_between_two_polls_of_a_job_are_exported(trainer: Trainer) -> None:
+    # From the review (issue 17): a pace the slots cannot keep (slow polls at MAX_POLL_SLOTS) was
+    # visible nowhere; the time achieved between two polls of a job is a histogram.
+    from phalanx import metrics
+
+    def seen() -> tuple[float, float]:
+        name = "phalanx_progress_poll_interval_seconds"
+        count = metrics.REGISTRY.get_sample_value(f"{name}_count") or 0.0
+        return count, metrics.REGISTRY.get_sample_value(f"{name}_sum") or 0.0
+
+    polling = poller(RecordingWriter(), seconds=30.0)
+    polling.poll("ns/job")
+    before = seen()
+    trainer.now += 47.0
+    polling.poll("ns/job")
+    after = seen()
+    assert after[0] - before[0] == 1 and after[1] - before[1] == pytest.approx(47.0)
+
+
+def test_a_restart_between_two_polls_is_not_counted_as_the_pace(trainer: Trainer) -> None:
+    from phalanx import metrics
+
+    rank0 = {"metadata": {"name": "job-worker-0", "labels": {"phalanx.dev/attempt": "0",
+                                                             "phalanx.dev/replica-index": "0"}},
+             "status": {"podIP": "10.0.0.1"}}  # fmt: skip
+    polling = ProgressPoller(RecordingWriter(), NoQueue(), status_seconds=30.0)  # type: ignore[arg-type]
+    polling.track("ns/job", "uid-1", [rank0], {"phase": "Running", "attempt": 0})
+    polling.poll("ns/job")
+    polling.track("ns/job", "uid-1", [rank0], {"phase": "Restarting", "attempt": 0})
+    trainer.now += 600.0
+    count = metrics.REGISTRY.get_sample_value("phalanx_progress_poll_interval_seconds_count") or 0.0
+    polling.track("ns/job", "uid-1", [rank0], {"phase": "Running", "attempt": 0})
+    polling.poll("ns/job")
+    assert (metrics.REGISTRY.get_sample_value("phalanx_progress_poll_interval_seconds_count") or 0.0) == count

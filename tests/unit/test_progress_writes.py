@@ -1,28 +1,35 @@
-from phalanx.policy.progress_writes import progress_write_due
+from phalanx.policy.progress_writes import poller_wakes_reconcile, progress_write_due, sample_due
 
 STEP_10 = {"progress": {"step": 10}}
 STEP_11 = {"progress": {"step": 11}}
 
 
 def test_first_report_is_written_at_once() -> None:
-    assert progress_write_due(None, None, STEP_10, now=100.0, interval=30.0)
+    assert progress_write_due(None, STEP_10)
 
 
 def test_unchanged_progress_is_never_written_again() -> None:
-    assert not progress_write_due(STEP_10, 0.0, dict(STEP_10), now=1000.0, interval=30.0)
+    assert not progress_write_due(STEP_10, dict(STEP_10))
 
 
-def test_new_step_waits_for_the_interval() -> None:
-    assert not progress_write_due(STEP_10, 100.0, STEP_11, now=129.9, interval=30.0)
-    assert progress_write_due(STEP_10, 100.0, STEP_11, now=130.0, interval=30.0)
+def test_a_new_step_is_held_for_the_reconciles_write_once_the_interval_has_passed() -> None:
+    assert not progress_write_due(STEP_10, STEP_11)
+    assert not sample_due(100.0, now=129.9, interval=30.0)
+    assert sample_due(100.0, now=130.0, interval=30.0)
+    assert sample_due(None, now=0.0, interval=30.0)  # none written by this process yet
+
+
+def test_the_poller_wakes_the_reconcile_only_for_an_interval_shorter_than_the_resync() -> None:
+    assert poller_wakes_reconcile(1.0, resync_seconds=20.0)
+    assert not poller_wakes_reconcile(30.0, resync_seconds=20.0)
 
 
 def test_new_checkpoint_is_written_at_once() -> None:
     saved = {**STEP_11, "lastCheckpoint": {"step": 11, "time": "2026-01-01T00:00:00Z"}}
-    assert progress_write_due(STEP_10, 100.0, saved, now=101.0, interval=30.0)
-    # the same checkpoint again, with a newer step: the interval holds once more
+    assert progress_write_due(STEP_10, saved)
+    # the same checkpoint again, with a newer step: held once more
     later = {"progress": {"step": 12}, "lastCheckpoint": saved["lastCheckpoint"]}
-    assert not progress_write_due(saved, 101.0, later, now=102.0, interval=30.0)
+    assert not progress_write_due(saved, later)
 
 
 # -- decisions read the freshest progress, the status write keeps the interval (review, steady state)
@@ -42,7 +49,7 @@ def test_a_disruption_books_the_step_the_trainer_last_reported_not_the_last_writ
     assert plan.status["lastRecovery"]["stepAtDisruption"] == 35
 
 
-def test_the_write_keeps_the_stored_progress_unless_the_phase_changed() -> None:
+def test_the_write_keeps_the_stored_progress_unless_due_or_the_status_is_written_anyway() -> None:
     from phalanx.policy.progress_writes import settle_progress
 
     stored = {"phase": "Running", "progress": {"step": 10}}
@@ -50,6 +57,12 @@ def test_the_write_keeps_the_stored_progress_unless_the_phase_changed() -> None:
     same = {"phase": "Running", "progress": {"step": 35}}
     settle_progress(stored, same, held)
     assert same["progress"] == {"step": 10}  # the interval still holds it back
+    due = {"phase": "Running", "progress": {"step": 35}}
+    settle_progress(stored, due, held, due=True)
+    assert due["progress"] == {"step": 35}  # the periodic sample
+    booked = {"phase": "Running", "progress": {"step": 35}, "goodput": {"ratio": "0.9"}}
+    settle_progress(stored, booked, held)
+    assert booked["progress"] == {"step": 35}  # a write happens anyway: it costs nothing there
     restarting = {"phase": "Restarting", "progress": {"step": 35}}
     settle_progress(stored, restarting, held)
     assert restarting["progress"] == {"step": 35}  # goes with the phase change

@@ -68,3 +68,21 @@ def test_a_report_of_the_previous_attempt_is_no_hang_of_this_one() -> None:
     plan = decide(job(status, runPolicy={"hangTimeoutSeconds": 30}), [pod(0, attempt=1), pod(1, attempt=1)],
                   NODES, NOW, trainer_report=stalled(300))  # fmt: skip
     assert plan.status["phase"] == "Running"
+
+
+def test_at_the_30_s_pace_the_restart_names_the_silent_pod_and_books_its_node() -> None:
+    # From the review (issue 17): at >= 600 jobs the poll 30 s after the last new step is the first
+    # to find the stall; it starts the probe, and a reconcile right after it judged before the probe
+    # answered: "every pod still answers", no bad node. It waits for the probe (it wakes the job).
+    spec = {"runPolicy": {"hangTimeoutSeconds": 10}}
+    pods = [pod(0), pod(1, spec={"nodeName": "n1"})]
+    report = stalled(31, polled_at=NOW - 1, next_poll_after=30.0)
+    nodes = {**NODES, "n1": {**NODES["n0"], "metadata": {"name": "n1"}}}
+    plan = decide(job(dict(RUNNING), **spec), pods, nodes, NOW, trainer_report=report)
+    assert plan.status["phase"] == "Running" and not plan.delete_pods
+    assert plan.recheck_after is not None and plan.recheck_after <= 10
+    probed = {**report, "silent_pods": ["j-worker-1"]}
+    plan = decide(job(dict(RUNNING), **spec), pods, nodes, NOW + 2, trainer_report=probed)
+    restarting = next(c for c in plan.status["conditions"] if c["type"] == "Restarting")
+    assert restarting["reason"] == "Hang" and "not answering: j-worker-1" in restarting["message"]
+    assert [entry["node"] for entry in plan.status["badNodes"]] == ["n1"]

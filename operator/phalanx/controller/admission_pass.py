@@ -26,7 +26,7 @@ from phalanx.gang.preemption import head_of_line_blocked
 from phalanx.gang.requests import waiting_gang
 from phalanx.k8s import KubeApi, short_error
 from phalanx.kueue.workload import managed_here, queue_name
-from phalanx.pod_facts import is_terminal, job_of_pod
+from phalanx.pod_facts import is_gated, is_terminal, job_of_pod
 from phalanx.providers import provider_of_raw
 from phalanx.reconcile.plan import FINISHED_PHASES, parse_iso
 from phalanx.reconcile.rules.creation import NEVER_FITS
@@ -70,6 +70,8 @@ class AdmissionPass:
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="admission")
         # (job key, uid) -> progress newer than its status, if any (the progress poller's held_back).
         self.fresh_progress: Callable[[str, str], dict[str, Any] | None] = lambda key, uid: None
+        # (job key, uid) -> when (wall clock) that progress was read (held_back_read_at).
+        self.fresh_progress_read_at: Callable[[str, str], float | None] = lambda key, uid: None
         self.priority_values = PriorityValues(
             lambda: self.api.priority_values(), watched=stores.priority_classes
         )
@@ -114,8 +116,11 @@ class AdmissionPass:
             now = self.clock()
             for job in jobs:
                 key = object_key(job)
+                own = stores.own_pods(job)
+                if not any(is_gated(p) for p in own):
+                    continue  # nothing at the gate (most jobs, running): waiting_gang's None, its spec unparsed
                 created = parse_iso(job["metadata"].get("creationTimestamp")) or now
-                waiting = waiting_gang(key, job, stores.own_pods(job), state.priority_of, created)
+                waiting = waiting_gang(key, job, own, state.priority_of, created)
                 if waiting is None:
                     continue  # still being created (or torn down), or nothing at the gate
                 if waiting.finishing:
@@ -161,13 +166,18 @@ class AdmissionPass:
 
     def _free_at(self, jobs: list[dict[str, Any]], now: float) -> dict[str, float]:
         """When each node's work ends, for the ETA-aware backfill (gang/backfill.py)."""
-        ends = {object_key(j): job_end(self._freshest_status(j), now) for j in jobs}
+        ends = {object_key(j): self._job_end(j, now) for j in jobs}
         bound = (
             (str(p["spec"]["nodeName"]), job_of_pod(p))
             for p in self.stores.pods.items()
             if (p.get("spec") or {}).get("nodeName") and not is_terminal(p)
         )
         return node_free_at(bound, ends)
+
+    def _job_end(self, job: dict[str, Any], now: float) -> float:
+        """When the job's work ends, its ETA counted from the poll that read it when held back."""
+        read_at = self.fresh_progress_read_at(object_key(job), str(job["metadata"].get("uid") or ""))
+        return job_end(self._freshest_status(job), now, read_at)  # None: the status' own progress
 
     def _freshest_status(self, job: dict[str, Any]) -> dict[str, Any]:
         """The job's status with the newest progress read (its ETA), should the status lag it."""

@@ -36,13 +36,12 @@ from phalanx.controller.stores import ClusterStores
 from phalanx.controller.watch import WatchCallbacks
 from phalanx.k8s import KubeApi
 from phalanx.leader import LeaderElector
-from phalanx.policy.resync import due_for_resync
+from phalanx.policy.resync import RESYNC_SECONDS, due_for_resync
 from phalanx.reflector import Reflector, per_namespace
 from phalanx.settings import Clock, OperatorSettings
 
 log = logging.getLogger("phalanx.controller")
 
-RESYNC_SECONDS: Final = 20.0
 RESYNC_TICK_SECONDS: Final = 1.0  # the resync's share of jobs is enqueued once a tick
 # On shutdown, how long running reconciles and admission writes may take to finish (well within the
 # pod's 30 s grace period); the lease is released only if they did.
@@ -86,6 +85,7 @@ class Controller:
         )
         # The ETA-aware backfill reads the newest ETA, not the one the write interval let through.
         self.admission.fresh_progress = self.progress.held_back
+        self.admission.fresh_progress_read_at = self.progress.held_back_read_at
         self.watch = WatchCallbacks(self.stores, self.work)
         self.reflectors: list[Reflector] = []
         self.workload_reflectors: list[Reflector] = []  # started once Kueue's API is served

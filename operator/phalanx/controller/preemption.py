@@ -97,8 +97,9 @@ class Preemptor:
                     return False  # gone
                 break
             except StatusConflict:
-                # Its progress is written about once a second: a version that moved on is no reason
-                # to give up, as long as it is still the same attempt of the same job, running.
+                # A running job's status is written on its own (a progress sample with the goodput
+                # booking about every 40 s, a new checkpoint at once): a version that moved on is no
+                # reason to give up, as long as it is still the same attempt of the same job, running.
                 fresh = self.api.get_job(namespace, name)
                 if fresh is None:
                     return False

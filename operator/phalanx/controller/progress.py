@@ -1,13 +1,16 @@
 """The progress client: polls global rank 0's /progress (HTTP, docs/environment.md) while a job
 runs, keeps the newest report in memory (hang detection, metrics and the reconcile read it), and
-copies it into status.progress and status.lastCheckpoint when policy/progress_writes.py says so."""
+copies it into status.progress and status.lastCheckpoint when policy/progress_writes.py says so:
+itself for the first report and a new checkpoint, else through the reconcile's write."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -22,20 +25,30 @@ from phalanx.controller.queue import WorkQueue
 from phalanx.k8s import short_error
 from phalanx.pod_facts import in_current_attempt, pod_index
 from phalanx.policy import hang
-from phalanx.policy.progress_polls import polls_to_start
+from phalanx.policy.progress_polls import (
+    MAX_POLL_SLOTS,
+    failed_poll_delay,
+    first_poll_offset,
+    poll_interval,
+    poll_slots,
+    polls_to_start,
+)
 from phalanx.policy.progress_url import progress_url
-from phalanx.policy.progress_writes import DEFAULT_PROGRESS_STATUS_SECONDS, progress_write_due
+from phalanx.policy.progress_writes import (
+    DEFAULT_PROGRESS_STATUS_SECONDS,
+    poller_wakes_reconcile,
+    progress_write_due,
+    sample_due,
+)
+from phalanx.policy.resync import RESYNC_SECONDS
 from phalanx.reconcile.plan import iso, parse_iso
 
 log = logging.getLogger("phalanx.controller")
 
-PROGRESS_MAX_BACKOFF_SECONDS: Final = 30.0
-PROGRESS_CONCURRENCY: Final = 8
-# Failed polls at the normal pace before backing off: imports and the rendezvous on a loaded node, or
-# an image pull, can take minutes before rank 0 serves /progress, and a short run is over in seconds.
-PROGRESS_PATIENT_ATTEMPTS: Final = 300
+PROGRESS_CONCURRENCY: Final = hang.PROBE_CONCURRENCY  # the polls' slots: policy/progress_polls.py
 PROGRESS_TIMEOUT_SECONDS: Final = 2.0  # a trainer busy on every core answers slowly
-PROGRESS_POLL_SECONDS: Final = 1.0
+PROGRESS_POLL_SECONDS: Final = 1.0  # the fastest pace (few jobs), and the tick that starts polls
+POLL_TIME_WEIGHT: Final = 0.05  # of each poll in the moving average of how long one takes
 PROGRESS_MAX_BYTES: Final = 64 * 1024  # a /progress document is a few hundred bytes; more is not one
 
 
@@ -94,6 +107,34 @@ def with_step_timing(facts: dict[str, Any], known: dict[str, Any] | None, now: f
     return timed
 
 
+def read_within(url: str, timeout: float, max_bytes: int) -> bytes:
+    """The body at `url`, read within `timeout` seconds in all (urlopen's timeout bounds each socket
+    operation: a trickling answer would hold the poll's slot for good), and at most `max_bytes`
+    (ValueError beyond)."""
+    deadline = time.monotonic() + timeout
+    body = bytearray()
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"/progress not read within {timeout:g}s")
+            _shorten_socket_timeout(response, left)
+            chunk = response.read1(min(16 * 1024, max_bytes + 1 - len(body)))
+            if not chunk:
+                return bytes(body)
+            body += chunk
+            if len(body) > max_bytes:
+                raise ValueError(f"/progress answered more than {max_bytes} bytes")
+
+
+def _shorten_socket_timeout(response: Any, seconds: float) -> None:
+    # http.client keeps the socket under fp.raw._sock: its next read waits no longer than the
+    # deadline (without it, one read more than the deadline).
+    sock = getattr(getattr(getattr(response, "fp", None), "raw", None), "_sock", None)
+    if sock is not None:
+        sock.settimeout(max(0.001, seconds))
+
+
 def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
@@ -105,7 +146,7 @@ def trainer_answers(
     /progress, so any HTTP answer (a 404 from the other pods) counts; silence or a refused
     connection does not."""
     try:
-        with urllib.request.urlopen(progress_url(template, ip, port), timeout=PROGRESS_TIMEOUT_SECONDS):
+        with urllib.request.urlopen(progress_url(template, ip, port), timeout=hang.PROBE_TIMEOUT_SECONDS):
             return True
     except urllib.error.HTTPError:
         return True  # it answered
@@ -137,11 +178,15 @@ class ProgressPoller:
         self.writer = writer
         self.url_template = url_template  # {ip}, {port}: policy/progress_url.py
         self.work = work
-        self.status_seconds = status_seconds  # the least time between two progress writes of a job
+        self.status_seconds = status_seconds  # the least time between two progress samples of a job
+        self.wakes_reconcile = poller_wakes_reconcile(status_seconds, RESYNC_SECONDS)
         # Own threads: slow polls of unreachable pods must not hold up reconciles or admission.
-        self.pool = ThreadPoolExecutor(PROGRESS_CONCURRENCY, thread_name_prefix="progress")
+        self.pool = ThreadPoolExecutor(MAX_POLL_SLOTS, thread_name_prefix="progress")
+        # How long a poll takes (answer or timeout), a moving average: sizes the slots.
+        self.seconds_per_poll = PROGRESS_TIMEOUT_SECONDS / 4
         self.targets: dict[str, ProgressTarget] = {}  # job key -> rank 0's pod IP, for the job's uid
         self.next_poll: dict[str, float] = {}
+        self.poll_started: dict[str, float] = {}  # when (monotonic) the job's last poll began
         self.failures: dict[str, int] = {}
         self.last_progress: dict[str, dict[str, Any]] = {}  # the status patch last written, per job
         # status.lastCheckpoint as the reconcile last read it: when a checkpoint was first seen
@@ -150,6 +195,9 @@ class ProgressPoller:
         self.written_at: dict[str, float] = {}  # when (monotonic) it was written
         # Read but held back by the interval, with its job's uid: a phase change writes it at once.
         self.unwritten: dict[str, tuple[str, dict[str, Any]]] = {}
+        self.unwritten_read_at: dict[str, float] = {}  # when (wall clock) the poll read it
+        # The poll threads and the reconcile's written_with_status change `unwritten` under it.
+        self.unwritten_lock = threading.Lock()
         # The newest start-up times rank 0 reported, with the uid of its job (read by the reconcile).
         self.trainer_reports: dict[str, tuple[str, dict[str, Any]]] = {}
         self.hang_watch: dict[str, HangWatch] = {}
@@ -157,8 +205,9 @@ class ProgressPoller:
         self.probing: set[str] = set()
 
     def forget(self, key: str) -> None:
-        tables = (self.targets, self.next_poll, self.failures, self.last_progress, self.trainer_reports,
-                  self.hang_watch, self.written_at, self.unwritten, self.stored_checkpoints)  # fmt: skip
+        tables = (self.targets, self.next_poll, self.poll_started, self.failures, self.last_progress,
+                  self.trainer_reports, self.hang_watch, self.written_at, self.unwritten,
+                  self.unwritten_read_at, self.stored_checkpoints)  # fmt: skip
         for table in tables:
             table.pop(key, None)
 
@@ -188,12 +237,30 @@ class ProgressPoller:
         held = self.unwritten.get(key)
         return held[1].get("progress") if held is not None and held[0] == uid else None
 
-    def written_with_status(self, key: str, uid: str, progress: Mapping[str, Any] | None) -> None:
-        """The reconcile's status write (a phase change) carried `progress`: held back no longer.
-        Only after the write succeeded, so a conflict keeps it for the next try."""
+    def held_back_read_at(self, key: str, uid: str) -> float | None:
+        """When (wall clock) the poll read the progress held back for the job with `uid`: its ETA
+        counts from then (gang/backfill.py job_end)."""
+        with self.unwritten_lock:
+            held = self.unwritten.get(key)
+            return self.unwritten_read_at.get(key) if held is not None and held[0] == uid else None
+
+    def sample_due(self, key: str, uid: str) -> bool:
+        """The reconcile's write is to carry the progress held back for the job with `uid`: the
+        interval has passed since the last sample (policy/progress_writes.py)."""
         held = self.unwritten.get(key)
-        if held is not None and held[0] == uid and held[1].get("progress") == progress:
-            del self.unwritten[key]
+        if held is None or held[0] != uid:
+            return False
+        return sample_due(self.written_at.get(key), time.monotonic(), self.status_seconds)
+
+    def written_with_status(self, key: str, uid: str, progress: Mapping[str, Any] | None) -> None:
+        """The reconcile's status write carried `progress`: held back no longer, and the next sample
+        is an interval away. Only after the write succeeded, so a conflict keeps it for the next try."""
+        with self.unwritten_lock:  # compare and pop: a poll may replace or drop it meanwhile
+            held = self.unwritten.get(key)
+            if held is not None and held[0] == uid and held[1].get("progress") == progress:
+                self.unwritten.pop(key)
+                self.last_progress[key] = held[1]
+                self.written_at[key] = time.monotonic()
 
     def track(
         self,
@@ -210,7 +277,17 @@ class ProgressPoller:
         if status.get("phase") != "Running":
             self.targets.pop(key, None)
             self.hang_watch.pop(key, None)
+            self.poll_started.pop(key, None)  # the pace resumes with the next attempt's polls
             return
+        if key not in self.last_progress and isinstance(status.get("progress"), dict):
+            # What the status shows, as if this poller had written it (an operator restart or a
+            # failover): the first poll's report waits for the resync's write like any later sample,
+            # not thousands of first reports written at once.
+            seeded: dict[str, Any] = {"progress": status["progress"]}
+            if isinstance(status.get("lastCheckpoint"), dict):
+                seeded["lastCheckpoint"] = status["lastCheckpoint"]
+            with self.unwritten_lock:
+                self.last_progress.setdefault(key, seeded)
         attempt = status.get("attempt")
         addresses = tuple(sorted(
             (str((p.get("metadata") or {}).get("name", "")), ip)
@@ -222,16 +299,21 @@ class ProgressPoller:
         ip = (rank0 or {}).get("status", {}).get("podIP")
         if ip and self.targets.get(key) != (target := ProgressTarget(uid, ip)):
             self.targets[key] = target
-            self.next_poll.pop(key, None)
+            self.next_poll[key] = time.monotonic() + first_poll_offset(uid, self.poll_interval())
             self.failures.pop(key, None)
+            self.poll_started.pop(key, None)
+
+    def poll_interval(self) -> float:
+        """Seconds between two polls of a job, at the number of jobs polled now."""
+        return poll_interval(len(self.targets), PROGRESS_POLL_SECONDS)
 
     async def run(self) -> None:
-        """Every PROGRESS_POLL_SECONDS, starts the due polls (policy/progress_polls.py), at most
-        PROGRESS_CONCURRENCY in flight and no batch waiting for its slowest: each poll frees its slot
-        as it answers."""
+        """Every PROGRESS_POLL_SECONDS, starts the due polls (policy/progress_polls.py), as many in
+        flight as the pace needs (poll_slots) and no batch waiting for its slowest: each poll frees
+        its slot as it answers."""
         loop = asyncio.get_running_loop()
-        slots = asyncio.Semaphore(PROGRESS_CONCURRENCY)
-        in_flight: set[str] = set()
+        freed = asyncio.Event()
+        in_flight: dict[str, float] = {}  # job key -> when (monotonic) its poll started
         tasks: set[asyncio.Task[None]] = set()
 
         async def poll_one(key: str) -> None:
@@ -240,21 +322,36 @@ class ProgressPoller:
             except Exception as exc:
                 log.warning("progress of %s not recorded: %s", key, short_error(exc))
             finally:
-                in_flight.discard(key)
-                slots.release()
+                in_flight.pop(key, None)
+                freed.set()
+
+        def slots(jobs: int) -> int:
+            now = time.monotonic()
+            ages = [now - began for began in in_flight.values()]
+            return poll_slots(jobs, self.poll_interval(), self.seconds_per_poll, ages)
 
         try:
             while True:
                 await asyncio.sleep(PROGRESS_POLL_SECONDS)
+                jobs = len(self.targets)
                 for key in polls_to_start(list(self.targets), self.next_poll, in_flight, time.monotonic()):
-                    await slots.acquire()
-                    in_flight.add(key)
+                    # Sized again as polls wait: those stuck on silent trainers widen it.
+                    while len(in_flight) >= slots(jobs):
+                        freed.clear()
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(freed.wait(), PROGRESS_POLL_SECONDS)
+                    in_flight[key] = time.monotonic()
                     task = asyncio.create_task(poll_one(key), name=f"progress {key}")
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
         finally:
             for task in list(tasks):
                 task.cancel()
+
+    def _timed(self, started: float) -> None:
+        # From the poll threads: a lost update only slows the average down a little.
+        took = time.monotonic() - started
+        self.seconds_per_poll += POLL_TIME_WEIGHT * (took - self.seconds_per_poll)
 
     def _probe_if_stalled(self, key: str, target: ProgressTarget) -> None:
         """Once the step has stalled half the hang bound, asks every pod once whether it answers,
@@ -283,6 +380,7 @@ class ProgressPoller:
             self.trainer_reports[key] = (target.uid, {**current[1], "silent_pods": silent})
             log.warning("%s: no new step since step %s; pods not answering: %s", key,
                         facts.get("last_step", facts.get("step")), ", ".join(silent) or "none")  # fmt: skip
+            self.work.enqueue_threadsafe(key)  # a verdict that waits for the probe (policy/hang.py)
         finally:
             self.probing.discard(key)
 
@@ -304,12 +402,17 @@ class ProgressPoller:
         if target is None:
             return
         started = time.monotonic()  # the next poll is due a poll interval after this one began
+        interval = self.poll_interval()
+        previous = self.poll_started.get(key)
+        self.poll_started[key] = started
+        if previous is not None:
+            metrics.observe_progress_poll_interval(started - previous)  # the pace achieved
         try:
             url = progress_url(self.url_template, target.ip, c.DEFAULT_METRICS_PORT)
-            with urllib.request.urlopen(url, timeout=PROGRESS_TIMEOUT_SECONDS) as response:
-                body = response.read(PROGRESS_MAX_BYTES + 1)
-            if len(body) > PROGRESS_MAX_BYTES:
-                raise ValueError(f"/progress answered more than {PROGRESS_MAX_BYTES} bytes")
+            try:
+                body = read_within(url, PROGRESS_TIMEOUT_SECONDS, PROGRESS_MAX_BYTES)
+            finally:
+                self._timed(started)
             report = json.loads(body)
             if not isinstance(report, dict):
                 raise ValueError("/progress is not a JSON object")
@@ -320,25 +423,26 @@ class ProgressPoller:
             failures = self.failures.get(key, 0) + 1
             self.failures[key] = failures
             # A trainer takes a while to import torch and rendezvous: keep the normal pace for the
-            # first attempts, then back off (kwok's simulated pods never answer).
-            slow = max(0, failures - PROGRESS_PATIENT_ATTEMPTS)
-            delay = min(PROGRESS_MAX_BACKOFF_SECONDS, PROGRESS_POLL_SECONDS * 2**slow)
+            # first minutes, then back off (kwok's simulated pods never answer).
+            delay = failed_poll_delay(failures, interval)
             self.next_poll[key] = time.monotonic() + delay
             known = self.trainer_reports.get(key)
             if known is not None and known[0] == target.uid:  # asked, no answer: still a look
-                self.trainer_reports[key] = (target.uid, {**known[1], "polled_at": time.time()})
+                looked = {"polled_at": time.time(), "next_poll_after": delay}
+                self.trainer_reports[key] = (target.uid, {**known[1], **looked})
             self._probe_if_stalled(key, target)  # rank 0 itself may be the one stopped
             return
         if self.targets.get(key) != target:
             return  # forgotten, or re-created under the name, while the poll waited: not its state
         self.failures.pop(key, None)
-        self.next_poll[key] = started + PROGRESS_POLL_SECONDS  # policy/progress_polls.py orders by it
+        self.next_poll[key] = started + interval  # policy/progress_polls.py orders by it
         namespace, name = key.split("/", 1)
         known = self.trainer_reports.get(key)
         known_facts = known[1] if known is not None and known[0] == target.uid else None
         facts = {
             **with_step_timing(trainer_facts(report), known_facts, time.time()),
             "polled_at": time.time(),
+            "next_poll_after": interval,  # policy/hang.py looks again after it
         }
         self.trainer_reports[key] = (target.uid, facts)
         self._probe_if_stalled(key, target)
@@ -361,10 +465,16 @@ class ProgressPoller:
             metrics.observe_progress(namespace, name, step, total)
         written, now = self.last_progress.get(key), time.monotonic()
         if written == patch:
-            self.unwritten.pop(key, None)
+            with self.unwritten_lock:
+                self.unwritten.pop(key, None)
             return
-        if not progress_write_due(written, self.written_at.get(key), patch, now, self.status_seconds):
-            self.unwritten[key] = (target.uid, patch)
+        if not progress_write_due(written, patch):
+            # The reconcile's write carries it, with the goodput booking: one periodic write a job.
+            with self.unwritten_lock:
+                self.unwritten[key] = (target.uid, patch)
+                self.unwritten_read_at[key] = facts["polled_at"]
+            if self.wakes_reconcile and sample_due(self.written_at.get(key), now, self.status_seconds):
+                self.work.enqueue_threadsafe(key)
             return
         if not self.writer.write_facts(key, target.uid, patch):
             # Its job is gone (or re-created under the name: that one gets its own target).
@@ -374,9 +484,10 @@ class ProgressPoller:
         metrics.observe_progress_write()
         if self.targets.get(key) != target:
             return  # forgotten during the write
-        self.last_progress[key] = patch
-        self.written_at[key] = now
-        self.unwritten.pop(key, None)
+        with self.unwritten_lock:
+            self.last_progress[key] = patch
+            self.written_at[key] = now
+            self.unwritten.pop(key, None)
         if "lastCheckpoint" in patch and patch["lastCheckpoint"] != (written or {}).get("lastCheckpoint"):
             # A decision reads it (an elastic gang grows after a checkpoint since its admission), and
             # the job's own status events do not enqueue it: a checkpoint every few minutes, one pass each.

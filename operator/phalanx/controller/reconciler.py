@@ -124,10 +124,12 @@ class Reconciler:
         # A job in a Kueue queue is admitted by Kueue, through its Workload; never by the built-in pass.
         queue = queue_name(job)
         gate = self.kueue.gate(key, job, spec, queue) if queue else None
-        # Decided on the newest progress the write interval held back, written only with a phase change.
+        # Decided on the newest progress the poller held back; written with any other change, or
+        # once its interval has passed, together with the goodput booking (policy/progress_writes.py).
         held = self.progress.held_back(key, job["metadata"]["uid"])
-        plan = self._decide({**job, "status": decided_on(old_status, held)}, pods, nodes, now, gate)
-        settle_progress(old_status, plan.status, held)
+        due = self.progress.sample_due(key, job["metadata"]["uid"])
+        plan = self._decide({**job, "status": decided_on(old_status, held)}, pods, nodes, now, gate, due)
+        settle_progress(old_status, plan.status, held, due)
         ref = JobRef.of(job)
         # As the attempt runs it: an elastic gang's pods are built for the size it was given.
         spec = attempt_spec(parse(TrainingJobSpec, job["spec"]), plan.status)
@@ -252,6 +254,7 @@ class Reconciler:
         nodes: dict[str, dict[str, Any]],
         now: float,
         gate: KueueGate | None = None,
+        status_write_due: bool = False,
     ) -> Plan:
         """decide(), with what rank 0 of this very job (its uid) last reported in /progress."""
         key = object_key(job)
@@ -269,7 +272,8 @@ class Reconciler:
             else self.creation_admission.room_for(key, probe, probe_most(job, pods), now, hold=True)
         )
         plan = decide(job, pods, nodes, now, self.node_lost_after, trainer_report=report,
-                      launcher_refusals=refusals, room=room, kueue_gate=gate)  # fmt: skip
+                      launcher_refusals=refusals, room=room, kueue_gate=gate,
+                      status_write_due=status_write_due)  # fmt: skip
         phase = plan.status.get("phase")
         self.creation_admission.end_grow(
             key, int(plan.status.get("attempt") or 0), phase not in (*FINISHED_PHASES, "Suspended")

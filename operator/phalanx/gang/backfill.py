@@ -21,8 +21,9 @@ from typing import Any
 from phalanx.api.v1alpha1 import TrainingJobSpec
 
 
-def job_end(status: Mapping[str, Any], now: float) -> float:
-    """When a running job's work ends, as its trainer last estimated (inf: unknown)."""
+def job_end(status: Mapping[str, Any], now: float, read_at: float | None = None) -> float:
+    """When a running job's work ends, as its trainer last estimated (inf: unknown); the ETA runs
+    from `read_at`, the poll that read it, when known (up to a poll interval ago)."""
     eta = (status.get("progress") or {}).get("etaSeconds")
     if (
         status.get("phase") != "Running"
@@ -31,7 +32,7 @@ def job_end(status: Mapping[str, Any], now: float) -> float:
         or eta < 0
     ):
         return math.inf
-    return now + float(eta)
+    return (now if read_at is None else min(now, read_at)) + float(eta)
 
 
 def node_free_at(pods: Iterable[tuple[str, str | None]], job_ends: Mapping[str, float]) -> dict[str, float]:

@@ -35,7 +35,8 @@ HOLDING_PHASES: Final = ("Admitted", "Running", "Restarting")
 LOST_CAUSES: Final = ("waitingForAdmission", "startup", "recovery", "redoneSteps", "checkpointStalls")
 TOTALS: Final = ("allocated", "productive", *LOST_CAUSES)
 FINISHED: Final = ("Succeeded", "Failed")
-# Status writes are what this costs: book at each phase change, else at most this often, and only
+# Status writes are what this costs: book at each phase change, else at most this often or with the
+# reconcile's progress sample (policy/progress_writes.py: one periodic write for both), and only
 # while the gang holds devices (a queued or suspended job's ledger waits for its next phase change).
 REFRESH_SECONDS: Final = 30.0
 MIN_STALL_SECONDS: Final = 0.01  # stall reports below this wait for the next booking
@@ -81,10 +82,12 @@ def account(
     now: float,
     devices: Devices,
     trainer: TrainerFacts | None = None,
+    written_anyway: bool = False,
 ) -> dict[str, Any] | None:
     """The status.goodput the new status should carry, or None when there is nothing to book yet
     (no phase change, restart, recovery or stall to book, and less than REFRESH_SECONDS since the
-    last booking)."""
+    last booking). written_anyway: the status is written now regardless (the progress sample is
+    due): a holding job books then, and its next refresh is timed from that write, not another."""
     ledger: dict[str, Any] = dict(old.get("goodput") or {})
     if old.get("phase") in FINISHED:
         return None  # booked up to the end: the ratio stays what the run achieved
@@ -93,9 +96,15 @@ def account(
     restarted = restart_counted(old, new)
     stalls = _stall_seconds(ledger, trainer, int(new.get("attempt") or 0))
     recovered = is_complete(new.get("lastRecovery")) and not is_complete(old.get("lastRecovery"))
-    due = now - since >= REFRESH_SECONDS and old.get("phase") in HOLDING_PHASES
+    due = (now - since >= REFRESH_SECONDS or written_anyway) and old.get("phase") in HOLDING_PHASES
     if not (phase_changed or restarted or recovered or stalls or due or not ledger):
         return None
+    if now < since:
+        # A clock behind the last booking's (another replica's, after a failover): accountedTime
+        # never goes back, or a failback to the right clock would count the difference twice.
+        if not (phase_changed or restarted or recovered or stalls):
+            return None
+        now = since  # the change is booked, with no time
     if not phase_changed and _awaiting_first_report(old, now, trainer):
         return None  # the span is split at the first step once the trainer tells when it came
     book = {cause: device_seconds(ledger, cause) for cause in LOST_CAUSES}

@@ -15,6 +15,7 @@ backstop when the operator cannot act.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -27,6 +28,9 @@ PROBE_AT_SHARE: Final = 0.5
 # A stall counts only while the operator's own poller keeps looking: one it has not looked at for
 # this long (the poller behind, an operator just restarted) is the operator's, not the gang's.
 POLL_STALE_SECONDS: Final = 60.0
+# The probe asks PROBE_CONCURRENCY pods at a time, each given PROBE_TIMEOUT_SECONDS to answer.
+PROBE_TIMEOUT_SECONDS: Final = 2.0
+PROBE_CONCURRENCY: Final = 8
 
 
 @dataclass(frozen=True)
@@ -91,10 +95,10 @@ def _stall(
 
 
 def detect(
-    report: Mapping[str, Any] | None, attempt: int, now: float, spec_seconds: int | None
+    report: Mapping[str, Any] | None, attempt: int, now: float, spec_seconds: int | None, pods: int = 1
 ) -> tuple[Hang | None, float | None]:
     """The hang, if the gang is hung now; else the seconds after which to look again (None: nothing
-    to look at)."""
+    to look at). `pods`: the attempt's, which the probe asks (probe_wait_seconds)."""
     stall = _stall(report, attempt, spec_seconds)
     if stall is None or report is None:
         return None, None
@@ -103,9 +107,25 @@ def detect(
     if stalled <= bound.seconds:
         return None, bound.seconds - stalled
     polled_at = report.get("polled_at")
-    if isinstance(polled_at, (int, float)) and now - polled_at > POLL_STALE_SECONDS:
-        return None, 5.0  # the poller has not looked lately: no verdict on what it did not see
+    if isinstance(polled_at, (int, float)):
+        if now - polled_at > POLL_STALE_SECONDS:
+            return None, 5.0  # the poller has not looked lately: no verdict on what it did not see
+        if polled_at - seen_at <= bound.seconds:
+            # No look has found the step stalled past the bound yet: polled less often than the
+            # bound (many jobs, policy/progress_polls.py), it may have moved since the last one.
+            # Only the next poll can tell: look again just after it, not every few seconds.
+            after = report.get("next_poll_after")
+            if isinstance(after, (int, float)) and (left := polled_at + after - now) > 0:
+                return None, left + PROBE_TIMEOUT_SECONDS
+            return None, 5.0
     silent = report.get("silent_pods")
+    if not isinstance(silent, (list, tuple)) and isinstance(polled_at, (int, float)):
+        # The poll that found the stall past the bound started the probe too (polled every 30 s
+        # against a 10 s bound, it is the first to find any stall): wait for its answer, so the
+        # verdict names the silent pods and rules/bad_nodes.py books their nodes; not for ever.
+        waited = now - polled_at
+        if waited < (wait := probe_wait_seconds(pods)):
+            return None, wait - waited
     names = tuple(sorted(str(p) for p in silent)) if isinstance(silent, (list, tuple)) else ()
     return Hang(step, stalled, bound, names), None
 
@@ -114,3 +134,11 @@ def probe_due(report: Mapping[str, Any] | None, attempt: int, now: float, spec_s
     """Time to ask every pod whether its trainer still answers (so a verdict can name the silent)."""
     stall = _stall(report, attempt, spec_seconds)
     return stall is not None and now - stall[1] >= stall[2].seconds * PROBE_AT_SHARE
+
+
+def probe_wait_seconds(pods: int) -> float:
+    """How long after the poll that started it a verdict waits for the probe's answer: its rounds of
+    PROBE_CONCURRENCY pods at PROBE_TIMEOUT_SECONDS each, and two timeouts more for a probe queued
+    behind another job's and for the reconcile it wakes."""
+    rounds = math.ceil(max(1, pods) / PROBE_CONCURRENCY)
+    return PROBE_TIMEOUT_SECONDS * (2 + rounds)

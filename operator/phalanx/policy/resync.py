@@ -10,6 +10,11 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Iterable
+from typing import Final
+
+# Every job is looked at once per period (the progress sample's write rides on it too,
+# policy/progress_writes.py).
+RESYNC_SECONDS: Final = 20.0
 
 
 def resync_slot(uid: str, slots: int) -> int:

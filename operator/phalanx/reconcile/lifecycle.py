@@ -101,13 +101,16 @@ def decide(
     launcher_refusals: Mapping[str, str] | None = None,
     kueue_gate: KueueGate | None = None,
     room: Room | None = None,
+    status_write_due: bool = False,
 ) -> Plan:
     """node_lost_after: seconds a node may be not Ready before its pods count as lost;
     trainer_report: what rank 0 of this job (this uid) last reported in /progress, if anything;
     launcher_refusals: kept pods of the current in-place attempt whose launcher refused its
     generation or could not be reached (pod name -> why); room: for an elastic job, the free room
     for more of its pods and whether other gangs wait (policy/elastic.py; None: not known);
-    kueue_gate: what Kueue says of the job's Workload, for a job in a Kueue queue (kueue/gate.py)."""
+    kueue_gate: what Kueue says of the job's Workload, for a job in a Kueue queue (kueue/gate.py);
+    status_write_due: the status is written now anyway (the progress sample is due), so the goodput
+    booking goes with it."""
     b = PlanBuilder(job, now)
     written = parse(TrainingJobSpec, job.get("spec"))
     elastic.adopt_pod_size(b, written, pods)
@@ -126,6 +129,7 @@ def decide(
         in_place=b.status.get("inPlace"),
         launcher_refusals=launcher_refusals or {},
         kueue=kueue_gate,
+        status_write_due=status_write_due,
     )
     for rule in STEPS:
         if rule(b, seen):

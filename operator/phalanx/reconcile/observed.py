@@ -56,6 +56,8 @@ class Observed:
     written_spec: TrainingJobSpec | None = None
     # Elastic jobs: the free room for more of the job's pods, and whether others wait (None: unknown).
     room: Room | None = None
+    # The status is written now whatever is decided: the progress sample is due (policy/progress_writes.py).
+    status_write_due: bool = False
 
     @property
     def as_written(self) -> TrainingJobSpec:

@@ -25,7 +25,8 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
             checkpoint_stall_seconds=_number(report.get("checkpoint_stall_seconds")),
         )
     created = seen.created if seen.created is not None else b.now
-    ledger = goodput.account(b.old, b.status, created, b.now, goodput.Devices(unit, count), facts)
+    devices = goodput.Devices(unit, count)
+    ledger = goodput.account(b.old, b.status, created, b.now, devices, facts, seen.status_write_due)
     if ledger is not None:
         b.status["goodput"] = ledger
     return False

@@ -16,7 +16,9 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
     if b.old.get("phase") != "Running" or seen.verdict.kind is not VerdictKind.RUNNING:
         return False
     spec_seconds = seen.spec.run_policy.hang_timeout_seconds
-    found, recheck = hang.detect(seen.trainer_report, seen.attempt, b.now, spec_seconds)
+    found, recheck = hang.detect(
+        seen.trainer_report, seen.attempt, b.now, spec_seconds, pods=len(seen.current)
+    )
     if found is None:
         if recheck is not None:
             b.recheck(recheck)
