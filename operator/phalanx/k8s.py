@@ -36,6 +36,11 @@ def _without_none(params: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in params.items() if v is not None}
 
 
+def _pointer(key: str) -> str:
+    """A map key as one JSON pointer token (RFC 6901): label keys hold '/'."""
+    return key.replace("~", "~0").replace("/", "~1")
+
+
 def short_error(exc: BaseException) -> str:
     """One line: an ApiException's status and reason, not its headers and body."""
     status, reason = getattr(exc, "status", None), getattr(exc, "reason", None)
@@ -338,6 +343,36 @@ class KubeApi:
         except ApiException as exc:
             if exc.status not in (404, 409):
                 raise
+
+    def relabel_pod(
+        self, namespace: str, name: str, uid: str, labels: dict[str, str], remove: tuple[str, ...] = ()
+    ) -> dict[str, Any] | None:
+        """Sets `labels` and removes the labels named in `remove` (each must be there) on this very
+        pod (a JSON patch that first tests its uid); returns the pod as stored, None when it is gone
+        or is another pod now (404, or the test failed: 409/422)."""
+        patch: list[dict[str, Any]] = [
+            {"op": "test", "path": "/metadata/uid", "value": uid},
+            *(
+                {"op": "add", "path": f"/metadata/labels/{_pointer(k)}", "value": v}
+                for k, v in labels.items()
+            ),
+            *({"op": "remove", "path": f"/metadata/labels/{_pointer(k)}"} for k in remove),
+        ]
+        try:
+            pod: dict[str, Any] = self._json(
+                self.core.patch_namespaced_pod(
+                    name,
+                    namespace,
+                    patch,
+                    _content_type="application/json-patch+json",
+                    _preload_content=False,
+                )
+            )
+            return pod
+        except ApiException as exc:
+            if exc.status not in (404, 409, 422):
+                raise
+            return None
 
     def evict_pod(self, namespace: str, name: str, uid: str | None, grace_seconds: int | None) -> bool:
         """Asks the Eviction API to stop the pod: the API server marks it DisruptionTarget

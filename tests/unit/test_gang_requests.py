@@ -137,3 +137,46 @@ def test_an_elastic_gang_whose_pods_disagree_on_the_size_is_not_admitted() -> No
     assert (
         waiting_gang("ns/j", elastic_job(4, currentReplicas=3), pods, priority_of=at(0), created=0.0) is None
     )
+
+
+def a_spare(number: int, gated: bool, node: str = "", deleting: bool = False) -> dict[str, Any]:
+    spare = a_pod(0, gated, node=node, deleting=deleting)
+    spare["metadata"]["name"] = f"j-spare-{number}"
+    spare["metadata"]["labels"]["phalanx.dev/spare"] = "true"
+    return spare
+
+
+def spared(replicas: int = 2, spares: int = 1) -> dict[str, Any]:
+    job = a_job(replicas)
+    job["spec"].update(spares=spares, runPolicy={"restartStrategy": "InPlace"})
+    return job
+
+
+def test_a_new_gang_is_admitted_with_its_spares_last_and_all_of_them_needed() -> None:
+    pods = [a_spare(0, True), a_pod(1, True), a_pod(0, True)]
+    waiting = waiting_gang("ns/j", spared(), pods, priority_of=at(0), created=0.0)
+    assert waiting is not None
+    assert [name for name, _ in waiting.request.pods] == ["j-worker-0", "j-worker-1", "j-spare-0"]
+    assert waiting.request.needed == 3 and set(waiting.gated) == {"j-worker-0", "j-worker-1", "j-spare-0"}
+
+
+def test_a_new_gang_waits_for_its_spares_to_be_created() -> None:
+    assert (
+        waiting_gang("ns/j", spared(), [a_pod(0, True), a_pod(1, True)], priority_of=at(0), created=0.0)
+        is None
+    )
+
+
+def test_a_spare_created_for_a_running_gang_is_admitted_alone() -> None:
+    pods = [a_pod(0, False, node="n0"), a_pod(1, False, node="n0"), a_spare(1, True)]
+    waiting = waiting_gang("ns/j", spared(), pods, priority_of=at(0), created=0.0)
+    assert waiting is not None and [name for name, _ in waiting.request.pods] == ["j-spare-1"]
+    assert waiting.request.needed == 1
+
+
+def test_a_running_gangs_spares_are_room_a_preemption_frees() -> None:
+    job = spared()
+    job["status"] = {"phase": "Running"}
+    pods = [a_pod(0, False, node="n0"), a_pod(1, False, node="n1"), a_spare(0, False, node="n2")]
+    gang = running_gang("ns/j", job, pods, priority_of=at(0), started=0.0)
+    assert gang is not None and [p[0] for p in gang.pods] == ["j-worker-0", "j-worker-1", "j-spare-0"]

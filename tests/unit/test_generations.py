@@ -180,3 +180,29 @@ def test_a_torchrun_pod_kept_in_place_is_told_nothing() -> None:
     publisher.publish("ns/j", "job-uid", [pod], STATUS)
     settle(publisher)
     assert Launcher.bodies == []
+
+
+@pytest.mark.usefixtures("launcher")
+def test_a_spare_taking_a_rank_is_told_the_rank_and_rank_0s_address_with_its_generation() -> None:
+    spare = {
+        "metadata": {"name": "j-spare-0", "uid": "s0", "annotations": {c.ANNOTATION_RESIDENT_LAUNCHER: "true"},
+                     "labels": {c.LABEL_SPARE: "true", c.LABEL_ATTEMPT: "0"}},
+        "status": {"podIP": "127.0.0.1"},
+    }  # fmt: skip
+    rank0 = kept_pod()
+    rank0["metadata"]["labels"] = {c.LABEL_REPLICA_INDEX: "0", c.LABEL_ATTEMPT: "0"}
+    kept = [{"name": "j-worker-0", "uid": "u0"}, {"name": "j-spare-0", "uid": "s0", "rank": 1}]
+    status = {**STATUS, "inPlace": {"attempt": 1, "keptPods": kept}}
+    publisher = GenerationPublisher(Recorded(), cluster_domain="example.org")
+    publisher.publish("ns/j", "job-uid", [spare], status)  # rank 0 not seen: no address to give
+    publisher.publish("ns/j", "job-uid", [rank0], status)
+    settle(publisher)
+    assert Launcher.bodies[0]["env"] == {"PHALANX_ATTEMPT": "1", "NODE_RANK": "1"}
+    assert Launcher.bodies[1]["env"] == {"PHALANX_ATTEMPT": "1"}  # a survivor keeps its rank
+    Launcher.generation, Launcher.bodies = 0, []
+    publisher = GenerationPublisher(Recorded(), cluster_domain="example.org")
+    publisher.publish("ns/j", "job-uid", [rank0, spare], {**status, "attempt": 1})
+    settle(publisher)
+    told = next(b for b in Launcher.bodies if "NODE_RANK" in b["env"])
+    assert told["env"] == {"PHALANX_ATTEMPT": "1", "NODE_RANK": "1",
+                           "MASTER_ADDR": "j-worker-0.j.ns.svc.example.org"}  # fmt: skip

@@ -19,6 +19,12 @@ def worker_hostname(job_name: str, index: int, attempt: int | None = None) -> st
     return name if len(name) <= DNS_LABEL_MAX else f"worker-{index}-a{attempt}"
 
 
+def spare_pod_name(job_name: str, number: int) -> str:
+    """<job>-spare-<number>: a warm spare (spec.spares). Numbers are never reused while a pod holds
+    one, so a spare that took a rank keeps its name beside its successor's (policy/spares.py)."""
+    return f"{job_name}-spare-{number}"
+
+
 def service_name(job_name: str) -> str:
     return job_name
 

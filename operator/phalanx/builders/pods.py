@@ -9,7 +9,14 @@ from typing import Any
 
 from phalanx import constants as c
 from phalanx.api.v1alpha1 import TrainingJobSpec
-from phalanx.builders.names import service_name, worker_fqdn, worker_hostname, worker_pod_name
+from phalanx.builders.names import (
+    DNS_LABEL_MAX,
+    service_name,
+    spare_pod_name,
+    worker_fqdn,
+    worker_hostname,
+    worker_pod_name,
+)
 from phalanx.builders.torchrun_env import elastic_env
 from phalanx.providers import provider_for
 
@@ -271,6 +278,40 @@ def build_worker_pod(
         },
         "spec": pod_spec,
     }
+
+
+def build_spare_pod(
+    job: JobRef,
+    spec: TrainingJobSpec,
+    number: int,
+    attempt: int,
+    template: dict[str, Any],
+    *,
+    cluster_domain: str = "cluster.local",
+    attempt_in_name: bool = False,
+    avoid_nodes: Sequence[str] = (),
+    control_token: str | None = None,
+) -> dict[str, Any]:
+    """Warm spare `<job>-spare-<number>` (spec.spares): a worker pod in all but its rank. Same
+    resources, template and contract, PHALANX_SPARE=true and no NODE_RANK: its resident launcher does
+    its imports and starts no worker until its first POST /generation assigns it a rank
+    (docs/trainer.md, "Restart in place"). Labelled spare instead of a replica index (pod_facts.is_spare)."""
+    pod = build_worker_pod(job, spec, 0, attempt, template, cluster_domain=cluster_domain,
+                           attempt_in_name=attempt_in_name, avoid_nodes=avoid_nodes,
+                           control_token=control_token)  # fmt: skip
+    name = spare_pod_name(job.name, number)
+    pod["metadata"]["name"] = name
+    labels = pod["metadata"]["labels"]
+    labels.pop(c.LABEL_REPLICA_INDEX, None)
+    labels[c.LABEL_SPARE] = "true"
+    pod["spec"]["hostname"] = name if len(name) <= DNS_LABEL_MAX else f"spare-{number}"
+    no_rank = (c.ENV_NODE_RANK, c.ENV_PET_NODE_RANK)
+    for container in pod["spec"].get("containers", []):
+        if container.get("name") != c.TRAINER_CONTAINER:
+            continue
+        env = [e for e in container.get("env") or [] if e.get("name") not in no_rank]
+        container["env"] = [{"name": c.ENV_SPARE, "value": "true"}, *env]
+    return pod
 
 
 def build_headless_service(job: JobRef, spec: TrainingJobSpec) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from phalanx.gang.admission import GangRequest, plan_admission
 from phalanx.gang.capacity import PodDemand
 from phalanx.gang.on_creation import plan_on_creation
 from phalanx.gang.requests import topology_request
-from phalanx.pod_facts import pod_index
+from phalanx.pod_facts import gang_order, is_spare
 from phalanx.policy.elastic import Room
 from phalanx.providers import provider_for
 
@@ -54,9 +54,10 @@ class CreationAdmission:
                 created=now,
                 pods=tuple(
                     (p["metadata"]["name"], PodDemand.from_pod_spec(p["spec"]))
-                    for p in sorted(pods, key=pod_index)
+                    for p in sorted(pods, key=gang_order)
                 ),
-                min_available=spec.min_available,
+                # Its warm spares are admitted with it, or it is not (gang/requests.py).
+                min_available=spec.min_available + sum(is_spare(p) for p in pods),
                 topology=topology_request(spec),
             )
             nodes = state.node_infos.infos(self.stores.nodes.items())

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from phalanx import constants as c
+from phalanx.builders.names import worker_fqdn, worker_pod_name
 from phalanx.controller.queue import WorkQueue
-from phalanx.pod_facts import kept_pod_uids
+from phalanx.pod_facts import in_current_attempt, kept_pod_uids, pod_attempt, replica_index, spare_ranks
 from phalanx.policy.in_place import STOP_AT_CHECKPOINT, takes_generations
 
 log = logging.getLogger("phalanx.controller")
@@ -83,9 +84,12 @@ def judge_answer(status: int, answer: Mapping[str, Any], generation: int) -> Gen
 
 
 class GenerationPublisher:
-    def __init__(self, work: WorkQueue, headers: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, work: WorkQueue, headers: Mapping[str, str] | None = None, cluster_domain: str = "cluster.local"
+    ) -> None:
         self.work = work
         self.headers = dict(headers or {})
+        self.cluster_domain = cluster_domain
         self.pool = ThreadPoolExecutor(GENERATION_CONCURRENCY, thread_name_prefix="generation")
         self._lock = threading.Lock()
         # job key -> (pod uid, generation) taken, or being told now; the job's entry goes with it.
@@ -115,6 +119,8 @@ class GenerationPublisher:
         attempt = int(status.get("attempt") or 0)
         stop = str((status.get("inPlace") or {}).get("stop") or STOP_AT_CHECKPOINT)
         by_name = {p["metadata"]["name"]: p for p in pods}
+        ranks = spare_ranks(status)
+        master = self._master_addr(key, pods, status) if ranks else None
         for name, uid in kept.items():
             pod = by_name.get(name)
             ip = ((pod or {}).get("status") or {}).get("podIP")
@@ -130,7 +136,27 @@ class GenerationPublisher:
                 told -= {t for t in told if t[1] < attempt}
                 told.add((uid, attempt))
             token = ((pod.get("metadata") or {}).get("annotations") or {}).get(c.ANNOTATION_CONTROL_TOKEN)
-            self.pool.submit(self._tell, key, job_uid, name, uid, str(ip), attempt, token, stop)
+            env = {c.ENV_ATTEMPT: str(attempt)}
+            if name in ranks:
+                # A warm spare: it takes the lost rank, and meets rank 0 of this attempt (it may have
+                # been created in an earlier one, whose rank 0 had another name).
+                env[c.ENV_NODE_RANK] = str(ranks[name])
+                if master is not None:
+                    env[c.ENV_MASTER_ADDR] = master
+            self.pool.submit(self._tell, key, job_uid, name, uid, str(ip), attempt, token, stop, env)
+
+    def _master_addr(self, key: str, pods: list[dict[str, Any]], status: Mapping[str, Any]) -> str | None:
+        """Rank 0's DNS name in the current attempt (its pod's name says whether the attempt took
+        `-a<attempt>` names, builders/names.py); None when no rank 0 is seen."""
+        rank0 = next(
+            (p for p in pods if in_current_attempt(p, status) and replica_index(p, status) == 0), None
+        )
+        if rank0 is None:
+            return None
+        namespace, job_name = key.split("/", 1)
+        plain = rank0["metadata"]["name"] == worker_pod_name(job_name, 0)
+        attempt = None if plain else pod_attempt(rank0)
+        return worker_fqdn(job_name, namespace, 0, self.cluster_domain, attempt)
 
     def _tell(
         self,
@@ -142,11 +168,12 @@ class GenerationPublisher:
         attempt: int,
         token: str | None = None,
         stop: str = STOP_AT_CHECKPOINT,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         headers = {**self.headers, **({"Authorization": f"Bearer {token}"} if token else {})}
         body = {
             "generation": attempt,
-            "env": {c.ENV_ATTEMPT: str(attempt)},
+            "env": dict(env) if env is not None else {c.ENV_ATTEMPT: str(attempt)},
             "stop": stop,
         }
         answer = GenerationAnswer(False, "not tried")

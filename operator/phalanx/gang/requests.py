@@ -17,10 +17,11 @@ from phalanx.gang.topology import TopologyRequest
 from phalanx.pod_facts import (
     attempt_sizes,
     attempt_spec,
+    gang_order,
     in_current_attempt,
     is_deleting,
     is_gated,
-    pod_index,
+    is_spare,
 )
 
 # Order value for a gang whose admission was interrupted: ahead of every PriorityClass (max 1e9).
@@ -50,12 +51,20 @@ def waiting_gang(
     # An elastic gang's own size, from its pods' label: the status may not hold it yet.
     spec = attempt_spec(parse(TrainingJobSpec, job["spec"]), status, current)
     priority = priority_of(spec)
-    pods = [p for p in current if is_gated(p)]
+    workers = [p for p in current if is_gated(p)]
+    # Warm spares standing by (spec.spares) wait at the gate with the gang: a new gang is admitted
+    # only with every spare (replicas + spares must fit), so its spares are created before it is
+    # looked at; a spare created later (one took a rank, or was lost) is admitted on its own.
+    spares = [p for p in own_pods if is_spare(p) and not in_current_attempt(p, status) and not is_deleting(p)]
+    gated_spares = [p for p in spares if is_gated(p)]
+    pods = [*workers, *gated_spares]
     if len(current) < spec.replicas or not pods:
         return None
-    min_available = spec.min_available
+    if len(workers) == len(current) and len(spares) < spec.spares:
+        return None  # the gang's spares are still being created: never admit it without them
+    min_available = spec.min_available + len(gated_spares)
     finishing = False
-    ungated = len(current) - len(pods)
+    ungated = len(current) - len(workers)
     if ungated:
         # Some gates are already lifted: an operator stopped in the middle of admitting this gang,
         # or pods beyond minAvailable wait for room. Place the rest; a gang below its minimum goes
@@ -70,7 +79,7 @@ def waiting_gang(
         created=created,
         # In rank order: with a topology, the ranks of one domain come out consecutive.
         pods=tuple(
-            (p["metadata"]["name"], PodDemand.from_pod_spec(p["spec"])) for p in sorted(pods, key=pod_index)
+            (p["metadata"]["name"], PodDemand.from_pod_spec(p["spec"])) for p in sorted(pods, key=gang_order)
         ),
         min_available=min_available,
         topology=topology_request(spec),
@@ -97,7 +106,10 @@ def running_gang(
     bound = [
         (p["metadata"]["name"], p["spec"]["nodeName"], PodDemand.from_pod_spec(p["spec"]))
         for p in own_pods
-        if in_current_attempt(p, status) and p.get("spec", {}).get("nodeName") and not is_deleting(p)
+        # Its spares standing by too: they hold room for the gang alone.
+        if (in_current_attempt(p, status) or is_spare(p))
+        and p.get("spec", {}).get("nodeName")
+        and not is_deleting(p)
     ]
     if not bound:
         return None

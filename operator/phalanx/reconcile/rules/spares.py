@@ -1,0 +1,79 @@
+"""Warm spares (spec.spares; policy/spares.py), pure, after every decision: the spares standing by
+are kept at spec.spares while the job is active, in status.spares, and removed once it is not.
+
+- Created with the gang's workers (in the same creation, so that admission takes them together: a
+  gang needs replicas + spares to fit, gang/requests.py), and later whenever fewer stand by: after
+  one took a lost rank (rules/in_place.py), or was lost itself while idle (evicted, preempted,
+  failed). A lost idle spare disturbs nobody: a new one is created (a Normal SpareReplaced event),
+  with no restart and no counter.
+- A spare told to take a rank is relabelled as that rank's worker once the status that says so is
+  stored (plan.relabel_pods, written before any act).
+- A finished, suspended or Kueue-queued job has none (Kueue admits the Workload's pod set, which
+  holds the workers only).
+"""
+
+from __future__ import annotations
+
+from phalanx.pod_facts import is_deleting, is_spare, kept_pod_uids, pod_index, spare_ranks
+from phalanx.policy.spares import (
+    REASON_SPARE_REPLACED,
+    REASON_SPARES_REMOVED,
+    new_spare_numbers,
+    spares_status,
+    spares_to_create,
+    surplus_spares,
+)
+from phalanx.reconcile.observed import Observed
+from phalanx.reconcile.plan import FINISHED_PHASES, Event, PlanBuilder
+
+
+def apply(b: PlanBuilder, seen: Observed) -> bool:
+    _relabel(b, seen)
+    desired = seen.as_written.spares
+    count = seen.spares
+    if not desired and not count.alive and not count.ended:
+        b.status.pop("spares", None)
+        return False
+    plan = b.plan
+    going = set(plan.delete_pods) | set(plan.force_delete_pods)
+    active = (
+        b.status.get("phase") not in (*FINISHED_PHASES, "Suspended")
+        and not seen.spec.run_policy.suspend
+        and seen.kueue is None
+        and not plan.delete_job
+    )
+    if not active:
+        plan.delete_pods.extend(n for n in (*count.alive, *count.ended) if n not in going)
+        b.status["spares"] = spares_status(desired, count) | {"ready": 0, "summary": f"0/{desired}"}
+        return False
+    plan.delete_pods.extend(n for n in count.ended if n not in going)
+    surplus = surplus_spares(desired, count)
+    if surplus:
+        plan.delete_pods.extend(n for n in surplus if n not in going)
+        plan.events.append(Event("Normal", REASON_SPARES_REMOVED,
+                                 f"spec.spares is {desired}: removing spare(s) {', '.join(surplus)}"))  # fmt: skip
+    b.status["spares"] = spares_status(desired, count)
+    missing = spares_to_create(desired, count)
+    # With the workers: created with them (admitted together), or once they exist.
+    if missing and (plan.create_indices or seen.current):
+        plan.create_spares = new_spare_numbers(
+            seen.spec_name, (str(p["metadata"]["name"]) for p in seen.pods), missing
+        )
+        if count.lost:
+            names = ", ".join(f"{seen.spec_name}-spare-{n}" for n in plan.create_spares)
+            plan.events.append(Event("Normal", REASON_SPARE_REPLACED,
+                                     f"spare(s) {', '.join(count.lost)} lost while standing by: creating "
+                                     f"{names}; training goes on undisturbed"))  # fmt: skip
+    return False
+
+
+def _relabel(b: PlanBuilder, seen: Observed) -> None:
+    """Spares the current attempt has take a rank, still labelled as spares (or as another rank)."""
+    kept = kept_pod_uids(b.status)
+    for pod in seen.pods:
+        name = str(pod["metadata"]["name"])
+        rank = spare_ranks(b.status).get(name)
+        if rank is None or kept.get(name) != pod["metadata"].get("uid") or is_deleting(pod):
+            continue
+        if is_spare(pod) or pod_index(pod) != rank:
+            b.plan.relabel_pods[name] = rank

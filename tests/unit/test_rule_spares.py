@@ -1,0 +1,155 @@
+"""Warm spares through decide() (reconcile/rules/spares.py, rules/in_place.py): created with the gang,
+kept at spec.spares, a lost idle spare replaced without disturbing anyone, a spare taking a lost rank
+in an in-place restart, and removed once the job no longer runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from phalanx.reconcile.lifecycle import decide
+from phalanx.reconcile.plan import iso
+from tests.unit.lifecycle_fixtures import NODES, NOW, RUNNING, job
+from tests.unit.test_rule_in_place import evicted, resident
+
+pytestmark = pytest.mark.unit
+
+SPARES = {"runPolicy": {"restartStrategy": "InPlace", "backoffLimit": 2}, "spares": 1}
+LAUNCHER = {"phalanx.dev/resident-launcher": "true"}
+
+
+def spare(number: int, phase: str = "Running", attempt: int = 0, **metadata: Any) -> dict[str, Any]:
+    status: dict[str, Any] = {"phase": phase}
+    if phase == "Running":
+        status["podIP"] = f"10.0.1.{number + 1}"
+    return {
+        "metadata": {"name": f"j-spare-{number}", "uid": f"s{number}", "annotations": LAUNCHER,
+                     "labels": {"phalanx.dev/spare": "true", "phalanx.dev/attempt": str(attempt)}, **metadata},
+        "spec": {"nodeName": "n0"},
+        "status": status,
+    }  # fmt: skip
+
+
+def took_rank_1(status: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The status after spare 0 was told to take worker-1's rank (attempt 1 in place)."""
+    kept = [{"name": "j-worker-0", "uid": "p0-0"}, {"name": "j-spare-0", "uid": "s0", "rank": 1}]
+    return {
+        **RUNNING,
+        "attempt": 1,
+        "phase": "Restarting",
+        "restarts": {"failures": 0, "preemptions": 1},
+        "inPlace": {"attempt": 1, "keptPods": kept, "time": iso(NOW - 5), "stop": "checkpoint"},
+        **(status or {}),
+    }
+
+
+def test_a_new_gang_creates_its_spares_with_its_workers() -> None:
+    plan = decide(job(None, **SPARES), [], NODES, NOW)
+    assert plan.create_indices == [0, 1] and plan.create_spares == [0]
+    assert plan.status["spares"] == {"desired": 1, "ready": 0, "summary": "0/1", "pods": []}
+
+
+def test_without_spares_nothing_changes() -> None:
+    plan = decide(job(None, runPolicy={"restartStrategy": "InPlace"}), [], NODES, NOW)
+    assert plan.create_spares == [] and "spares" not in plan.status
+
+
+def test_a_running_gang_with_its_spare_is_left_alone() -> None:
+    plan = decide(job(dict(RUNNING), **SPARES), [resident(0), resident(1), spare(0)], NODES, NOW)
+    assert plan.create_spares == [] and plan.delete_pods == [] and plan.create_indices == []
+    assert plan.status["spares"]["summary"] == "1/1" and plan.status["phase"] == "Running"
+
+
+def test_an_idle_spare_evicted_is_replaced_and_nobody_else_is_disturbed() -> None:
+    going = spare(0, deletionTimestamp=iso(NOW - 1))
+    plan = decide(job(dict(RUNNING), **SPARES), [resident(0), resident(1), going], NODES, NOW)
+    assert plan.create_spares == [1]  # a new name: the lost one holds its own while it goes
+    assert plan.delete_pods == [] and plan.create_indices == []
+    assert plan.status["attempt"] == 0 and plan.status["restarts"] == {"failures": 0, "preemptions": 0}
+    assert plan.status["phase"] == "Running" and "inPlace" not in plan.status
+    [event] = plan.events
+    assert (event.type, event.reason) == ("Normal", "SpareReplaced") and "j-spare-0" in event.message
+
+
+def test_an_idle_spare_that_ended_is_deleted_and_replaced() -> None:
+    plan = decide(
+        job(dict(RUNNING), **SPARES), [resident(0), resident(1), spare(0, phase="Failed")], NODES, NOW
+    )
+    assert plan.delete_pods == ["j-spare-0"] and plan.create_spares == [1]
+    assert plan.status["restarts"] == {"failures": 0, "preemptions": 0}
+
+
+def test_a_spare_created_in_an_earlier_attempt_is_no_stale_pod() -> None:
+    status = {**RUNNING, "attempt": 3, "createdAttempt": 3}
+    pods = [resident(0, 3), resident(1, 3), spare(0, attempt=0)]
+    plan = decide(job(status, **SPARES), pods, NODES, NOW)
+    assert plan.delete_pods == [] and plan.create_spares == [] and plan.status["phase"] == "Running"
+
+
+def test_a_ready_spare_takes_the_lost_rank_and_no_pod_is_created_for_it() -> None:
+    plan = decide(job(dict(RUNNING), **SPARES), [resident(0), evicted(1), spare(0)], NODES, NOW)
+    assert plan.status["attempt"] == 1 and plan.status["restarts"] == {"failures": 0, "preemptions": 1}
+    assert plan.status["inPlace"]["keptPods"] == [
+        {"name": "j-worker-0", "uid": "p0-0"},
+        {"name": "j-spare-0", "uid": "s0", "rank": 1},
+    ]
+    assert plan.delete_pods == ["j-worker-1"]  # the lost pod goes; worker-0 and the spare stay
+    assert plan.create_indices == [] and plan.relabel_pods == {"j-spare-0": 1}
+    assert "keeping j-worker-0, spare j-spare-0 takes rank 1" in plan.status["message"]
+    assert plan.status["lastRecovery"]["path"] == "InPlaceSpare"
+
+
+def test_after_the_takeover_the_spare_is_rank_1_and_a_new_spare_is_created_in_the_background() -> None:
+    pods = [resident(0), spare(0)]  # worker-1 gone; the spare not relabelled yet
+    plan = decide(job(took_rank_1(), **SPARES), pods, NODES, NOW)
+    assert plan.create_indices == [] and plan.delete_pods == []
+    assert plan.create_spares == [1] and plan.relabel_pods == {"j-spare-0": 1}
+    assert plan.status["phase"] == "Running" and plan.status["replicas"]["active"] == 2
+
+
+def test_a_relabelled_spare_is_its_ranks_worker_until_a_full_restart_replaces_it() -> None:
+    relabelled = spare(0)
+    relabelled["metadata"]["labels"] = {"phalanx.dev/replica-index": "1", "phalanx.dev/attempt": "0"}
+    plan = decide(job(took_rank_1(), **SPARES), [resident(0), relabelled, spare(1)], NODES, NOW)
+    assert plan.create_indices == [] and plan.relabel_pods == {} and plan.create_spares == []
+    assert plan.status["phase"] == "Running"
+    # A later full restart: it is an older attempt's pod like any other.
+    status = {**RUNNING, "attempt": 2, "restarts": {"failures": 0, "preemptions": 2}}
+    plan = decide(job(status, **SPARES), [resident(0), relabelled, spare(1)], NODES, NOW)
+    assert sorted(plan.delete_pods) == ["j-spare-0", "j-worker-0"]  # the idle spare stays warm
+
+
+def test_without_a_ready_spare_the_lost_rank_is_replaced_as_before() -> None:
+    starting = spare(0, phase="Pending")
+    plan = decide(job(dict(RUNNING), **SPARES), [resident(0), evicted(1), starting], NODES, NOW)
+    assert plan.status["inPlace"]["keptPods"] == [{"name": "j-worker-0", "uid": "p0-0"}]
+    assert "replacing worker-1" in plan.status["message"] and plan.relabel_pods == {}
+    assert plan.status["lastRecovery"]["path"] == "InPlace"
+
+
+def test_rank_0_lost_falls_back_to_a_full_restart_that_keeps_the_idle_spare() -> None:
+    plan = decide(job(dict(RUNNING), **SPARES), [evicted(0), resident(1), spare(0)], NODES, NOW)
+    assert "inPlace" not in plan.status and sorted(plan.delete_pods) == ["j-worker-0", "j-worker-1"]
+    assert [e.reason for e in plan.events if e.reason == "InPlaceFallback"] == ["InPlaceFallback"]
+    # The next attempt waits for the old workers only, not for the spare.
+    status = {**plan.status, "phase": "Restarting"}
+    going = [evicted(0), resident(1, metadata={"deletionTimestamp": iso(NOW)}), spare(0)]
+    plan = decide(job(status, **SPARES), going, NODES, NOW)
+    assert plan.status["message"] == "waiting for 2 pod(s) of the previous attempt to stop"
+    assert "j-spare-0" not in plan.delete_pods and plan.create_spares == []
+
+
+def test_a_finished_or_suspended_job_keeps_no_spare() -> None:
+    done = {**RUNNING, "phase": "Succeeded", "completionTime": iso(NOW)}
+    finished = [resident(0, phase="Succeeded"), resident(1, phase="Succeeded"), spare(0)]
+    plan = decide(job(done, **SPARES), finished, NODES, NOW)
+    assert plan.delete_pods == ["j-spare-0"] and plan.create_spares == []
+    suspended = {**SPARES, "runPolicy": {**SPARES["runPolicy"], "suspend": True}}
+    plan = decide(job(dict(RUNNING), **suspended), [resident(0), resident(1), spare(0)], NODES, NOW)
+    assert sorted(plan.delete_pods) == ["j-spare-0", "j-worker-0", "j-worker-1"] and plan.create_spares == []
+
+
+def test_fewer_spares_asked_for_removes_the_surplus() -> None:
+    plan = decide(job(dict(RUNNING), **SPARES), [resident(0), resident(1), spare(0), spare(1)], NODES, NOW)
+    assert plan.delete_pods == ["j-spare-1"] and [e.reason for e in plan.events] == ["SparesRemoved"]
