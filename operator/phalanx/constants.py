@@ -133,6 +133,8 @@ RESTART_STRATEGY_IN_PLACE: Final = "InPlace"
 # status.lastRecovery.path of an in-place recovery in which a warm spare took the lost rank.
 RECOVERY_PATH_IN_PLACE_SPARE: Final = "InPlaceSpare"
 MAX_SPARES: Final = 16
+# A warm spare's readiness probe (GET /generation on the control port) runs this often.
+SPARE_READINESS_PERIOD_SECONDS: Final = 2
 # What keeps a pod's processes across a restart in place (spec.runPolicy.inPlaceLauncher): the
 # trainer image's resident launcher (told each generation by the operator), or torchrun's elastic
 # agent (it re-forms the gang by itself: c10d rendezvous, builders/torchrun_env.py).

@@ -266,3 +266,6 @@ def test_a_spare_is_a_worker_in_all_but_its_rank() -> None:
     assert spare["spec"]["schedulingGates"] == worker["spec"]["schedulingGates"]
     assert spare["metadata"]["annotations"]["phalanx.dev/control-token"] == "s"
     assert spare["metadata"]["annotations"]["phalanx.dev/resident-launcher"] == "true"
+    probe = trainer_of(spare)["readinessProbe"]  # Ready once its launcher answers: imports done
+    assert probe["httpGet"] == {"path": "/generation", "port": 9399}
+    assert "readinessProbe" not in trainer_of(worker)

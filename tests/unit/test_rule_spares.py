@@ -23,6 +23,7 @@ def spare(number: int, phase: str = "Running", attempt: int = 0, **metadata: Any
     status: dict[str, Any] = {"phase": phase}
     if phase == "Running":
         status["podIP"] = f"10.0.1.{number + 1}"
+        status["conditions"] = [{"type": "Ready", "status": "True"}]
     return {
         "metadata": {"name": f"j-spare-{number}", "uid": f"s{number}", "annotations": LAUNCHER,
                      "labels": {"phalanx.dev/spare": "true", "phalanx.dev/attempt": str(attempt)}, **metadata},

@@ -24,11 +24,13 @@ LAUNCHER = {"phalanx.dev/resident-launcher": "true"}
 
 
 def spare(
-    number: int, phase: str = "Running", ip: str | None = "10.0.1.1", **metadata: Any
+    number: int, phase: str = "Running", ip: str | None = "10.0.1.1", ready: bool = True, **metadata: Any
 ) -> dict[str, Any]:
     status: dict[str, Any] = {"phase": phase}
     if ip:
         status["podIP"] = ip
+    if phase == "Running" and ready:
+        status["conditions"] = [{"type": "Ready", "status": "True"}]
     return {
         "metadata": {"name": f"j-spare-{number}", "uid": f"s{number}", "annotations": LAUNCHER,
                      "labels": {"phalanx.dev/spare": "true", "phalanx.dev/attempt": "0"}, **metadata},
@@ -47,6 +49,7 @@ def test_a_ready_spare_runs_with_an_address_stays_and_takes_generations() -> Non
     assert is_ready_spare(spare(0))
     assert not is_ready_spare(spare(0, phase="Pending"))
     assert not is_ready_spare(spare(0, ip=None))
+    assert not is_ready_spare(spare(0, ready=False))  # its launcher does not answer yet: imports not done
     assert not is_ready_spare(spare(0, deletionTimestamp="2026-01-01T00:00:00Z"))
     assert not is_ready_spare(spare(0, annotations={}))  # no resident launcher: nothing to tell a rank
 

@@ -295,7 +295,8 @@ def build_spare_pod(
     """Warm spare `<job>-spare-<number>` (spec.spares): a worker pod in all but its rank. Same
     resources, template and contract, PHALANX_SPARE=true and no NODE_RANK: its resident launcher does
     its imports and starts no worker until its first POST /generation assigns it a rank
-    (docs/trainer.md, "Restart in place"). Labelled spare instead of a replica index (pod_facts.is_spare)."""
+    (docs/trainer.md, "Restart in place"). Labelled spare instead of a replica index (pod_facts.is_spare),
+    and Ready only once its launcher's control server answers (its readiness probe)."""
     pod = build_worker_pod(job, spec, 0, attempt, template, cluster_domain=cluster_domain,
                            attempt_in_name=attempt_in_name, avoid_nodes=avoid_nodes,
                            control_token=control_token)  # fmt: skip
@@ -311,6 +312,14 @@ def build_spare_pod(
             continue
         env = [e for e in container.get("env") or [] if e.get("name") not in no_rank]
         container["env"] = [{"name": c.ENV_SPARE, "value": "true"}, *env]
+        # Ready once its launcher answers, which is once its imports are done: a spare that is not
+        # warm yet is not given a rank (policy/spares.py). The template's probe is not the spare's:
+        # it has no worker to probe.
+        container["readinessProbe"] = {
+            "httpGet": {"path": c.GENERATION_PATH, "port": c.DEFAULT_CONTROL_PORT},
+            "periodSeconds": c.SPARE_READINESS_PERIOD_SECONDS,
+            "failureThreshold": 1,
+        }
     return pod
 
 

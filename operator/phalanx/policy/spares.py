@@ -7,7 +7,8 @@ its resident launcher has done its imports and runs no worker. It belongs to no 
 standing by stays warm for the next attempt, and one lost with the gang is created again.
 
 - Standing by ("idle"): labelled spare and not told to take a rank (status.inPlace.keptPods).
-- Ready: idle, Running, with an address, not being deleted, and its launcher takes generations.
+- Ready: idle, Ready (its readiness probe asks its launcher, which answers once its imports are
+  done), with an address, not being deleted, and its launcher takes generations.
 - Lost: idle and being deleted (evicted, preempted) or ended (Failed, Succeeded). An ended one is
   deleted; a new spare is created at once for each lost one, under a new name (names are never
   reused while a pod holds one), and nobody else is disturbed: no restart, no counter.
@@ -21,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from phalanx.pod_facts import is_deleting, is_spare, is_terminal, spare_ranks
+from phalanx.pod_facts import is_deleting, is_ready, is_spare, is_terminal, spare_ranks
 from phalanx.policy.in_place import takes_generations
 
 REASON_SPARE_REPLACED: Final = "SpareReplaced"
@@ -46,14 +47,10 @@ def idle_spares(pods: Iterable[dict[str, Any]], status: Mapping[str, Any]) -> li
 
 
 def is_ready_spare(pod: Mapping[str, Any]) -> bool:
-    """Can take a rank now: running, reachable, staying, and its launcher takes generations."""
+    """Can take a rank now: Ready (its readiness probe: the launcher answers, imports done),
+    reachable, staying, and its launcher takes generations."""
     state = pod.get("status") or {}
-    return (
-        state.get("phase") == "Running"
-        and bool(state.get("podIP"))
-        and not is_deleting(pod)
-        and takes_generations(pod)
-    )
+    return is_ready(pod) and bool(state.get("podIP")) and not is_deleting(pod) and takes_generations(pod)
 
 
 def count_spares(pods: Iterable[dict[str, Any]], status: Mapping[str, Any]) -> SpareCount:
