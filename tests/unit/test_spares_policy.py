@@ -105,3 +105,9 @@ def test_the_status_says_ready_over_desired() -> None:
         "summary": "1/2",
         "pods": ["j-spare-0", "j-spare-1"],
     }
+
+
+def test_a_spare_on_a_lost_node_is_lost_though_it_may_still_say_running() -> None:
+    count = count_spares([spare(0), spare(1)], {"attempt": 0}, lost_nodes={"n0"})
+    assert count.alive == () and count.ready == () and count.lost == ("j-spare-0", "j-spare-1")
+    assert count.ended == ()  # nobody confirms it stopped: it is not deleted as ended

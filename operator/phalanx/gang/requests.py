@@ -22,6 +22,7 @@ from phalanx.pod_facts import (
     is_deleting,
     is_gated,
     is_spare,
+    is_terminal,
 )
 
 # Order value for a gang whose admission was interrupted: ahead of every PriorityClass (max 1e9).
@@ -55,7 +56,11 @@ def waiting_gang(
     # Warm spares standing by (spec.spares) wait at the gate with the gang: a new gang is admitted
     # only with every spare (replicas + spares must fit), so its spares are created before it is
     # looked at; a spare created later (one took a rank, or was lost) is admitted on its own.
-    spares = [p for p in own_pods if is_spare(p) and not in_current_attempt(p, status) and not is_deleting(p)]
+    spares = [
+        p
+        for p in own_pods
+        if is_spare(p) and not in_current_attempt(p, status) and not is_deleting(p) and not is_terminal(p)
+    ]
     gated_spares = [p for p in spares if is_gated(p)]
     pods = [*workers, *gated_spares]
     if len(current) < spec.replicas or not pods:

@@ -9,7 +9,7 @@ standing by stays warm for the next attempt, and one lost with the gang is creat
 - Standing by ("idle"): labelled spare and not told to take a rank (status.inPlace.keptPods).
 - Ready: idle, Ready (its readiness probe asks its launcher, which answers once its imports are
   done), with an address, not being deleted, and its launcher takes generations.
-- Lost: idle and being deleted (evicted, preempted) or ended (Failed, Succeeded). An ended one is
+- Lost: idle and being deleted (evicted, preempted), on a lost node, or ended (Failed, Succeeded). An ended one is
   deleted; a new spare is created at once for each lost one, under a new name (names are never
   reused while a pod holds one), and nobody else is disturbed: no restart, no counter.
 - Taking a rank (rules/in_place.py): the lost ranks in order, each to the ready spare first by name.
@@ -18,7 +18,7 @@ standing by stays warm for the next attempt, and one lost with the gang is creat
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -53,14 +53,23 @@ def is_ready_spare(pod: Mapping[str, Any]) -> bool:
     return is_ready(pod) and bool(state.get("podIP")) and not is_deleting(pod) and takes_generations(pod)
 
 
-def count_spares(pods: Iterable[dict[str, Any]], status: Mapping[str, Any]) -> SpareCount:
+def count_spares(
+    pods: Iterable[dict[str, Any]], status: Mapping[str, Any], lost_nodes: Collection[str] = ()
+) -> SpareCount:
+    """`lost_nodes`: nodes whose pods count as lost (policy/node_loss.py): a spare there may still
+    say Running, but nobody can reach it."""
     idle = sorted(idle_spares(pods, status), key=lambda p: spare_number(str(p["metadata"]["name"])))
     names = [str(p["metadata"]["name"]) for p in idle]
-    lost = [n for n, p in zip(names, idle, strict=True) if is_deleting(p) or is_terminal(p)]
+
+    def gone(pod: Mapping[str, Any]) -> bool:
+        node = (pod.get("spec") or {}).get("nodeName")
+        return is_deleting(pod) or is_terminal(pod) or (bool(node) and node in lost_nodes)
+
+    lost = [n for n, p in zip(names, idle, strict=True) if gone(p)]
     ended = [n for n, p in zip(names, idle, strict=True) if is_terminal(p) and not is_deleting(p)]
     return SpareCount(
         alive=tuple(n for n in names if n not in lost),
-        ready=tuple(n for n, p in zip(names, idle, strict=True) if is_ready_spare(p)),
+        ready=tuple(n for n, p in zip(names, idle, strict=True) if is_ready_spare(p) and n not in lost),
         lost=tuple(lost),
         ended=tuple(ended),
     )
