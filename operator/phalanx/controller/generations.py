@@ -24,6 +24,7 @@ from typing import Any, Final
 
 from phalanx import constants as c
 from phalanx.builders.names import worker_fqdn, worker_pod_name
+from phalanx.controller import failpoints
 from phalanx.controller.queue import WorkQueue
 from phalanx.pod_facts import in_current_attempt, kept_pod_uids, pod_attempt, replica_index, spare_ranks
 from phalanx.policy.in_place import STOP_AT_CHECKPOINT, takes_generations
@@ -179,7 +180,10 @@ class GenerationPublisher:
         answer = GenerationAnswer(False, "not tried")
         for tries in range(1, GENERATION_TRIES + 1):
             try:
-                answer = judge_answer(*post_generation(ip, c.DEFAULT_CONTROL_PORT, body, headers), attempt)
+                answer = judge_answer(
+                    *post_generation(*failpoints.launcher_address(ip, c.DEFAULT_CONTROL_PORT), body, headers),
+                    attempt,
+                )
                 break
             except OSError as err:
                 answer = GenerationAnswer(False, f"unreachable at {ip}:{c.DEFAULT_CONTROL_PORT}: {err}")
