@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from phalanx.kueue.gate import KueueGate
 from phalanx.reconcile.lifecycle import decide
 from phalanx.reconcile.plan import iso
 from tests.unit.lifecycle_fixtures import NODES, NOW, RUNNING, job
@@ -154,3 +155,20 @@ def test_a_finished_or_suspended_job_keeps_no_spare() -> None:
 def test_fewer_spares_asked_for_removes_the_surplus() -> None:
     plan = decide(job(dict(RUNNING), **SPARES), [resident(0), resident(1), spare(0), spare(1)], NODES, NOW)
     assert plan.delete_pods == ["j-spare-1"] and [e.reason for e in plan.events] == ["SparesRemoved"]
+
+
+def test_a_spare_whose_launcher_refuses_the_rank_falls_back_to_a_full_restart() -> None:
+    status = took_rank_1({"lastRecovery": {"attempt": 1, "phasesMilliseconds": {}}})
+    plan = decide(job(status, **SPARES), [resident(0), spare(0)], NODES, NOW,
+                  launcher_refusals={"j-spare-0": "unreachable at 10.0.1.1:9399"})  # fmt: skip
+    assert plan.status["attempt"] == 2 and "inPlace" not in plan.status
+    assert sorted(plan.delete_pods) == ["j-spare-0", "j-worker-0"]  # the spare had become rank 1's pod
+    [fallback] = [e for e in plan.events if e.reason == "InPlaceFallback"]
+    assert "the launcher of j-spare-0 did not take the generation" in fallback.message
+    assert plan.status["restarts"] == {"failures": 0, "preemptions": 1}  # the disruption counted once
+
+
+def test_a_kueue_queued_job_gets_no_spares_kueue_admits_the_workers_pod_set_only() -> None:
+    admitted = KueueGate(workload="wl", admitted=True, evicted=False, message="", cluster_queue="cq")
+    plan = decide(job(None, **SPARES), [], NODES, NOW, kueue_gate=admitted)
+    assert plan.create_indices == [0, 1] and plan.create_spares == []
