@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from phalanx.api.v1alpha1 import TrainingJobSpec
-from phalanx.gang.requests import FINISH_ADMISSION_PRIORITY, running_gang, waiting_gang
+from phalanx.gang.requests import FINISH_ADMISSION_PRIORITY, SPARES_PRIORITY, running_gang, waiting_gang
 
 pytestmark = pytest.mark.unit
 
@@ -152,26 +152,29 @@ def spared(replicas: int = 2, spares: int = 1) -> dict[str, Any]:
     return job
 
 
-def test_a_new_gang_is_admitted_with_its_spares_last_and_all_of_them_needed() -> None:
+def test_a_new_gangs_workers_are_admitted_without_its_spares() -> None:
+    # replicas + spares need not fit: the workers are the gang, the spares wait behind them.
     pods = [a_spare(0, True), a_pod(1, True), a_pod(0, True)]
-    waiting = waiting_gang("ns/j", spared(), pods, priority_of=at(0), created=0.0)
-    assert waiting is not None
-    assert [name for name, _ in waiting.request.pods] == ["j-worker-0", "j-worker-1", "j-spare-0"]
-    assert waiting.request.needed == 3 and set(waiting.gated) == {"j-worker-0", "j-worker-1", "j-spare-0"}
+    waiting = waiting_gang("ns/j", spared(), pods, priority_of=at(7), created=0.0)
+    assert waiting is not None and not waiting.spares_only
+    assert [name for name, _ in waiting.request.pods] == ["j-worker-0", "j-worker-1"]
+    assert waiting.request.needed == 2 and set(waiting.gated) == {"j-worker-0", "j-worker-1"}
+    assert waiting.request.priority == 7
 
 
-def test_a_new_gang_waits_for_its_spares_to_be_created() -> None:
-    assert (
-        waiting_gang("ns/j", spared(), [a_pod(0, True), a_pod(1, True)], priority_of=at(0), created=0.0)
-        is None
-    )
+def test_a_new_gang_does_not_wait_for_its_spares_to_be_created() -> None:
+    waiting = waiting_gang("ns/j", spared(), [a_pod(0, True), a_pod(1, True)], priority_of=at(0), created=0.0)
+    assert waiting is not None and waiting.request.needed == 2
 
 
-def test_a_spare_created_for_a_running_gang_is_admitted_alone() -> None:
-    pods = [a_pod(0, False, node="n0"), a_pod(1, False, node="n0"), a_spare(1, True)]
-    waiting = waiting_gang("ns/j", spared(), pods, priority_of=at(0), created=0.0)
-    assert waiting is not None and [name for name, _ in waiting.request.pods] == ["j-spare-1"]
-    assert waiting.request.needed == 1
+def test_spares_at_the_gate_alone_are_best_effort_behind_every_gang() -> None:
+    # After a takeover, the replacement spare must neither preempt nor hold nodes (gang/admission.py).
+    pods = [a_pod(0, False, node="n0"), a_pod(1, False, node="n0"), a_spare(1, True), a_spare(2, True)]
+    waiting = waiting_gang("ns/j", spared(spares=2), pods, priority_of=at(10**9), created=0.0)
+    assert waiting is not None and waiting.spares_only and not waiting.finishing
+    assert [name for name, _ in waiting.request.pods] == ["j-spare-1", "j-spare-2"]
+    assert waiting.request.needed == 1 and waiting.request.best_effort
+    assert waiting.request.priority == SPARES_PRIORITY < -(2**31)
 
 
 def test_a_running_gangs_spares_are_room_a_preemption_frees() -> None:

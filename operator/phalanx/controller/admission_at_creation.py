@@ -52,12 +52,14 @@ class CreationAdmission:
                 key=key,
                 priority=state.priority_of(spec),
                 created=now,
+                # The workers only: warm spares are best effort, left to the admission pass
+                # (gang/requests.py), and never keep the workers from being admitted.
                 pods=tuple(
                     (p["metadata"]["name"], PodDemand.from_pod_spec(p["spec"]))
                     for p in sorted(pods, key=gang_order)
+                    if not is_spare(p)
                 ),
-                # Its warm spares are admitted with it, or it is not (gang/requests.py).
-                min_available=spec.min_available + sum(is_spare(p) for p in pods),
+                min_available=spec.min_available,
                 topology=topology_request(spec),
             )
             nodes = state.node_infos.infos(self.stores.nodes.items())

@@ -27,6 +27,8 @@ from phalanx.pod_facts import (
 
 # Order value for a gang whose admission was interrupted: ahead of every PriorityClass (max 1e9).
 FINISH_ADMISSION_PRIORITY: Final = 2**40
+# Order value of a request made only of warm spares: behind every PriorityClass (min -2e9).
+SPARES_PRIORITY: Final = -(2**40)
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,7 @@ class WaitingGang:
     request: GangRequest
     gated: dict[str, dict[str, Any]]  # pod name -> pod, the pods still at the gate
     finishing: bool  # its interrupted admission is being completed (it must not preempt)
+    spares_only: bool = False  # warm spares only, best effort: no preemption, no admission message
 
 
 PriorityOf = Callable[[TrainingJobSpec], int]
@@ -53,21 +56,11 @@ def waiting_gang(
     spec = attempt_spec(parse(TrainingJobSpec, job["spec"]), status, current)
     priority = priority_of(spec)
     workers = [p for p in current if is_gated(p)]
-    # Warm spares standing by (spec.spares) wait at the gate with the gang: a new gang is admitted
-    # only with every spare (replicas + spares must fit), so its spares are created before it is
-    # looked at; a spare created later (one took a rank, or was lost) is admitted on its own.
-    spares = [
-        p
-        for p in own_pods
-        if is_spare(p) and not in_current_attempt(p, status) and not is_deleting(p) and not is_terminal(p)
-    ]
-    gated_spares = [p for p in spares if is_gated(p)]
-    pods = [*workers, *gated_spares]
-    if len(current) < spec.replicas or not pods:
+    if len(current) < spec.replicas:
         return None
-    if len(workers) == len(current) and len(spares) < spec.spares:
-        return None  # the gang's spares are still being created: never admit it without them
-    min_available = spec.min_available + len(gated_spares)
+    if not workers:
+        return _spares_request(key, own_pods, status, created)
+    min_available = spec.min_available
     finishing = False
     ungated = len(current) - len(workers)
     if ungated:
@@ -84,13 +77,42 @@ def waiting_gang(
         created=created,
         # In rank order: with a topology, the ranks of one domain come out consecutive.
         pods=tuple(
-            (p["metadata"]["name"], PodDemand.from_pod_spec(p["spec"])) for p in sorted(pods, key=gang_order)
+            (p["metadata"]["name"], PodDemand.from_pod_spec(p["spec"]))
+            for p in sorted(workers, key=gang_order)
         ),
         min_available=min_available,
         topology=topology_request(spec),
         estimate_seconds=estimate_seconds(spec, job.get("status") or {}),
     )
-    return WaitingGang(request, {p["metadata"]["name"]: p for p in pods}, finishing)
+    return WaitingGang(request, {p["metadata"]["name"]: p for p in workers}, finishing)
+
+
+def _spares_request(
+    key: str, own_pods: list[dict[str, Any]], status: dict[str, Any], created: float
+) -> WaitingGang | None:
+    """Warm spares (spec.spares) at the gate once the workers are admitted: best effort. Each is
+    admitted when room exists (any number of them), after every gang (the lowest priority), and
+    such a request never holds nodes nor preempts (gang/admission.py, controller/admission_pass.py):
+    a spare never keeps a gang from its room."""
+    gated = [
+        p
+        for p in own_pods
+        if is_spare(p) and is_gated(p) and not in_current_attempt(p, status) and not is_deleting(p)
+        and not is_terminal(p)
+    ]  # fmt: skip
+    if not gated:
+        return None
+    request = GangRequest(
+        key=key,
+        priority=SPARES_PRIORITY,
+        created=created,
+        pods=tuple(
+            (p["metadata"]["name"], PodDemand.from_pod_spec(p["spec"])) for p in sorted(gated, key=gang_order)
+        ),
+        min_available=1,
+        best_effort=True,
+    )
+    return WaitingGang(request, {p["metadata"]["name"]: p for p in gated}, finishing=False, spares_only=True)
 
 
 def topology_request(spec: TrainingJobSpec) -> TopologyRequest | None:
