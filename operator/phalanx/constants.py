@@ -135,6 +135,10 @@ RECOVERY_PATH_IN_PLACE_SPARE: Final = "InPlaceSpare"
 MAX_SPARES: Final = 16
 # A warm spare's readiness probe (GET /generation on the control port) runs this often.
 SPARE_READINESS_PERIOD_SECONDS: Final = 2
+# A spare lost while standing by (or refused by the API server) is replaced at once the first time,
+# then after this long, doubled each time in a row, up to the cap (status.spares.nextCreateTime).
+SPARE_BACKOFF_SECONDS: Final = 5.0
+SPARE_BACKOFF_MAX_SECONDS: Final = 300.0
 # What keeps a pod's processes across a restart in place (spec.runPolicy.inPlaceLauncher): the
 # trainer image's resident launcher (told each generation by the operator), or torchrun's elastic
 # agent (it re-forms the gang by itself: c10d rendezvous, builders/torchrun_env.py).

@@ -7,11 +7,13 @@ from typing import Any
 
 import pytest
 
+from phalanx.constants import SPARE_BACKOFF_MAX_SECONDS, SPARE_BACKOFF_SECONDS
 from phalanx.policy.spares import (
     assign_spares,
     count_spares,
     is_ready_spare,
     new_spare_numbers,
+    replacement_backoff,
     spare_number,
     spares_status,
     spares_to_create,
@@ -21,6 +23,7 @@ from phalanx.policy.spares import (
 pytestmark = pytest.mark.unit
 
 LAUNCHER = {"phalanx.dev/resident-launcher": "true"}
+NODES: dict[str, Any] = {"n0": {}, "n1": {}}
 
 
 def spare(
@@ -108,6 +111,28 @@ def test_the_status_says_ready_over_desired() -> None:
 
 
 def test_a_spare_on_a_lost_node_is_lost_though_it_may_still_say_running() -> None:
-    count = count_spares([spare(0), spare(1)], {"attempt": 0}, lost_nodes={"n0"})
+    count = count_spares([spare(0), spare(1)], {"attempt": 0}, NODES, lost_nodes={"n0"})
     assert count.alive == () and count.ready == () and count.lost == ("j-spare-0", "j-spare-1")
     assert count.ended == ()  # nobody confirms it stopped: it is not deleted as ended
+
+
+def test_a_spare_on_a_node_that_no_longer_exists_is_lost() -> None:
+    count = count_spares([spare(0)], {"attempt": 0}, {"n1": {}}, lost_nodes=())
+    assert count.alive == () and count.lost == ("j-spare-0",)
+    assert count_spares([spare(0)], {"attempt": 0}, {}, ()).alive == ("j-spare-0",)  # nodes not known yet
+
+
+def test_status_lists_at_most_desired_spares() -> None:
+    # spec.spares lowered from 16 to 1: status.spares.pods (maxItems 16) must stay within bounds.
+    count = count_spares([spare(n) for n in range(17)], {"attempt": 0})
+    status = spares_status(1, count)
+    assert status["pods"] == ["j-spare-0"] and status["desired"] == 1
+
+
+def test_spare_replacement_backs_off_exponentially_up_to_a_cap() -> None:
+    assert [replacement_backoff(n) for n in (1, 2, 3)] == [
+        SPARE_BACKOFF_SECONDS,
+        2 * SPARE_BACKOFF_SECONDS,
+        4 * SPARE_BACKOFF_SECONDS,
+    ]
+    assert replacement_backoff(50) == SPARE_BACKOFF_MAX_SECONDS

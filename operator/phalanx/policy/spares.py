@@ -22,8 +22,10 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from phalanx import constants as c
 from phalanx.pod_facts import is_deleting, is_ready, is_spare, is_terminal, spare_ranks
 from phalanx.policy.in_place import takes_generations
+from phalanx.policy.node_loss import on_lost_node
 
 REASON_SPARE_REPLACED: Final = "SpareReplaced"
 REASON_SPARES_REMOVED: Final = "SparesRemoved"
@@ -54,16 +56,19 @@ def is_ready_spare(pod: Mapping[str, Any]) -> bool:
 
 
 def count_spares(
-    pods: Iterable[dict[str, Any]], status: Mapping[str, Any], lost_nodes: Collection[str] = ()
+    pods: Iterable[dict[str, Any]],
+    status: Mapping[str, Any],
+    nodes: Mapping[str, Any] | None = None,
+    lost_nodes: Collection[str] = (),
 ) -> SpareCount:
-    """`lost_nodes`: nodes whose pods count as lost (policy/node_loss.py): a spare there may still
-    say Running, but nobody can reach it."""
+    """`nodes` (name -> Node) and `lost_nodes` (policy/node_loss.py): a spare on a lost node, or on
+    a node that no longer exists, may still say Running, but nobody can reach it."""
     idle = sorted(idle_spares(pods, status), key=lambda p: spare_number(str(p["metadata"]["name"])))
     names = [str(p["metadata"]["name"]) for p in idle]
+    lost_set = frozenset(lost_nodes)
 
     def gone(pod: Mapping[str, Any]) -> bool:
-        node = (pod.get("spec") or {}).get("nodeName")
-        return is_deleting(pod) or is_terminal(pod) or (bool(node) and node in lost_nodes)
+        return is_deleting(pod) or is_terminal(pod) or on_lost_node(pod, nodes or {}, lost_set)
 
     lost = [n for n, p in zip(names, idle, strict=True) if gone(p)]
     ended = [n for n, p in zip(names, idle, strict=True) if is_terminal(p) and not is_deleting(p)]
@@ -114,11 +119,18 @@ def assign_spares(lost: Sequence[int], ready: Sequence[str]) -> dict[int, str]:
     return dict(zip(sorted(lost), ready, strict=False))
 
 
+def replacement_backoff(failures: int) -> float:
+    """How long after the `failures`-th spare in a row lost (or refused) the next one may be created:
+    exponential from SPARE_BACKOFF_SECONDS, capped; a spare crashing at start is not recreated in a
+    hot loop."""
+    return float(min(c.SPARE_BACKOFF_SECONDS * 2 ** max(failures - 1, 0), c.SPARE_BACKOFF_MAX_SECONDS))
+
+
 def spares_status(desired: int, count: SpareCount) -> dict[str, Any]:
-    """status.spares."""
+    """status.spares (its pods: at most `desired`, the lowest numbers, as the schema's maxItems asks)."""
     return {
         "desired": desired,
         "ready": len(count.ready),
         "summary": f"{len(count.ready)}/{desired}",
-        "pods": list(count.alive),
+        "pods": list(count.alive[:desired]),
     }

@@ -81,7 +81,7 @@ class Observed:
     @cached_property
     def spares(self) -> SpareCount:
         """The warm spares standing by (policy/spares.py)."""
-        return count_spares(self.pods, self._status, self.lost_nodes)
+        return count_spares(self.pods, self._status, self.nodes, self.lost_nodes)
 
     @cached_property
     def spare_pods(self) -> dict[str, dict[str, Any]]:
