@@ -798,6 +798,16 @@ class Spares:
     ready: int | None = api_field("Spares running idle, ready to take a rank.")
     summary: str | None = api_field("ready/desired, for `kubectl get`.")
     pods: list[str] | None = api_field("The idle spares' names.", max_items=c.MAX_SPARES)
+    message: str | None = api_field(
+        "Why fewer spares stand by than asked for, if known: the API server refused one (quota), the "
+        "workers are not admitted yet, or spares are ignored (Kueue)."
+    )
+    failures: int | None = api_field(
+        "Spares lost while standing by, or refused, in a row (reset once all are ready): the backoff."
+    )
+    next_create_time: str | None = api_field(
+        "No spare is created before then (RFC 3339): the backoff after a spare lost or refused."
+    )
 
 
 @dataclass

@@ -18,6 +18,7 @@ from typing import Any, Final
 from phalanx import metrics
 from phalanx.api.schema import parse
 from phalanx.api.v1alpha1 import TrainingJobSpec
+from phalanx.builders.names import spare_pod_name
 from phalanx.builders.podgroups import build_podgroup
 from phalanx.builders.pods import JobRef, build_headless_service, build_spare_pod, build_worker_pod
 from phalanx.cache import object_key
@@ -42,6 +43,7 @@ from phalanx.reconcile.lifecycle import decide
 from phalanx.reconcile.plan import FINISHED_PHASES, Event, Plan, iso, merged_events
 from phalanx.reconcile.rules.creation import creation_refused, name_conflict, spec_refused
 from phalanx.reconcile.rules.elastic import room_needed
+from phalanx.reconcile.rules.spares import spares_refused
 
 # Status fields no decision reads: a write that changed only these needs no second look. Not
 # lastCheckpoint: an elastic gang's growth reads it (rules/elastic.py).
@@ -182,7 +184,17 @@ class Reconciler:
         if plan.create_indices or plan.create_spares:
             outcomes = self._create_gang(key, job, ref, spec, plan, now, gate)
             taken = [o.pod for o in outcomes if o.taken]
-            refused = [o for o in outcomes if o.refused is not None]
+            spare_names = {spare_pod_name(ref.name, n) for n in plan.create_spares}
+            # A refused spare (a quota sized for the workers) is said in status.spares and retried
+            # after a backoff; it never says the workers' pods are refused (PodsCreated).
+            spare_refusals = [
+                str(o.refused) for o in outcomes if o.refused is not None and o.pod in spare_names
+            ]
+            if spare_refusals:
+                self._record(
+                    job, spares_refused(job.get("status") or {}, plan.status, spare_refusals, now), now
+                )
+            refused = [o for o in outcomes if o.refused is not None and o.pod not in spare_names]
             # Said in the status about to be written (reconcile/rules/creation.py), and once in an Event.
             if taken:
                 self._record(job, name_conflict(job, plan.status, taken, now), now)
@@ -201,7 +213,7 @@ class Reconciler:
                         or then.delete_unchanged_pods or then.relabel_pods or then.delete_job):  # fmt: skip
                     then.events = merged_events([*plan.events, *then.events])
                     plan = then
-            if not taken and not refused:
+            if not taken and not refused and not spare_refusals:
                 followups.append(0.5)
 
         hang_timeout = ((job.get("spec") or {}).get("runPolicy") or {}).get("hangTimeoutSeconds")
