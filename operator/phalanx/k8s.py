@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from typing import Any, cast
 from urllib.parse import urlsplit
@@ -12,6 +13,8 @@ from kubernetes.client import ApiException
 
 from phalanx import constants as c
 from phalanx import metrics
+
+log = logging.getLogger("phalanx.k8s")
 
 
 def load_api_client() -> client.ApiClient:
@@ -372,6 +375,10 @@ class KubeApi:
         except ApiException as exc:
             if exc.status not in (404, 409, 422):
                 raise
+            # The spare keeps its rank through status.inPlace.keptPods (policy/in_place.py), and the
+            # next pass tries again; said, since whatever indexes pods by label misses it meanwhile.
+            log.warning("relabelling pod %s/%s (uid %s) as %s failed: %s", namespace, name, uid, labels,
+                        short_error(exc))  # fmt: skip
             return None
 
     def evict_pod(self, namespace: str, name: str, uid: str | None, grace_seconds: int | None) -> bool:
