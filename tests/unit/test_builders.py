@@ -269,3 +269,15 @@ def test_a_spare_is_a_worker_in_all_but_its_rank() -> None:
     probe = trainer_of(spare)["readinessProbe"]  # Ready once its launcher answers: imports done
     assert probe["httpGet"] == {"path": "/generation", "port": 9399}
     assert "readinessProbe" not in trainer_of(worker)
+
+
+def test_a_spare_has_no_liveness_or_startup_probe_it_has_no_worker_to_probe() -> None:
+    probe = {"httpGet": {"path": "/healthz", "port": 8080}, "periodSeconds": 10}
+    trainer = {"name": "trainer", "image": "t", "livenessProbe": probe, "startupProbe": probe}
+    template = {"spec": {"containers": [trainer, {"name": "sidecar", "image": "s", "livenessProbe": probe}]}}
+    in_place = spec(runPolicy={"restartStrategy": "InPlace"}, spares=1)
+    spare = build_spare_pod(JOB, in_place, 0, 0, template)
+    assert "livenessProbe" not in trainer_of(spare) and "startupProbe" not in trainer_of(spare)
+    sidecar = next(c for c in spare["spec"]["containers"] if c["name"] == "sidecar")
+    assert sidecar["livenessProbe"] == probe  # not the trainer's: the sidecar runs as on a worker
+    assert trainer_of(build_worker_pod(JOB, in_place, 0, 0, template))["livenessProbe"] == probe

@@ -315,6 +315,9 @@ def build_spare_pod(
         # Ready once its launcher answers, which is once its imports are done: a spare that is not
         # warm yet is not given a rank (policy/spares.py). The template's probe is not the spare's:
         # it has no worker to probe.
+        # Nor are its liveness and startup probes: they would kill an idle spare every period.
+        container.pop("livenessProbe", None)
+        container.pop("startupProbe", None)
         container["readinessProbe"] = {
             "httpGet": {"path": c.GENERATION_PATH, "port": c.DEFAULT_CONTROL_PORT},
             "periodSeconds": c.SPARE_READINESS_PERIOD_SECONDS,
