@@ -40,5 +40,21 @@ def worker_fqdn(
     return f"{host}.{service_name(job_name)}.{namespace}.svc.{cluster_domain}"
 
 
+def master_addr(
+    job_name: str, namespace: str, cluster_domain: str = "cluster.local", attempt: int | None = None
+) -> str:
+    """MASTER_ADDR: rank 0's DNS name, `attempt` when the attempt's pods carry it in their names.
+    The one derivation for the pods' contract (builders/pods.contract_env) and for a warm spare told
+    its rank (controller/generations.py)."""
+    return worker_fqdn(job_name, namespace, 0, cluster_domain, attempt)
+
+
+def master_addr_of(job_name: str, namespace: str, rank0: str, attempt: int, cluster_domain: str) -> str:
+    """MASTER_ADDR from rank 0's pod name `rank0` in `attempt`: its name says whether the attempt
+    took `-a<attempt>` names."""
+    plain = rank0 == worker_pod_name(job_name, 0)
+    return master_addr(job_name, namespace, cluster_domain, None if plain else attempt)
+
+
 def podgroup_name(job_name: str) -> str:
     return job_name

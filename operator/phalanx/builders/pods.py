@@ -11,6 +11,7 @@ from phalanx import constants as c
 from phalanx.api.v1alpha1 import TrainingJobSpec
 from phalanx.builders.names import (
     DNS_LABEL_MAX,
+    master_addr,
     service_name,
     spare_pod_name,
     worker_fqdn,
@@ -100,7 +101,7 @@ def contract_env(
     attempt_in_name: bool = False,
 ) -> list[dict[str, str]]:
     """The environment contract of docs/environment.md for replica `index`."""
-    master = worker_fqdn(job.name, job.namespace, 0, cluster_domain, attempt if attempt_in_name else None)
+    master = master_addr(job.name, job.namespace, cluster_domain, attempt if attempt_in_name else None)
     port = str(spec.rendezvous.port)
     nnodes, nproc = str(spec.replicas), str(spec.effective_procs_per_replica)
     values: dict[str, str] = {

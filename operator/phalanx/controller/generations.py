@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from phalanx import constants as c
-from phalanx.builders.names import worker_fqdn, worker_pod_name
+from phalanx.builders.names import master_addr_of
 from phalanx.controller import failpoints
 from phalanx.controller.queue import WorkQueue
 from phalanx.pod_facts import in_current_attempt, kept_pod_uids, pod_attempt, replica_index, spare_ranks
@@ -127,6 +127,8 @@ class GenerationPublisher:
             ip = ((pod or {}).get("status") or {}).get("podIP")
             if pod is None or pod["metadata"].get("uid") != uid or not ip:
                 continue  # gone: the pod's own outcome says so to the next reconcile
+            if name in ranks and master is None:
+                continue  # a spare meets rank 0: told once its address is known (a later pass)
             if not takes_generations(pod):
                 continue  # a torchrun agent: it takes the replacement in by itself
             with self._lock:
@@ -142,8 +144,7 @@ class GenerationPublisher:
                 # A warm spare: it takes the lost rank, and meets rank 0 of this attempt (it may have
                 # been created in an earlier one, whose rank 0 had another name).
                 env[c.ENV_NODE_RANK] = str(ranks[name])
-                if master is not None:
-                    env[c.ENV_MASTER_ADDR] = master
+                env[c.ENV_MASTER_ADDR] = str(master)
             self.pool.submit(self._tell, key, job_uid, name, uid, str(ip), attempt, token, stop, env)
 
     def _master_addr(self, key: str, pods: list[dict[str, Any]], status: Mapping[str, Any]) -> str | None:
@@ -155,9 +156,9 @@ class GenerationPublisher:
         if rank0 is None:
             return None
         namespace, job_name = key.split("/", 1)
-        plain = rank0["metadata"]["name"] == worker_pod_name(job_name, 0)
-        attempt = None if plain else pod_attempt(rank0)
-        return worker_fqdn(job_name, namespace, 0, self.cluster_domain, attempt)
+        return master_addr_of(
+            job_name, namespace, rank0["metadata"]["name"], pod_attempt(rank0), self.cluster_domain
+        )
 
     def _tell(
         self,
