@@ -183,3 +183,13 @@ def test_a_running_gangs_spares_are_room_a_preemption_frees() -> None:
     pods = [a_pod(0, False, node="n0"), a_pod(1, False, node="n1"), a_spare(0, False, node="n2")]
     gang = running_gang("ns/j", job, pods, priority_of=at(0), started=0.0)
     assert gang is not None and [p[0] for p in gang.pods] == ["j-worker-0", "j-worker-1", "j-spare-0"]
+
+
+def test_a_running_gangs_ended_pods_are_no_room_a_preemption_frees() -> None:
+    job = spared(spares=2)
+    job["status"] = {"phase": "Running"}
+    failed = a_spare(0, False, node="n2")
+    failed["status"] = {"phase": "Failed"}
+    pods = [a_pod(0, False, node="n0"), a_pod(1, False, node="n1"), failed, a_spare(1, False, node="n3")]
+    gang = running_gang("ns/j", job, pods, priority_of=at(0), started=0.0)
+    assert gang is not None and [p[0] for p in gang.pods] == ["j-worker-0", "j-worker-1", "j-spare-1"]

@@ -133,10 +133,11 @@ def running_gang(
     bound = [
         (p["metadata"]["name"], p["spec"]["nodeName"], PodDemand.from_pod_spec(p["spec"]))
         for p in own_pods
-        # Its spares standing by too: they hold room for the gang alone.
+        # Its spares standing by too: they hold room for the gang alone. An ended pod holds none.
         if (in_current_attempt(p, status) or is_spare(p))
         and p.get("spec", {}).get("nodeName")
         and not is_deleting(p)
+        and not is_terminal(p)
     ]
     if not bound:
         return None
