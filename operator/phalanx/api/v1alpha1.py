@@ -498,6 +498,23 @@ class TrainingJobSpec:
             field_path=".spares",
             reason="FieldValueForbidden",
         ),
+        Rule(
+            "!has(self.spares) || self.spares == 0 || (has(self.replicas) && self.replicas > 1)",
+            "spec.spares needs spec.replicas 2 or more: with one replica the only rank is rank 0, whose "
+            "loss always restarts the whole gang (it hosts the rendezvous), so a spare would never take "
+            "over; remove spec.spares",
+            field_path=".spares",
+            reason="FieldValueForbidden",
+        ),
+        Rule(
+            "!has(self.spares) || self.spares == 0 || !has(self.scheduling.topology) || "
+            "(self.scheduling.topology.mode != 'Required' && !has(self.scheduling.topology.groupSize))",
+            "spec.spares cannot be used with spec.scheduling.topology mode Required or groupSize yet: the "
+            "spares would be placed apart from the gang, in a domain of their own; use topology mode "
+            "Preferred without groupSize, or remove spec.spares",
+            field_path=".spares",
+            reason="FieldValueForbidden",
+        ),
         *_IMMUTABLE_WHILE_ACTIVE,
         Rule(
             "has(self.managedBy) == has(oldSelf.managedBy) && "
@@ -516,7 +533,8 @@ class TrainingJobSpec:
         minimum=1, maximum=MAX_REPLICAS,
     )  # fmt: skip
     spares: int = api_field(
-        "Warm standby pods (restartStrategy InPlace): admitted and scheduled with the gang, counted against "
+        "Warm standby pods (restartStrategy InPlace, replicas 2 or more): created once the workers are "
+        "admitted and admitted best effort after them (never holding the workers back), counted against "
         "capacity, each with its resident launcher's imports done and no worker. A lost rank is taken "
         "over by a spare at once and a new spare is created in the background; losing an idle spare "
         "disturbs nobody (docs/reliability.md).",
