@@ -1,6 +1,7 @@
-"""Warm spares (spec.spares) against the real control plane, with kwok's simulated pods: the gang is
-admitted only with room for its spares too, a spare takes an evicted rank in place (no pod created
-for it, a new spare in the background), and an idle spare lost is replaced with no restart.
+"""Warm spares (spec.spares) against the real control plane, with kwok's simulated pods: the workers
+are admitted without waiting for their spares (best effort, after them; a quota refusing a spare is
+said in status.spares), a spare takes an evicted rank in place (no pod created for it, a new spare
+in the background), and an idle spare lost is replaced with no restart.
 
 kwok's pods run no resident launcher: a stand-in in this process answers the operator's POST of the
 generation for every pod (PHALANX_FAILPOINT_LAUNCHER_ADDRESS, controller/failpoints.py) and tells
@@ -86,27 +87,26 @@ def bound(pod: dict[str, Any]) -> bool:
     return bool((pod.get("spec") or {}).get("nodeName")) and not (pod["spec"].get("schedulingGates") or [])
 
 
-def test_a_gang_is_admitted_only_with_room_for_its_spares_too(
+def test_a_gang_runs_without_room_for_its_spare_which_is_admitted_once_room_appears(
     cluster: Cluster, namespace: str, operator: OperatorProcess, private_nodes: Any
 ) -> None:
     private_nodes.add(2, gpus=1, prefix="sa")  # room for the 2 workers, not for the spare
     job = training_job("sa", replicas=2, gpus=1, terminate_after="1s", placement=private_nodes.placement(),
                        spares=1, runPolicy=IN_PLACE)  # fmt: skip
     cluster.apply(job, namespace)
+    wait_phase(cluster, namespace, "sa", "Running", timeout=90)  # the workers never wait for a spare
 
-    def waiting() -> dict[str, Any] | None:
-        status = job_status(cluster, namespace, "sa")
-        return (
-            status
-            if status.get("admissionMessage") and len(job_pods(cluster, namespace, "sa")) == 3
-            else None
-        )
+    def spare_waiting() -> dict[str, Any] | None:
+        pods = pods_by_name(cluster, namespace, "sa")
+        return pods if "sa-spare-0" in pods and not bound(pods["sa-spare-0"]) else None
 
-    status = wait_for(waiting, timeout=60, what="the gang waiting for room")
-    assert status.get("phase") == "Pending", status
-    assert not any(bound(p) for p in job_pods(cluster, namespace, "sa"))  # no worker admitted without it
+    wait_for(spare_waiting, timeout=60, what="the spare created, waiting at the gate")
+    status = job_status(cluster, namespace, "sa")
+    assert status["phase"] == "Running" and status["spares"]["ready"] == 0, status
+    assert "spare" not in str(status.get("admissionMessage") or "")
     private_nodes.add(1, gpus=1, prefix="sb")
-    wait_phase(cluster, namespace, "sa", "Running", timeout=90)
+    wait_for(lambda: bound(pods_by_name(cluster, namespace, "sa")["sa-spare-0"]), timeout=60,
+             what="the spare admitted once room appears")  # fmt: skip
     pods = pods_by_name(cluster, namespace, "sa")
     assert sorted(pods) == ["sa-spare-0", "sa-worker-0", "sa-worker-1"] and all(
         bound(p) for p in pods.values()
@@ -197,3 +197,26 @@ def test_an_idle_spare_lost_is_replaced_without_disturbing_training(
     assert len(replaced_events) == 1 and replaced_events[0]["type"] == "Normal"
     assert "si-spare-0" in replaced_events[0]["message"]
     assert not [e for e in events if e["type"] == "Warning"], [e["message"] for e in events]
+
+
+def test_a_quota_sized_for_the_workers_runs_the_gang_and_says_the_spare_is_refused(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    quota = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "two-pods"},
+             "spec": {"hard": {"pods": "2"}}}  # fmt: skip
+    cluster.apply(quota, namespace)
+    job = training_job("sq", replicas=2, terminate_after="1s", spares=1, runPolicy=IN_PLACE)
+    cluster.apply(job, namespace)
+    wait_phase(cluster, namespace, "sq", "Running", timeout=60)
+
+    def refused() -> dict[str, Any] | None:
+        status = job_status(cluster, namespace, "sq")
+        return status if "refused" in str((status.get("spares") or {}).get("message")) else None
+
+    status = wait_for(refused, timeout=60, what="status.spares saying the spare is refused")
+    assert status["spares"]["failures"] >= 1 and status["spares"].get("nextCreateTime")
+    conditions = {c["type"]: c for c in status.get("conditions") or []}
+    assert conditions.get("PodsCreated", {}).get("status") != "False", conditions
+    assert sorted(pods_by_name(cluster, namespace, "sq")) == ["sq-worker-0", "sq-worker-1"]
+    events = events_of(cluster, namespace, "sq")
+    assert [e["reason"] for e in events if e["type"] == "Warning"] == ["SparesRefused"], events
