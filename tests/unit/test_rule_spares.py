@@ -265,3 +265,10 @@ def test_spares_under_kueue_are_ignored_with_one_warning() -> None:
         job(dict(plan.status), **SPARES), [resident(0), resident(1)], NODES, NOW, kueue_gate=admitted
     )
     assert [e for e in again.events if e.reason == "SparesIgnored"] == []
+
+
+def test_a_worker_being_deleted_does_not_cost_the_gang_its_spare() -> None:
+    # Its grace period is when a spare is needed most: it takes the rank, or stays for the next loss.
+    going = resident(1, metadata={"deletionTimestamp": iso(NOW - 1)})
+    plan = decide(job(dict(RUNNING), **SPARES), [resident(0), going, spare(0)], NODES, NOW)
+    assert "j-spare-0" not in plan.delete_pods

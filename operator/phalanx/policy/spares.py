@@ -3,15 +3,16 @@ and which takes a lost rank in an in-place restart.
 
 A spare is a worker pod in all but its rank (builders/pods.build_spare_pod, label phalanx.dev/spare):
 its resident launcher has done its imports and runs no worker. It belongs to no attempt
-(pod_facts.in_current_attempt), so a full restart neither waits for nor deletes it: a spare still
-standing by stays warm for the next attempt, and one lost with the gang is created again.
+(pod_facts.in_current_attempt), so a full restart never waits for it; spares are kept only while the
+workers hold their room (reconcile/rules/spares.py), and created again once they do.
 
 - Standing by ("idle"): labelled spare and not told to take a rank (status.inPlace.keptPods).
 - Ready: idle, Ready (its readiness probe asks its launcher, which answers once its imports are
   done), with an address, not being deleted, and its launcher takes generations.
-- Lost: idle and being deleted (evicted, preempted), on a lost node, or ended (Failed, Succeeded). An ended one is
-  deleted; a new spare is created at once for each lost one, under a new name (names are never
-  reused while a pod holds one), and nobody else is disturbed: no restart, no counter.
+- Lost: idle and being deleted (evicted, preempted), on a lost or vanished node, or ended (Failed,
+  Succeeded). An ended one is deleted; a new spare is created for each lost one (at once the first
+  time, then after replacement_backoff), under a new name (names are never reused while a pod holds
+  one), and nobody else is disturbed: no restart, no counter.
 - Taking a rank (rules/in_place.py): the lost ranks in order, each to the ready spare first by name.
 """
 

@@ -134,8 +134,9 @@ def spares_refused(
 
 
 def _workers_admitted(b: PlanBuilder, seen: Observed) -> bool:
-    """Every rank of the current attempt (as this pass writes it) has a pod past the gate, staying."""
-    current = [p for p in seen.pods if in_current_attempt(p, b.status) and not is_deleting(p)]
+    """Every rank of the current attempt (as this pass writes it) has a pod past the gate. One being
+    deleted still counts: its loss is the restart's to decide, and a spare may take its rank."""
+    current = [p for p in seen.pods if in_current_attempt(p, b.status)]
     ranks = {replica_index(p, b.status) for p in current}
     return all(r in ranks for r in range(seen.spec.replicas)) and not any(is_gated(p) for p in current)
 
