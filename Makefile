@@ -101,7 +101,7 @@ bench-kueue: $(STAMP) cluster-bin kueue-bin ## the same gangs via builtin admiss
 bench-failover: $(STAMP) cluster-bin ## leader failover: SIGKILL and SIGTERM the leader, 5 rounds each
 	$(BIN)/python bench/failover_bench.py
 
-bench-recovery: system-deps $(STAMP) cluster-bin ## full restart vs restart in place, 6 evictions each, interleaved -> bench/results/recovery.json; then bench-node-loss
+bench-recovery: system-deps $(STAMP) cluster-bin ## full restart vs in place vs in place with a spare, 6 evictions each, interleaved -> bench/results/recovery.json; then bench-node-loss
 	$(BIN)/python bench/recovery_bench.py
 	$(BIN)/python bench/node_loss_bench.py
 

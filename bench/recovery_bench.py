@@ -1,7 +1,7 @@
-"""Recovery benchmark: full gang restart against restart in place, side by side in one run.
+"""Recovery benchmark: full gang restart, restart in place and in place with a warm spare, side by side in one run.
 
     python bench/recovery_bench.py [--rounds 3] [--evictions-per-job 2] [--steps 400]
-                                   [--paths full_restart,in_place]
+                                   [--paths full_restart,in_place,in_place_spare]
 
 Brings up its own local cluster with one dev node and the operator (phalanx.demo's set-up). Each
 round runs the demo job once per path, the order alternating from round to round so that a slow
@@ -14,6 +14,10 @@ it makes an in-place job fall back to a full restart (docs/reliability.md). Path
   rank starts cold;
 - in_place: restartStrategy InPlace: the surviving pod keeps its warm launcher, only the lost pod is
   replaced.
+- in_place_spare: restartStrategy InPlace with spec.spares 1: a warm spare standing by (imports
+  done) takes the lost rank, no pod is created for it; each eviction waits until the spare made
+  after the previous one stands by, imports done (its launcher answers GET /generation: the dev
+  node runs no readiness probe).
 
 Per eviction, from the job's status.lastRecovery (the operator's timeline, docs/observability.md):
 - recover_seconds: the Eviction call -> the first training step of the new attempt (every rank is
@@ -41,7 +45,10 @@ from phalanx.demo import JOB, Demo
 from phalanx.policy.recovery_timeline import parse_time
 
 RESULTS = Path(__file__).resolve().parent / "results"
-STRATEGY = {"full_restart": "FullRestart", "in_place": "InPlace"}
+STRATEGY = {"full_restart": "FullRestart", "in_place": "InPlace", "in_place_spare": "InPlace"}
+SPARES = {"in_place_spare": 1}
+# status.lastRecovery.path of a recovery that took the path asked for
+TAKEN_PATH = {"full_restart": "FullRestart", "in_place": "InPlace", "in_place_spare": "InPlaceSpare"}
 PHASES = ("podsStopped", "podsRunning", "rendezvousDone", "stateRestored", "firstStep")
 
 
@@ -49,7 +56,7 @@ def run_job(demo: Demo, path: str, steps: int, evictions: int, timeout: float) -
     """Submits the job on `path`, evicts at evenly spaced steps once the last recovery completed,
     waits for the end; returns each recovery and the job's goodput."""
     began = time.monotonic()
-    demo.submit(steps, run_policy={"restartStrategy": STRATEGY[path]})
+    demo.submit(steps, run_policy={"restartStrategy": STRATEGY[path]}, spares=SPARES.get(path, 0))
     targets = [steps * (k + 1) // (evictions + 1) for k in range(evictions)]
     recoveries: list[dict[str, Any]] = []
     evicted_at: float | None = None  # wall clock of the pending eviction
@@ -66,8 +73,14 @@ def run_job(demo: Demo, path: str, steps: int, evictions: int, timeout: float) -
             evicted_at = None
         step = (status.get("progress") or {}).get("step")
         if evicted_at is None and len(recoveries) < len(targets) and isinstance(step, int):
-            if step >= targets[len(recoveries)] and status.get("phase") == "Running":
-                pod = f"{JOB}-worker-1"  # the same disruption on both paths (losing worker-0 falls back)
+            if (
+                step >= targets[len(recoveries)]
+                and status.get("phase") == "Running"
+                and (path not in SPARES or spare_warm(demo))
+            ):
+                # The same disruption on every path (losing worker-0 falls back): the pod serving rank 1,
+                # worker-1, or the spare that took its rank in an earlier eviction.
+                pod = rank_1_pod(demo) or f"{JOB}-worker-1"
                 demo.say(f"  {path}: step {step}: evicting {pod}")
                 evicted_at = time.time()
                 demo.evict(pod)
@@ -85,6 +98,44 @@ def run_job(demo: Demo, path: str, steps: int, evictions: int, timeout: float) -
         "elapsed_seconds": round(elapsed, 2),
         "restarts": status.get("restarts"),
     }
+
+
+def rank_1_pod(demo: Demo) -> str | None:
+    """The running pod labelled rank 1 (a spare that took the rank is relabelled)."""
+    from kubernetes import client
+
+    pods = client.CoreV1Api(demo.api).list_namespaced_pod(
+        demo.namespace, label_selector="phalanx.dev/replica-index=1"
+    )
+    running = [
+        p.metadata.name
+        for p in pods.items
+        if p.metadata.deletion_timestamp is None and p.status is not None and p.status.phase == "Running"
+    ]
+    return running[0] if len(running) == 1 else None
+
+
+def spare_warm(demo: Demo) -> bool:
+    """A spare of the job stands by with its imports done: its launcher says `spare`."""
+    import json
+    import urllib.request
+
+    from kubernetes import client
+
+    pods = client.CoreV1Api(demo.api).list_namespaced_pod(
+        demo.namespace, label_selector="phalanx.dev/spare=true"
+    )
+    for pod in pods.items:
+        ip = pod.status.pod_ip if pod.status is not None else None
+        if not ip or pod.metadata.deletion_timestamp is not None:
+            continue
+        try:
+            with urllib.request.urlopen(f"http://{ip}:9399/generation", timeout=1) as answer:
+                if json.loads(answer.read()).get("state") == "spare":
+                    return True
+        except OSError:
+            continue
+    return False
 
 
 def _complete(recovery: dict[str, Any]) -> bool:
@@ -127,7 +178,7 @@ def path_summary(jobs: list[dict[str, Any]], path: str) -> dict[str, Any]:
 
 
 def _took(recovery: dict[str, Any], path: str) -> bool:
-    return recovery["path"] == STRATEGY[path]
+    return recovery["path"] == TAKEN_PATH[path]
 
 
 def table(summary: dict[str, dict[str, Any]]) -> str:
@@ -153,7 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--evictions-per-job", type=int, default=2)
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument(
-        "--paths", default="full_restart,in_place", help=f"comma-separated: {', '.join(STRATEGY)}"
+        "--paths",
+        default="full_restart,in_place,in_place_spare",
+        help=f"comma-separated: {', '.join(STRATEGY)}",
     )
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per job")
     parser.add_argument("--out", type=Path, default=RESULTS / "recovery.json")

@@ -25,6 +25,10 @@ LABEL_ATTEMPT: Final = f"{GROUP}/attempt"
 # status.currentReplicas can be lost or lag behind the creates (pod_facts.attempt_sizes).
 LABEL_GANG_SIZE: Final = f"{GROUP}/gang-size"
 LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+# On a warm spare (spec.spares): "true" while it stands by. It has no replica-index label then; a spare
+# that takes a lost rank is relabelled (this label removed, replica-index set), so everything that
+# indexes pods by rank finds it (pod_facts.py, policy/spares.py).
+LABEL_SPARE: Final = f"{GROUP}/spare"
 MANAGED_BY: Final = "phalanx"
 GANG_SCHEDULING_GATE: Final = f"{GROUP}/gang"
 # spec.managedBy: unset or this and this operator runs the job; any other value (MultiKueue's, say)
@@ -126,6 +130,15 @@ ENV_GENERATION_WAIT: Final = "PHALANX_GENERATION_WAIT_SECONDS"
 # spec.runPolicy.restartStrategy, and status.lastRecovery.path of a recovery that took that path.
 RESTART_STRATEGY_FULL: Final = "FullRestart"
 RESTART_STRATEGY_IN_PLACE: Final = "InPlace"
+# status.lastRecovery.path of an in-place recovery in which a warm spare took the lost rank.
+RECOVERY_PATH_IN_PLACE_SPARE: Final = "InPlaceSpare"
+MAX_SPARES: Final = 16
+# A warm spare's readiness probe (GET /generation on the control port) runs this often.
+SPARE_READINESS_PERIOD_SECONDS: Final = 2
+# A spare lost while standing by (or refused by the API server) is replaced at once the first time,
+# then after this long, doubled each time in a row, up to the cap (status.spares.nextCreateTime).
+SPARE_BACKOFF_SECONDS: Final = 5.0
+SPARE_BACKOFF_MAX_SECONDS: Final = 300.0
 # What keeps a pod's processes across a restart in place (spec.runPolicy.inPlaceLauncher): the
 # trainer image's resident launcher (told each generation by the operator), or torchrun's elastic
 # agent (it re-forms the gang by itself: c10d rendezvous, builders/torchrun_env.py).

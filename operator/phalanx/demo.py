@@ -267,9 +267,11 @@ class Demo:
         return out.stdout
 
     # -- the job -------------------------------------------------------------------------------
-    def submit(self, steps: int | None = None, run_policy: dict[str, Any] | None = None) -> int:
+    def submit(
+        self, steps: int | None = None, run_policy: dict[str, Any] | None = None, spares: int = 0
+    ) -> int:
         """Applies the example with the checkpoint directory moved under the output directory (and
-        `run_policy` merged into spec.runPolicy)."""
+        `run_policy` merged into spec.runPolicy, `spares` as spec.spares when not 0)."""
         import yaml
 
         documents = list(yaml.safe_load_all(DEMO_JOB.read_text()))
@@ -281,6 +283,8 @@ class Demo:
         }
         job["spec"]["rendezvous"]["port"] = free_port()
         job["spec"]["runPolicy"] = {**job["spec"].get("runPolicy", {}), **(run_policy or {})}
+        if spares:
+            job["spec"]["spares"] = spares
         config_map = next(d for d in documents if d["kind"] == "ConfigMap")
         total = int(yaml.safe_load(config_map["data"]["trainer.yaml"])["job"]["steps"])
         if steps is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from typing import Any, cast
 from urllib.parse import urlsplit
@@ -12,6 +13,8 @@ from kubernetes.client import ApiException
 
 from phalanx import constants as c
 from phalanx import metrics
+
+log = logging.getLogger("phalanx.k8s")
 
 
 def load_api_client() -> client.ApiClient:
@@ -34,6 +37,11 @@ def release(response: Any) -> None:
 
 def _without_none(params: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in params.items() if v is not None}
+
+
+def _pointer(key: str) -> str:
+    """A map key as one JSON pointer token (RFC 6901): label keys hold '/'."""
+    return key.replace("~", "~0").replace("/", "~1")
 
 
 def short_error(exc: BaseException) -> str:
@@ -338,6 +346,40 @@ class KubeApi:
         except ApiException as exc:
             if exc.status not in (404, 409):
                 raise
+
+    def relabel_pod(
+        self, namespace: str, name: str, uid: str, labels: dict[str, str], remove: tuple[str, ...] = ()
+    ) -> dict[str, Any] | None:
+        """Sets `labels` and removes the labels named in `remove` (each must be there) on this very
+        pod (a JSON patch that first tests its uid); returns the pod as stored, None when it is gone
+        or is another pod now (404, or the test failed: 409/422)."""
+        patch: list[dict[str, Any]] = [
+            {"op": "test", "path": "/metadata/uid", "value": uid},
+            *(
+                {"op": "add", "path": f"/metadata/labels/{_pointer(k)}", "value": v}
+                for k, v in labels.items()
+            ),
+            *({"op": "remove", "path": f"/metadata/labels/{_pointer(k)}"} for k in remove),
+        ]
+        try:
+            pod: dict[str, Any] = self._json(
+                self.core.patch_namespaced_pod(
+                    name,
+                    namespace,
+                    patch,
+                    _content_type="application/json-patch+json",
+                    _preload_content=False,
+                )
+            )
+            return pod
+        except ApiException as exc:
+            if exc.status not in (404, 409, 422):
+                raise
+            # The spare keeps its rank through status.inPlace.keptPods (policy/in_place.py), and the
+            # next pass tries again; said, since whatever indexes pods by label misses it meanwhile.
+            log.warning("relabelling pod %s/%s (uid %s) as %s failed: %s", namespace, name, uid, labels,
+                        short_error(exc))  # fmt: skip
+            return None
 
     def evict_pod(self, namespace: str, name: str, uid: str | None, grace_seconds: int | None) -> bool:
         """Asks the Eviction API to stop the pod: the API server marks it DisruptionTarget

@@ -54,13 +54,45 @@ def kept_pod_uids(status: Mapping[str, Any]) -> dict[str, str]:
 
 def in_current_attempt(pod: Mapping[str, Any], status: Mapping[str, Any]) -> bool:
     """The one answer to "is this pod part of the job's current attempt": created for it (its
-    attempt label), or kept by it when it restarts in place (this very pod: name and uid). Observed,
-    housekeeping, the progress client, gang timeout and admission all ask here."""
-    if pod_attempt(pod) == int(status.get("attempt") or 0):
-        return True
+    attempt label), or kept by it when it restarts in place (this very pod: name and uid). A warm
+    spare standing by is no attempt's (is_spare), unless the in-place attempt has it take a rank
+    (kept, status.inPlace.keptPods with a rank). Observed, housekeeping, the progress client, gang
+    timeout and admission all ask here."""
     metadata = pod.get("metadata") or {}
     kept = kept_pod_uids(status)
-    return bool(kept) and kept.get(str(metadata.get("name"))) == str(metadata.get("uid"))
+    if bool(kept) and kept.get(str(metadata.get("name"))) == str(metadata.get("uid")):
+        return True
+    return not is_spare(pod) and pod_attempt(pod) == int(status.get("attempt") or 0)
+
+
+def is_spare(pod: Mapping[str, Any]) -> bool:
+    """A warm spare (spec.spares) by its label: standing by, or told to take a rank and not
+    relabelled yet (then it is also a kept pod of the in-place attempt, in_current_attempt)."""
+    return ((pod.get("metadata") or {}).get("labels") or {}).get(c.LABEL_SPARE) == "true"
+
+
+def spare_ranks(status: Mapping[str, Any]) -> dict[str, int]:
+    """name -> rank of the warm spares the current in-place attempt has take a lost rank
+    (status.inPlace.keptPods entries with a rank)."""
+    if not restarted_in_place(status):
+        return {}
+    return {
+        str(k.get("name")): int(k["rank"])
+        for k in status["inPlace"].get("keptPods") or []
+        if isinstance(k.get("rank"), int)
+    }
+
+
+def replica_index(pod: Mapping[str, Any], status: Mapping[str, Any]) -> int:
+    """The rank's worker the pod serves in the current attempt: its label, or for a spare the
+    in-place attempt has take a rank, that rank (until it is relabelled; then both agree)."""
+    taken = spare_ranks(status).get(str((pod.get("metadata") or {}).get("name")))
+    return taken if taken is not None else pod_index(pod)
+
+
+def gang_order(pod: Mapping[str, Any]) -> tuple[int, int, str]:
+    """Workers in rank order, then the spares by name: the order a gang is placed in."""
+    return (1 if is_spare(pod) else 0, pod_index(pod), str((pod.get("metadata") or {}).get("name")))
 
 
 def pod_index(pod: Mapping[str, Any]) -> int:

@@ -372,6 +372,88 @@ def test_a_sigkilled_worker_is_replaced_in_place_from_the_last_periodic_checkpoi
     print(f"\nin-place SIGKILL recovery: {status['lastRecovery']['summary']}")
 
 
+def launcher_state(cluster: Cluster, namespace: str, pod: str) -> str | None:
+    """What the pod's resident launcher says it is doing (GET /generation), None when it does not
+    answer (its imports are not done)."""
+    import json
+    import urllib.request
+
+    ip = (cluster.get_json("pod", pod, "-n", namespace).get("status") or {}).get("podIP")
+    if not ip:
+        return None
+    try:
+        with urllib.request.urlopen(f"http://{ip}:9399/generation", timeout=2) as answer:
+            return str(json.loads(answer.read())["state"])
+    except OSError:
+        return None
+
+
+def test_a_warm_spare_takes_the_evicted_rank_and_no_worker_pod_is_created(
+    cluster: Cluster, e2e_namespace: str, real_node: RealNode, operator: OperatorProcess, uninterrupted: Run,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    """spec.spares: 1. worker-1 is evicted; the spare standing by (imports done) takes rank 1 at
+    once: worker-0 and the spare keep their pods (same uids), no worker pod is created, a new spare
+    is, and training resumes from the SIGTERM checkpoint with the uninterrupted run's losses."""
+    name = "spare"
+    manifests = job_manifests(name, real_node, tmp_path, steps=STEPS, interval=INTERVAL, run_policy=IN_PLACE)
+    manifests[1]["spec"]["spares"] = 1
+    cluster.apply(manifests, e2e_namespace)
+    wait_for_step(real_node, e2e_namespace, name, 0, 1, timeout=RUN_TIMEOUT)
+    before = pod_uids(cluster, e2e_namespace, name)
+    assert sorted(before) == [f"{name}-spare-0", f"{name}-worker-0", f"{name}-worker-1"]
+    launcher = launcher_of(real_node, before[f"{name}-worker-0"])
+    assert launcher is not None and launcher[1] is not None
+    # The dev node runs no readiness probe (it reports a pod Ready once its processes start): the
+    # test waits for the spare's launcher itself, as the probe would on a kubelet.
+    wait_for(lambda: launcher_state(cluster, e2e_namespace, f"{name}-spare-0") == "spare", timeout=RUN_TIMEOUT,
+             interval=0.5, what="the spare standing by, imports done")  # fmt: skip
+
+    wait_for_step(real_node, e2e_namespace, name, 0, INTERVAL, timeout=RUN_TIMEOUT)
+    evict(cluster, e2e_namespace, f"{name}-worker-1")
+    wait_for_generation_step(real_node, e2e_namespace, name, 1, INTERVAL + 5, timeout=RUN_TIMEOUT)
+    assert launcher_of(real_node, before[f"{name}-worker-0"]) == launcher, "worker-0's launcher is gone"
+    seen = pods_seen_until_finished(cluster, e2e_namespace, name, RUN_TIMEOUT)
+
+    status = job_status(cluster, e2e_namespace, name)
+    assert status["phase"] == "Succeeded", status
+    assert restart_counts(status) == {"failures": 0, "preemptions": 1, "hangs": 0}
+    after = cluster.get_json("pods", "-n", e2e_namespace, "-l", f"phalanx.dev/job-name={name}")["items"]
+    by_name = {p["metadata"]["name"]: p for p in after}
+    for survivor in (f"{name}-worker-0", f"{name}-spare-0"):
+        assert by_name[survivor]["metadata"]["uid"] == before[survivor], survivor  # never replaced
+    assert by_name[f"{name}-spare-0"]["metadata"]["labels"]["phalanx.dev/replica-index"] == "1"
+    assert by_name[f"{name}-spare-0"]["status"]["phase"] == "Succeeded"  # it trained rank 1 to the end
+    # No worker pod was created: the only new pod was the spare made in the background.
+    new = seen - set(before.values())
+    assert len(new) <= 1, new
+    assert (
+        f"{name}-worker-1" not in by_name
+        or by_name[f"{name}-worker-1"]["metadata"]["uid"] == before[f"{name}-worker-1"]
+    )
+    spare_log = real_node.log(e2e_namespace, f"{name}-spare-0", "trainer")
+    assert '"event": "launcher_spare"' in spare_log, spare_log[-2000:]
+    first, second = rank0_generations(real_node, e2e_namespace, name)
+    assert first.preempted_at is not None, "rank 0 did not checkpoint on the peer's SIGTERM"
+    assert second.resumed_from == first.last_step and second.finished  # nothing redone
+    reference = uninterrupted.losses(0)
+    resumed = {step: record.loss for step, record in second.steps.items()}
+    assert sorted(resumed) == list(range(second.resumed_from + 1, STEPS + 1))
+    # The in-place eviction test's tolerance, for its reason (the spare's workers are forked from a
+    # warm launcher too, as the kept pod's are).
+    settled = second.resumed_from + 20
+    mismatched = {
+        s: (loss, reference[s])
+        for s, loss in resumed.items()
+        if abs(loss - reference[s]) > (1.5e-5 if s <= settled else 3.5e-5)
+    }
+    assert mismatched == {}
+    assert_recovery_timeline(
+        cluster, e2e_namespace, name, status, attempt=1, reason="Preempted", path="InPlaceSpare"
+    )
+    print(f"\nspare takeover recovery: {status['lastRecovery']['summary']}")
+
+
 def test_a_job_whose_command_exits_1_fails_after_its_backoff_limit(
     cluster: Cluster, e2e_namespace: str, real_node: RealNode, operator: OperatorProcess, tmp_path: Path
 ) -> None:

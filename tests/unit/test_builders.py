@@ -9,7 +9,7 @@ import pytest
 from phalanx.api.schema import parse
 from phalanx.api.v1alpha1 import TrainingJobSpec
 from phalanx.builders.podgroups import build_podgroup
-from phalanx.builders.pods import JobRef, build_headless_service, build_worker_pod
+from phalanx.builders.pods import JobRef, build_headless_service, build_spare_pod, build_worker_pod
 
 pytestmark = pytest.mark.unit
 
@@ -242,3 +242,42 @@ def test_kept_ranks_wait_at_the_rendezvous_as_long_as_a_replacement_may_take_to_
 def test_every_pod_carries_its_attempts_size_as_a_label() -> None:
     pod = build_worker_pod(JOB, spec(), 1, 0, {"spec": {"containers": [{"name": "trainer"}]}})
     assert pod["metadata"]["labels"]["phalanx.dev/gang-size"] == "2"
+
+
+def test_a_spare_is_a_worker_in_all_but_its_rank() -> None:
+    template = {
+        "spec": {"containers": [{"name": "trainer", "image": "t"}, {"name": "sidecar", "image": "s"}]}
+    }
+    in_place = spec(runPolicy={"restartStrategy": "InPlace"}, spares=1)
+    worker = build_worker_pod(JOB, in_place, 1, 2, template, control_token="w")
+    spare = build_spare_pod(JOB, in_place, 0, 2, template, control_token="s")
+    assert spare["metadata"]["name"] == "gpt-spare-0" and spare["spec"]["hostname"] == "gpt-spare-0"
+    labels = spare["metadata"]["labels"]
+    assert labels["phalanx.dev/spare"] == "true" and "phalanx.dev/replica-index" not in labels
+    assert labels["phalanx.dev/attempt"] == "2" and labels["phalanx.dev/gang-size"] == "2"
+    env = env_of(spare)
+    assert env["PHALANX_SPARE"] == "true" and env["PHALANX_RESTART_IN_PLACE"] == "true"
+    assert "NODE_RANK" not in env and "PET_NODE_RANK" not in env  # its first generation says which
+    assert (
+        env["WORLD_SIZE"] == env_of(worker)["WORLD_SIZE"]
+        and env["MASTER_ADDR"] == env_of(worker)["MASTER_ADDR"]
+    )
+    assert trainer_of(spare)["resources"] == trainer_of(worker)["resources"]  # counted as a worker is
+    assert spare["spec"]["schedulingGates"] == worker["spec"]["schedulingGates"]
+    assert spare["metadata"]["annotations"]["phalanx.dev/control-token"] == "s"
+    assert spare["metadata"]["annotations"]["phalanx.dev/resident-launcher"] == "true"
+    probe = trainer_of(spare)["readinessProbe"]  # Ready once its launcher answers: imports done
+    assert probe["httpGet"] == {"path": "/generation", "port": 9399}
+    assert "readinessProbe" not in trainer_of(worker)
+
+
+def test_a_spare_has_no_liveness_or_startup_probe_it_has_no_worker_to_probe() -> None:
+    probe = {"httpGet": {"path": "/healthz", "port": 8080}, "periodSeconds": 10}
+    trainer = {"name": "trainer", "image": "t", "livenessProbe": probe, "startupProbe": probe}
+    template = {"spec": {"containers": [trainer, {"name": "sidecar", "image": "s", "livenessProbe": probe}]}}
+    in_place = spec(runPolicy={"restartStrategy": "InPlace"}, spares=1)
+    spare = build_spare_pod(JOB, in_place, 0, 0, template)
+    assert "livenessProbe" not in trainer_of(spare) and "startupProbe" not in trainer_of(spare)
+    sidecar = next(c for c in spare["spec"]["containers"] if c["name"] == "sidecar")
+    assert sidecar["livenessProbe"] == probe  # not the trainer's: the sidecar runs as on a worker
+    assert trainer_of(build_worker_pod(JOB, in_place, 0, 0, template))["livenessProbe"] == probe

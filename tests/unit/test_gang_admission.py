@@ -142,6 +142,17 @@ def test_blocked_head_reserves_nodes_and_smaller_gangs_backfill_elsewhere() -> N
     assert [(a.key, a.placements) for a in plan.admitted] == [("ns/small", (("ns/small-0", "c"),))]
 
 
+def test_a_best_effort_request_blocked_holds_no_nodes_and_others_backfill() -> None:
+    # Warm spares alone (gang/requests.py): admitted if room exists, never waited for.
+    nodes = [gpu_node("a"), gpu_node("b")]
+    used = {"a": {GPU: 8000}, "b": {GPU: 6000}}
+    spares = gang("ns/spares", 1, 8, created=0, best_effort=True, min_available=1)
+    small = gang("ns/small", 1, 2, created=1)
+    plan = plan_admission([spares, small], nodes, used, now=0)
+    assert plan.reservations == {} and "ns/spares" in plan.waiting
+    assert [(a.key, a.placements) for a in plan.admitted] == [("ns/small", (("ns/small-0", "b"),))]
+
+
 def test_backfill_that_only_fits_on_reserved_nodes_waits_and_says_so() -> None:
     nodes = [gpu_node("a"), gpu_node("b")]
     used = {"a": {GPU: 4000}, "b": {GPU: 4000}}

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from phalanx.api.v1alpha1 import TrainingJobSpec
-from phalanx.gang.requests import FINISH_ADMISSION_PRIORITY, running_gang, waiting_gang
+from phalanx.gang.requests import FINISH_ADMISSION_PRIORITY, SPARES_PRIORITY, running_gang, waiting_gang
 
 pytestmark = pytest.mark.unit
 
@@ -137,3 +137,59 @@ def test_an_elastic_gang_whose_pods_disagree_on_the_size_is_not_admitted() -> No
     assert (
         waiting_gang("ns/j", elastic_job(4, currentReplicas=3), pods, priority_of=at(0), created=0.0) is None
     )
+
+
+def a_spare(number: int, gated: bool, node: str = "", deleting: bool = False) -> dict[str, Any]:
+    spare = a_pod(0, gated, node=node, deleting=deleting)
+    spare["metadata"]["name"] = f"j-spare-{number}"
+    spare["metadata"]["labels"]["phalanx.dev/spare"] = "true"
+    return spare
+
+
+def spared(replicas: int = 2, spares: int = 1) -> dict[str, Any]:
+    job = a_job(replicas)
+    job["spec"].update(spares=spares, runPolicy={"restartStrategy": "InPlace"})
+    return job
+
+
+def test_a_new_gangs_workers_are_admitted_without_its_spares() -> None:
+    # replicas + spares need not fit: the workers are the gang, the spares wait behind them.
+    pods = [a_spare(0, True), a_pod(1, True), a_pod(0, True)]
+    waiting = waiting_gang("ns/j", spared(), pods, priority_of=at(7), created=0.0)
+    assert waiting is not None and not waiting.spares_only
+    assert [name for name, _ in waiting.request.pods] == ["j-worker-0", "j-worker-1"]
+    assert waiting.request.needed == 2 and set(waiting.gated) == {"j-worker-0", "j-worker-1"}
+    assert waiting.request.priority == 7
+
+
+def test_a_new_gang_does_not_wait_for_its_spares_to_be_created() -> None:
+    waiting = waiting_gang("ns/j", spared(), [a_pod(0, True), a_pod(1, True)], priority_of=at(0), created=0.0)
+    assert waiting is not None and waiting.request.needed == 2
+
+
+def test_spares_at_the_gate_alone_are_best_effort_behind_every_gang() -> None:
+    # After a takeover, the replacement spare must neither preempt nor hold nodes (gang/admission.py).
+    pods = [a_pod(0, False, node="n0"), a_pod(1, False, node="n0"), a_spare(1, True), a_spare(2, True)]
+    waiting = waiting_gang("ns/j", spared(spares=2), pods, priority_of=at(10**9), created=0.0)
+    assert waiting is not None and waiting.spares_only and not waiting.finishing
+    assert [name for name, _ in waiting.request.pods] == ["j-spare-1", "j-spare-2"]
+    assert waiting.request.needed == 1 and waiting.request.best_effort
+    assert waiting.request.priority == SPARES_PRIORITY < -(2**31)
+
+
+def test_a_running_gangs_spares_are_room_a_preemption_frees() -> None:
+    job = spared()
+    job["status"] = {"phase": "Running"}
+    pods = [a_pod(0, False, node="n0"), a_pod(1, False, node="n1"), a_spare(0, False, node="n2")]
+    gang = running_gang("ns/j", job, pods, priority_of=at(0), started=0.0)
+    assert gang is not None and [p[0] for p in gang.pods] == ["j-worker-0", "j-worker-1", "j-spare-0"]
+
+
+def test_a_running_gangs_ended_pods_are_no_room_a_preemption_frees() -> None:
+    job = spared(spares=2)
+    job["status"] = {"phase": "Running"}
+    failed = a_spare(0, False, node="n2")
+    failed["status"] = {"phase": "Failed"}
+    pods = [a_pod(0, False, node="n0"), a_pod(1, False, node="n1"), failed, a_spare(1, False, node="n3")]
+    gang = running_gang("ns/j", job, pods, priority_of=at(0), started=0.0)
+    assert gang is not None and [p[0] for p in gang.pods] == ["j-worker-0", "j-worker-1", "j-spare-1"]

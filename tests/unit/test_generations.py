@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from phalanx import constants as c
+from phalanx.builders.names import master_addr
 from phalanx.controller import generations
 from phalanx.controller.generations import GenerationPublisher, judge_answer
 from phalanx.controller.queue import WorkQueue
@@ -180,3 +181,32 @@ def test_a_torchrun_pod_kept_in_place_is_told_nothing() -> None:
     publisher.publish("ns/j", "job-uid", [pod], STATUS)
     settle(publisher)
     assert Launcher.bodies == []
+
+
+@pytest.mark.usefixtures("launcher")
+def test_a_spare_taking_a_rank_is_told_the_rank_and_rank_0s_address_with_its_generation() -> None:
+    spare = {
+        "metadata": {"name": "j-spare-0", "uid": "s0", "annotations": {c.ANNOTATION_RESIDENT_LAUNCHER: "true"},
+                     "labels": {c.LABEL_SPARE: "true", c.LABEL_ATTEMPT: "0"}},
+        "status": {"podIP": "127.0.0.1"},
+    }  # fmt: skip
+    rank0 = kept_pod()
+    rank0["metadata"]["labels"] = {c.LABEL_REPLICA_INDEX: "0", c.LABEL_ATTEMPT: "0"}
+    kept = [{"name": "j-worker-0", "uid": "u0"}, {"name": "j-spare-0", "uid": "s0", "rank": 1}]
+    status = {**STATUS, "inPlace": {"attempt": 1, "keptPods": kept}}
+    publisher = GenerationPublisher(Recorded(), cluster_domain="example.org")
+    # Rank 0 not seen yet (the store lags): the spare is not told (nor marked told) without it.
+    publisher.publish("ns/j", "job-uid", [spare], status)
+    assert publisher.pool._work_queue.empty() and Launcher.bodies == []
+    publisher.publish("ns/j", "job-uid", [rank0, spare], status)
+    settle(publisher)
+    told = next(b for b in Launcher.bodies if "NODE_RANK" in b["env"])
+    assert told["env"] == {"PHALANX_ATTEMPT": "1", "NODE_RANK": "1",
+                           "MASTER_ADDR": "j-worker-0.j.ns.svc.example.org"}  # fmt: skip
+    assert {"PHALANX_ATTEMPT": "1"} in [b["env"] for b in Launcher.bodies]  # a survivor keeps its rank
+    assert len(Launcher.bodies) == 2
+
+
+def test_master_addr_is_one_helper_for_the_contract_and_the_spares_post() -> None:
+    assert master_addr("j", "ns", "example.org") == "j-worker-0.j.ns.svc.example.org"
+    assert master_addr("j", "ns", "example.org", attempt=3) == "j-worker-0-a3.j.ns.svc.example.org"

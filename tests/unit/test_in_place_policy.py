@@ -14,6 +14,7 @@ from phalanx.policy.in_place import (
     InPlaceRestart,
     KeptPod,
     in_place_attempt_unfinished,
+    kept_pods_status,
     plan_in_place,
     runs_resident_launcher,
 )
@@ -27,7 +28,8 @@ RUNNING_STATUS = {"attempt": 0, "phase": "Running"}
 
 def launcher_pod(index: int, **status: Any) -> dict[str, Any]:
     return {
-        "metadata": {"name": f"j-worker-{index}", "uid": f"u{index}", "labels": {"phalanx.dev/attempt": "0"},
+        "metadata": {"name": f"j-worker-{index}", "uid": f"u{index}",
+                     "labels": {"phalanx.dev/attempt": "0", "phalanx.dev/replica-index": str(index)},
                      "annotations": {"phalanx.dev/resident-launcher": "true"}},
         "status": {"phase": "Running", "podIP": f"10.0.0.{index}", **status},
     }  # fmt: skip
@@ -46,6 +48,24 @@ def test_the_running_pods_are_kept_and_every_lost_index_replaced() -> None:
     assert plan_in_place("InPlace", RUNNING_STATUS, outcomes, pods) == InPlaceRestart(
         (KeptPod(0, "j-worker-0", "u0"), KeptPod(2, "j-worker-2", "u2")), (1, 3)
     )
+
+
+def test_a_kept_pod_whose_labels_do_not_say_its_rank_carries_it_forward() -> None:
+    # A spare that took rank 1 and was never relabelled: the next in-place attempt keeps its rank,
+    # or replica_index reads -1 and the spare is counted idle again (two pods for one rank).
+    spare = launcher_pod(1)
+    spare["metadata"].update(
+        name="j-spare-0", uid="s0", labels={"phalanx.dev/attempt": "0", "phalanx.dev/spare": "true"}
+    )
+    pods = {0: launcher_pod(0), 1: spare, 2: launcher_pod(2)}
+    decision = plan_in_place(
+        "InPlace", RUNNING_STATUS, [outcome(0, RUN), outcome(1, RUN), outcome(2, PRE)], pods
+    )
+    assert isinstance(decision, InPlaceRestart)
+    assert kept_pods_status(decision) == [
+        {"name": "j-worker-0", "uid": "u0"},
+        {"name": "j-spare-0", "uid": "s0", "rank": 1},
+    ]
 
 
 def test_full_restart_is_not_in_place_at_all() -> None:

@@ -17,6 +17,8 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
      "description": "Gang restarts after failures"},
     {"name": "Preempted", "type": "integer", "jsonPath": ".status.restarts.preemptions",
      "description": "Gang restarts after preemption"},
+    {"name": "Spares", "type": "string", "jsonPath": ".status.spares.summary", "priority": 1,
+     "description": "Idle spares ready / spec.spares"},
     {"name": "Progress", "type": "integer", "jsonPath": ".status.progress.percent",
      "description": "Training progress in percent"},
     {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step", "priority": 1},

@@ -469,6 +469,52 @@ class TrainingJobSpec:
             field_path=".scheduling.topology.groupSize",
             reason="FieldValueInvalid",
         ),
+        Rule(
+            f"!has(self.spares) || self.spares == 0 || self.runPolicy.restartStrategy == '{c.RESTART_STRATEGY_IN_PLACE}'",
+            f"spec.spares needs spec.runPolicy.restartStrategy {c.RESTART_STRATEGY_IN_PLACE}: a spare takes a "
+            f"lost rank only in an in-place restart; set restartStrategy: {c.RESTART_STRATEGY_IN_PLACE} or "
+            "remove spec.spares",
+            field_path=".spares",
+            reason="FieldValueForbidden",
+        ),
+        Rule(
+            f"!has(self.spares) || self.spares == 0 || self.runPolicy.inPlaceLauncher != '{c.IN_PLACE_LAUNCHER_TORCHRUN}'",
+            f"spec.spares needs spec.runPolicy.inPlaceLauncher {c.IN_PLACE_LAUNCHER_PHALANX}: a spare is told its "
+            "rank by the operator, which torchrun's elastic agent does not take; remove spec.spares",
+            field_path=".spares",
+            reason="FieldValueForbidden",
+        ),
+        Rule(
+            "!has(self.spares) || self.spares == 0 || !has(self.elastic)",
+            "spec.spares cannot be used with spec.elastic: an elastic gang resizes by a full restart; "
+            "remove one of them",
+            field_path=".spares",
+            reason="FieldValueForbidden",
+        ),
+        Rule(
+            "!has(self.spares) || self.spares == 0 || self.scheduling.provider == 'builtin'",
+            "spec.spares needs spec.scheduling.provider builtin: the operator admits the spares with the "
+            "gang, which volcano and coscheduling PodGroups do not count",
+            field_path=".spares",
+            reason="FieldValueForbidden",
+        ),
+        Rule(
+            "!has(self.spares) || self.spares == 0 || (has(self.replicas) && self.replicas > 1)",
+            "spec.spares needs spec.replicas 2 or more: with one replica the only rank is rank 0, whose "
+            "loss always restarts the whole gang (it hosts the rendezvous), so a spare would never take "
+            "over; remove spec.spares",
+            field_path=".spares",
+            reason="FieldValueForbidden",
+        ),
+        Rule(
+            "!has(self.spares) || self.spares == 0 || !has(self.scheduling.topology) || "
+            "(self.scheduling.topology.mode != 'Required' && !has(self.scheduling.topology.groupSize))",
+            "spec.spares cannot be used with spec.scheduling.topology mode Required or groupSize yet: the "
+            "spares would be placed apart from the gang, in a domain of their own; use topology mode "
+            "Preferred without groupSize, or remove spec.spares",
+            field_path=".spares",
+            reason="FieldValueForbidden",
+        ),
         *_IMMUTABLE_WHILE_ACTIVE,
         Rule(
             "has(self.managedBy) == has(oldSelf.managedBy) && "
@@ -485,6 +531,14 @@ class TrainingJobSpec:
         "procsPerReplica; with spec.elastic, the size it grows to (status.currentReplicas is the size "
         "running now).",
         minimum=1, maximum=MAX_REPLICAS,
+    )  # fmt: skip
+    spares: int = api_field(
+        "Warm standby pods (restartStrategy InPlace, replicas 2 or more): created once the workers are "
+        "admitted and admitted best effort after them (never holding the workers back), counted against "
+        "capacity, each with its resident launcher's imports done and no worker. A lost rank is taken "
+        "over by a spare at once and a new spare is created in the background; losing an idle spare "
+        "disturbs nobody (docs/reliability.md).",
+        default=0, minimum=0, maximum=c.MAX_SPARES,
     )  # fmt: skip
     procs_per_replica: int | None = api_field(
         "Training processes per pod; default resources.gpus when set, else 1.", minimum=1, maximum=64
@@ -674,7 +728,8 @@ class LastRecovery:
     attempt: int | None = api_field("The attempt that recovers.")
     reason: str | None = api_field("Why the gang restarted: Preempted, FailureRestart or a node's loss.")
     path: str | None = api_field(
-        "How it recovers: FullRestart (every pod replaced) or InPlace (only the lost pods replaced)."
+        "How it recovers: FullRestart (every pod replaced), InPlace (only the lost pods replaced) or "
+        "InPlaceSpare (in place, a warm spare taking the lost rank: no pod replaced)."
     )
     disrupted_time: str | None = api_field("When the operator saw the disruption (RFC 3339, milliseconds).")
     phases_milliseconds: RecoveryPhases | None = api_field("When each phase ended, since disruptedTime.")
@@ -748,6 +803,29 @@ class KeptPod:
     name: str = api_field("Pod name.", required=True, default="")
     uid: str = api_field("Pod uid: a pod recreated under the name is not the kept one.", required=True,
                          default="")  # fmt: skip
+    rank: int | None = api_field(
+        "A warm spare taking a lost rank: the replica index it takes (absent for a pod that keeps its own)."
+    )
+
+
+@dataclass
+class Spares:
+    """spec.spares: the warm standby pods."""
+
+    desired: int | None = api_field("spec.spares.")
+    ready: int | None = api_field("Spares running idle, ready to take a rank.")
+    summary: str | None = api_field("ready/desired, for `kubectl get`.")
+    pods: list[str] | None = api_field("The idle spares' names.", max_items=c.MAX_SPARES)
+    message: str | None = api_field(
+        "Why fewer spares stand by than asked for, if known: the API server refused one (quota), the "
+        "workers are not admitted yet, or spares are ignored (Kueue)."
+    )
+    failures: int | None = api_field(
+        "Spares lost while standing by, or refused, in a row (reset once all are ready): the backoff."
+    )
+    next_create_time: str | None = api_field(
+        "No spare is created before then (RFC 3339): the backoff after a spare lost or refused."
+    )
 
 
 @dataclass
@@ -817,6 +895,7 @@ class TrainingJobStatus:
     in_place: InPlace | None = api_field(
         "spec.runPolicy.restartStrategy InPlace: the current attempt's kept pods (absent otherwise)."
     )
+    spares: Spares | None = api_field("spec.spares: the warm standby pods (absent without spares).")
     goodput: Goodput | None = api_field("Goodput and device time by cause (kept up to date while it runs).")
     bad_nodes: list[BadNode] | None = api_field(
         "Nodes this job's pods failed on for reasons of the infrastructure; avoided at 2 failures.",

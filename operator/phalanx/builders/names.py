@@ -19,6 +19,12 @@ def worker_hostname(job_name: str, index: int, attempt: int | None = None) -> st
     return name if len(name) <= DNS_LABEL_MAX else f"worker-{index}-a{attempt}"
 
 
+def spare_pod_name(job_name: str, number: int) -> str:
+    """<job>-spare-<number>: a warm spare (spec.spares). Numbers are never reused while a pod holds
+    one, so a spare that took a rank keeps its name beside its successor's (policy/spares.py)."""
+    return f"{job_name}-spare-{number}"
+
+
 def service_name(job_name: str) -> str:
     return job_name
 
@@ -32,6 +38,22 @@ def worker_fqdn(
 ) -> str:
     host = worker_hostname(job_name, index, attempt)
     return f"{host}.{service_name(job_name)}.{namespace}.svc.{cluster_domain}"
+
+
+def master_addr(
+    job_name: str, namespace: str, cluster_domain: str = "cluster.local", attempt: int | None = None
+) -> str:
+    """MASTER_ADDR: rank 0's DNS name, `attempt` when the attempt's pods carry it in their names.
+    The one derivation for the pods' contract (builders/pods.contract_env) and for a warm spare told
+    its rank (controller/generations.py)."""
+    return worker_fqdn(job_name, namespace, 0, cluster_domain, attempt)
+
+
+def master_addr_of(job_name: str, namespace: str, rank0: str, attempt: int, cluster_domain: str) -> str:
+    """MASTER_ADDR from rank 0's pod name `rank0` in `attempt`: its name says whether the attempt
+    took `-a<attempt>` names."""
+    plain = rank0 == worker_pod_name(job_name, 0)
+    return master_addr(job_name, namespace, cluster_domain, None if plain else attempt)
 
 
 def podgroup_name(job_name: str) -> str:

@@ -9,7 +9,15 @@ from typing import Any
 
 from phalanx import constants as c
 from phalanx.api.v1alpha1 import TrainingJobSpec
-from phalanx.builders.names import service_name, worker_fqdn, worker_hostname, worker_pod_name
+from phalanx.builders.names import (
+    DNS_LABEL_MAX,
+    master_addr,
+    service_name,
+    spare_pod_name,
+    worker_fqdn,
+    worker_hostname,
+    worker_pod_name,
+)
 from phalanx.builders.torchrun_env import elastic_env
 from phalanx.providers import provider_for
 
@@ -93,7 +101,7 @@ def contract_env(
     attempt_in_name: bool = False,
 ) -> list[dict[str, str]]:
     """The environment contract of docs/environment.md for replica `index`."""
-    master = worker_fqdn(job.name, job.namespace, 0, cluster_domain, attempt if attempt_in_name else None)
+    master = master_addr(job.name, job.namespace, cluster_domain, attempt if attempt_in_name else None)
     port = str(spec.rendezvous.port)
     nnodes, nproc = str(spec.replicas), str(spec.effective_procs_per_replica)
     values: dict[str, str] = {
@@ -271,6 +279,52 @@ def build_worker_pod(
         },
         "spec": pod_spec,
     }
+
+
+def build_spare_pod(
+    job: JobRef,
+    spec: TrainingJobSpec,
+    number: int,
+    attempt: int,
+    template: dict[str, Any],
+    *,
+    cluster_domain: str = "cluster.local",
+    attempt_in_name: bool = False,
+    avoid_nodes: Sequence[str] = (),
+    control_token: str | None = None,
+) -> dict[str, Any]:
+    """Warm spare `<job>-spare-<number>` (spec.spares): a worker pod in all but its rank. Same
+    resources, template and contract, PHALANX_SPARE=true and no NODE_RANK: its resident launcher does
+    its imports and starts no worker until its first POST /generation assigns it a rank
+    (docs/trainer.md, "Restart in place"). Labelled spare instead of a replica index (pod_facts.is_spare),
+    and Ready only once its launcher's control server answers (its readiness probe)."""
+    pod = build_worker_pod(job, spec, 0, attempt, template, cluster_domain=cluster_domain,
+                           attempt_in_name=attempt_in_name, avoid_nodes=avoid_nodes,
+                           control_token=control_token)  # fmt: skip
+    name = spare_pod_name(job.name, number)
+    pod["metadata"]["name"] = name
+    labels = pod["metadata"]["labels"]
+    labels.pop(c.LABEL_REPLICA_INDEX, None)
+    labels[c.LABEL_SPARE] = "true"
+    pod["spec"]["hostname"] = name if len(name) <= DNS_LABEL_MAX else f"spare-{number}"
+    no_rank = (c.ENV_NODE_RANK, c.ENV_PET_NODE_RANK)
+    for container in pod["spec"].get("containers", []):
+        if container.get("name") != c.TRAINER_CONTAINER:
+            continue
+        env = [e for e in container.get("env") or [] if e.get("name") not in no_rank]
+        container["env"] = [{"name": c.ENV_SPARE, "value": "true"}, *env]
+        # Ready once its launcher answers, which is once its imports are done: a spare that is not
+        # warm yet is not given a rank (policy/spares.py). The template's probe is not the spare's:
+        # it has no worker to probe.
+        # Nor are its liveness and startup probes: they would kill an idle spare every period.
+        container.pop("livenessProbe", None)
+        container.pop("startupProbe", None)
+        container["readinessProbe"] = {
+            "httpGet": {"path": c.GENERATION_PATH, "port": c.DEFAULT_CONTROL_PORT},
+            "periodSeconds": c.SPARE_READINESS_PERIOD_SECONDS,
+            "failureThreshold": 1,
+        }
+    return pod
 
 
 def build_headless_service(job: JobRef, spec: TrainingJobSpec) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from phalanx.gang.admission import GangRequest, plan_admission
 from phalanx.gang.capacity import PodDemand
 from phalanx.gang.on_creation import plan_on_creation
 from phalanx.gang.requests import topology_request
-from phalanx.pod_facts import pod_index
+from phalanx.pod_facts import gang_order, is_spare
 from phalanx.policy.elastic import Room
 from phalanx.providers import provider_for
 
@@ -52,9 +52,12 @@ class CreationAdmission:
                 key=key,
                 priority=state.priority_of(spec),
                 created=now,
+                # The workers only: warm spares are best effort, left to the admission pass
+                # (gang/requests.py), and never keep the workers from being admitted.
                 pods=tuple(
                     (p["metadata"]["name"], PodDemand.from_pod_spec(p["spec"]))
-                    for p in sorted(pods, key=pod_index)
+                    for p in sorted(pods, key=gang_order)
+                    if not is_spare(p)
                 ),
                 min_available=spec.min_available,
                 topology=topology_request(spec),

@@ -113,6 +113,7 @@ class AdmissionPass:
             requests: list[GangRequest] = []
             gated_pods: dict[str, dict[str, dict[str, Any]]] = {}
             finishing: set[str] = set()  # gangs whose interrupted admission is being completed
+            spares_only: set[str] = set()  # warm spares only: best effort, they neither preempt nor wait
             now = self.clock()
             for job in jobs:
                 key = object_key(job)
@@ -125,6 +126,8 @@ class AdmissionPass:
                     continue  # still being created (or torn down), or nothing at the gate
                 if waiting.finishing:
                     finishing.add(key)
+                if waiting.spares_only:
+                    spares_only.add(key)
                 gated_pods[key] = waiting.gated
                 requests.append(waiting.request)
             if not requests:
@@ -150,12 +153,15 @@ class AdmissionPass:
             metrics.observe_gang_admitted(namespace, admission.key.split("/", 1)[1], max(0.0, now - created))
             self.work.enqueue_threadsafe(admission.key)
         head = head_of_line_blocked(plan.waiting, admission_order(requests))
-        if head is not None and head.key not in finishing:  # its lifted priority must not preempt
+        # A finishing gang's lifted priority must not preempt, nor may spares on their own.
+        if head is not None and head.key not in finishing and head.key not in spares_only:
             self.preemptor.preempt_for(head, every_job, nodes, used)
         for key, reason in [
             *plan.waiting.items(),
             *((k, f"{NEVER_FITS}: {r}") for k, r in plan.never_fits.items()),
         ]:
+            if key in spares_only:
+                continue  # the job runs; its spares wait for room unannounced (status.spares.ready)
             job = jobs_by_key[key]
             if (job.get("status") or {}).get("admissionMessage") != reason:
                 namespace, name = key.split("/", 1)

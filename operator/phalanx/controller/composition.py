@@ -71,7 +71,7 @@ class Controller:
         self.progress = ProgressPoller(
             self.writer, self.work, settings.progress_status_seconds, settings.progress_url_template
         )
-        self.generations = GenerationPublisher(self.work)
+        self.generations = GenerationPublisher(self.work, cluster_domain=settings.cluster_domain)
         admission = AdmissionState()
         self.reconciler = Reconciler(
             api, self.stores, self.writer, self.work,

@@ -12,6 +12,9 @@ and none is read anywhere else.
   precedes a reconcile's deletions and creations, when it recorded a restart to grow (Resize) or a
   new elastic attempt sized differently from the one before (Resized), before any pod is deleted or
   created (tests/integration/test_elastic.py).
+- PHALANX_FAILPOINT_LAUNCHER_ADDRESS=HOST:PORT: every POST /generation goes there instead of the
+  pod's address: kwok's pods run no resident launcher, so a stand-in in the test answers for them
+  (tests/integration/test_spares.py; it tells the pods apart by their control tokens).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ EXIT_AFTER_PODS: Final = "PHALANX_FAILPOINT_EXIT_AFTER_PODS"
 EXIT_AFTER_ADMITS: Final = "PHALANX_FAILPOINT_EXIT_AFTER_ADMITS"
 LOSE_STATUS_WRITE: Final = "PHALANX_FAILPOINT_LOSE_STATUS_WRITE"
 EXIT_AFTER_DECISION_WRITE: Final = "PHALANX_FAILPOINT_EXIT_AFTER_DECISION_WRITE"
+LAUNCHER_ADDRESS: Final = "PHALANX_FAILPOINT_LAUNCHER_ADDRESS"
 EXIT_CODE: Final = 3
 
 _pods_created_here = 0
@@ -90,3 +94,12 @@ def after_decision_write(old: dict[str, Any], new: dict[str, Any]) -> None:
     if ("Resize" in moments and resize) or ("Resized" in moments and resized):
         log.error("failpoint: exiting after the status write of %s", "a grow" if resize else "a new size")
         os._exit(EXIT_CODE)
+
+
+def launcher_address(ip: str, port: int) -> tuple[str, int]:
+    """Where a resident launcher's control server is reached: the pod's, or the stand-in's."""
+    override = os.environ.get(LAUNCHER_ADDRESS)
+    if not override:
+        return ip, port
+    host, _, stand_in = override.rpartition(":")
+    return host, int(stand_in)

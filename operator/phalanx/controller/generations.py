@@ -23,8 +23,10 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from phalanx import constants as c
+from phalanx.builders.names import master_addr_of
+from phalanx.controller import failpoints
 from phalanx.controller.queue import WorkQueue
-from phalanx.pod_facts import kept_pod_uids
+from phalanx.pod_facts import in_current_attempt, kept_pod_uids, pod_attempt, replica_index, spare_ranks
 from phalanx.policy.in_place import STOP_AT_CHECKPOINT, takes_generations
 
 log = logging.getLogger("phalanx.controller")
@@ -83,9 +85,12 @@ def judge_answer(status: int, answer: Mapping[str, Any], generation: int) -> Gen
 
 
 class GenerationPublisher:
-    def __init__(self, work: WorkQueue, headers: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, work: WorkQueue, headers: Mapping[str, str] | None = None, cluster_domain: str = "cluster.local"
+    ) -> None:
         self.work = work
         self.headers = dict(headers or {})
+        self.cluster_domain = cluster_domain
         self.pool = ThreadPoolExecutor(GENERATION_CONCURRENCY, thread_name_prefix="generation")
         self._lock = threading.Lock()
         # job key -> (pod uid, generation) taken, or being told now; the job's entry goes with it.
@@ -115,11 +120,15 @@ class GenerationPublisher:
         attempt = int(status.get("attempt") or 0)
         stop = str((status.get("inPlace") or {}).get("stop") or STOP_AT_CHECKPOINT)
         by_name = {p["metadata"]["name"]: p for p in pods}
+        ranks = spare_ranks(status)
+        master = self._master_addr(key, pods, status) if ranks else None
         for name, uid in kept.items():
             pod = by_name.get(name)
             ip = ((pod or {}).get("status") or {}).get("podIP")
             if pod is None or pod["metadata"].get("uid") != uid or not ip:
                 continue  # gone: the pod's own outcome says so to the next reconcile
+            if name in ranks and master is None:
+                continue  # a spare meets rank 0: told once its address is known (a later pass)
             if not takes_generations(pod):
                 continue  # a torchrun agent: it takes the replacement in by itself
             with self._lock:
@@ -130,7 +139,26 @@ class GenerationPublisher:
                 told -= {t for t in told if t[1] < attempt}
                 told.add((uid, attempt))
             token = ((pod.get("metadata") or {}).get("annotations") or {}).get(c.ANNOTATION_CONTROL_TOKEN)
-            self.pool.submit(self._tell, key, job_uid, name, uid, str(ip), attempt, token, stop)
+            env = {c.ENV_ATTEMPT: str(attempt)}
+            if name in ranks:
+                # A warm spare: it takes the lost rank, and meets rank 0 of this attempt (it may have
+                # been created in an earlier one, whose rank 0 had another name).
+                env[c.ENV_NODE_RANK] = str(ranks[name])
+                env[c.ENV_MASTER_ADDR] = str(master)
+            self.pool.submit(self._tell, key, job_uid, name, uid, str(ip), attempt, token, stop, env)
+
+    def _master_addr(self, key: str, pods: list[dict[str, Any]], status: Mapping[str, Any]) -> str | None:
+        """Rank 0's DNS name in the current attempt (its pod's name says whether the attempt took
+        `-a<attempt>` names, builders/names.py); None when no rank 0 is seen."""
+        rank0 = next(
+            (p for p in pods if in_current_attempt(p, status) and replica_index(p, status) == 0), None
+        )
+        if rank0 is None:
+            return None
+        namespace, job_name = key.split("/", 1)
+        return master_addr_of(
+            job_name, namespace, rank0["metadata"]["name"], pod_attempt(rank0), self.cluster_domain
+        )
 
     def _tell(
         self,
@@ -142,17 +170,21 @@ class GenerationPublisher:
         attempt: int,
         token: str | None = None,
         stop: str = STOP_AT_CHECKPOINT,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         headers = {**self.headers, **({"Authorization": f"Bearer {token}"} if token else {})}
         body = {
             "generation": attempt,
-            "env": {c.ENV_ATTEMPT: str(attempt)},
+            "env": dict(env) if env is not None else {c.ENV_ATTEMPT: str(attempt)},
             "stop": stop,
         }
         answer = GenerationAnswer(False, "not tried")
         for tries in range(1, GENERATION_TRIES + 1):
             try:
-                answer = judge_answer(*post_generation(ip, c.DEFAULT_CONTROL_PORT, body, headers), attempt)
+                answer = judge_answer(
+                    *post_generation(*failpoints.launcher_address(ip, c.DEFAULT_CONTROL_PORT), body, headers),
+                    attempt,
+                )
                 break
             except OSError as err:
                 answer = GenerationAnswer(False, f"unreachable at {ip}:{c.DEFAULT_CONTROL_PORT}: {err}")

@@ -18,9 +18,11 @@ from typing import Any, Final
 from phalanx import metrics
 from phalanx.api.schema import parse
 from phalanx.api.v1alpha1 import TrainingJobSpec
+from phalanx.builders.names import spare_pod_name
 from phalanx.builders.podgroups import build_podgroup
-from phalanx.builders.pods import JobRef, build_headless_service, build_worker_pod
+from phalanx.builders.pods import JobRef, build_headless_service, build_spare_pod, build_worker_pod
 from phalanx.cache import object_key
+from phalanx.constants import LABEL_REPLICA_INDEX, LABEL_SPARE
 from phalanx.controller import failpoints
 from phalanx.controller.admission_at_creation import CreationAdmission
 from phalanx.controller.generations import GenerationPublisher
@@ -41,6 +43,7 @@ from phalanx.reconcile.lifecycle import decide
 from phalanx.reconcile.plan import FINISHED_PHASES, Event, Plan, iso, merged_events
 from phalanx.reconcile.rules.creation import creation_refused, name_conflict, spec_refused
 from phalanx.reconcile.rules.elastic import room_needed
+from phalanx.reconcile.rules.spares import spares_refused
 
 # Status fields no decision reads: a write that changed only these needs no second look. Not
 # lastCheckpoint: an elastic gang's growth reads it (rules/elastic.py).
@@ -141,7 +144,10 @@ class Reconciler:
         # a pass that saw neither the size nor the pods would choose again (pods of two sizes).
         recorded = old_status
         grows = plan.grow is not None
-        deleting = plan.delete_pods or plan.force_delete_pods or plan.delete_unchanged_pods
+        # A spare relabelled as the rank it takes: only once the status that gives it the rank is stored.
+        deleting = (
+            plan.delete_pods or plan.force_delete_pods or plan.delete_unchanged_pods or plan.relabel_pods
+        )
         if deleting or grows or _size_unrecorded(job, old_status, plan):
             try:
                 stored = writer.write_status(key, job, old_status, plan.status)
@@ -170,15 +176,27 @@ class Reconciler:
         versions = {p["metadata"]["name"]: p["metadata"].get("resourceVersion") for p in pods}
         for pod_name in plan.delete_unchanged_pods:
             self.api.delete_pod(namespace, pod_name, uids.get(pod_name), 0, versions.get(pod_name))
-        refusal = host_path_refusal(spec, self.allow_host_path_checkpoints) if plan.create_indices else None
+        self._relabel(namespace, pods, plan)
+        creates = plan.create_indices or plan.create_spares
+        refusal = host_path_refusal(spec, self.allow_host_path_checkpoints) if creates else None
         if refusal is not None:  # nothing is created; a restart with the flag, or a new job, moves on
-            plan.create_indices, plan.events = [], []
+            plan.create_indices, plan.create_spares, plan.events = [], [], []
             self.creation_admission.settle(key)
             self._record(job, spec_refused(job, plan.status, REASON_HOST_PATH_NOT_ALLOWED, refusal, now), now)
-        if plan.create_indices:
+        if plan.create_indices or plan.create_spares:
             outcomes = self._create_gang(key, job, ref, spec, plan, now, gate)
             taken = [o.pod for o in outcomes if o.taken]
-            refused = [o for o in outcomes if o.refused is not None]
+            spare_names = {spare_pod_name(ref.name, n) for n in plan.create_spares}
+            # A refused spare (a quota sized for the workers) is said in status.spares and retried
+            # after a backoff; it never says the workers' pods are refused (PodsCreated).
+            spare_refusals = [
+                str(o.refused) for o in outcomes if o.refused is not None and o.pod in spare_names
+            ]
+            if spare_refusals:
+                self._record(
+                    job, spares_refused(job.get("status") or {}, plan.status, spare_refusals, now), now
+                )
+            refused = [o for o in outcomes if o.refused is not None and o.pod not in spare_names]
             # Said in the status about to be written (reconcile/rules/creation.py), and once in an Event.
             if taken:
                 self._record(job, name_conflict(job, plan.status, taken, now), now)
@@ -193,11 +211,11 @@ class Reconciler:
                 # (all pods created; admitted, when admitted at creation).
                 pods = [p for p in stores.pods.indexed(key) if is_owned_by(p, job["metadata"]["uid"])]
                 then = self._decide({**job, "status": plan.status}, pods, nodes, now, gate)
-                if not (then.create_indices or then.delete_pods or then.force_delete_pods
-                        or then.delete_unchanged_pods or then.delete_job):  # fmt: skip
+                if not (then.create_indices or then.create_spares or then.delete_pods or then.force_delete_pods
+                        or then.delete_unchanged_pods or then.relabel_pods or then.delete_job):  # fmt: skip
                     then.events = merged_events([*plan.events, *then.events])
                     plan = then
-            if not taken and not refused:
+            if not taken and not refused and not spare_refusals:
                 followups.append(0.5)
 
         hang_timeout = ((job.get("spec") or {}).get("runPolicy") or {}).get("hangTimeoutSeconds")
@@ -364,12 +382,28 @@ class Reconciler:
             )
             for index in plan.create_indices
         ]
+        workers = len(pods_to_create)
+        # Warm spares (spec.spares), with the workers: admitted with them at creation or by the pass.
+        pods_to_create += [
+            build_spare_pod(
+                ref,
+                spec,
+                number,
+                attempt,
+                template,
+                cluster_domain=self.cluster_domain,
+                attempt_in_name=plan.attempt_in_names,
+                avoid_nodes=plan.avoid_nodes,
+                control_token=secrets.token_urlsafe(32),
+            )
+            for number in plan.create_spares
+        ]
         if spec.elastic is not None and pods_to_create:  # the room it was sized into, until its pods hold it
             self.creation_admission.claim(key, pods_to_create[0]["spec"], len(pods_to_create), len(pods_to_create),
                                           [f"{ref.namespace}/{p['metadata']['name']}" for p in pods_to_create], now)  # fmt: skip
         if placement is not None:  # admitted by Kueue: ungated, the scheduler places them
             pods_to_create = [placed_pod(pod, placement) for pod in pods_to_create]
-        elif len(pods_to_create) == spec.replicas:
+        elif workers == spec.replicas:
             pods_to_create = self.creation_admission.admit(key, spec, pods_to_create, now)
         try:
             outcomes = self._create_pods(pods_to_create, ref.uid)
@@ -380,6 +414,22 @@ class Reconciler:
             self.creation_admission.unclaim(key, [f"{ref.namespace}/{n}" for n in not_created])
         self.work.admission_dirty_threadsafe()
         return outcomes
+
+    def _relabel(self, namespace: str, pods: list[dict[str, Any]], plan: Plan) -> None:
+        """Spares told to take a rank become that rank's worker by their labels (the status that gives
+        it them is stored): everything that indexes pods by rank finds them there."""
+        by_name = {p["metadata"]["name"]: p for p in pods}
+        for name, rank in plan.relabel_pods.items():
+            pod = by_name.get(name)
+            if pod is None:
+                continue
+            labels = pod["metadata"].get("labels") or {}
+            remove = (LABEL_SPARE,) if LABEL_SPARE in labels else ()
+            relabelled = self.api.relabel_pod(
+                namespace, name, str(pod["metadata"].get("uid")), {LABEL_REPLICA_INDEX: str(rank)}, remove
+            )
+            if relabelled is not None:
+                self.stores.pods.upsert(relabelled)
 
     def _create_pods(self, pods: list[dict[str, Any]], owner_uid: str) -> list[CreateOutcome]:
         """Creates the pods a few at a time (a 32-pod gang one by one waits on 32 round trips)."""

@@ -40,6 +40,9 @@ class GangRequest:
     # How long the gang runs once started, as the job itself estimates it (None: no estimate). A
     # gang with one may backfill onto a blocked head's nodes when it ends before the head can start.
     estimate_seconds: float | None = None
+    # Admitted when room exists, never waited for: it holds no nodes when blocked (warm spares,
+    # gang/requests.py), so it never keeps another gang from backfilling.
+    best_effort: bool = False
 
     @property
     def needed(self) -> int:
@@ -290,7 +293,7 @@ def plan_admission(
             reason = closest_domains(groups, candidates, cluster.free, cluster.nodes, gang.topology)
         waiting_reasons[gang.key] = reason
         blocked_cache[shape] = (cluster.version, reason)
-        if len(held) < max_reservations:
+        if len(held) < max_reservations and not gang.best_effort:
             nodes_held = _reserve(cluster, groups, needed, candidates, previous.get(gang.key), gang.topology)
             if nodes_held:
                 held[gang.key] = nodes_held

@@ -17,14 +17,18 @@ from phalanx.gang.topology import TopologyRequest
 from phalanx.pod_facts import (
     attempt_sizes,
     attempt_spec,
+    gang_order,
     in_current_attempt,
     is_deleting,
     is_gated,
-    pod_index,
+    is_spare,
+    is_terminal,
 )
 
 # Order value for a gang whose admission was interrupted: ahead of every PriorityClass (max 1e9).
 FINISH_ADMISSION_PRIORITY: Final = 2**40
+# Order value of a request made only of warm spares: behind every PriorityClass (min -2e9).
+SPARES_PRIORITY: Final = -(2**40)
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,7 @@ class WaitingGang:
     request: GangRequest
     gated: dict[str, dict[str, Any]]  # pod name -> pod, the pods still at the gate
     finishing: bool  # its interrupted admission is being completed (it must not preempt)
+    spares_only: bool = False  # warm spares only, best effort: no preemption, no admission message
 
 
 PriorityOf = Callable[[TrainingJobSpec], int]
@@ -50,12 +55,14 @@ def waiting_gang(
     # An elastic gang's own size, from its pods' label: the status may not hold it yet.
     spec = attempt_spec(parse(TrainingJobSpec, job["spec"]), status, current)
     priority = priority_of(spec)
-    pods = [p for p in current if is_gated(p)]
-    if len(current) < spec.replicas or not pods:
+    workers = [p for p in current if is_gated(p)]
+    if len(current) < spec.replicas:
         return None
+    if not workers:
+        return _spares_request(key, own_pods, status, created)
     min_available = spec.min_available
     finishing = False
-    ungated = len(current) - len(pods)
+    ungated = len(current) - len(workers)
     if ungated:
         # Some gates are already lifted: an operator stopped in the middle of admitting this gang,
         # or pods beyond minAvailable wait for room. Place the rest; a gang below its minimum goes
@@ -70,13 +77,42 @@ def waiting_gang(
         created=created,
         # In rank order: with a topology, the ranks of one domain come out consecutive.
         pods=tuple(
-            (p["metadata"]["name"], PodDemand.from_pod_spec(p["spec"])) for p in sorted(pods, key=pod_index)
+            (p["metadata"]["name"], PodDemand.from_pod_spec(p["spec"]))
+            for p in sorted(workers, key=gang_order)
         ),
         min_available=min_available,
         topology=topology_request(spec),
         estimate_seconds=estimate_seconds(spec, job.get("status") or {}),
     )
-    return WaitingGang(request, {p["metadata"]["name"]: p for p in pods}, finishing)
+    return WaitingGang(request, {p["metadata"]["name"]: p for p in workers}, finishing)
+
+
+def _spares_request(
+    key: str, own_pods: list[dict[str, Any]], status: dict[str, Any], created: float
+) -> WaitingGang | None:
+    """Warm spares (spec.spares) at the gate once the workers are admitted: best effort. Each is
+    admitted when room exists (any number of them), after every gang (the lowest priority), and
+    such a request never holds nodes nor preempts (gang/admission.py, controller/admission_pass.py):
+    a spare never keeps a gang from its room."""
+    gated = [
+        p
+        for p in own_pods
+        if is_spare(p) and is_gated(p) and not in_current_attempt(p, status) and not is_deleting(p)
+        and not is_terminal(p)
+    ]  # fmt: skip
+    if not gated:
+        return None
+    request = GangRequest(
+        key=key,
+        priority=SPARES_PRIORITY,
+        created=created,
+        pods=tuple(
+            (p["metadata"]["name"], PodDemand.from_pod_spec(p["spec"])) for p in sorted(gated, key=gang_order)
+        ),
+        min_available=1,
+        best_effort=True,
+    )
+    return WaitingGang(request, {p["metadata"]["name"]: p for p in gated}, finishing=False, spares_only=True)
 
 
 def topology_request(spec: TrainingJobSpec) -> TopologyRequest | None:
@@ -97,7 +133,11 @@ def running_gang(
     bound = [
         (p["metadata"]["name"], p["spec"]["nodeName"], PodDemand.from_pod_spec(p["spec"]))
         for p in own_pods
-        if in_current_attempt(p, status) and p.get("spec", {}).get("nodeName") and not is_deleting(p)
+        # Its spares standing by too: they hold room for the gang alone. An ended pod holds none.
+        if (in_current_attempt(p, status) or is_spare(p))
+        and p.get("spec", {}).get("nodeName")
+        and not is_deleting(p)
+        and not is_terminal(p)
     ]
     if not bound:
         return None

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from phalanx import constants as c
-from phalanx.pod_facts import is_deleting, restarted_in_place
+from phalanx.pod_facts import is_deleting, pod_index, restarted_in_place
 from phalanx.policy.pod_outcome import REASON_NODE_LOST, OutcomeKind, PodOutcome
 
 REASON_IN_PLACE_FALLBACK: Final = "InPlaceFallback"
@@ -39,6 +39,9 @@ class KeptPod:
     index: int
     name: str
     uid: str
+    # Its labels do not say its rank (a warm spare that took one and was never relabelled):
+    # status.inPlace.keptPods carries the rank forward, or the next attempt would lose it.
+    carry_rank: bool = False
 
 
 @dataclass(frozen=True)
@@ -120,10 +123,14 @@ def plan_in_place(
         if not runs_resident_launcher(pod):
             return Fallback(f"{metadata.get('name')} runs no resident launcher (created before "
                             f"restartStrategy was {c.RESTART_STRATEGY_IN_PLACE})")  # fmt: skip
-        kept.append(KeptPod(index, str(metadata.get("name")), str(metadata.get("uid"))))
+        kept.append(
+            KeptPod(index, str(metadata.get("name")), str(metadata.get("uid")), pod_index(pod) != index)
+        )
     return InPlaceRestart(tuple(kept), tuple(sorted(lost_indices)))
 
 
-def kept_pods_status(restart: InPlaceRestart) -> list[dict[str, str]]:
-    """status.inPlace.keptPods."""
-    return [{"name": k.name, "uid": k.uid} for k in restart.kept]
+def kept_pods_status(restart: InPlaceRestart) -> list[dict[str, Any]]:
+    """status.inPlace.keptPods (with the rank of a pod whose labels do not say it)."""
+    return [
+        {"name": k.name, "uid": k.uid, **({"rank": k.index} if k.carry_rank else {})} for k in restart.kept
+    ]

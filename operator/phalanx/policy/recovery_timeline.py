@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from typing import Any, Final, TypeGuard
 
 from phalanx import constants as c
-from phalanx.pod_facts import restarted_in_place
+from phalanx.pod_facts import restarted_in_place, spare_ranks
 
 PHASES: Final = ("podsStopped", "podsRunning", "rendezvousDone", "stateRestored", "firstStep")
 OPERATOR_PHASES: Final = PHASES[:2]
@@ -34,6 +34,7 @@ TRAINER_PHASES: Final = {
 }
 PATH_FULL_RESTART: Final = c.RESTART_STRATEGY_FULL
 PATH_IN_PLACE: Final = c.RESTART_STRATEGY_IN_PLACE
+PATH_IN_PLACE_SPARE: Final = c.RECOVERY_PATH_IN_PLACE_SPARE
 TRAINER_REPORT_GRACE_SECONDS: Final = 300.0  # after podsRunning, how long to wait for the trainer's phases
 
 
@@ -65,8 +66,11 @@ def _restart_reason(status: Mapping[str, Any]) -> str:
 
 
 def recovery_path(status: Mapping[str, Any]) -> str:
-    """InPlace while the current attempt keeps pods of the one before (status.inPlace), else FullRestart."""
-    return PATH_IN_PLACE if restarted_in_place(status) else PATH_FULL_RESTART
+    """InPlace while the current attempt keeps pods of the one before (status.inPlace), InPlaceSpare
+    when a warm spare took a lost rank in it, else FullRestart."""
+    if not restarted_in_place(status):
+        return PATH_FULL_RESTART
+    return PATH_IN_PLACE_SPARE if spare_ranks(status) else PATH_IN_PLACE
 
 
 def is_complete(recovery: Mapping[str, Any] | None) -> TypeGuard[Mapping[str, Any]]:

@@ -46,6 +46,7 @@ from phalanx.reconcile.rules import (
     restart,
     resume,
     running,
+    spares,
     straggler,
     success,
     suspend,
@@ -83,6 +84,7 @@ STEPS: Final[tuple[Rule, ...]] = (
 
 # Then, whichever rule decided, the bookkeeping every decision gets:
 AFTER_EVERY_DECISION: Final[tuple[Rule, ...]] = (
+    spares.apply,  # status.spares: spec.spares kept standing by while active (created with the gang), none after
     bad_nodes.apply,  # status.badNodes: a restart the infrastructure caused, booked against its node
     recovery.apply,  # status.lastRecovery: this pass's and the trainer's times; Recovered once complete
     goodput.apply,  # status.goodput: book the time since the last pass (after recovery: it reads it)
@@ -130,6 +132,7 @@ def decide(
         launcher_refusals=launcher_refusals or {},
         kueue=kueue_gate,
         status_write_due=status_write_due,
+        spec_name=str((job.get("metadata") or {}).get("name") or ""),
     )
     for rule in STEPS:
         if rule(b, seen):

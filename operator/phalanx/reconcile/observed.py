@@ -10,7 +10,7 @@ from typing import Any
 
 from phalanx.api.v1alpha1 import TrainingJobSpec
 from phalanx.kueue.gate import KueueGate
-from phalanx.pod_facts import in_current_attempt, is_terminal, pod_index
+from phalanx.pod_facts import in_current_attempt, is_spare, is_terminal, replica_index
 from phalanx.policy.elastic import Room
 from phalanx.policy.node_loss import lost_node_names, not_ready_since, on_lost_node
 from phalanx.policy.pod_outcome import (
@@ -22,6 +22,7 @@ from phalanx.policy.pod_outcome import (
     gang_verdict,
     missing_pod_outcome,
 )
+from phalanx.policy.spares import SpareCount, count_spares, idle_spares
 from phalanx.reconcile.plan import iso
 
 
@@ -58,6 +59,8 @@ class Observed:
     room: Room | None = None
     # The status is written now whatever is decided: the progress sample is due (policy/progress_writes.py).
     status_write_due: bool = False
+    # The job's name (metadata.name): what its pods' names start with.
+    spec_name: str = ""
 
     @property
     def as_written(self) -> TrainingJobSpec:
@@ -70,12 +73,22 @@ class Observed:
     @cached_property
     def current(self) -> dict[int, dict[str, Any]]:
         """The current attempt's pods by replica index (the pods it keeps in place included)."""
-        return {pod_index(p): p for p in self.pods if in_current_attempt(p, self._status)}
+        return {replica_index(p, self._status): p for p in self.pods if in_current_attempt(p, self._status)}
 
     @cached_property
     def stale(self) -> list[dict[str, Any]]:
-        """Pods of older attempts (not kept in place)."""
-        return [p for p in self.pods if not in_current_attempt(p, self._status)]
+        """Pods of older attempts (not kept in place); warm spares standing by are no attempt's."""
+        return [p for p in self.pods if not in_current_attempt(p, self._status) and not is_spare(p)]
+
+    @cached_property
+    def spares(self) -> SpareCount:
+        """The warm spares standing by (policy/spares.py)."""
+        return count_spares(self.pods, self._status, self.nodes, self.lost_nodes)
+
+    @cached_property
+    def spare_pods(self) -> dict[str, dict[str, Any]]:
+        """The warm spares standing by, by name."""
+        return {str(p["metadata"]["name"]): p for p in idle_spares(self.pods, self._status)}
 
     @cached_property
     def lost_nodes(self) -> frozenset[str]:

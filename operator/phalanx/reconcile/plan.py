@@ -62,6 +62,10 @@ class Plan:
     # A restart to grow an elastic gang (rules/elastic.py): (the new size, the pods beyond those it
     # holds now), the room the I/O layer claims for it so that no other gang takes it meanwhile.
     grow: tuple[int, int] | None = None
+    # Warm spares (policy/spares.py): the numbers of the spares to create (`<job>-spare-<n>`), and the
+    # spares told to take a rank, to relabel as that rank's worker (name -> replica index).
+    create_spares: list[int] = field(default_factory=list)
+    relabel_pods: dict[str, int] = field(default_factory=dict)
 
 
 def iso(ts: float) -> str:

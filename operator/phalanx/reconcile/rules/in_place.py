@@ -32,6 +32,7 @@ from phalanx.policy.pod_outcome import (
     OutcomeKind,
     VerdictKind,
 )
+from phalanx.policy.spares import assign_spares
 from phalanx.providers import provider_for
 from phalanx.reconcile.observed import Observed
 from phalanx.reconcile.plan import Event, PlanBuilder, parse_iso
@@ -67,15 +68,25 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
     # stop at that checkpoint; after a crash there is no one to agree with: they stop now, and the
     # state comes from the newest checkpoint.
     stop = STOP_AT_CHECKPOINT if all(_takes_part_in_checkpoint(seen, i) for i in decision.lost) else STOP_NOW
-    b.status["inPlace"] = {"attempt": attempt, "keptPods": kept_pods_status(decision), "time": b.now_iso,
-                           "stop": stop}  # fmt: skip
+    # A warm spare standing by takes each lost rank it can (policy/spares.py): told the rank with the
+    # generation, kept like the survivors, relabelled as that rank's worker; no pod is created for it.
+    taken = assign_spares(decision.lost, seen.spares.ready)
+    spares = [
+        {"name": name, "uid": str(seen.spare_pods[name]["metadata"].get("uid")), "rank": rank}
+        for rank, name in sorted(taken.items())
+    ]
+    b.status["inPlace"] = {"attempt": attempt, "keptPods": [*kept_pods_status(decision), *spares],
+                           "time": b.now_iso, "stop": stop}  # fmt: skip
     lost = [seen.current[i] for i in decision.lost if i in seen.current]
     b.plan.delete_pods.extend(p["metadata"]["name"] for p in lost if not is_deleting(p))
     kept = ", ".join(k.name for k in decision.kept)
-    replaced = ", ".join(f"worker-{i}" for i in decision.lost)
+    changes = [f"replacing {', '.join(f'worker-{i}' for i in decision.lost if i not in taken)}"]
+    if taken:
+        takeovers = ", ".join(f"{name} takes rank {rank}" for rank, name in sorted(taken.items()))
+        changes = [f"spare {takeovers}", *(changes if len(taken) < len(decision.lost) else [])]
     b.phase("Restarting", "FailureRestart" if failure else "Preempted",
             f"{verdict.message}; restarting in place as attempt {attempt}: keeping {kept}, "
-            f"replacing {replaced}", "Warning")  # fmt: skip
+            f"{', '.join(changes)}", "Warning")  # fmt: skip
     return True
 
 

@@ -1,0 +1,274 @@
+"""Warm spares through decide() (reconcile/rules/spares.py, rules/in_place.py): created with the gang,
+kept at spec.spares, a lost idle spare replaced without disturbing anyone, a spare taking a lost rank
+in an in-place restart, and removed once the job no longer runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from phalanx.kueue.gate import KueueGate
+from phalanx.reconcile.lifecycle import decide
+from phalanx.reconcile.plan import iso
+from phalanx.reconcile.rules.spares import KUEUE_IGNORED, WAITING_FOR_WORKERS, spares_refused
+from tests.unit.lifecycle_fixtures import NODES, NOW, RUNNING, job
+from tests.unit.test_rule_in_place import evicted, resident
+
+pytestmark = pytest.mark.unit
+
+SPARES = {"runPolicy": {"restartStrategy": "InPlace", "backoffLimit": 2}, "spares": 1}
+LAUNCHER = {"phalanx.dev/resident-launcher": "true"}
+
+
+def spare(number: int, phase: str = "Running", attempt: int = 0, **metadata: Any) -> dict[str, Any]:
+    status: dict[str, Any] = {"phase": phase}
+    if phase == "Running":
+        status["podIP"] = f"10.0.1.{number + 1}"
+        status["conditions"] = [{"type": "Ready", "status": "True"}]
+    return {
+        "metadata": {"name": f"j-spare-{number}", "uid": f"s{number}", "annotations": LAUNCHER,
+                     "labels": {"phalanx.dev/spare": "true", "phalanx.dev/attempt": str(attempt)}, **metadata},
+        "spec": {"nodeName": "n0"},
+        "status": status,
+    }  # fmt: skip
+
+
+def gated(index: int, attempt: int = 0) -> dict[str, Any]:
+    waiting = resident(
+        index, attempt, phase="Pending", spec={"schedulingGates": [{"name": "phalanx.dev/gang"}]}
+    )
+    del waiting["spec"]["nodeName"]
+    return waiting
+
+
+def took_rank_1(status: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The status after spare 0 was told to take worker-1's rank (attempt 1 in place)."""
+    kept = [{"name": "j-worker-0", "uid": "p0-0"}, {"name": "j-spare-0", "uid": "s0", "rank": 1}]
+    return {
+        **RUNNING,
+        "attempt": 1,
+        "phase": "Restarting",
+        "restarts": {"failures": 0, "preemptions": 1},
+        "inPlace": {"attempt": 1, "keptPods": kept, "time": iso(NOW - 5), "stop": "checkpoint"},
+        **(status or {}),
+    }
+
+
+def test_a_new_gang_creates_its_workers_and_its_spares_only_once_they_are_admitted() -> None:
+    # Spares are best effort: never created with (nor admitted before) the workers.
+    plan = decide(job(None, **SPARES), [], NODES, NOW)
+    assert plan.create_indices == [0, 1] and plan.create_spares == []
+    assert plan.status["spares"]["summary"] == "0/1" and plan.status["spares"]["pods"] == []
+    pending = {**RUNNING, "phase": "Pending"}
+    plan = decide(job(pending, **SPARES), [gated(0), gated(1)], NODES, NOW)
+    assert plan.create_spares == [] and plan.status["spares"]["message"] == WAITING_FOR_WORKERS
+    plan = decide(job(dict(RUNNING), **SPARES), [resident(0), resident(1)], NODES, NOW)
+    assert plan.create_spares == [0] and "message" not in plan.status["spares"]
+
+
+def test_a_gang_waiting_at_the_gate_keeps_no_spare() -> None:
+    # Its spares would hold GPUs for a gang that holds none (a full restart queued, say).
+    status = {**RUNNING, "attempt": 1, "createdAttempt": 1, "phase": "Restarting"}
+    plan = decide(job(status, **SPARES), [gated(0, 1), gated(1, 1), spare(0)], NODES, NOW)
+    assert plan.delete_pods == ["j-spare-0"] and plan.create_spares == []
+    assert plan.status["spares"]["pods"] == [] and plan.status["spares"]["ready"] == 0
+
+
+def test_a_gang_in_its_gang_timeout_backoff_keeps_no_spare() -> None:
+    status = {**RUNNING, "phase": "Pending", "createdAttempt": None}
+    plan = decide(job(status, **SPARES), [spare(0)], NODES, NOW)
+    assert "j-spare-0" in plan.delete_pods and plan.create_spares == []
+
+
+def test_spares_created_alone_keep_off_bad_nodes() -> None:
+    bad = [{"node": "n9", "failures": 2, "lastFailureTime": iso(NOW - 10), "avoidedUntil": iso(NOW + 600)}]
+    plan = decide(job({**RUNNING, "badNodes": bad}, **SPARES), [resident(0), resident(1)], NODES, NOW)
+    assert plan.create_spares == [0] and plan.avoid_nodes == ["n9"]
+
+
+def test_a_spare_lost_again_and_again_is_replaced_with_a_backoff() -> None:
+    lost = spare(0, phase="Failed")
+    plan = decide(job(dict(RUNNING), **SPARES), [resident(0), resident(1), lost], NODES, NOW)
+    assert plan.create_spares == [1] and plan.status["spares"]["failures"] == 1
+    assert plan.status["spares"]["nextCreateTime"] == iso(NOW + 5)
+    # The new one fails too, a second later: no spare is created before the backoff is over.
+    status = {**plan.status}
+    plan = decide(job(status, **SPARES), [resident(0), resident(1), spare(1, phase="Failed")], NODES, NOW + 1)
+    assert plan.create_spares == [] and plan.delete_pods == ["j-spare-1"]
+    assert plan.recheck_after is not None and plan.recheck_after <= 4
+    plan = decide(job(status, **SPARES), [resident(0), resident(1), spare(1, phase="Failed")], NODES, NOW + 6)
+    assert plan.create_spares == [0] and plan.status["spares"]["failures"] == 2
+    assert plan.status["spares"]["nextCreateTime"] == iso(NOW + 6 + 10)
+    # All ready again: the backoff is forgotten.
+    plan = decide(job(dict(plan.status), **SPARES), [resident(0), resident(1), spare(0)], NODES, NOW + 60)
+    assert "failures" not in plan.status["spares"] and "nextCreateTime" not in plan.status["spares"]
+
+
+def test_a_refused_spare_is_said_in_status_spares_not_in_pods_created() -> None:
+    status: dict[str, Any] = {**RUNNING, "spares": {"desired": 1, "ready": 0, "summary": "0/1", "pods": []}}
+    event = spares_refused({}, status, ['pods "j-spare-0" is forbidden: exceeded quota'], NOW)
+    assert event is not None and (event.type, event.reason) == ("Warning", "SparesRefused")
+    assert (
+        status["spares"]["message"]
+        == '1 spare(s) refused by the API server: pods "j-spare-0" is forbidden: exceeded quota'
+    )
+    assert status["spares"]["nextCreateTime"] == iso(NOW + 5) and "conditions" not in status
+    assert (
+        spares_refused(
+            {"spares": dict(status["spares"])}, status, ['pods "j-spare-0" is forbidden: exceeded quota'], NOW
+        )
+        is None
+    )
+    # The next passes keep saying so, and wait for the backoff.
+    plan = decide(job(status, **SPARES), [resident(0), resident(1)], NODES, NOW + 1)
+    assert plan.create_spares == [] and "refused" in plan.status["spares"]["message"]
+
+
+def test_the_takeover_pass_writes_status_spares_without_the_spare_taking_the_rank() -> None:
+    plan = decide(job(dict(RUNNING), **SPARES), [resident(0), evicted(1), spare(0)], NODES, NOW)
+    assert plan.status["spares"]["pods"] == [] and plan.status["spares"]["ready"] == 0
+
+
+def test_without_spares_nothing_changes() -> None:
+    plan = decide(job(None, runPolicy={"restartStrategy": "InPlace"}), [], NODES, NOW)
+    assert plan.create_spares == [] and "spares" not in plan.status
+
+
+def test_a_running_gang_with_its_spare_is_left_alone() -> None:
+    plan = decide(job(dict(RUNNING), **SPARES), [resident(0), resident(1), spare(0)], NODES, NOW)
+    assert plan.create_spares == [] and plan.delete_pods == [] and plan.create_indices == []
+    assert plan.status["spares"]["summary"] == "1/1" and plan.status["phase"] == "Running"
+
+
+def test_an_idle_spare_evicted_is_replaced_and_nobody_else_is_disturbed() -> None:
+    going = spare(0, deletionTimestamp=iso(NOW - 1))
+    plan = decide(job(dict(RUNNING), **SPARES), [resident(0), resident(1), going], NODES, NOW)
+    assert plan.create_spares == [1]  # a new name: the lost one holds its own while it goes
+    assert plan.delete_pods == [] and plan.create_indices == []
+    assert plan.status["attempt"] == 0 and plan.status["restarts"] == {"failures": 0, "preemptions": 0}
+    assert plan.status["phase"] == "Running" and "inPlace" not in plan.status
+    [event] = plan.events
+    assert (event.type, event.reason) == ("Normal", "SpareReplaced") and "j-spare-0" in event.message
+
+
+def test_an_idle_spare_that_ended_is_deleted_and_replaced() -> None:
+    plan = decide(
+        job(dict(RUNNING), **SPARES), [resident(0), resident(1), spare(0, phase="Failed")], NODES, NOW
+    )
+    assert plan.delete_pods == ["j-spare-0"] and plan.create_spares == [1]
+    assert plan.status["restarts"] == {"failures": 0, "preemptions": 0}
+
+
+def test_a_spare_created_in_an_earlier_attempt_is_no_stale_pod() -> None:
+    status = {**RUNNING, "attempt": 3, "createdAttempt": 3}
+    pods = [resident(0, 3), resident(1, 3), spare(0, attempt=0)]
+    plan = decide(job(status, **SPARES), pods, NODES, NOW)
+    assert plan.delete_pods == [] and plan.create_spares == [] and plan.status["phase"] == "Running"
+
+
+def test_a_ready_spare_takes_the_lost_rank_and_no_pod_is_created_for_it() -> None:
+    plan = decide(job(dict(RUNNING), **SPARES), [resident(0), evicted(1), spare(0)], NODES, NOW)
+    assert plan.status["attempt"] == 1 and plan.status["restarts"] == {"failures": 0, "preemptions": 1}
+    assert plan.status["inPlace"]["keptPods"] == [
+        {"name": "j-worker-0", "uid": "p0-0"},
+        {"name": "j-spare-0", "uid": "s0", "rank": 1},
+    ]
+    assert plan.delete_pods == ["j-worker-1"]  # the lost pod goes; worker-0 and the spare stay
+    assert plan.create_indices == [] and plan.relabel_pods == {"j-spare-0": 1}
+    assert "keeping j-worker-0, spare j-spare-0 takes rank 1" in plan.status["message"]
+    assert plan.status["lastRecovery"]["path"] == "InPlaceSpare"
+
+
+def test_after_the_takeover_the_spare_is_rank_1_and_a_new_spare_is_created_in_the_background() -> None:
+    pods = [resident(0), spare(0)]  # worker-1 gone; the spare not relabelled yet
+    plan = decide(job(took_rank_1(), **SPARES), pods, NODES, NOW)
+    assert plan.create_indices == [] and plan.delete_pods == []
+    assert plan.create_spares == [1] and plan.relabel_pods == {"j-spare-0": 1}
+    assert plan.status["phase"] == "Running" and plan.status["replicas"]["active"] == 2
+
+
+def test_a_relabelled_spare_is_its_ranks_worker_until_a_full_restart_replaces_it() -> None:
+    relabelled = spare(0)
+    relabelled["metadata"]["labels"] = {"phalanx.dev/replica-index": "1", "phalanx.dev/attempt": "0"}
+    plan = decide(job(took_rank_1(), **SPARES), [resident(0), relabelled, spare(1)], NODES, NOW)
+    assert plan.create_indices == [] and plan.relabel_pods == {} and plan.create_spares == []
+    assert plan.status["phase"] == "Running"
+    # A later full restart: it is an older attempt's pod like any other.
+    status = {**RUNNING, "attempt": 2, "restarts": {"failures": 0, "preemptions": 2}}
+    plan = decide(job(status, **SPARES), [resident(0), relabelled, spare(1)], NODES, NOW)
+    # The gang waits for its new attempt: its idle spare goes too, and is created again once admitted.
+    assert sorted(plan.delete_pods) == ["j-spare-0", "j-spare-1", "j-worker-0"]
+
+
+def test_without_a_ready_spare_the_lost_rank_is_replaced_as_before() -> None:
+    starting = spare(0, phase="Pending")
+    plan = decide(job(dict(RUNNING), **SPARES), [resident(0), evicted(1), starting], NODES, NOW)
+    assert plan.status["inPlace"]["keptPods"] == [{"name": "j-worker-0", "uid": "p0-0"}]
+    assert "replacing worker-1" in plan.status["message"] and plan.relabel_pods == {}
+    assert plan.status["lastRecovery"]["path"] == "InPlace"
+
+
+def test_rank_0_lost_falls_back_to_a_full_restart_without_the_spares() -> None:
+    plan = decide(job(dict(RUNNING), **SPARES), [evicted(0), resident(1), spare(0)], NODES, NOW)
+    assert "inPlace" not in plan.status
+    assert sorted(plan.delete_pods) == ["j-spare-0", "j-worker-0", "j-worker-1"]
+    assert [e.reason for e in plan.events if e.reason == "InPlaceFallback"] == ["InPlaceFallback"]
+    # The next attempt waits for the old workers only, not for the spare.
+    status = {**plan.status, "phase": "Restarting"}
+    going = [evicted(0), resident(1, metadata={"deletionTimestamp": iso(NOW)}), spare(0)]
+    plan = decide(job(status, **SPARES), going, NODES, NOW)
+    assert plan.status["message"] == "waiting for 2 pod(s) of the previous attempt to stop"
+    assert plan.create_spares == []
+
+
+def test_a_finished_or_suspended_job_keeps_no_spare() -> None:
+    done = {**RUNNING, "phase": "Succeeded", "completionTime": iso(NOW)}
+    finished = [resident(0, phase="Succeeded"), resident(1, phase="Succeeded"), spare(0)]
+    plan = decide(job(done, **SPARES), finished, NODES, NOW)
+    assert plan.delete_pods == ["j-spare-0"] and plan.create_spares == []
+    suspended = {**SPARES, "runPolicy": {**SPARES["runPolicy"], "suspend": True}}
+    plan = decide(job(dict(RUNNING), **suspended), [resident(0), resident(1), spare(0)], NODES, NOW)
+    assert sorted(plan.delete_pods) == ["j-spare-0", "j-worker-0", "j-worker-1"] and plan.create_spares == []
+
+
+def test_fewer_spares_asked_for_removes_the_surplus() -> None:
+    plan = decide(job(dict(RUNNING), **SPARES), [resident(0), resident(1), spare(0), spare(1)], NODES, NOW)
+    assert plan.delete_pods == ["j-spare-1"] and [e.reason for e in plan.events] == ["SparesRemoved"]
+
+
+def test_a_spare_whose_launcher_refuses_the_rank_falls_back_to_a_full_restart() -> None:
+    status = took_rank_1({"lastRecovery": {"attempt": 1, "phasesMilliseconds": {}}})
+    plan = decide(job(status, **SPARES), [resident(0), spare(0)], NODES, NOW,
+                  launcher_refusals={"j-spare-0": "unreachable at 10.0.1.1:9399"})  # fmt: skip
+    assert plan.status["attempt"] == 2 and "inPlace" not in plan.status
+    assert sorted(plan.delete_pods) == ["j-spare-0", "j-worker-0"]  # the spare had become rank 1's pod
+    [fallback] = [e for e in plan.events if e.reason == "InPlaceFallback"]
+    assert "the launcher of j-spare-0 did not take the generation" in fallback.message
+    assert plan.status["restarts"] == {"failures": 0, "preemptions": 1}  # the disruption counted once
+
+
+def test_a_kueue_queued_job_gets_no_spares_kueue_admits_the_workers_pod_set_only() -> None:
+    admitted = KueueGate(workload="wl", admitted=True, evicted=False, message="", cluster_queue="cq")
+    plan = decide(job(None, **SPARES), [], NODES, NOW, kueue_gate=admitted)
+    assert plan.create_indices == [0, 1] and plan.create_spares == []
+
+
+def test_spares_under_kueue_are_ignored_with_one_warning() -> None:
+    admitted = KueueGate(workload="wl", admitted=True, evicted=False, message="", cluster_queue="cq")
+    plan = decide(job(dict(RUNNING), **SPARES), [resident(0), resident(1)], NODES, NOW, kueue_gate=admitted)
+    assert plan.create_spares == [] and plan.status["spares"]["message"] == KUEUE_IGNORED
+    assert [(e.type, e.reason) for e in plan.events if e.reason == "SparesIgnored"] == [
+        ("Warning", "SparesIgnored")
+    ]
+    again = decide(
+        job(dict(plan.status), **SPARES), [resident(0), resident(1)], NODES, NOW, kueue_gate=admitted
+    )
+    assert [e for e in again.events if e.reason == "SparesIgnored"] == []
+
+
+def test_a_worker_being_deleted_does_not_cost_the_gang_its_spare() -> None:
+    # Its grace period is when a spare is needed most: it takes the rank, or stays for the next loss.
+    going = resident(1, metadata={"deletionTimestamp": iso(NOW - 1)})
+    plan = decide(job(dict(RUNNING), **SPARES), [resident(0), going, spare(0)], NODES, NOW)
+    assert "j-spare-0" not in plan.delete_pods
