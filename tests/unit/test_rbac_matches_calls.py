@@ -21,6 +21,7 @@ import pytest
 import yaml
 from kubernetes import client
 
+from phalanx import constants as c
 from phalanx import k8s
 from phalanx.api.schema import parse
 from phalanx.api.v1alpha1 import TrainingJobSpec
@@ -170,6 +171,9 @@ KUBE_API_CALLS: dict[str, Callable[[k8s.KubeApi, str | None], Iterable[Any]]] = 
     "evict_pod": lambda api, _: [api.evict_pod(JOB.namespace, "gpt-worker-0", "u", 30)],
     "admit_pod": lambda api, _: [
         api.admit_pod(JOB.namespace, "gpt-worker-0", admitted_pod(created_manifests()[0], "node-1")["spec"])
+    ],
+    "relabel_pod": lambda api, _: [
+        api.relabel_pod(JOB.namespace, "gpt-spare-0", "u", {c.LABEL_REPLICA_INDEX: "1"}, (c.LABEL_SPARE,))
     ],
     "get_workload": lambda api, _: [api.get_workload(JOB.namespace, "trainingjob-gpt-abcde")],
     "patch_workload_status": lambda api, _: [
