@@ -172,3 +172,23 @@ def test_a_kueue_queued_job_gets_no_spares_kueue_admits_the_workers_pod_set_only
     admitted = KueueGate(workload="wl", admitted=True, evicted=False, message="", cluster_queue="cq")
     plan = decide(job(None, **SPARES), [], NODES, NOW, kueue_gate=admitted)
     assert plan.create_indices == [0, 1] and plan.create_spares == []
+
+
+def test_a_spare_gone_before_the_operator_saw_it_go_is_replaced_and_said_so() -> None:
+    # On a real node an idle spare's launcher exits at once on SIGTERM: its pod may be gone before a
+    # pass sees it deleting. Its number is free again.
+    plan = decide(job(dict(RUNNING), **SPARES), [resident(0), resident(1)], NODES, NOW)
+    assert plan.create_spares == [0] and plan.status["restarts"] == {"failures": 0, "preemptions": 0}
+    [event] = plan.events
+    assert (event.type, event.reason) == ("Normal", "SpareReplaced")
+    assert event.message == (
+        "creating spare(s) j-spare-0 (0 of spec.spares=1 standing by); training goes on undisturbed"
+    )
+
+
+def test_the_spare_created_after_a_takeover_says_which_took_a_rank() -> None:
+    plan = decide(job(took_rank_1(), **SPARES), [resident(0), spare(0)], NODES, NOW)
+    [event] = [e for e in plan.events if e.reason == "SpareReplaced"]
+    assert (
+        event.message == "creating spare(s) j-spare-1 (j-spare-0 took rank 1); training goes on undisturbed"
+    )

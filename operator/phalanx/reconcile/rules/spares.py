@@ -4,8 +4,8 @@ are kept at spec.spares while the job is active, in status.spares, and removed o
 - Created with the gang's workers (in the same creation, so that admission takes them together: a
   gang needs replicas + spares to fit, gang/requests.py), and later whenever fewer stand by: after
   one took a lost rank (rules/in_place.py), or was lost itself while idle (evicted, preempted,
-  failed). A lost idle spare disturbs nobody: a new one is created (a Normal SpareReplaced event),
-  with no restart and no counter.
+  failed, or already gone). A lost idle spare disturbs nobody: a new one is created, with no
+  restart and no counter; every spare created apart from the gang gets a Normal SpareReplaced event.
 - A spare told to take a rank is relabelled as that rank's worker once the status that says so is
   stored (plan.relabel_pods, written before any act).
 - A finished, suspended or Kueue-queued job has none (Kueue admits the Workload's pod set, which
@@ -59,12 +59,21 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
         plan.create_spares = new_spare_numbers(
             seen.spec_name, (str(p["metadata"]["name"]) for p in seen.pods), missing
         )
-        if count.lost:
-            names = ", ".join(f"{seen.spec_name}-spare-{n}" for n in plan.create_spares)
-            plan.events.append(Event("Normal", REASON_SPARE_REPLACED,
-                                     f"spare(s) {', '.join(count.lost)} lost while standing by: creating "
-                                     f"{names}; training goes on undisturbed"))  # fmt: skip
+        if not plan.create_indices:  # not with the gang: one took a rank, or was lost (maybe gone already)
+            plan.events.append(
+                Event("Normal", REASON_SPARE_REPLACED, _replaced(b, seen, desired, plan.create_spares))
+            )
     return False
+
+
+def _replaced(b: PlanBuilder, seen: Observed, desired: int, numbers: list[int]) -> str:
+    count = seen.spares
+    why = [f"{', '.join(count.lost)} lost while standing by"] if count.lost else []
+    why += [f"{name} took rank {rank}" for name, rank in sorted(spare_ranks(b.status).items())]
+    if not why:
+        why = [f"{len(count.alive)} of spec.spares={desired} standing by"]
+    names = ", ".join(f"{seen.spec_name}-spare-{n}" for n in numbers)
+    return f"creating spare(s) {names} ({'; '.join(why)}); training goes on undisturbed"
 
 
 def _relabel(b: PlanBuilder, seen: Observed) -> None:
