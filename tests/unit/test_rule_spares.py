@@ -10,7 +10,7 @@ import pytest
 
 from phalanx.kueue.gate import KueueGate
 from phalanx.reconcile.lifecycle import decide
-from phalanx.reconcile.plan import iso
+from phalanx.reconcile.plan import Event, iso, merged_events
 from tests.unit.lifecycle_fixtures import NODES, NOW, RUNNING, job
 from tests.unit.test_rule_in_place import evicted, resident
 
@@ -72,6 +72,12 @@ def test_an_idle_spare_evicted_is_replaced_and_nobody_else_is_disturbed() -> Non
     assert plan.status["phase"] == "Running" and "inPlace" not in plan.status
     [event] = plan.events
     assert (event.type, event.reason) == ("Normal", "SpareReplaced") and "j-spare-0" in event.message
+    # Never merged into another Normal event of the same pass, which would keep only the last reason.
+    others = [
+        Event("Normal", "Created", "created"),
+        Event("Normal", "AllWorkersRunning", "all 2 pod(s) running"),
+    ]
+    assert event in merged_events([others[0], event, others[1]])
 
 
 def test_an_idle_spare_that_ended_is_deleted_and_replaced() -> None:

@@ -60,9 +60,9 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
             seen.spec_name, (str(p["metadata"]["name"]) for p in seen.pods), missing
         )
         if not plan.create_indices:  # not with the gang: one took a rank, or was lost (maybe gone already)
-            plan.events.append(
-                Event("Normal", REASON_SPARE_REPLACED, _replaced(b, seen, desired, plan.create_spares))
-            )
+            # Alone: a Normal event of the same pass (the phase's, say) would otherwise take its reason.
+            message = _replaced(b, seen, desired, plan.create_spares)
+            plan.events.append(Event("Normal", REASON_SPARE_REPLACED, message, alone=True))
     return False
 
 
