@@ -198,3 +198,12 @@ def test_the_spare_created_after_a_takeover_says_which_took_a_rank() -> None:
     assert (
         event.message == "creating spare(s) j-spare-1 (j-spare-0 took rank 1); training goes on undisturbed"
     )
+
+
+def test_a_gang_torn_down_after_its_timeout_lets_its_spares_go_too_until_it_is_created_again() -> None:
+    backing_off = {**RUNNING, "phase": "Pending", "requeueAfter": iso(NOW + 30), "gangTimeouts": 1}
+    plan = decide(job(backing_off, **SPARES), [spare(0)], NODES, NOW)
+    assert plan.delete_pods == ["j-spare-0"] and plan.create_spares == [] and plan.create_indices == []
+    requeued = {"attempt": 1, "phase": "Pending", "requeueAfter": iso(NOW - 1), "gangTimeouts": 1}
+    plan = decide(job(requeued, **SPARES), [], NODES, NOW)
+    assert plan.create_indices == [0, 1] and plan.create_spares == [0]  # together again

@@ -9,7 +9,7 @@ are kept at spec.spares while the job is active, in status.spares, and removed o
 - A spare told to take a rank is relabelled as that rank's worker once the status that says so is
   stored (plan.relabel_pods, written before any act).
 - A finished, suspended or Kueue-queued job has none (Kueue admits the Workload's pod set, which
-  holds the workers only).
+  holds the workers only), nor one backing off after a gang timeout (its room is for others).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from phalanx.policy.spares import (
     surplus_spares,
 )
 from phalanx.reconcile.observed import Observed
-from phalanx.reconcile.plan import FINISHED_PHASES, Event, PlanBuilder
+from phalanx.reconcile.plan import FINISHED_PHASES, Event, PlanBuilder, parse_iso
 
 
 def apply(b: PlanBuilder, seen: Observed) -> bool:
@@ -36,11 +36,15 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
         return False
     plan = b.plan
     going = set(plan.delete_pods) | set(plan.force_delete_pods)
+    requeue = parse_iso(b.status.get("requeueAfter"))
     active = (
         b.status.get("phase") not in (*FINISHED_PHASES, "Suspended")
         and not seen.spec.run_policy.suspend
         and seen.kueue is None
         and not plan.delete_job
+        # Torn down after a gang timeout and backing off: its spares would hold room for nothing;
+        # they come back with the gang's next creation.
+        and (requeue is None or b.now >= requeue)
     )
     if not active:
         plan.delete_pods.extend(n for n in (*count.alive, *count.ended) if n not in going)
