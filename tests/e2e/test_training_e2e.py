@@ -6,6 +6,7 @@ deterministic, so a resumed run's losses must match the uninterrupted run's step
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -374,11 +375,13 @@ def test_a_sigkilled_worker_is_replaced_in_place_from_the_last_periodic_checkpoi
 
 def launcher_state(cluster: Cluster, namespace: str, pod: str) -> str | None:
     """What the pod's resident launcher says it is doing (GET /generation), None when it does not
-    answer (its imports are not done)."""
-    import json
+    answer (its imports are not done) or the pod does not exist yet."""
     import urllib.request
 
-    ip = (cluster.get_json("pod", pod, "-n", namespace).get("status") or {}).get("podIP")
+    found = cluster.kubectl("get", "pod", pod, "-n", namespace, "-o", "json", check=False)
+    if found.returncode != 0:
+        return None  # not created yet
+    ip = (json.loads(found.stdout).get("status") or {}).get("podIP")
     if not ip:
         return None
     try:
@@ -452,6 +455,66 @@ def test_a_warm_spare_takes_the_evicted_rank_and_no_worker_pod_is_created(
         cluster, e2e_namespace, name, status, attempt=1, reason="Preempted", path="InPlaceSpare"
     )
     print(f"\nspare takeover recovery: {status['lastRecovery']['summary']}")
+
+
+def test_an_idle_spare_evicted_is_replaced_without_disturbing_training(
+    cluster: Cluster, e2e_namespace: str, real_node: RealNode, operator: OperatorProcess, uninterrupted: Run,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    """spec.spares: 1. The spare is evicted while it stands by: a new spare is created, and training
+    goes on untouched: one attempt, one generation, no restart counted, the workers' pods and
+    launchers unchanged, every loss equal to the uninterrupted run's."""
+    name = "idlespare"
+    manifests = job_manifests(name, real_node, tmp_path, steps=STEPS, interval=INTERVAL, run_policy=IN_PLACE)
+    manifests[1]["spec"]["spares"] = 1
+    # 0.15 s of sleep before each forward of rank 0 (a test hook that changes no number): the 160
+    # steps last long enough for the spare's imports, its eviction and its successor's admission.
+    trainer = manifests[1]["spec"]["template"]["spec"]["containers"][0]
+    trainer.setdefault("env", []).append({"name": "PHALANX_FAULT_SLOW_RANK", "value": "0:0.15"})
+    cluster.apply(manifests, e2e_namespace)
+    wait_for_step(real_node, e2e_namespace, name, 0, 1, timeout=RUN_TIMEOUT)
+    before = pod_uids(cluster, e2e_namespace, name)
+    launcher = launcher_of(real_node, before[f"{name}-worker-0"])
+    assert launcher is not None
+    wait_for(lambda: launcher_state(cluster, e2e_namespace, f"{name}-spare-0") == "spare", timeout=RUN_TIMEOUT,
+             interval=0.5, what="the spare standing by, imports done")  # fmt: skip
+    assert job_status(cluster, e2e_namespace, name).get("phase") == "Running"
+    evict(cluster, e2e_namespace, f"{name}-spare-0")
+
+    def successor_admitted() -> bool:
+        """A new spare (its number may be the evicted one's again once that pod is gone) is admitted."""
+        spares = cluster.get_json(
+            "pods", "-n", e2e_namespace, "-l", f"phalanx.dev/job-name={name},phalanx.dev/spare=true"
+        )
+        return any(
+            p["metadata"]["uid"] not in before.values() and p["spec"].get("nodeName") for p in spares["items"]
+        )
+
+    wait_for(successor_admitted, timeout=60, interval=0.5, what="a new spare admitted")
+    assert job_status(cluster, e2e_namespace, name).get("phase") == "Running"  # training went on meanwhile
+    assert launcher_of(real_node, before[f"{name}-worker-0"]) == launcher  # the same launcher process
+    seen = pods_seen_until_finished(cluster, e2e_namespace, name, RUN_TIMEOUT)
+
+    status = job_status(cluster, e2e_namespace, name)
+    assert status["phase"] == "Succeeded" and status["attempt"] == 0, status
+    assert restart_counts(status) == {"failures": 0, "preemptions": 0, "hangs": 0}
+    assert "lastRecovery" not in status and "inPlace" not in status
+    after = pod_uids(cluster, e2e_namespace, name)
+    for worker in (f"{name}-worker-0", f"{name}-worker-1"):
+        assert after[worker] == before[worker], worker
+    assert len(seen - set(before.values())) == 1  # the new spare, nothing else
+    selector = f"involvedObject.kind=TrainingJob,involvedObject.name={name}"  # not its Service's
+    events = cluster.get_json("events", "-n", e2e_namespace, "--field-selector", selector)
+    reasons = [(e["type"], e["reason"]) for e in events["items"]]
+    # Straggler: rank 0, slowed on purpose above, is one; any other warning would be a disturbance.
+    warnings = [r for r in reasons if r[0] == "Warning" and r[1] != "Straggler"]
+    assert ("Normal", "SpareReplaced") in reasons and not warnings, reasons
+    [only] = rank0_generations(real_node, e2e_namespace, name)  # one generation, never restarted
+    assert only.finished and only.resumed_from in (None, 0)
+    reference = uninterrupted.losses(0)
+    losses = {step: record.loss for step, record in only.steps.items()}
+    assert sorted(losses) == list(range(1, STEPS + 1))
+    assert {s: (loss, reference[s]) for s, loss in losses.items() if abs(loss - reference[s]) > 1.5e-5} == {}
 
 
 def test_a_job_whose_command_exits_1_fails_after_its_backoff_limit(

@@ -10,7 +10,7 @@ import pytest
 
 from phalanx.kueue.gate import KueueGate
 from phalanx.reconcile.lifecycle import decide
-from phalanx.reconcile.plan import iso
+from phalanx.reconcile.plan import Event, iso, merged_events
 from phalanx.reconcile.rules.spares import KUEUE_IGNORED, WAITING_FOR_WORKERS, spares_refused
 from tests.unit.lifecycle_fixtures import NODES, NOW, RUNNING, job
 from tests.unit.test_rule_in_place import evicted, resident
@@ -150,6 +150,12 @@ def test_an_idle_spare_evicted_is_replaced_and_nobody_else_is_disturbed() -> Non
     assert plan.status["phase"] == "Running" and "inPlace" not in plan.status
     [event] = plan.events
     assert (event.type, event.reason) == ("Normal", "SpareReplaced") and "j-spare-0" in event.message
+    # Never merged into another Normal event of the same pass, which would keep only the last reason.
+    others = [
+        Event("Normal", "Created", "created"),
+        Event("Normal", "AllWorkersRunning", "all 2 pod(s) running"),
+    ]
+    assert event in merged_events([others[0], event, others[1]])
 
 
 def test_an_idle_spare_that_ended_is_deleted_and_replaced() -> None:
@@ -272,3 +278,34 @@ def test_a_worker_being_deleted_does_not_cost_the_gang_its_spare() -> None:
     going = resident(1, metadata={"deletionTimestamp": iso(NOW - 1)})
     plan = decide(job(dict(RUNNING), **SPARES), [resident(0), going, spare(0)], NODES, NOW)
     assert "j-spare-0" not in plan.delete_pods
+
+
+def test_a_spare_gone_before_the_operator_saw_it_go_is_replaced_and_said_so() -> None:
+    # On a real node an idle spare's launcher exits at once on SIGTERM: its pod may be gone before a
+    # pass sees it deleting. Its number is free again.
+    stood_by = {**RUNNING, "spares": {"desired": 1, "ready": 1, "summary": "1/1", "pods": ["j-spare-0"]}}
+    plan = decide(job(stood_by, **SPARES), [resident(0), resident(1)], NODES, NOW)
+    assert plan.create_spares == [0] and plan.status["restarts"] == {"failures": 0, "preemptions": 0}
+    [event] = plan.events
+    assert (event.type, event.reason) == ("Normal", "SpareReplaced")
+    assert event.message == (
+        "creating spare(s) j-spare-0 (0 of spec.spares=1 standing by); training goes on undisturbed"
+    )
+
+
+def test_the_spare_created_after_a_takeover_says_which_took_a_rank() -> None:
+    plan = decide(job(took_rank_1(), **SPARES), [resident(0), spare(0)], NODES, NOW)
+    [event] = [e for e in plan.events if e.reason == "SpareReplaced"]
+    assert (
+        event.message == "creating spare(s) j-spare-1 (j-spare-0 took rank 1); training goes on undisturbed"
+    )
+
+
+def test_a_gang_torn_down_after_its_timeout_lets_its_spares_go_too_until_it_is_created_again() -> None:
+    backing_off = {**RUNNING, "phase": "Pending", "requeueAfter": iso(NOW + 30), "gangTimeouts": 1}
+    plan = decide(job(backing_off, **SPARES), [spare(0)], NODES, NOW)
+    assert plan.delete_pods == ["j-spare-0"] and plan.create_spares == [] and plan.create_indices == []
+    requeued = {"attempt": 1, "phase": "Pending", "requeueAfter": iso(NOW - 1), "gangTimeouts": 1}
+    plan = decide(job(requeued, **SPARES), [], NODES, NOW)
+    # The workers first; their spares once they are admitted (best effort, gang/requests.py).
+    assert plan.create_indices == [0, 1] and plan.create_spares == []

@@ -148,7 +148,10 @@ class Reconciler:
         deleting = (
             plan.delete_pods or plan.force_delete_pods or plan.delete_unchanged_pods or plan.relabel_pods
         )
-        if deleting or grows or _size_unrecorded(job, old_status, plan):
+        # A spare created apart from the gang is said (SpareReplaced) before it is made: once made, no
+        # later pass would say it again, and the final write may lose to the progress poller's.
+        spare_apart = bool(plan.create_spares) and not plan.create_indices
+        if deleting or grows or spare_apart or _size_unrecorded(job, old_status, plan):
             try:
                 stored = writer.write_status(key, job, old_status, plan.status)
             except StatusConflict:

@@ -111,11 +111,24 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
         failures = int(status.get("failures") or 0) + 1
         status["failures"] = failures
         status["nextCreateTime"] = iso(b.now + replacement_backoff(failures))
-        names = ", ".join(f"{seen.spec_name}-spare-{n}" for n in plan.create_spares)
-        plan.events.append(Event("Normal", REASON_SPARE_REPLACED,
-                                 f"spare(s) {', '.join(count.lost)} lost while standing by: creating "
-                                 f"{names}; training goes on undisturbed"))  # fmt: skip
+    # Every spare made in place of another (lost, gone before a pass saw it, or now a worker) is said;
+    # alone: a Normal event of the same pass (the phase's, say) would otherwise take its reason.
+    alive = set(count.alive)
+    gone_unseen = [n for n in before.get("pods") or () if n not in alive]
+    if count.lost or gone_unseen or spare_ranks(b.status):
+        message = _replaced(b, seen, desired, plan.create_spares)
+        plan.events.append(Event("Normal", REASON_SPARE_REPLACED, message, alone=True))
     return False
+
+
+def _replaced(b: PlanBuilder, seen: Observed, desired: int, numbers: list[int]) -> str:
+    count = seen.spares
+    why = [f"{', '.join(count.lost)} lost while standing by"] if count.lost else []
+    why += [f"{name} took rank {rank}" for name, rank in sorted(spare_ranks(b.status).items())]
+    if not why:
+        why = [f"{len(count.alive)} of spec.spares={desired} standing by"]
+    names = ", ".join(f"{seen.spec_name}-spare-{n}" for n in numbers)
+    return f"creating spare(s) {names} ({'; '.join(why)}); training goes on undisturbed"
 
 
 def spares_refused(
