@@ -57,7 +57,7 @@ from result_file import write_result
 from phalanx import constants as c
 from phalanx.devcluster.cluster import LocalCluster
 from phalanx.policy.hang import POLL_STALE_SECONDS
-from phalanx.policy.progress_writes import DEFAULT_PROGRESS_STATUS_SECONDS
+from phalanx.policy.progress_polls import SLOWEST_POLL_SECONDS
 
 REPO = Path(__file__).resolve().parents[1]
 ENV_WINDOW = "PHALANX_BENCH_STEADY_SECONDS"
@@ -90,11 +90,11 @@ def scrape(port: int) -> dict[str, dict[str, float]]:
 
 
 def poll_pace(jobs: int, polls_per_second: float, stale_seconds: float = POLL_STALE_SECONDS,
-              write_seconds: float = DEFAULT_PROGRESS_STATUS_SECONDS) -> dict[str, Any]:  # fmt: skip
+              pace_seconds: float = SLOWEST_POLL_SECONDS) -> dict[str, Any]:  # fmt: skip
     """The seconds between two answered polls of one job (jobs / polls answered per second), and
     flags when that is longer than the hang rule's staleness bound (policy/hang.py: its verdicts
-    then rest on old reads) or the progress write interval (fewer progress writes than the interval
-    allows: a writes figure from such a run undercounts them)."""
+    then rest on old reads) or, by more than a tenth (the figure's own noise), than the slowest pace
+    the poller keeps (policy/progress_polls.py: it fell behind)."""
     if polls_per_second <= 0:
         return {
             "seconds_between_polls_per_job": None,
@@ -104,10 +104,8 @@ def poll_pace(jobs: int, polls_per_second: float, stale_seconds: float = POLL_ST
     flags: list[str] = []
     if between > stale_seconds:
         flags.append(f"{between} s between polls of a job > POLL_STALE_SECONDS ({stale_seconds:.0f} s)")
-    if between > write_seconds:
-        flags.append(
-            f"{between} s between polls of a job > the progress write interval ({write_seconds:.0f} s)"
-        )
+    if between > 1.1 * pace_seconds:
+        flags.append(f"{between} s between polls of a job > the poller's slowest pace ({pace_seconds:.0f} s)")
     return {"seconds_between_polls_per_job": between, "poll_pace_flags": flags}
 
 

@@ -61,6 +61,18 @@ def test_nothing_is_written_between_phase_changes_more_often_than_the_refresh() 
     assert account(job.status, job.status, T0, T0 + REFRESH_SECONDS, GPUS) is not None
 
 
+def test_a_write_that_happens_anyway_books_a_holding_job_and_the_refresh_counts_from_it() -> None:
+    # The progress sample's write carries the booking (policy/progress_writes.py): one write, not two.
+    job = Job()
+    job.to(st("Running", startTime="x"), 0)
+    ledger = account(job.status, job.status, T0, T0 + 12, GPUS, written_anyway=True)
+    assert ledger is not None and ledger["productiveSeconds"] == 12 * 8
+    job.status = {**job.status, "goodput": ledger}
+    assert account(job.status, job.status, T0, T0 + 12 + REFRESH_SECONDS - 1, GPUS) is None
+    queued = {"phase": "Pending", "goodput": ledger}  # not holding: its next phase change books it
+    assert account(queued, queued, T0, T0 + 20, GPUS, written_anyway=True) is None
+
+
 def test_a_restart_books_the_recovery_until_its_first_step_and_the_redone_steps() -> None:
     job = Job()
     job.to(st("Running", startTime="x"), 0)
