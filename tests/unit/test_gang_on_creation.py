@@ -130,3 +130,12 @@ def test_pinning_narrows_every_required_term_of_the_template() -> None:
     assert demand.affinity_terms is not None
     assert any(t.matches("n-3", labels) for t in demand.affinity_terms)
     assert not any(t.matches("n-4", labels) for t in demand.affinity_terms)
+
+
+def test_a_spare_waiting_at_the_gate_sends_no_new_gang_through_the_queue() -> None:
+    # Spares are admitted after every gang (best effort): one that never finds room on a full
+    # cluster must not turn admission at creation off for every new gang there.
+    spare = pod("other-spare-0", 8, schedulingGates=GATE)
+    spare["metadata"]["labels"] = {"phalanx.dev/job-name": "other", "phalanx.dev/spare": "true"}
+    assert not index_of([spare]).anyone_waits()
+    assert plan_among(request(1, 1), [node("a"), node("b")], [spare], {}, {}, now=1.0) is not None
