@@ -12,7 +12,7 @@ from typing import Any
 from phalanx.builders.pods import pinned_node
 from phalanx.gang.admission import GangRequest, plan_admission
 from phalanx.gang.capacity import NodeInfo, Resources, add_into
-from phalanx.pod_facts import is_gated, is_terminal
+from phalanx.pod_facts import is_gated, is_spare, is_terminal
 
 Assumed = Mapping[str, tuple[str, Resources]]
 """Pods admitted at creation whose create is still in flight: "namespace/name" -> (node, requests)."""
@@ -37,8 +37,10 @@ def add_in_flight(
 
 
 def waits_for_admission(pod: Mapping[str, Any]) -> bool:
-    """A gated pod that has not finished: some gang is queued."""
-    return is_gated(pod) and not is_terminal(pod)
+    """A gated pod that has not finished: some gang is queued. Not a warm spare: spares are admitted
+    after every gang (best effort), so a new gang placed at creation jumps nobody, and a spare that
+    finds no room on a full cluster would otherwise send every new gang through the queue."""
+    return is_gated(pod) and not is_terminal(pod) and not is_spare(pod)
 
 
 def plan_on_creation(
