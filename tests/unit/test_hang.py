@@ -165,3 +165,15 @@ def test_a_healthy_gang_polled_less_often_than_its_bound_is_looked_at_again_afte
     polled = report(step_seen_at=T0, polled_at=T0, next_poll_after=30.0)
     hang, recheck = detect(polled, 1, T0 + 11, 10)
     assert hang is None and recheck is not None and recheck >= 30 - 11
+
+
+def test_a_probe_that_never_reports_holds_the_verdict_a_bounded_while_even_at_the_1_s_pace() -> None:
+    # From the second review: the wait for the probe was counted from the latest poll, so at one
+    # poll a second it moved on with every poll and a lost probe held the verdict as long as polls
+    # came. Counted from when the stall passed its bound, plus one poll interval, it ends.
+    from phalanx.policy.hang import probe_wait_seconds
+
+    deadline = T0 + 10 + 1.0 + probe_wait_seconds(2)
+    late = deadline + 0.1
+    hang, _ = detect(report(step_seen_at=T0, polled_at=late - 0.5, next_poll_after=1.0), 1, late, 10, pods=2)
+    assert hang is not None and hang.silent_pods == ()
