@@ -122,10 +122,16 @@ def detect(
     if not isinstance(silent, (list, tuple)) and isinstance(polled_at, (int, float)):
         # The poll that found the stall past the bound started the probe too (polled every 30 s
         # against a 10 s bound, it is the first to find any stall): wait for its answer, so the
-        # verdict names the silent pods and rules/bad_nodes.py books their nodes; not for ever.
-        waited = now - polled_at
-        if waited < (wait := probe_wait_seconds(pods)):
-            return None, wait - waited
+        # verdict names the silent pods and rules/bad_nodes.py books their nodes; not for ever:
+        # counted from the poll that started the probe (the first after the bound, at most one
+        # interval after it), not from the latest poll, which moves on with every poll.
+        interval = report.get("next_poll_after")
+        started = polled_at
+        if isinstance(interval, (int, float)):
+            started = min(polled_at, seen_at + bound.seconds + float(interval))
+        deadline = started + probe_wait_seconds(pods)
+        if now < deadline:
+            return None, deadline - now
     names = tuple(sorted(str(p) for p in silent)) if isinstance(silent, (list, tuple)) else ()
     return Hang(step, stalled, bound, names), None
 
