@@ -530,6 +530,11 @@ def test_at_scale_a_trainer_that_never_answers_is_asked_less_often_than_one_that
         trainer.now = polling.next_poll["ns/job"]
     polling.poll("ns/job")
     assert polling.next_poll["ns/job"] - trainer.now >= 2 * interval
+    # ...but never so seldom that the hang rule calls what it saw stale (second review m5): a
+    # wedged rank 0 answering nothing must still be looked at within POLL_STALE_SECONDS.
+    from phalanx.policy.hang import POLL_STALE_SECONDS
+
+    assert polling.next_poll["ns/job"] - trainer.now <= POLL_STALE_SECONDS
 
 
 def test_jobs_tracked_together_are_first_polled_spread_over_an_interval(trainer: Trainer) -> None:
