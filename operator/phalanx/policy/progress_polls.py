@@ -26,7 +26,8 @@ MAX_POLL_SLOTS: Final = 64  # a thread each, mostly waiting on a socket
 SLOT_HEADROOM: Final = 2.0  # for polls slower than the average, and the ticks between starts
 # A trainer that does not answer: asked at the pace for this long (imports, rendezvous, an image
 # pull), then less and less often, up to BACKOFF_INTERVALS poll intervals (never under
-# MAX_BACKOFF_SECONDS): at scale a dead endpoint costs less than a live one.
+# MAX_BACKOFF_SECONDS, never over the hang rule's POLL_STALE_SECONDS): at scale a dead endpoint
+# costs less than a live one (half as much past 600 jobs).
 PATIENT_SECONDS: Final = 300.0
 MAX_BACKOFF_SECONDS: Final = 30.0
 BACKOFF_INTERVALS: Final = 4.0
@@ -66,7 +67,9 @@ def first_poll_offset(uid: str, interval: float) -> float:
 def failed_poll_delay(failures: int, interval: float) -> float:
     """Seconds until the next poll of a trainer whose last `failures` polls went unanswered."""
     slow = max(0, failures - math.ceil(PATIENT_SECONDS / interval))
-    longest = max(MAX_BACKOFF_SECONDS, BACKOFF_INTERVALS * interval)
+    # Never past the hang rule's staleness bound: a wedged rank 0 answers nothing, and a verdict on
+    # it needs polls no older than that (policy/hang.py).
+    longest = min(POLL_STALE_SECONDS, max(MAX_BACKOFF_SECONDS, BACKOFF_INTERVALS * interval))
     return max(interval, min(longest, interval * 2.0 ** min(slow, 32)))
 
 
