@@ -362,16 +362,7 @@ class KubeApi:
             *({"op": "remove", "path": f"/metadata/labels/{_pointer(k)}"} for k in remove),
         ]
         try:
-            pod: dict[str, Any] = self._json(
-                self.core.patch_namespaced_pod(
-                    name,
-                    namespace,
-                    patch,
-                    _content_type="application/json-patch+json",
-                    _preload_content=False,
-                )
-            )
-            return pod
+            return self._json_patch_pod(namespace, name, patch)
         except ApiException as exc:
             if exc.status not in (404, 409, 422):
                 raise
@@ -413,20 +404,20 @@ class KubeApi:
             },
         ]
         try:
-            pod: dict[str, Any] = self._json(
-                self.core.patch_namespaced_pod(
-                    name,
-                    namespace,
-                    patch,
-                    _content_type="application/json-patch+json",
-                    _preload_content=False,
-                )
-            )
-            return pod
+            return self._json_patch_pod(namespace, name, patch)
         except ApiException as exc:
             if exc.status != 404:
                 raise
             return None
+
+    def _json_patch_pod(self, namespace: str, name: str, patch: list[dict[str, Any]]) -> dict[str, Any]:
+        """One JSON patch (RFC 6902) of a pod; the pod as stored."""
+        pod: dict[str, Any] = self._json(
+            self.core.patch_namespaced_pod(
+                name, namespace, patch, _content_type="application/json-patch+json", _preload_content=False
+            )
+        )
+        return pod
 
     # -- Kueue (controller/kueue_workloads.py); the Workload itself is created with create_if_absent ---
     def get_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
