@@ -285,6 +285,21 @@ def resumed_mismatches(
     }
 
 
+def assert_resumed_in_place_from_the_sigterm_checkpoint(
+    real_node: RealNode, namespace: str, name: str, uninterrupted: Run
+) -> None:
+    """Rank 0 checkpointed on its peer's SIGTERM, its second generation resumed from that very step
+    (nothing redone) and trained to the end with the uninterrupted run's losses: exact for the first
+    steps (a restore that is off shows at once), then within the forked-worker drift (IN_PLACE_DRIFT;
+    a spare's workers are forked from a warm launcher too, as a kept pod's are)."""
+    first, second = rank0_generations(real_node, namespace, name)
+    assert first.preempted_at is not None, "rank 0 did not checkpoint on the peer's SIGTERM"
+    assert second.resumed_from == first.last_step and second.finished  # nothing redone
+    resumed = {step: record.loss for step, record in second.steps.items()}
+    assert sorted(resumed) == list(range(second.resumed_from + 1, STEPS + 1))
+    assert resumed_mismatches(resumed, uninterrupted.losses(0), second.resumed_from) == {}
+
+
 def pods_seen_until_finished(cluster: Cluster, namespace: str, name: str, timeout: float) -> set[str]:
     """The uid of every pod of the job seen, sampled every second until it finishes."""
     seen: set[str] = set()
@@ -335,17 +350,7 @@ def test_an_evicted_worker_is_replaced_in_place_and_the_survivor_keeps_its_pod(
     assert after[f"{name}-worker-1"] != before[f"{name}-worker-1"]
     assert seen | set(before.values()) == {*before.values(), after[f"{name}-worker-1"]}  # one new pod
     assert world_size_of(cluster, e2e_namespace, f"{name}-worker-1") == world_size
-    first, second = rank0_generations(real_node, e2e_namespace, name)
-    assert first.preempted_at is not None, "rank 0 did not checkpoint on the peer's SIGTERM"
-    assert second.resumed_from == first.last_step and second.finished  # nothing redone
-    reference = uninterrupted.losses(0)
-    resumed = {step: record.loss for step, record in second.steps.items()}
-    assert sorted(resumed) == list(range(second.resumed_from + 1, STEPS + 1))
-    # A restore that is off shows at once: the first steps after the resume match to the logged
-    # digit (the full-restart test's tolerance, for its reason). Later the in-place run drifts
-    # (IN_PLACE_DRIFT).
-    mismatched = resumed_mismatches(resumed, reference, second.resumed_from)
-    assert mismatched == {}
+    assert_resumed_in_place_from_the_sigterm_checkpoint(real_node, e2e_namespace, name, uninterrupted)
     assert_recovery_timeline(
         cluster, e2e_namespace, name, status, attempt=1, reason="Preempted", path="InPlace"
     )
@@ -459,16 +464,7 @@ def test_a_warm_spare_takes_the_evicted_rank_and_no_worker_pod_is_created(
     )
     spare_log = real_node.log(e2e_namespace, f"{name}-spare-0", "trainer")
     assert '"event": "launcher_spare"' in spare_log, spare_log[-2000:]
-    first, second = rank0_generations(real_node, e2e_namespace, name)
-    assert first.preempted_at is not None, "rank 0 did not checkpoint on the peer's SIGTERM"
-    assert second.resumed_from == first.last_step and second.finished  # nothing redone
-    reference = uninterrupted.losses(0)
-    resumed = {step: record.loss for step, record in second.steps.items()}
-    assert sorted(resumed) == list(range(second.resumed_from + 1, STEPS + 1))
-    # The in-place eviction test's tolerance, for its reason (the spare's workers are forked from a
-    # warm launcher too, as the kept pod's are).
-    mismatched = resumed_mismatches(resumed, reference, second.resumed_from)
-    assert mismatched == {}
+    assert_resumed_in_place_from_the_sigterm_checkpoint(real_node, e2e_namespace, name, uninterrupted)
     assert_recovery_timeline(
         cluster, e2e_namespace, name, status, attempt=1, reason="Preempted", path="InPlaceSpare"
     )
