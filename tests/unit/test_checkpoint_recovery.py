@@ -323,7 +323,7 @@ def test_a_folder_rejected_at_resume_does_not_count_towards_keep(root: Path) -> 
     for step in (3, 5):
         train(state, 1)
         manager.save(step, state)
-    assert sorted(p.name for p in root.iterdir()) == ["step-00000003", "step-00000005"]
+    assert sorted(p.name for p in root.glob("step-*")) == ["step-00000003", "step-00000005"]
 
 
 def test_a_configured_write_speed_replaces_the_assumed_one(tmp_path: Path) -> None:
@@ -338,7 +338,34 @@ def test_the_storage_speed_is_measured_at_start(tmp_path: Path) -> None:
     manager = CheckpointManager(CheckpointConfig(dir=str(tmp_path)))
     assert manager.restore(new_state()) is None
     assert manager.storage_bytes_per_second is not None and manager.storage_bytes_per_second > 0
-    assert not list(tmp_path.iterdir()), "the probe leaves nothing behind"
+    assert [p.name for p in tmp_path.iterdir()] == [".storage-probe.json"], "the probe leaves only its figure"
+
+
+def test_a_later_start_reuses_the_probe_instead_of_writing_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = CheckpointManager(CheckpointConfig(dir=str(tmp_path)))
+    first.restore(new_state())
+    probed = first.storage_bytes_per_second
+
+    def no_probe(self: CheckpointManager) -> float | None:
+        raise AssertionError("probed again within the reuse window")
+
+    monkeypatch.setattr(CheckpointManager, "_probe_storage", no_probe)
+    again = CheckpointManager(CheckpointConfig(dir=str(tmp_path)))  # a restart: a new process, same folder
+    again.restore(new_state())
+    assert again.storage_bytes_per_second == probed
+
+
+def test_a_probe_from_another_world_size_or_too_old_is_measured_again(tmp_path: Path) -> None:
+    from phalanx_trainer.checkpoint.budget import PROBE_REUSE_SECONDS
+    from phalanx_trainer.checkpoint.store import write_probe_record
+
+    for world_size, age in ((4, 0.0), (1, PROBE_REUSE_SECONDS + 1)):
+        write_probe_record(tmp_path, 1.0, world_size, time.time() - age)  # 1 B/s: unmistakable
+        manager = CheckpointManager(CheckpointConfig(dir=str(tmp_path)))
+        manager.restore(new_state())
+        assert manager.storage_bytes_per_second not in (None, 1.0), (world_size, age)
 
 
 def test_restore_refuses_a_fresh_start_over_weights_a_damaged_checkpoint_overwrote(root: Path) -> None:

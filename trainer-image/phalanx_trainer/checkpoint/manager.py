@@ -28,7 +28,13 @@ from torch.distributed.tensor import DTensor
 
 from phalanx_trainer.checkpoint import metrics
 from phalanx_trainer.checkpoint.async_writer import BackgroundWriter
-from phalanx_trainer.checkpoint.budget import PROBE_BYTES, MeasuredSave, emergency_estimate, write_speed
+from phalanx_trainer.checkpoint.budget import (
+    PROBE_BYTES,
+    MeasuredSave,
+    emergency_estimate,
+    reusable_probe,
+    write_speed,
+)
 from phalanx_trainer.checkpoint.hashing_writer import HashingFileSystemWriter
 from phalanx_trainer.checkpoint.manifest import (
     DCP_METADATA_NAME,
@@ -76,12 +82,14 @@ from phalanx_trainer.checkpoint.store import (
     list_checkpoints,
     parse_step_dir,
     probe_dir_name,
+    read_probe_record,
     remove_leftovers,
     remove_tree,
     retention_victims,
     step_dir_name,
     temporary_dir_name,
     unseen_files,
+    write_probe_record,
 )
 from phalanx_trainer.contract import ENV_CHECKPOINT_DIR, ENV_NPROC_PER_NODE
 
@@ -214,7 +222,7 @@ class CheckpointManager:
             return None
         self._raise_if_failed(self._writer.wait())
         if self.config.write_bytes_per_second <= 0 and self.storage_bytes_per_second is None:
-            self.storage_bytes_per_second = self._probe_storage()
+            self.storage_bytes_per_second = self._storage_speed()
         if not self.config.resume:
             return None
         optimizer = checkpointed_optimizer(app_state)
@@ -365,6 +373,24 @@ class CheckpointManager:
                 "start fresh"
             )
         return small, None
+
+    def _storage_speed(self) -> float | None:
+        """The figure of an earlier start of this job when rank 0 finds a fresh one, else a probe."""
+        reused: float | None = None
+        if self.rank == 0:
+            reused = reusable_probe(read_probe_record(self.root), world_size=self.world_size, now=time.time())
+        reused = self._broadcast(reused)
+        if reused is not None:
+            if self.rank == 0:
+                log.info("checkpoint storage takes %.0f MB/s from the job (an earlier probe)", reused / 1e6)
+            return float(reused)
+        speed = self._probe_storage()
+        if self.rank == 0 and speed is not None:
+            try:
+                write_probe_record(self.root, speed, self.world_size, time.time())
+            except OSError as error:  # the next start probes again; nothing else depends on it
+                log.warning("cannot record the storage probe under %s: %s", self.root, error)
+        return speed
 
     def _probe_storage(self) -> float | None:
         """Every rank writes and fsyncs PROBE_BYTES at once: the job's bytes/s, or None if it failed."""

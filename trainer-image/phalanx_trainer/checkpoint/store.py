@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -16,6 +17,8 @@ from phalanx_trainer.checkpoint.manifest import fsync_path
 _STEP_RE = re.compile(r"^step-(\d{8,})$")
 _TMP_RE = re.compile(r"^\.tmp-step-(\d{8,})-[0-9a-f]{32}$")
 _TRASH_PREFIX = ".trash-"
+# The storage probe's last figure (budget.reusable_probe): a file, so the job's next start finds it.
+PROBE_RECORD_NAME = ".storage-probe.json"
 
 
 def step_dir_name(step: int) -> str:
@@ -29,6 +32,24 @@ def temporary_dir_name(step: int, token: str | None = None) -> str:
 def probe_dir_name(token: str) -> str:
     """Where the storage probe writes: a trash name, so that a crash leaves it for remove_leftovers."""
     return f"{_TRASH_PREFIX}probe-{token}"
+
+
+def read_probe_record(root: Path) -> dict[str, object] | None:
+    """The probe record under root, or None when there is none or it is not a JSON object."""
+    try:
+        record = json.loads((root / PROBE_RECORD_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def write_probe_record(root: Path, bytes_per_second: float, world_size: int, measured: float) -> None:
+    """Replace the probe record whole (written aside, then renamed): a reader never sees half of it."""
+    aside = root / f"{PROBE_RECORD_NAME}.{uuid.uuid4().hex[:8]}"
+    aside.write_text(
+        json.dumps({"bytes_per_second": bytes_per_second, "world_size": world_size, "measured": measured})
+    )
+    os.replace(aside, root / PROBE_RECORD_NAME)
 
 
 def parse_step_dir(name: str) -> int | None:
