@@ -15,6 +15,7 @@ from enum import Enum
 from typing import Any, Final
 
 from phalanx.constants import (
+    DISRUPTION_TARGET,
     EXIT_CHECKPOINTED_ON_PREEMPTION,
     EXIT_GENERATION_FAILED,
     EXIT_WORLD_SIZE_UNUSABLE,
@@ -24,7 +25,7 @@ from phalanx.constants import (
     WORLD_SIZE_UNUSABLE_MARKER,
 )
 
-DISRUPTION_CONDITION: Final = "DisruptionTarget"
+DISRUPTION_CONDITION: Final = DISRUPTION_TARGET
 REASON_COMPLETED: Final = "Completed"
 REASON_CHECKPOINTED: Final = "CheckpointedOnSigterm"
 REASON_DELETED: Final = "Deleted"
