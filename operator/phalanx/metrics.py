@@ -147,7 +147,8 @@ JOB_GOODPUT: Final = Gauge(
 JOB_DEVICE_SECONDS: Final = Gauge(
     "phalanx_job_device_seconds",
     "Device-seconds of a job's gang (GPUs, MIG slices, or CPU cores: see `unit`) by kind: allocated, "
-    "productive, and lost to waitingForAdmission, startup, recovery, redoneSteps, checkpointStalls. "
+    "productive, and lost to waitingForAdmission, startup, recovery, redoneSteps, checkpointStalls, "
+    "standbySpares (warm spares holding devices). "
     "A gauge: productive goes down when steps are lost and redone.",
     (*JOB_LABELS, "kind", "unit"),
     registry=REGISTRY,

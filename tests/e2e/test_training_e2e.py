@@ -127,7 +127,9 @@ def assert_goodput_books_every_second(status: dict[str, Any]) -> dict[str, Any]:
     wall = (parse_time(status["completionTime"]) or 0) - (parse_time(status["creationTimestamp"]) or 0)
     assert abs(booked - wall * devices) <= 2 * devices + len(causes), (ledger, wall)
     assert 0 < float(ledger["ratio"]) < 1
-    assert float(ledger["ratio"]) == pytest.approx(ledger["productiveSeconds"] / (wall * devices), abs=0.05)
+    # Spares standing by hold devices beside the gang's: they count against the ratio, not in `causes`.
+    held = wall * devices + device_seconds(ledger, "standbySpares")
+    assert float(ledger["ratio"]) == pytest.approx(ledger["productiveSeconds"] / held, abs=0.05)
     return ledger
 
 
@@ -514,6 +516,8 @@ def test_an_idle_spare_evicted_is_replaced_without_disturbing_training(
     assert status["phase"] == "Succeeded" and status["attempt"] == 0, status
     assert restart_counts(status) == {"failures": 0, "preemptions": 0, "hangs": 0}
     assert "lastRecovery" not in status and "inPlace" not in status
+    ledger = assert_goodput_books_every_second({**status, **job_times(cluster, e2e_namespace, name)})
+    assert device_seconds(ledger, "standbySpares") > 0, ledger  # the spares' devices, held, not trained
     after = pod_uids(cluster, e2e_namespace, name)
     for worker in (f"{name}-worker-0", f"{name}-worker-1"):
         assert after[worker] == before[worker], worker

@@ -287,3 +287,28 @@ def test_a_clock_behind_the_last_booking_never_moves_accounted_time_back() -> No
                    TrainerFacts(0, first_step_at=T0))  # fmt: skip
     assert done is not None and done["accountedTime"] == booked["accountedTime"]
     assert done["allocatedSeconds"] == booked["allocatedSeconds"]
+
+
+def test_warm_spares_standing_by_are_allocated_never_productive_and_lower_the_ratio() -> None:
+    # 8 workers' GPUs train; 2 spares' GPUs stand by: the job holds 10, 8 of them train.
+    with_spares = Devices("nvidia.com/gpu", 8, spares=2)
+    first = account({}, st("Running", startTime="x"), T0, T0, with_spares)
+    assert first is not None
+    ledger = account({**st("Running", startTime="x"), "goodput": first}, st("Running", startTime="x"), T0,
+                     T0 + 100, with_spares, written_anyway=True)  # fmt: skip
+    assert ledger is not None
+    assert ledger["productiveSeconds"] == 100 * 8
+    assert ledger["standbySparesSeconds"] == 100 * 2
+    assert ledger["allocatedSeconds"] == 100 * 10
+    assert ratio(ledger) == pytest.approx(0.8, abs=0.001), "spares cost devices: 800 of 1,000 trained"
+    assert ledger["devices"] == "8", "the gang's devices; the spares' are counted apart"
+
+
+def test_spares_of_a_job_that_holds_nothing_are_not_booked() -> None:
+    # 50 s Pending, booked when it is admitted: waiting, with no spare standby (none can stand by).
+    with_spares = Devices("nvidia.com/gpu", 8, spares=2)
+    ledger = account({**st("Pending"), "goodput": {"accountedTime": iso_ms(T0)}}, st("Admitted"), T0, T0 + 50,
+                     with_spares)  # fmt: skip
+    assert ledger is not None
+    assert ledger["waitingForAdmissionSeconds"] == 50 * 8
+    assert ledger["standbySparesSeconds"] == 0 and ledger["allocatedSeconds"] == 0

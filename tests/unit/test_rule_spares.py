@@ -309,3 +309,20 @@ def test_a_gang_torn_down_after_its_timeout_lets_its_spares_go_too_until_it_is_c
     plan = decide(job(requeued, **SPARES), [], NODES, NOW)
     # The workers first; their spares once they are admitted (best effort, gang/requests.py).
     assert plan.create_indices == [0, 1] and plan.create_spares == []
+
+
+def test_a_spare_standing_by_is_booked_as_standby_in_goodput_and_one_taking_a_rank_is_not() -> None:
+    ledger = {"unit": "pod", "devices": "2", "accountedTime": iso(NOW - 100)}
+    running = {**RUNNING, "attempt": 1, "createdAttempt": 1, "goodput": ledger}
+    standing_by = job(running, **SPARES)
+    standing_by["metadata"]["creationTimestamp"] = iso(NOW - 100)
+    plan = decide(standing_by, [resident(0, 1), resident(1, 1), spare(0)], NODES, NOW)
+    booked = plan.status["goodput"]
+    assert booked["standbySparesSeconds"] == 100, "one spare's device for 100 s"
+    assert booked["productiveSeconds"] == 200 and booked["allocatedSeconds"] == 300
+    taking = job(took_rank_1({"goodput": ledger}), **SPARES)
+    taking["metadata"]["creationTimestamp"] = iso(NOW - 100)
+    plan = decide(taking, [resident(0, 0), spare(0)], NODES, NOW)
+    booked = plan.status["goodput"]
+    assert booked["allocatedSeconds"] == 200, "booked: the gang's 2 devices for 100 s, no more"
+    assert booked["standbySparesSeconds"] == 0, "a spare taking a rank is a worker"

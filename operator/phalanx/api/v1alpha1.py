@@ -754,6 +754,7 @@ class GoodputRemainders:
     recovery: int | None = api_field("Of recoverySeconds.")
     redone_steps: int | None = api_field("Of redoneStepsSeconds.")
     checkpoint_stalls: int | None = api_field("Of checkpointStallsSeconds.")
+    standby_spares: int | None = api_field("Of standbySparesSeconds.")
 
 
 @dataclass
@@ -761,12 +762,14 @@ class Goodput:
     """Device time of the gang since the job was created, and the share of it that trained."""
 
     ratio: str | None = api_field(
-        "Productive device time / (devices x wall time since creation), 0 to 1 (as text)."
+        "Productive device time / (devices x wall time since creation + standbySparesSeconds), 0 to 1 (as text)."
     )
     unit: str | None = api_field(
         "What is counted: the accelerator resource, or cpu when the pods ask for none."
     )
-    devices: str | None = api_field("How many of `unit` the whole gang holds (replicas x per pod).")
+    devices: str | None = api_field(
+        "How many of `unit` the whole gang holds (replicas x per pod; its spares are counted apart)."
+    )
     allocated_seconds: int | None = api_field(
         "Device-seconds the gang's pods held their devices.", extra=INT64
     )
@@ -785,6 +788,10 @@ class Goodput:
     )
     checkpoint_stalls_seconds: int | None = api_field(
         "Device-seconds the training loop waited for saves.", extra=INT64
+    )
+    standby_spares_seconds: int | None = api_field(
+        "Device-seconds warm spares (spec.spares) held standing by: counted as allocated, never as productive.",
+        extra=INT64,
     )
     remainder_milliseconds: GoodputRemainders | None = api_field(
         "The fraction of each total below one device-second (bookkeeping: short stalls add up)."

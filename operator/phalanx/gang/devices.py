@@ -16,8 +16,13 @@ DEFAULT_CORES_PER_POD = 1.0  # a pod without a CPU request still holds a share o
 def gang_devices(spec: Any, template_spec: dict[str, Any]) -> tuple[str, float]:
     """(resource, amount for the whole gang): spec.resources' GPUs or MIG slices times replicas,
     else the pod template's CPU request times replicas (one core per pod when it requests none)."""
+    unit, per_pod = pod_devices(spec, template_spec)
+    return unit, per_pod * spec.replicas
+
+
+def pod_devices(spec: Any, template_spec: dict[str, Any]) -> tuple[str, float]:
+    """(resource, amount for one worker pod, a warm spare alike)."""
     for resource, amount in accelerator_limits(spec).items():
-        return resource, float(parse_quantity(amount)) * spec.replicas
+        return resource, float(parse_quantity(amount))
     cpu_milli = effective_requests(template_spec).get(CPU, 0)
-    cores = cpu_milli / MILLI if cpu_milli else DEFAULT_CORES_PER_POD
-    return CPU, cores * spec.replicas
+    return CPU, cpu_milli / MILLI if cpu_milli else DEFAULT_CORES_PER_POD

@@ -12,6 +12,7 @@ as its previous status says:
   recovery             from a disruption to the first step after it (status.lastRecovery open)
   allocated            pods hold their devices: Admitted, Running, Restarting
   productive           Running with no recovery open, less redone steps and checkpoint stalls
+  standbySpares        warm spares (spec.spares) standing by on a node: devices held, nothing trained
 
 Redone steps are those trained after the checkpoint a recovery resumed from and lost with the
 disrupted attempt (booked when the recovery completes: the last step reported before the disruption
@@ -19,8 +20,8 @@ less the step the trainer resumed from). Checkpoint stalls are the seconds
 the trainer's loop waited for a save (reported in /progress). Each total is shown in whole
 device-seconds; the fraction below one is carried in remainderMilliseconds, so bookings shorter
 than a second (a 0.3 s stall, eight 40 ms steps redone) add up instead of rounding away. goodput = productive / (devices x
-wall time since the job was created): start-up, waiting, recovery, redone work and saves all count
-against it.
+wall time since the job was created, plus the spares' standby): start-up, waiting, recovery, redone
+work, saves and the devices spares hold all count against it.
 """
 
 from __future__ import annotations
@@ -32,7 +33,14 @@ from typing import Any, Final
 from phalanx.policy.recovery_timeline import is_complete, iso_ms, parse_time, restart_counted
 
 HOLDING_PHASES: Final = ("Admitted", "Running", "Restarting")
-LOST_CAUSES: Final = ("waitingForAdmission", "startup", "recovery", "redoneSteps", "checkpointStalls")
+LOST_CAUSES: Final = (
+    "waitingForAdmission",
+    "startup",
+    "recovery",
+    "redoneSteps",
+    "checkpointStalls",
+    "standbySpares",
+)
 TOTALS: Final = ("allocated", "productive", *LOST_CAUSES)
 FINISHED: Final = ("Succeeded", "Failed")
 # Status writes are what this costs: book at each phase change, else at most this often or with the
@@ -49,6 +57,7 @@ FIRST_REPORT_GRACE_SECONDS: Final = 300.0
 class Devices:
     unit: str  # the resource counted: nvidia.com/gpu, a MIG profile, or cpu
     count: float  # for the whole gang
+    spares: float = 0.0  # held by its warm spares standing by on nodes now (not one taking a rank)
 
 
 @dataclass(frozen=True)
@@ -113,7 +122,8 @@ def account(
     phase = old.get("phase")
     span = max(0.0, now - since)
     if phase in HOLDING_PHASES:
-        allocated += span * devices.count
+        allocated += span * (devices.count + devices.spares)
+        book["standbySpares"] += span * devices.spares  # the price of recovering in seconds
     # The part of the span lost to a recovery or to the first start, up to the first step.
     lost_until, cause = _lost_until(old, new, since, now, trainer)
     lost = min(span, max(0.0, lost_until - since)) if cause else 0.0
@@ -135,7 +145,7 @@ def account(
         book["checkpointStalls"] += stall_time
         productive -= stall_time
     productive = max(0.0, productive)
-    wall = max(1e-9, now - created) * devices.count
+    wall = max(1e-9, now - created) * devices.count + book["standbySpares"]
     shown, carried = _shown_and_carried({"allocated": allocated, "productive": productive, **book})
     out: dict[str, Any] = {
         "unit": devices.unit,

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from phalanx.gang.devices import gang_devices
+from phalanx.gang.devices import gang_devices, pod_devices
+from phalanx.pod_facts import in_current_attempt, is_spare, is_terminal
 from phalanx.policy import goodput, recovery_timeline
 from phalanx.reconcile.observed import Observed
 from phalanx.reconcile.plan import PlanBuilder
@@ -25,7 +26,14 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
             checkpoint_stall_seconds=_number(report.get("checkpoint_stall_seconds")),
         )
     created = seen.created if seen.created is not None else b.now
-    devices = goodput.Devices(unit, count)
+    # Spares standing by on nodes, as this pass sees them (a spare taking a rank is a worker now).
+    standing_by = sum(
+        1
+        for p in seen.pods
+        if is_spare(p) and (p.get("spec") or {}).get("nodeName") and not is_terminal(p)
+        and not in_current_attempt(p, b.status)
+    )  # fmt: skip
+    devices = goodput.Devices(unit, count, standing_by * pod_devices(seen.spec, seen.pod_template)[1])
     ledger = goodput.account(b.old, b.status, created, b.now, devices, facts, seen.status_write_due)
     if ledger is not None:
         b.status["goodput"] = ledger
