@@ -18,17 +18,15 @@ from phalanx.controller.stores import ClusterStores
 from phalanx.gang.admission import GangRequest
 from phalanx.gang.capacity import NodeInfo
 from phalanx.gang.preemption import choose_victims, preemption_message
-from phalanx.gang.requests import idle_spares, running_gang
+from phalanx.gang.requests import running_gang
 from phalanx.k8s import KubeApi, StatusConflict
 from phalanx.kueue.workload import managed_here, queue_name
-from phalanx.pod_facts import spare_ranks
 from phalanx.reconcile.conditions import set_condition
 from phalanx.reconcile.plan import REASON_PREEMPTED_BY_PRIORITY, iso, parse_iso
 
 log = logging.getLogger("phalanx.controller")
 
 PREEMPTION_COOLDOWN_SECONDS: Final = 15.0
-REASON_SPARE_PREEMPTED: Final = "SparePreempted"
 VICTIM_WRITE_ATTEMPTS: Final = 3
 
 
@@ -69,47 +67,19 @@ class Preemptor:
             if key == head.key or queue_name(job) or not managed_here(job):
                 continue  # Kueue's jobs hold Kueue's quota: only Kueue preempts them
             started = parse_iso((job.get("status") or {}).get("admittedTime")) or 0.0
-            own = self.stores.own_pods(job)
-            gang = running_gang(key, job, own, self.state.priority_of, started)
+            gang = running_gang(key, job, self.stores.own_pods(job), self.state.priority_of, started)
             if gang is not None:
                 running.append(gang)
-            running.extend(idle_spares(key, job, own, self.state.priority_of, started))
         # One victim per need: the room the last victims' terminating pods will free counts as free.
         choice = choose_victims(head, running, nodes, used, freeing=self.stores.usage.freeing())
         if choice is None:
             return
-        for key, pod_name in choice.spares:
-            job = next(j for j in jobs if object_key(j) == key)
-            if self.evict_idle_spare(job, pod_name, head):
-                self.preempting[f"{key} spare {pod_name}"] = now
-            self.work.enqueue_threadsafe(key)  # its reconcile replaces the spare (rules/spares.py)
         for victim in choice.victims:
             log.info("preempting %s for higher-priority %s", victim, head.key)
             job = next(j for j in jobs if object_key(j) == victim)
             if self.stop_victim(job, preemption_message(head.key, head.priority)):
                 self.preempting[victim] = now  # the cooldown starts once its pods are told to stop
             self.work.enqueue_threadsafe(victim)
-
-    def evict_idle_spare(self, job: dict[str, Any], pod_name: str, head: GangRequest) -> bool:
-        """Evicts one warm spare standing by (its grace period; it trains nothing, so nothing is
-        saved): the job keeps training, with no Preempted condition and no restart counted; its
-        reconcile books the spare as lost while standing by and makes a new one once room allows."""
-        namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
-        pod = next((p for p in self.stores.own_pods(job) if p["metadata"]["name"] == pod_name), None)
-        # Read now, not from the pass's snapshot: a takeover since (the status gives the spare a rank
-        # before it is relabelled) makes it a worker, and evicting it would restart the gang.
-        fresh = self.api.get_job(namespace, name)
-        if pod is None or fresh is None or pod_name in spare_ranks(fresh.get("status") or {}):
-            return False
-        grace = parse(TrainingJobSpec, job["spec"]).run_policy.termination_grace_period_seconds
-        if not self.api.evict_pod(namespace, pod_name, pod["metadata"]["uid"], grace):
-            log.warning("eviction of spare %s/%s refused by a PodDisruptionBudget", namespace, pod_name)
-            return False
-        log.info("evicted idle spare %s/%s for %s", namespace, pod_name, head.key)
-        self.writer.record_event(fresh, "Normal", REASON_SPARE_PREEMPTED,
-                                 f"spare {pod_name} evicted: {head.key} (priority {head.priority}) waits for "
-                                 "the room it stood by on; training goes on undisturbed", iso(self.clock()))  # fmt: skip
-        return True
 
     def stop_victim(self, job: dict[str, Any], message: str) -> bool:
         """Says on the victim who preempted it (a Preempted condition, then an event), then evicts its
