@@ -31,7 +31,6 @@ LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 LABEL_SPARE: Final = f"{GROUP}/spare"
 MANAGED_BY: Final = "phalanx"
 GANG_SCHEDULING_GATE: Final = f"{GROUP}/gang"
-DISRUPTION_TARGET: Final = "DisruptionTarget"  # the pod condition an eviction or preemption sets
 # spec.managedBy: unset or this and this operator runs the job; any other value (MultiKueue's, say)
 # and it leaves the job alone (docs/kueue.md).
 CONTROLLER_NAME: Final = f"{GROUP}/operator"

@@ -124,33 +124,6 @@ def is_deleting(pod: Mapping[str, Any]) -> bool:
     return bool((pod.get("metadata") or {}).get("deletionTimestamp"))
 
 
-def newly_disrupted(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> bool:
-    """A pod change that ends or announces the end of the pod's work: its deletion began, a
-    DisruptionTarget condition came, it ended, one of its containers terminated, or it is gone. Its
-    job decides at once on these (a recovery starts with them), not after the pod-event batch."""
-    if old is None:
-        return False  # created: part of a burst
-    if new is None:
-        return not is_terminal(old)  # gone before it ended: deleted with no grace, or its node removed
-    return (
-        (is_deleting(new) and not is_deleting(old))
-        or (is_terminal(new) and not is_terminal(old))
-        or (_disruption_target(new) and not _disruption_target(old))
-        or _terminated_containers(new) > _terminated_containers(old)
-    )
-
-
-def _disruption_target(pod: Mapping[str, Any]) -> bool:
-    conditions = (pod.get("status") or {}).get("conditions") or ()
-    return any(x.get("type") == c.DISRUPTION_TARGET and x.get("status") == "True" for x in conditions)
-
-
-def _terminated_containers(pod: Mapping[str, Any]) -> int:
-    status = pod.get("status") or {}
-    # Main containers only: an init container ends by design at every start.
-    return sum(1 for x in status.get("containerStatuses") or () if (x.get("state") or {}).get("terminated"))
-
-
 def controller_uid(obj: Mapping[str, Any]) -> str:
     """The uid of the object's controlling owner; "" when it has none."""
     owners = (obj.get("metadata") or {}).get("ownerReferences") or []

@@ -283,24 +283,3 @@ def test_once_the_priority_class_watch_has_listed_no_pass_lists_them() -> None:
     for _ in range(10):
         assert values.current({"high", "urgent"}) == {"high": 1000, "urgent": 10_000}
     assert len(calls) == 1
-
-
-def test_a_disruption_is_reconciled_at_once_and_other_pod_events_after_the_batch() -> None:
-    # From the recovery bench: every eviction was seen 1.0 s late, the pod-event batch's wait.
-    from phalanx.controller.queue import POD_EVENT_BATCH_SECONDS, WorkQueue
-
-    async def scenario() -> tuple[list[str], list[str]]:
-        work = WorkQueue()
-        work.loop = asyncio.get_running_loop()
-        work.from_watch("ns/burst", admission_dirty=False)
-        work.from_watch("ns/evicted", admission_dirty=False)
-        work.from_watch("ns/evicted", admission_dirty=False, urgent=True)  # the same bunch: urgent wins
-        await asyncio.sleep(0.05)
-        now = [k for k in iter(work.take_nowait, None)]
-        await asyncio.sleep(POD_EVENT_BATCH_SECONDS)
-        later = [k for k in iter(work.take_nowait, None)]
-        return now, later
-
-    now, later = asyncio.run(scenario())
-    assert now == ["ns/evicted"]
-    assert later == ["ns/burst"]

@@ -15,7 +15,6 @@ from phalanx.pod_facts import (
     is_ready,
     is_terminal,
     job_of_pod,
-    newly_disrupted,
     pod_attempt,
     pod_index,
 )
@@ -96,41 +95,3 @@ def test_ready_means_running_with_the_ready_condition_true() -> None:
 def test_deleting_once_a_deletion_timestamp_is_set() -> None:
     assert is_deleting({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}})
     assert not is_deleting({"metadata": {}}) and not is_deleting({})
-
-
-def _running_pod(**status: Any) -> dict[str, Any]:
-    return {"metadata": {"name": "p"}, "status": {"phase": "Running", **status}}
-
-
-@pytest.mark.parametrize(
-    ("change", "new"),
-    [
-        (
-            "deletion began",
-            {"metadata": {"name": "p", "deletionTimestamp": "t"}, "status": {"phase": "Running"}},
-        ),
-        ("ended", {"metadata": {"name": "p"}, "status": {"phase": "Failed"}}),
-        ("DisruptionTarget", _running_pod(conditions=[{"type": c.DISRUPTION_TARGET, "status": "True"}])),
-        (
-            "a container terminated",
-            _running_pod(containerStatuses=[{"name": "t", "state": {"terminated": {"exitCode": 1}}}]),
-        ),
-        ("gone before it ended", None),
-    ],
-)
-def test_a_change_that_ends_or_announces_the_end_of_a_pods_work_is_a_disruption(
-    change: str, new: dict[str, Any] | None
-) -> None:
-    assert newly_disrupted(_running_pod(), new), change
-
-
-def test_routine_changes_creation_and_repeats_are_not_disruptions() -> None:
-    deleting = {"metadata": {"name": "p", "deletionTimestamp": "t"}, "status": {"phase": "Running"}}
-    ended = {"metadata": {"name": "p"}, "status": {"phase": "Succeeded"}}
-    assert not newly_disrupted(None, _running_pod()), "created"
-    assert not newly_disrupted(_running_pod(), _running_pod(podIP="10.0.0.1")), "a routine update"
-    assert not newly_disrupted(deleting, deleting), "still deleting: said once"
-    assert not newly_disrupted(ended, None), "an ended pod removed"
-    assert not newly_disrupted(
-        _running_pod(), _running_pod(conditions=[{"type": c.DISRUPTION_TARGET, "status": "False"}])
-    )

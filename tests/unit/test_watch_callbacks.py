@@ -55,25 +55,3 @@ def test_a_node_that_goes_not_ready_enqueues_only_the_jobs_with_pods_there() -> 
     work.jobs.clear()
     callbacks.on_node_change("n1", slim_node(node("n1", "True", 1)), slim_node(node("n1", "True", 2)))
     assert work.jobs == []  # still Ready: nothing for the jobs to decide
-
-
-class Batched:
-    def __init__(self) -> None:
-        self.calls: list[tuple[str | None, bool]] = []
-
-    def from_watch(self, job: str | None, admission_dirty: bool, urgent: bool = False) -> None:
-        self.calls.append((job, urgent))
-
-
-def test_a_pod_event_that_disrupts_is_urgent_and_a_routine_one_is_batched() -> None:
-    from phalanx.cache import slim_pod
-
-    work = Batched()
-    callbacks = WatchCallbacks(ClusterStores(), work)  # type: ignore[arg-type]
-    running = slim_pod(pod("a-0", "a", "n1", 1))
-    evicted = slim_pod(pod("a-0", "a", "n1", 2))
-    evicted["metadata"]["deletionTimestamp"] = "2026-12-04T21:00:00Z"
-    callbacks.on_pod_change("ns/a-0", None, running)  # created
-    callbacks.on_pod_change("ns/a-0", running, slim_pod(pod("a-0", "a", "n1", 3)))  # a routine update
-    callbacks.on_pod_change("ns/a-0", running, evicted)
-    assert work.calls == [("ns/a", False), ("ns/a", False), ("ns/a", True)]

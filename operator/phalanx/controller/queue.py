@@ -55,7 +55,7 @@ class WorkQueue:
         # Pod events arrive on the reflector's thread many per second; they are handed to the loop in
         # bunches (one wake-up per bunch instead of one per event).
         self.from_watch_lock = threading.Lock()
-        self.from_watch_jobs: dict[str, bool] = {}  # job -> urgent
+        self.from_watch_jobs: set[str] = set()
         self.from_watch_admission = False
 
     loop: asyncio.AbstractEventLoop  # set before the first event (handlers.configure)
@@ -185,25 +185,22 @@ class WorkQueue:
     def admission_dirty_threadsafe(self) -> None:
         self.loop.call_soon_threadsafe(self.admission_dirty.set)
 
-    def from_watch(self, job: str | None, admission_dirty: bool, urgent: bool = False) -> None:
-        """A pod event (reflector thread): batch-reconcile its job (urgent: reconcile it now, a
-        disruption), and/or wake the admission pass. One wake-up of the loop per bunch of events."""
+    def from_watch(self, job: str | None, admission_dirty: bool) -> None:
+        """A pod event (reflector thread): batch-reconcile its job, and/or wake the admission pass.
+        One wake-up of the loop per bunch of events."""
         with self.from_watch_lock:
             wake = not self.from_watch_jobs and not self.from_watch_admission
             if job is not None:
-                self.from_watch_jobs[job] = self.from_watch_jobs.get(job, False) or urgent
+                self.from_watch_jobs.add(job)
             self.from_watch_admission |= admission_dirty
         if wake:
             self.loop.call_soon_threadsafe(self._take_watch_events)
 
     def _take_watch_events(self) -> None:
         with self.from_watch_lock:
-            jobs, self.from_watch_jobs = self.from_watch_jobs, {}
+            jobs, self.from_watch_jobs = self.from_watch_jobs, set()
             dirty, self.from_watch_admission = self.from_watch_admission, False
-        for job, urgent in jobs.items():
-            if urgent:
-                self.enqueue(job)  # a batch timer still pending for it adds one reconcile, no more
-            else:
-                self.enqueue_batched(job)
+        for job in jobs:
+            self.enqueue_batched(job)
         if dirty:
             self.admission_dirty.set()

@@ -6,7 +6,7 @@ from __future__ import annotations
 from phalanx.cache import INDEX_NODE, Slim, frees_or_changes_capacity, node_changed_for_admission
 from phalanx.controller.queue import WorkQueue
 from phalanx.controller.stores import ClusterStores
-from phalanx.pod_facts import job_of_pod, newly_disrupted
+from phalanx.pod_facts import job_of_pod
 from phalanx.policy.pod_outcome import node_is_ready
 
 
@@ -20,8 +20,7 @@ class WatchCallbacks:
         dirty = frees_or_changes_capacity(old, new)
         if job is None and not dirty:
             return
-        # A disruption starts a recovery: no wait for the rest of a burst that is not coming.
-        self.work.from_watch(job, dirty, urgent=job is not None and newly_disrupted(old, new))
+        self.work.from_watch(job, dirty)
 
     def on_job_change(self, key: str, old: Slim | None, new: Slim | None) -> None:
         """Spec edits and deletions reach the reconcile from here too (kopf's handler enqueues as

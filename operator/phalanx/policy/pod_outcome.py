@@ -15,7 +15,6 @@ from enum import Enum
 from typing import Any, Final
 
 from phalanx.constants import (
-    DISRUPTION_TARGET,
     EXIT_CHECKPOINTED_ON_PREEMPTION,
     EXIT_GENERATION_FAILED,
     EXIT_WORLD_SIZE_UNUSABLE,
@@ -25,7 +24,7 @@ from phalanx.constants import (
     WORLD_SIZE_UNUSABLE_MARKER,
 )
 
-DISRUPTION_CONDITION: Final = DISRUPTION_TARGET
+DISRUPTION_CONDITION: Final = "DisruptionTarget"
 REASON_COMPLETED: Final = "Completed"
 REASON_CHECKPOINTED: Final = "CheckpointedOnSigterm"
 REASON_DELETED: Final = "Deleted"
