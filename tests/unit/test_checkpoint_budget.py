@@ -54,22 +54,40 @@ NOW = 1_000_000.0
 
 
 def test_an_earlier_probe_is_reused_for_the_same_world_size_within_the_window() -> None:
-    record = {"bytes_per_second": 2 * GB, "world_size": 4, "measured": NOW - 60}
-    assert reusable_probe(record, world_size=4, now=NOW) == 2 * GB
+    record = {"bytes_per_second": 2 * GB, "world_size": 4, "ranks_per_node": 2, "measured": NOW - 60}
+    assert reusable_probe(record, world_size=4, per_node=2, now=NOW) == 2 * GB
 
 
 @pytest.mark.parametrize(
     ("record", "why"),
     [
         (None, "no record"),
-        ({"bytes_per_second": 2 * GB, "world_size": 8, "measured": NOW - 60}, "other ranks wrote at once"),
-        ({"bytes_per_second": 2 * GB, "world_size": 4, "measured": NOW - PROBE_REUSE_SECONDS}, "too old"),
-        ({"bytes_per_second": 2 * GB, "world_size": 4, "measured": NOW + 60}, "from the future"),
-        ({"bytes_per_second": 0, "world_size": 4, "measured": NOW}, "not a speed"),
-        ({"bytes_per_second": True, "world_size": 4, "measured": NOW}, "not a number"),
-        ({"bytes_per_second": "fast", "world_size": 4, "measured": NOW}, "not a number"),
+        (
+            {"bytes_per_second": 2 * GB, "world_size": 8, "ranks_per_node": 2, "measured": NOW - 60},
+            "other ranks wrote at once",
+        ),
+        (
+            {"bytes_per_second": 2 * GB, "world_size": 4, "ranks_per_node": 4, "measured": NOW - 60},
+            "on fewer nodes",
+        ),
+        (
+            {
+                "bytes_per_second": 2 * GB,
+                "world_size": 4,
+                "ranks_per_node": 2,
+                "measured": NOW - PROBE_REUSE_SECONDS,
+            },
+            "too old",
+        ),
+        (
+            {"bytes_per_second": 2 * GB, "world_size": 4, "ranks_per_node": 2, "measured": NOW + 60},
+            "from the future",
+        ),
+        ({"bytes_per_second": 0, "world_size": 4, "ranks_per_node": 2, "measured": NOW}, "not a speed"),
+        ({"bytes_per_second": True, "world_size": 4, "ranks_per_node": 2, "measured": NOW}, "not a number"),
+        ({"bytes_per_second": "fast", "world_size": 4, "ranks_per_node": 2, "measured": NOW}, "not a number"),
         ({"bytes_per_second": 2 * GB, "measured": NOW}, "no world size"),
     ],
 )
 def test_a_record_that_does_not_speak_for_this_start_is_not_reused(record: object, why: str) -> None:
-    assert reusable_probe(record, world_size=4, now=NOW) is None, why  # type: ignore[arg-type]
+    assert reusable_probe(record, world_size=4, per_node=2, now=NOW) is None, why  # type: ignore[arg-type]

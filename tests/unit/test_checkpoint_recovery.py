@@ -341,6 +341,20 @@ def test_the_storage_speed_is_measured_at_start(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == [".storage-probe.json"], "the probe leaves only its figure"
 
 
+def test_a_probe_record_that_cannot_be_written_leaves_nothing_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from phalanx_trainer.checkpoint import store
+
+    def refuse(src: object, dst: object) -> None:
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(store.os, "replace", refuse)
+    with pytest.raises(OSError):
+        store.write_probe_record(tmp_path, 1e9, 2, 1, time.time())
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_later_start_reuses_the_probe_instead_of_writing_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -362,7 +376,7 @@ def test_a_probe_from_another_world_size_or_too_old_is_measured_again(tmp_path: 
     from phalanx_trainer.checkpoint.store import write_probe_record
 
     for world_size, age in ((4, 0.0), (1, PROBE_REUSE_SECONDS + 1)):
-        write_probe_record(tmp_path, 1.0, world_size, time.time() - age)  # 1 B/s: unmistakable
+        write_probe_record(tmp_path, 1.0, world_size, 1, time.time() - age)  # 1 B/s: unmistakable
         manager = CheckpointManager(CheckpointConfig(dir=str(tmp_path)))
         manager.restore(new_state())
         assert manager.storage_bytes_per_second not in (None, 1.0), (world_size, age)

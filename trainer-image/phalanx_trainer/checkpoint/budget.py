@@ -37,16 +37,18 @@ def write_speed(configured: float, probed: float | None) -> float:
     return FALLBACK_BYTES_PER_SECOND
 
 
-def reusable_probe(record: Mapping[str, Any] | None, *, world_size: int, now: float) -> float | None:
+def reusable_probe(
+    record: Mapping[str, Any] | None, *, world_size: int, per_node: int, now: float
+) -> float | None:
     """An earlier start's probe figure, if it still speaks for this start: as many ranks writing at
-    once (the figure is the whole job's), measured less than PROBE_REUSE_SECONDS ago and not later
-    than now (a clock that jumped back says nothing about its age)."""
+    once, as many to a node (the figure is the whole job's, through its nodes' links), measured less
+    than PROBE_REUSE_SECONDS ago and not later than now (a clock that jumped back says nothing)."""
     if not isinstance(record, Mapping):
         return None
     speed, ranks, measured = record.get("bytes_per_second"), record.get("world_size"), record.get("measured")
     if not isinstance(speed, int | float) or isinstance(speed, bool) or speed <= 0:
         return None
-    if not isinstance(ranks, int) or ranks != world_size:
+    if not isinstance(ranks, int) or ranks != world_size or record.get("ranks_per_node") != per_node:
         return None
     if not isinstance(measured, int | float) or not 0 <= now - measured < PROBE_REUSE_SECONDS:
         return None

@@ -129,11 +129,14 @@ def io_threads_per_rank(env: Mapping[str, str]) -> int:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cores = os.cpu_count() or 1
+    return max(1, min(4, cores // ranks_per_node(env)))
+
+
+def ranks_per_node(env: Mapping[str, str]) -> int:
     try:
-        ranks_on_node = max(1, int(env.get(ENV_NPROC_PER_NODE, "1")))
+        return max(1, int(env.get(ENV_NPROC_PER_NODE, "1")))
     except ValueError:
-        ranks_on_node = 1
-    return max(1, min(4, cores // ranks_on_node))
+        return 1
 
 
 def describe_layout(app_state: Mapping[str, Any], world_size: int) -> dict[str, Any]:
@@ -378,7 +381,8 @@ class CheckpointManager:
         """The figure of an earlier start of this job when rank 0 finds a fresh one, else a probe."""
         reused: float | None = None
         if self.rank == 0:
-            reused = reusable_probe(read_probe_record(self.root), world_size=self.world_size, now=time.time())
+            reused = reusable_probe(read_probe_record(self.root), world_size=self.world_size,
+                                    per_node=ranks_per_node(os.environ), now=time.time())  # fmt: skip
         reused = self._broadcast(reused)
         if reused is not None:
             if self.rank == 0:
@@ -387,7 +391,7 @@ class CheckpointManager:
         speed = self._probe_storage()
         if self.rank == 0 and speed is not None:
             try:
-                write_probe_record(self.root, speed, self.world_size, time.time())
+                write_probe_record(self.root, speed, self.world_size, ranks_per_node(os.environ), time.time())
             except OSError as error:  # the next start probes again; nothing else depends on it
                 log.warning("cannot record the storage probe under %s: %s", self.root, error)
         return speed

@@ -43,13 +43,19 @@ def read_probe_record(root: Path) -> dict[str, object] | None:
     return record if isinstance(record, dict) else None
 
 
-def write_probe_record(root: Path, bytes_per_second: float, world_size: int, measured: float) -> None:
-    """Replace the probe record whole (written aside, then renamed): a reader never sees half of it."""
+def write_probe_record(
+    root: Path, bytes_per_second: float, world_size: int, ranks_per_node: int, measured: float
+) -> None:
+    """Replace the probe record whole (written aside, then renamed): a reader never sees half of it,
+    and a failed write leaves nothing behind."""
+    record = {"bytes_per_second": bytes_per_second, "world_size": world_size, "ranks_per_node": ranks_per_node,
+              "measured": measured}  # fmt: skip
     aside = root / f"{PROBE_RECORD_NAME}.{uuid.uuid4().hex[:8]}"
-    aside.write_text(
-        json.dumps({"bytes_per_second": bytes_per_second, "world_size": world_size, "measured": measured})
-    )
-    os.replace(aside, root / PROBE_RECORD_NAME)
+    try:
+        aside.write_text(json.dumps(record))
+        os.replace(aside, root / PROBE_RECORD_NAME)
+    finally:
+        aside.unlink(missing_ok=True)
 
 
 def parse_step_dir(name: str) -> int | None:
