@@ -162,6 +162,17 @@ def _accepts(host: str, port: int) -> bool:
         return False
 
 
+# A restart's wait is short (the peer's store is a fork and an import away), a cold start's long (DNS,
+# an image pull): poll often for the first seconds, then every half second.
+FAST_POLL_SECONDS = 0.05
+FAST_POLL_FOR_SECONDS = 5.0
+SLOW_POLL_SECONDS = 0.5
+
+
+def poll_interval(waited: float) -> float:
+    return FAST_POLL_SECONDS if waited < FAST_POLL_FOR_SECONDS else SLOW_POLL_SECONDS
+
+
 def wait_for_rendezvous(
     dist_env: DistEnv,
     log: Callable[[str], None],
@@ -190,4 +201,4 @@ def wait_for_rendezvous(
         if now - last_log >= log_every:
             log(f"waiting for {waiting_for} ({now - began:.0f} s of {dist_env.rendezvous_timeout:.0f} s)")
             last_log = now
-        sleep(0.5)
+        sleep(poll_interval(now - began))

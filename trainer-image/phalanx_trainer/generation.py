@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
 
-from phalanx_trainer.distenv import DistEnv
+from phalanx_trainer.distenv import DistEnv, poll_interval
 
 GENERATION_KEY = "phalanx/generation"
 
@@ -54,8 +54,10 @@ def open_generation_store(
     clock: Callable[[], float] = time.monotonic,
 ) -> Store:
     """The store of this worker's generation (fences 1 and 2), after every rank has arrived."""
-    deadline = clock() + dist_env.rendezvous_timeout
+    began = clock()
+    deadline = began + dist_env.rendezvous_timeout
     generation = dist_env.generation
+    logged_at: float | None = None
     while True:
         store = _connect(dist_env, max(1.0, deadline - clock()))
         if dist_env.rank == 0:
@@ -75,9 +77,11 @@ def open_generation_store(
                 f"rank {dist_env.rank} of generation {generation} found only generation {published} "
                 f"at {dist_env.master_addr}:{dist_env.master_port} for {dist_env.rendezvous_timeout:.0f} s"
             )
-        log(f"store host is still at generation {published}; waiting for generation {generation}")
+        if logged_at is None or clock() - logged_at >= 10.0:  # polled often at first: said once per 10 s
+            log(f"store host is still at generation {published}; waiting for generation {generation}")
+            logged_at = clock()
         del store
-        time.sleep(0.5)
+        time.sleep(poll_interval(clock() - began))
     prefixed = PrefixStore(generation_prefix(generation), store)
     _wait_for_everyone(prefixed, dist_env, deadline, clock)
     return prefixed
