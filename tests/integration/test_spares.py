@@ -220,3 +220,34 @@ def test_a_quota_sized_for_the_workers_runs_the_gang_and_says_the_spare_is_refus
     assert sorted(pods_by_name(cluster, namespace, "sq")) == ["sq-worker-0", "sq-worker-1"]
     events = events_of(cluster, namespace, "sq")
     assert [e["reason"] for e in events if e["type"] == "Warning"] == ["SparesRefused"], events
+
+
+def test_a_waiting_gang_takes_an_idle_spares_room_and_the_spares_job_trains_on(
+    cluster: Cluster, namespace: str, operator: OperatorProcess, private_nodes: Any
+) -> None:
+    # Spares are best effort: a gang of the same priority waiting for room takes an idle spare's,
+    # and the spare's job is not preempted. Before: no lower-priority victim, so the waiting gang
+    # stayed Pending for as long as the spare stood by.
+    private_nodes.add(3, gpus=1, prefix="sp")
+    placement = private_nodes.placement()
+    cluster.apply(training_job("sp", replicas=2, gpus=1, terminate_after="1s", placement=placement, spares=1,
+                               runPolicy=IN_PLACE), namespace)  # fmt: skip
+    wait_phase(cluster, namespace, "sp", "Running", timeout=90)
+    wait_for(lambda: bound(pods_by_name(cluster, namespace, "sp").get("sp-spare-0") or {"spec": {}}),
+             timeout=60, what="the spare bound on the third node")  # fmt: skip
+    spare_uid = pods_by_name(cluster, namespace, "sp")["sp-spare-0"]["metadata"]["uid"]
+
+    cluster.apply(training_job("head", replicas=1, gpus=1, placement=placement), namespace)
+    wait_phase(cluster, namespace, "head", "Running", timeout=60)
+    status = job_status(cluster, namespace, "sp")
+    assert status["phase"] == "Running" and status["attempt"] == 0, status
+    assert status["restarts"] == {"failures": 0, "preemptions": 0, "hangs": 0}
+    assert not any(x["type"] == "Preempted" for x in status.get("conditions") or []), status["conditions"]
+    assert "failures" not in (status.get("spares") or {}), status["spares"]  # no failing spare booked
+    pods = pods_by_name(cluster, namespace, "sp")
+    assert all(bound(pods[f"sp-worker-{i}"]) and not pods[f"sp-worker-{i}"]["metadata"].get("deletionTimestamp")
+               for i in (0, 1)), "the workers are untouched"  # fmt: skip
+    old = pods.get("sp-spare-0")
+    assert old is None or old["metadata"]["uid"] != spare_uid or old["metadata"].get("deletionTimestamp")
+    reasons = [e["reason"] for e in events_of(cluster, namespace, "sp")]
+    assert "SparePreempted" in reasons and "PreemptedByPriority" not in reasons, reasons

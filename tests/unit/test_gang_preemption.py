@@ -109,3 +109,50 @@ def test_room_that_terminating_victims_will_free_counts_so_no_second_victim_is_c
     # What the terminating pods free is counted, and only what is still missing is preempted for.
     more = choose_victims(head(2, 8), [b, c], three, usage(a, b, c), freeing=usage(a))
     assert more is not None and more.victims == ("ns/b",)
+
+
+def spare(key: str, priority: int, node_name: str, gpus: int = 8) -> RunningGang:
+    return RunningGang(key, priority, 5.0, ((f"{key}-spare", node_name, pod(gpus)),), idle_spare=True)
+
+
+def test_an_idle_spare_is_evicted_instead_of_stopping_a_lower_priority_gang() -> None:
+    low = running("ns/low", 0, 10.0, ("a", 8))
+    its_spare = spare("ns/low", 0, "b")
+    choice = choose_victims(head(1, 8), [low, its_spare], NODES, usage(low, its_spare))
+    assert choice is not None
+    assert choice.victims == (), "no gang is stopped when a spare's room is enough"
+    assert choice.spares == (("ns/low", "ns/low-spare"),)
+    assert choice.placements == (("head-0", "b"),)
+
+
+def test_an_equal_priority_head_takes_an_idle_spares_room_and_a_lower_one_does_not() -> None:
+    # Before: an equal-priority head had no victim and waited as long as the spare stood by. A lower
+    # one must not: the spare's job would trade a recovery in seconds for a preemption later.
+    same = running("ns/same", 500, 10.0, ("a", 8))
+    its_spare = spare("ns/same", 500, "b")
+    choice = choose_victims(head(1, 8, priority=500), [same, its_spare], NODES, usage(same, its_spare))
+    assert choice is not None and choice.victims == () and choice.spares == (("ns/same", "ns/same-spare"),)
+    assert choose_victims(head(1, 8, priority=0), [same, its_spare], NODES, usage(same, its_spare)) is None
+
+
+def test_spares_first_then_gangs_and_no_spare_that_the_head_does_not_need() -> None:
+    # The head needs two whole nodes: mid's idle spare on b frees one; of the gangs, the lowest
+    # priority (low, on a) frees the other, not mid (on c).
+    three = [node("a"), node("b"), node("c")]
+    low = running("ns/low", 0, 10.0, ("a", 8))
+    spare_b = spare("ns/mid", 50, "b")
+    mid = running("ns/mid", 50, 10.0, ("c", 8))
+    choice = choose_victims(head(2, 8), [low, spare_b, mid], three, usage(low, spare_b, mid))
+    assert choice is not None
+    assert choice.spares == (("ns/mid", "ns/mid-spare"),)
+    assert choice.victims == ("ns/low",), "the spare first, then the lowest-priority gang, not mid"
+
+
+def test_an_unneeded_spare_chosen_early_is_dropped_again() -> None:
+    # A spare on a 4-GPU-free node cannot make room for an 8-GPU pod alone; once the low gang is
+    # chosen, the spare is not needed and stays.
+    low = running("ns/low", 0, 10.0, ("a", 8))
+    small = spare("ns/other", 0, "b", gpus=4)
+    filler = running("ns/keep", 900, 10.0, ("b", 4))
+    choice = choose_victims(head(1, 8), [low, small, filler], NODES, usage(low, small, filler))
+    assert choice is not None and choice.victims == ("ns/low",) and choice.spares == ()

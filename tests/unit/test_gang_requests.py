@@ -8,7 +8,13 @@ from typing import Any
 import pytest
 
 from phalanx.api.v1alpha1 import TrainingJobSpec
-from phalanx.gang.requests import FINISH_ADMISSION_PRIORITY, SPARES_PRIORITY, running_gang, waiting_gang
+from phalanx.gang.requests import (
+    FINISH_ADMISSION_PRIORITY,
+    SPARES_PRIORITY,
+    idle_spares,
+    running_gang,
+    waiting_gang,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -177,19 +183,40 @@ def test_spares_at_the_gate_alone_are_best_effort_behind_every_gang() -> None:
     assert waiting.request.priority == SPARES_PRIORITY < -(2**31)
 
 
-def test_a_running_gangs_spares_are_room_a_preemption_frees() -> None:
+def test_a_running_gangs_idle_spares_are_victims_of_their_own_not_part_of_the_gang() -> None:
     job = spared()
     job["status"] = {"phase": "Running"}
     pods = [a_pod(0, False, node="n0"), a_pod(1, False, node="n1"), a_spare(0, False, node="n2")]
     gang = running_gang("ns/j", job, pods, priority_of=at(0), started=0.0)
-    assert gang is not None and [p[0] for p in gang.pods] == ["j-worker-0", "j-worker-1", "j-spare-0"]
+    assert gang is not None and [p[0] for p in gang.pods] == ["j-worker-0", "j-worker-1"]
+    spares = idle_spares("ns/j", job, pods, priority_of=at(0), started=0.0)
+    assert [(s.key, s.idle_spare, [p[0] for p in s.pods]) for s in spares] == [("ns/j", True, ["j-spare-0"])]
 
 
-def test_a_running_gangs_ended_pods_are_no_room_a_preemption_frees() -> None:
-    job = spared(spares=2)
+def test_a_spare_told_a_rank_is_a_worker_of_the_gang_not_an_idle_spare() -> None:
+    job = spared()
+    spare = a_spare(0, False, node="n2")
+    spare["metadata"]["uid"] = "s0"
+    job["status"] = {"phase": "Restarting", "attempt": 1,
+                     "inPlace": {"attempt": 1, "keptPods": [{"name": "j-spare-0", "uid": "s0", "rank": 1}]}}  # fmt: skip
+    pods = [a_pod(0, False, attempt=1, node="n0"), spare]
+    assert idle_spares("ns/j", job, pods, priority_of=at(0), started=0.0) == []
+
+
+def test_a_running_gangs_ended_or_going_pods_are_no_room_a_preemption_frees() -> None:
+    job = spared(spares=3)
     job["status"] = {"phase": "Running"}
     failed = a_spare(0, False, node="n2")
     failed["status"] = {"phase": "Failed"}
-    pods = [a_pod(0, False, node="n0"), a_pod(1, False, node="n1"), failed, a_spare(1, False, node="n3")]
+    going = a_spare(2, False, node="n4", deleting=True)
+    pods = [
+        a_pod(0, False, node="n0"),
+        a_pod(1, False, node="n1"),
+        failed,
+        a_spare(1, False, node="n3"),
+        going,
+    ]
     gang = running_gang("ns/j", job, pods, priority_of=at(0), started=0.0)
-    assert gang is not None and [p[0] for p in gang.pods] == ["j-worker-0", "j-worker-1", "j-spare-1"]
+    assert gang is not None and [p[0] for p in gang.pods] == ["j-worker-0", "j-worker-1"]
+    spares = idle_spares("ns/j", job, pods, priority_of=at(0), started=0.0)
+    assert [s.pods[0][0] for s in spares] == ["j-spare-1"]

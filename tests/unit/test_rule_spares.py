@@ -326,3 +326,59 @@ def test_a_spare_standing_by_is_booked_as_standby_in_goodput_and_one_taking_a_ra
     booked = plan.status["goodput"]
     assert booked["allocatedSeconds"] == 200, "booked: the gang's 2 devices for 100 s, no more"
     assert booked["standbySparesSeconds"] == 0, "a spare taking a rank is a worker"
+
+
+YIELD = {"s0": "gave its room to ns/head (priority 0), waiting for it"}  # spare(0)'s uid
+
+
+def test_a_spare_asked_to_yield_is_deleted_by_its_jobs_reconcile_and_nothing_else_moves() -> None:
+    plan = decide(job(dict(RUNNING), **SPARES), [resident(0), resident(1), spare(0)], NODES, NOW,
+                  yielding_spares=YIELD)  # fmt: skip
+    assert plan.delete_pods == ["j-spare-0"] and plan.create_indices == []
+    assert plan.status["phase"] == "Running" and plan.status["attempt"] == 0
+    assert plan.status["restarts"] == {"failures": 0, "preemptions": 0}
+    [event] = [e for e in plan.events if e.reason == "SparePreempted"]
+    assert event.type == "Normal" and "ns/head" in event.message and "undisturbed" in event.message
+
+
+def test_a_spare_that_yielded_is_replaced_after_a_delay_with_no_failure_booked() -> None:
+    going = spare(0, deletionTimestamp=iso(NOW - 1))
+    plan = decide(job(dict(RUNNING), **SPARES), [resident(0), resident(1), going], NODES, NOW,
+                  yielding_spares=YIELD)  # fmt: skip
+    assert plan.create_spares == [], "not at once: the head that asked may still wait for room"
+    assert "failures" not in plan.status["spares"]
+    assert plan.status["spares"]["nextCreateTime"] == iso(NOW + 60)
+    later = job({**RUNNING, "spares": plan.status["spares"]}, **SPARES)
+    plan = decide(later, [resident(0), resident(1), going], NODES, NOW + 61, yielding_spares=YIELD)
+    assert plan.create_spares == [1] and "failures" not in plan.status["spares"]
+    [event] = [e for e in plan.events if e.reason == "SpareReplaced"]
+    assert "gave its room to a waiting gang" in event.message and "lost" not in event.message
+    # The same loss not asked for is a failing spare: replaced at once, the backoff starts.
+    plan = decide(job(dict(RUNNING), **SPARES), [resident(0), resident(1), going], NODES, NOW)
+    assert plan.create_spares == [1] and plan.status["spares"]["failures"] == 1
+
+
+def test_an_ask_is_for_that_pod_not_a_later_spare_under_its_name() -> None:
+    reused = spare(0)
+    reused["metadata"]["uid"] = "s0-again"  # the name came free and a new spare took it
+    plan = decide(job(dict(RUNNING), **SPARES), [resident(0), resident(1), reused], NODES, NOW,
+                  yielding_spares=YIELD)  # fmt: skip
+    assert plan.delete_pods == [] and not [e for e in plan.events if e.reason == "SparePreempted"]
+
+
+def test_a_spare_asked_to_yield_never_takes_a_lost_rank() -> None:
+    # The admission pass asked while worker-1 was being lost: the in-place attempt creates a
+    # worker for rank 1 instead, and the spare goes.
+    plan = decide(job(dict(RUNNING), **SPARES), [resident(0), evicted(1), spare(0)], NODES, NOW,
+                  yielding_spares=YIELD)  # fmt: skip
+    assert plan.status["attempt"] == 1 and plan.relabel_pods == {}
+    assert [k["name"] for k in plan.status["inPlace"]["keptPods"]] == ["j-worker-0"]
+    assert plan.status["lastRecovery"]["path"] == "InPlace"
+    assert "j-spare-0" in plan.delete_pods
+
+
+def test_an_ask_that_comes_after_a_takeover_deletes_nothing() -> None:
+    # The admission pass chose the spare from a view before the takeover gave it rank 1.
+    plan = decide(job(took_rank_1(), **SPARES), [resident(0), spare(0)], NODES, NOW, yielding_spares=YIELD)
+    assert "j-spare-0" not in plan.delete_pods and plan.relabel_pods == {"j-spare-0": 1}
+    assert not [e for e in plan.events if e.reason == "SparePreempted"]

@@ -32,6 +32,7 @@ from phalanx.controller.preemption import Preemptor
 from phalanx.controller.progress import ProgressPoller
 from phalanx.controller.queue import WorkQueue
 from phalanx.controller.reconciler import Reconciler
+from phalanx.controller.spare_yields import SpareYields
 from phalanx.controller.stores import ClusterStores
 from phalanx.controller.watch import WatchCallbacks
 from phalanx.k8s import KubeApi
@@ -73,13 +74,14 @@ class Controller:
         )
         self.generations = GenerationPublisher(self.work, cluster_domain=settings.cluster_domain)
         admission = AdmissionState()
+        self.spare_yields = SpareYields()  # the admission pass asks, the spare's job's reconcile acts
         self.reconciler = Reconciler(
             api, self.stores, self.writer, self.work,
             CreationAdmission(self.stores, admission, enabled=settings.admit_on_creation), self.progress,
             self.write_pool, self.forget, clock, settings.node_lost_after_seconds, settings.cluster_domain,
-            settings.allow_host_path_checkpoints, generations=self.generations,
+            settings.allow_host_path_checkpoints, generations=self.generations, spare_yields=self.spare_yields,
         )  # fmt: skip
-        preemptor = Preemptor(api, self.stores, admission, self.writer, self.work, clock)
+        preemptor = Preemptor(api, self.stores, admission, self.writer, self.work, clock, self.spare_yields)
         self.admission = AdmissionPass(
             api, self.stores, admission, self.writer, preemptor, self.work, self.write_pool, clock
         )
@@ -124,6 +126,7 @@ class Controller:
         self.admission.state.reservations.pop(key, None)
         self.reconciler.creation_admission.settle(key, forget=True)
         self.admission.preemptor.preempting.pop(key, None)
+        self.spare_yields.forget(key)
         namespace, name = key.split("/", 1)
         metrics.forget_job(namespace, name)
 

@@ -14,11 +14,12 @@ from phalanx.cache import object_key
 from phalanx.controller.admission_state import AdmissionState
 from phalanx.controller.job_writes import JobWriter
 from phalanx.controller.queue import WorkQueue
+from phalanx.controller.spare_yields import SpareYields
 from phalanx.controller.stores import ClusterStores
 from phalanx.gang.admission import GangRequest
 from phalanx.gang.capacity import NodeInfo
 from phalanx.gang.preemption import choose_victims, preemption_message
-from phalanx.gang.requests import running_gang
+from phalanx.gang.requests import idle_spares, running_gang
 from phalanx.k8s import KubeApi, StatusConflict
 from phalanx.kueue.workload import managed_here, queue_name
 from phalanx.reconcile.conditions import set_condition
@@ -32,7 +33,8 @@ VICTIM_WRITE_ATTEMPTS: Final = 3
 
 class Preemptor:
     def __init__(self, api: KubeApi, stores: ClusterStores, state: AdmissionState, writer: JobWriter,
-                 work: WorkQueue, clock: Callable[[], float]) -> None:  # fmt: skip
+                 work: WorkQueue, clock: Callable[[], float], yields: SpareYields | None = None) -> None:  # fmt: skip
+        self.yields = yields if yields is not None else SpareYields()
         self.api = api
         self.stores = stores
         self.state = state
@@ -62,17 +64,36 @@ class Preemptor:
         if self.preempting:
             return  # let the last victims finish terminating before choosing again
         running = []
+        spare_uids: dict[tuple[str, str], str] = {}  # (job key, pod name) -> uid
         for job in jobs:
             key = object_key(job)
             if key == head.key or queue_name(job) or not managed_here(job):
                 continue  # Kueue's jobs hold Kueue's quota: only Kueue preempts them
             started = parse_iso((job.get("status") or {}).get("admittedTime")) or 0.0
-            gang = running_gang(key, job, self.stores.own_pods(job), self.state.priority_of, started)
+            own = self.stores.own_pods(job)
+            gang = running_gang(key, job, own, self.state.priority_of, started)
             if gang is not None:
                 running.append(gang)
+            # Asked already and not deleted yet: still candidates, so the same ones are chosen again
+            # rather than a gang in their place.
+            spares = idle_spares(key, job, own, self.state.priority_of, started)
+            running.extend(spares)
+            if spares:
+                spare_uids.update(
+                    {(key, str(p["metadata"]["name"])): str(p["metadata"].get("uid")) for p in own}
+                )
         # One victim per need: the room the last victims' terminating pods will free counts as free.
         choice = choose_victims(head, running, nodes, used, freeing=self.stores.usage.freeing())
         if choice is None:
+            return
+        if choice.spares:
+            # Their own jobs' reconciles delete them (never one a takeover gave a rank meanwhile);
+            # gangs, if the head needs more, on a later pass, with the spares' room counted as freed.
+            why = f"gave its room to {head.key} (priority {head.priority}), waiting for it"
+            for key, pod_name in choice.spares:
+                if self.yields.ask(key, spare_uids[(key, pod_name)], why):
+                    log.info("asking %s's idle spare %s to give its room to %s", key, pod_name, head.key)
+                self.work.enqueue_threadsafe(key)
             return
         for victim in choice.victims:
             log.info("preempting %s for higher-priority %s", victim, head.key)

@@ -30,6 +30,7 @@ from phalanx.controller.job_writes import JobWriter, status_diff
 from phalanx.controller.kueue_workloads import PENDING_WRITE_RETRY_SECONDS, KueueWorkloads
 from phalanx.controller.progress import ProgressPoller
 from phalanx.controller.queue import WorkQueue
+from phalanx.controller.spare_yields import SpareYields
 from phalanx.controller.stores import ClusterStores
 from phalanx.k8s import CreationRefused, KubeApi, StatusConflict
 from phalanx.kueue.gate import KueueGate
@@ -69,7 +70,8 @@ class Reconciler:
                  node_lost_after: float, cluster_domain: str,
                  allow_host_path_checkpoints: bool = False,
                  generations: GenerationPublisher | None = None,
-                 kueue: KueueWorkloads | None = None) -> None:  # fmt: skip
+                 kueue: KueueWorkloads | None = None, spare_yields: SpareYields | None = None) -> None:  # fmt: skip
+        self.spare_yields = spare_yields if spare_yields is not None else SpareYields()
         self.api = api
         self.stores = stores
         self.writer = writer
@@ -294,7 +296,7 @@ class Reconciler:
         )
         plan = decide(job, pods, nodes, now, self.node_lost_after, trainer_report=report,
                       launcher_refusals=refusals, room=room, kueue_gate=gate,
-                      status_write_due=status_write_due)  # fmt: skip
+                      status_write_due=status_write_due, yielding_spares=self.spare_yields.of(key))  # fmt: skip
         phase = plan.status.get("phase")
         self.creation_admission.end_grow(
             key, int(plan.status.get("attempt") or 0), phase not in (*FINISHED_PHASES, "Suspended")

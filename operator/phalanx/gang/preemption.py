@@ -19,12 +19,17 @@ class RunningGang:
     priority: int
     started: float
     pods: tuple[tuple[str, str, PodDemand], ...]  # (pod name, node name, demand)
+    # A warm spare standing by (its one pod), not a gang: a waiting gang of its job's priority or
+    # higher takes its room before any gang is stopped (a lower one would trade the job's recovery in
+    # seconds for a preemption when it next loses a rank).
+    idle_spare: bool = False
 
 
 @dataclass(frozen=True)
 class PreemptionChoice:
     victims: tuple[str, ...]  # keys of the gangs to stop, in the order they were chosen
     placements: tuple[tuple[str, str], ...]  # where the head fits once they are gone
+    spares: tuple[tuple[str, str], ...] = ()  # (job key, pod name): idle spares to evict, not their jobs
 
 
 def _release(free: dict[str, dict[str, int]], gang: RunningGang) -> None:
@@ -47,8 +52,9 @@ def choose_victims(
 ) -> PreemptionChoice | None:
     """The smallest set (greedy) of strictly lower-priority gangs whose removal lets the head fit.
 
-    Candidates go lowest priority first, then the most recently started (least work lost, even with
-    checkpoints), then key. Victims are added until the head fits, then any victim the head turns out
+    Idle warm spares of jobs of the head's priority or lower come first: taking one's room disturbs no
+    training, and it stood by only on room no gang wanted. Then gangs, lowest priority first, then the most recently started (least
+    work lost, even with checkpoints), then key. Victims are added until the head fits, then any victim the head turns out
     not to need is dropped again. None when the head fits already or even stopping every lower-priority
     gang would not make room.
 
@@ -68,8 +74,12 @@ def choose_victims(
     if place_gang(groups, head.needed, candidates, cluster.free) is not None:
         return None
     lower = sorted(
-        (gang for gang in running if gang.priority < head.priority),
-        key=lambda gang: (gang.priority, -gang.started, gang.key),
+        (
+            gang
+            for gang in running
+            if gang.priority < head.priority or (gang.idle_spare and gang.priority <= head.priority)
+        ),
+        key=lambda gang: (not gang.idle_spare, gang.priority, -gang.started, gang.key, gang.pods[:1]),
     )
 
     def fits_without(victims: Sequence[RunningGang]) -> list[tuple[str, str]] | None:
@@ -78,6 +88,8 @@ def choose_victims(
             _release(free, victim)
         return place_gang(groups, head.needed, candidates, free)
 
+    if fits_without(lower) is None:
+        return None  # not even every candidate gone makes room: one try, not one per candidate
     chosen: list[RunningGang] = []
     placements = None
     for victim in lower:
@@ -93,7 +105,11 @@ def choose_victims(
         trial = fits_without(trimmed)
         if trial is not None:
             chosen, placements = trimmed, trial
-    return PreemptionChoice(tuple(v.key for v in chosen), tuple(placements))
+    return PreemptionChoice(
+        tuple(v.key for v in chosen if not v.idle_spare),
+        tuple(placements),
+        tuple((v.key, v.pods[0][0]) for v in chosen if v.idle_spare),
+    )
 
 
 def head_of_line_blocked(plan_waiting: Mapping[str, str], order: Sequence[GangRequest]) -> GangRequest | None:

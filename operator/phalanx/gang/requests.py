@@ -130,15 +130,34 @@ def running_gang(
     status = job.get("status") or {}
     if status.get("phase") not in ("Running", "Admitted"):
         return None
-    bound = [
-        (p["metadata"]["name"], p["spec"]["nodeName"], PodDemand.from_pod_spec(p["spec"]))
-        for p in own_pods
-        # Its spares standing by too: they hold room for the gang alone. An ended pod holds none.
-        if (in_current_attempt(p, status) or is_spare(p))
-        and p.get("spec", {}).get("nodeName")
-        and not is_deleting(p)
-        and not is_terminal(p)
-    ]
+    # Its spares standing by are victims of their own (idle_spares); one told a rank is a worker.
+    bound = [_bound(p) for p in own_pods if in_current_attempt(p, status) and _holds_room(p)]
     if not bound:
         return None
     return RunningGang(key, priority_of(parse(TrainingJobSpec, job["spec"])), started, tuple(bound))
+
+
+def idle_spares(
+    key: str, job: dict[str, Any], own_pods: list[dict[str, Any]], priority_of: PriorityOf, started: float
+) -> list[RunningGang]:
+    """The job's warm spares standing by on a node, each a victim of its own that a waiting gang of
+    any priority may take before a gang is stopped (gang/preemption.py): not one told to take a rank
+    (a kept pod of the in-place attempt, in_current_attempt), not one already going."""
+    status = job.get("status") or {}
+    if status.get("phase") not in ("Running", "Admitted", "Restarting"):
+        return []
+    spares = [p for p in own_pods if is_spare(p) and not in_current_attempt(p, status) and _holds_room(p)]
+    if not spares:
+        return []
+    priority = priority_of(parse(TrainingJobSpec, job["spec"]))
+    return [RunningGang(key, priority, started, (_bound(p),), idle_spare=True) for p in spares]
+
+
+def _holds_room(pod: dict[str, Any]) -> bool:
+    """Bound and not going: a pod being deleted counts as room being freed already, and an ended
+    pod holds none."""
+    return bool(pod.get("spec", {}).get("nodeName")) and not is_deleting(pod) and not is_terminal(pod)
+
+
+def _bound(pod: dict[str, Any]) -> tuple[str, str, PodDemand]:
+    return pod["metadata"]["name"], pod["spec"]["nodeName"], PodDemand.from_pod_spec(pod["spec"])

@@ -30,6 +30,7 @@ from phalanx.policy.node_loss import on_lost_node
 
 REASON_SPARE_REPLACED: Final = "SpareReplaced"
 REASON_SPARES_REMOVED: Final = "SparesRemoved"
+REASON_SPARE_PREEMPTED: Final = "SparePreempted"  # an idle spare gave its room to a waiting gang
 _SPARE_NUMBER = re.compile(r"-spare-(\d+)$")
 
 

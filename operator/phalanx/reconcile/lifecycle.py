@@ -104,6 +104,7 @@ def decide(
     kueue_gate: KueueGate | None = None,
     room: Room | None = None,
     status_write_due: bool = False,
+    yielding_spares: Mapping[str, str] | None = None,
 ) -> Plan:
     """node_lost_after: seconds a node may be not Ready before its pods count as lost;
     trainer_report: what rank 0 of this job (this uid) last reported in /progress, if anything;
@@ -112,7 +113,8 @@ def decide(
     for more of its pods and whether other gangs wait (policy/elastic.py; None: not known);
     kueue_gate: what Kueue says of the job's Workload, for a job in a Kueue queue (kueue/gate.py);
     status_write_due: the status is written now anyway (the progress sample is due), so the goodput
-    booking goes with it."""
+    booking goes with it; yielding_spares: its spares asked to give their room to a waiting gang
+    (pod name -> why, controller/spare_yields.py)."""
     b = PlanBuilder(job, now)
     written = parse(TrainingJobSpec, job.get("spec"))
     elastic.adopt_pod_size(b, written, pods)
@@ -133,6 +135,7 @@ def decide(
         kueue=kueue_gate,
         status_write_due=status_write_due,
         spec_name=str((job.get("metadata") or {}).get("name") or ""),
+        yielding_spares=yielding_spares or {},
     )
     for rule in STEPS:
         if rule(b, seen):

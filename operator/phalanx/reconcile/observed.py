@@ -61,6 +61,9 @@ class Observed:
     status_write_due: bool = False
     # The job's name (metadata.name): what its pods' names start with.
     spec_name: str = ""
+    # Its warm spares the admission pass asked to give their room to a waiting gang (pod uid -> why;
+    # controller/spare_yields.py): deleted while they stand by, never given a lost rank.
+    yielding_spares: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def as_written(self) -> TrainingJobSpec:
@@ -89,6 +92,11 @@ class Observed:
     def spare_pods(self) -> dict[str, dict[str, Any]]:
         """The warm spares standing by, by name."""
         return {str(p["metadata"]["name"]): p for p in idle_spares(self.pods, self._status)}
+
+    def asked_to_yield(self, spare: str) -> str | None:
+        """Why the spare of this name (this very pod: its uid) was asked to give its room, or None."""
+        pod = self.spare_pods.get(spare)
+        return None if pod is None else self.yielding_spares.get(str(pod["metadata"].get("uid")))
 
     @cached_property
     def lost_nodes(self) -> frozenset[str]:

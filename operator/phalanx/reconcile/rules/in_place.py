@@ -70,7 +70,8 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
     stop = STOP_AT_CHECKPOINT if all(_takes_part_in_checkpoint(seen, i) for i in decision.lost) else STOP_NOW
     # A warm spare standing by takes each lost rank it can (policy/spares.py): told the rank with the
     # generation, kept like the survivors, relabelled as that rank's worker; no pod is created for it.
-    taken = assign_spares(decision.lost, seen.spares.ready)
+    # Not one asked to give its room to a waiting gang: it is being deleted (rules/spares.py).
+    taken = assign_spares(decision.lost, [s for s in seen.spares.ready if seen.asked_to_yield(s) is None])
     spares = [
         {"name": name, "uid": str(seen.spare_pods[name]["metadata"].get("uid")), "rank": rank}
         for rank, name in sorted(taken.items())

@@ -31,6 +31,7 @@ from phalanx.pod_facts import (
     spare_ranks,
 )
 from phalanx.policy.spares import (
+    REASON_SPARE_PREEMPTED,
     REASON_SPARE_REPLACED,
     REASON_SPARES_REMOVED,
     count_spares,
@@ -48,6 +49,7 @@ REASON_SPARES_IGNORED: Final = "SparesIgnored"
 REASON_SPARES_REFUSED: Final = "SparesRefused"
 KUEUE_IGNORED: Final = "spec.spares is ignored for a job Kueue admits"
 WAITING_FOR_WORKERS: Final = "no spare until the workers are admitted"
+YIELDED_SPARE_DELAY_SECONDS: Final = 60.0  # a spare that gave its room to a waiting gang: replaced after this
 
 
 def apply(b: PlanBuilder, seen: Observed) -> bool:
@@ -83,6 +85,14 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
         b.status["spares"] = status
         return False
     plan.delete_pods.extend(n for n in count.ended if n not in going)
+    # Asked to give their room to a waiting gang (the admission pass; idle ones only: one taking a
+    # rank is not in count.alive): deleted here, in the job's own serialised reconcile.
+    for name in (n for n in count.alive if n not in going):
+        why = seen.asked_to_yield(name)
+        if why is not None:
+            plan.delete_pods.append(name)
+            plan.events.append(Event("Normal", REASON_SPARE_PREEMPTED,
+                                     f"spare {name} {why}; training goes on undisturbed"))  # fmt: skip
     surplus = surplus_spares(desired, count)
     if surplus:
         plan.delete_pods.extend(n for n in surplus if n not in going)
@@ -97,6 +107,11 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
     missing = spares_to_create(desired, count)
     if not missing or not admitted or plan.create_indices:
         return False
+    yielded = [n for n in count.lost if seen.asked_to_yield(n) is not None]
+    if yielded and len(yielded) == len(count.lost) and "nextCreateTime" not in status:
+        # Not at once: the head that asked may still wait (for a victim's grace period, say), and a
+        # new spare admitted on room it does not use would only be asked to yield again.
+        status["nextCreateTime"] = iso(b.now + YIELDED_SPARE_DELAY_SECONDS)
     not_before = parse_iso(status.get("nextCreateTime"))
     if not_before is not None and b.now < not_before:
         b.recheck(not_before - b.now)
@@ -107,10 +122,11 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
     # Off the nodes a worker created now would avoid: lingering lost nodes, bad nodes.
     plan.avoid_nodes = sorted(avoided_now(b, seen))
     status.pop("message", None)
-    if count.lost:
+    if len(yielded) < len(count.lost):  # a spare that yielded failed nothing
         failures = int(status.get("failures") or 0) + 1
         status["failures"] = failures
         status["nextCreateTime"] = iso(b.now + replacement_backoff(failures))
+
     # Every spare made in place of another (lost, gone before a pass saw it, or now a worker) is said;
     # alone: a Normal event of the same pass (the phase's, say) would otherwise take its reason.
     alive = set(count.alive)
@@ -123,7 +139,10 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
 
 def _replaced(b: PlanBuilder, seen: Observed, desired: int, numbers: list[int]) -> str:
     count = seen.spares
-    why = [f"{', '.join(count.lost)} lost while standing by"] if count.lost else []
+    yielded = [n for n in count.lost if seen.asked_to_yield(n) is not None]
+    lost = [n for n in count.lost if n not in yielded]
+    why = [f"{', '.join(lost)} lost while standing by"] if lost else []
+    why += [f"{', '.join(yielded)} gave its room to a waiting gang"] if yielded else []
     why += [f"{name} took rank {rank}" for name, rank in sorted(spare_ranks(b.status).items())]
     if not why:
         why = [f"{len(count.alive)} of spec.spares={desired} standing by"]
