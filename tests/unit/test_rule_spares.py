@@ -341,15 +341,26 @@ def test_a_spare_asked_to_yield_is_deleted_by_its_jobs_reconcile_and_nothing_els
     assert event.type == "Normal" and "ns/head" in event.message and "undisturbed" in event.message
 
 
-def test_a_spare_that_yielded_is_replaced_after_a_delay_with_no_failure_booked() -> None:
-    going = spare(0, deletionTimestamp=iso(NOW - 1))
-    plan = decide(job(dict(RUNNING), **SPARES), [resident(0), resident(1), going], NODES, NOW,
-                  yielding_spares=YIELD)  # fmt: skip
-    assert plan.create_spares == [], "not at once: the head that asked may still wait for room"
-    assert "failures" not in plan.status["spares"]
-    assert plan.status["spares"]["nextCreateTime"] == iso(NOW + 60)
-    later = job({**RUNNING, "spares": plan.status["spares"]}, **SPARES)
-    plan = decide(later, [resident(0), resident(1), going], NODES, NOW + 61, yielding_spares=YIELD)
+def test_a_spare_that_yielded_is_replaced_after_a_delay_set_when_it_is_deleted_with_no_failure_booked() -> (
+    None
+):
+    # An old nextCreateTime in the past (a spare made after an earlier backoff) must not cancel the delay.
+    old_spares = {"desired": 1, "nextCreateTime": iso(NOW - 100)}
+    plan = decide(job({**RUNNING, "spares": old_spares}, **SPARES), [resident(0), resident(1), spare(0)], NODES,
+                  NOW, yielding_spares=YIELD)  # fmt: skip
+    assert plan.delete_pods == ["j-spare-0"]
+    assert (
+        plan.status["spares"]["nextCreateTime"] == iso(NOW + 60) and "failures" not in plan.status["spares"]
+    )
+    going = spare(0, deletionTimestamp=iso(NOW + 30))
+    for at in (NOW + 10, NOW + 59):  # terminating, then gone: either way not replaced yet, never pushed later
+        pods = [resident(0), resident(1), going] if at < NOW + 30 else [resident(0), resident(1)]
+        later = decide(job({**RUNNING, "spares": plan.status["spares"]}, **SPARES), pods, NODES, at,
+                       yielding_spares=YIELD)  # fmt: skip
+        assert later.create_spares == [] and later.status["spares"]["nextCreateTime"] == iso(NOW + 60)
+        assert "failures" not in later.status["spares"]
+    plan = decide(job({**RUNNING, "spares": plan.status["spares"]}, **SPARES), [resident(0), resident(1), going],
+                  NODES, NOW + 61, yielding_spares=YIELD)  # fmt: skip
     assert plan.create_spares == [1] and "failures" not in plan.status["spares"]
     [event] = [e for e in plan.events if e.reason == "SpareReplaced"]
     assert "gave its room to a waiting gang" in event.message and "lost" not in event.message

@@ -87,12 +87,12 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
     plan.delete_pods.extend(n for n in count.ended if n not in going)
     # Asked to give their room to a waiting gang (the admission pass; idle ones only: one taking a
     # rank is not in count.alive): deleted here, in the job's own serialised reconcile.
-    for name in (n for n in count.alive if n not in going):
-        why = seen.asked_to_yield(name)
-        if why is not None:
-            plan.delete_pods.append(name)
-            plan.events.append(Event("Normal", REASON_SPARE_PREEMPTED,
-                                     f"spare {name} {why}; training goes on undisturbed"))  # fmt: skip
+    yielding = [n for n in count.alive if n not in going and seen.asked_to_yield(n) is not None]
+    for name in yielding:
+        plan.delete_pods.append(name)
+        plan.events.append(Event("Normal", REASON_SPARE_PREEMPTED,
+                                 f"spare {name} {seen.asked_to_yield(name)}; training goes on undisturbed"))  # fmt: skip
+    going |= set(yielding)
     surplus = surplus_spares(desired, count)
     if surplus:
         plan.delete_pods.extend(n for n in surplus if n not in going)
@@ -103,15 +103,17 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
         status["message"] = before["message"]  # a refusal, until a spare is created again
     if len(count.ready) >= desired and not count.lost:
         status = {k: v for k, v in status.items() if k not in ("failures", "nextCreateTime", "message")}
+    if yielding:
+        # Replaced, but not at once: the head that asked may still wait (for a victim's grace period,
+        # say), and a new spare admitted on room it does not use would only be asked to yield again.
+        # Set in the pass that deletes, never pushed later; a longer failure backoff stands.
+        delayed = max(parse_iso(status.get("nextCreateTime")) or 0.0, b.now + YIELDED_SPARE_DELAY_SECONDS)
+        status["nextCreateTime"] = iso(delayed)
     b.status["spares"] = status
     missing = spares_to_create(desired, count)
     if not missing or not admitted or plan.create_indices:
         return False
     yielded = [n for n in count.lost if seen.asked_to_yield(n) is not None]
-    if yielded and len(yielded) == len(count.lost) and "nextCreateTime" not in status:
-        # Not at once: the head that asked may still wait (for a victim's grace period, say), and a
-        # new spare admitted on room it does not use would only be asked to yield again.
-        status["nextCreateTime"] = iso(b.now + YIELDED_SPARE_DELAY_SECONDS)
     not_before = parse_iso(status.get("nextCreateTime"))
     if not_before is not None and b.now < not_before:
         b.recheck(not_before - b.now)
