@@ -59,11 +59,25 @@ def open_generation_store(
     generation = dist_env.generation
     logged_at: float | None = None
     while True:
-        store = _connect(dist_env, max(1.0, deadline - clock()))
         if dist_env.rank == 0:
+            store = _connect(dist_env, max(1.0, deadline - clock()))
             store.set(GENERATION_KEY, str(generation))
             break
-        published = int(store.get(GENERATION_KEY))
+        try:
+            store = _connect(dist_env, max(1.0, deadline - clock()))
+            published = int(store.get(GENERATION_KEY))
+        except dist.DistError as error:
+            # The store of the generation before, going away as its rank 0 stops (a spare or a
+            # re-forked rank told the generation early finds it still up): not a lost peer, yet.
+            if clock() >= deadline:
+                raise
+            if logged_at is None or clock() - logged_at >= 10.0:
+                log(
+                    f"store host closed the connection ({type(error).__name__}); waiting for generation {generation}"
+                )
+                logged_at = clock()
+            time.sleep(poll_interval(clock() - began))
+            continue
         if published == generation:
             break
         if published > generation:
