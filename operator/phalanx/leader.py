@@ -262,6 +262,13 @@ class LeaderElector:
                               transitions, acquire, lease["metadata"]["resourceVersion"])  # fmt: skip
             written = self._write(lambda: self.leases.replace(self.namespace, self.name, body))
         if not written:
+            if was_leading and self._holds_it_still():
+                # Our own write of an earlier round, its answer lost (a timed-out request the server
+                # applied anyway), landed after this round's read: still ours. Nothing was renewed
+                # now, so the fence keeps its deadline and the next round renews.
+                log.warning("lease %s/%s moved under a renewal, by our own earlier write: still ours",
+                            self.namespace, self.name)  # fmt: skip
+                return Action.RENEW
             if was_leading:
                 self._lose("another candidate wrote the lease first")
             return Action.STAND_BY  # someone else wrote first
@@ -271,6 +278,10 @@ class LeaderElector:
             log.info("%s leads (lease %s/%s, %s)", self.identity, self.namespace, self.name, action.value)
             self.leading.set()
         return action
+
+    def _holds_it_still(self) -> bool:
+        lease = self._read()
+        return lease is not None and LeaseRecord.of(lease).holder == self.identity
 
     def _read(self) -> dict[str, Any] | None:
         return self.leases.read(self.namespace, self.name)

@@ -228,3 +228,39 @@ def test_requests_get_a_timeout_unless_they_watch_or_bring_their_own() -> None:
     api_client.call_api("GET", "https://h/api/v1/pods?watch=true")
     api_client.call_api("GET", "https://h/api/v1/pods", _request_timeout=(1, 2))
     assert seen == [REQUEST_TIMEOUT, None, (1, 2)]
+
+
+def test_a_leader_whose_own_lost_write_lands_late_keeps_the_lease() -> None:
+    # From the 429/503 storm test: a renewal's answer was lost, the write landed after the next
+    # round's read, that round's write met a newer version (409), and the leader gave up although
+    # the lease was its own.
+    leases, clock, lost = MemoryLeases(), Clock(), []
+    a = elector(leases, clock, "a", lost)
+    a.try_once(clock())
+    late = leases.replace
+
+    def replace_after_a_late_write(namespace: str, name: str, body: dict[str, Any]) -> None:
+        assert leases.lease is not None
+        leases._store(leases.lease)  # the earlier, lost write of "a" lands now: a newer version
+        leases.replace = late  # type: ignore[method-assign]
+        late(namespace, name, body)
+
+    leases.replace = replace_after_a_late_write  # type: ignore[method-assign]
+    clock.now += 2
+    assert a.try_once(clock()) is Action.RENEW
+    assert a.may_write() and lost == []
+    clock.now += 2
+    assert a.try_once(clock()) is Action.RENEW and leases.lease is not None
+    assert leases.lease["spec"]["holderIdentity"] == "a"
+    # Another candidate's write behind the 409 still ends the leadership at once.
+
+    def replace_after_another_write(namespace: str, name: str, body: dict[str, Any]) -> None:
+        assert leases.lease is not None
+        leases._store({**leases.lease, "spec": {**leases.lease["spec"], "holderIdentity": "c"}})
+        leases.replace = late  # type: ignore[method-assign]
+        late(namespace, name, body)
+
+    leases.replace = replace_after_another_write  # type: ignore[method-assign]
+    clock.now += 2
+    assert a.try_once(clock()) is Action.STAND_BY
+    assert not a.may_write() and lost == ["a"]
