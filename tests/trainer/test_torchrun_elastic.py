@@ -302,8 +302,14 @@ def test_an_evicted_pod_is_replaced_and_the_surviving_agent_takes_it_in(
 
     survivor, replacement = gang.pods
     assert survivor.pid == survivor_pid  # the surviving pod's agent was never restarted
-    first, second = survivor.workers()
-    assert first.pid != second.pid and first.group_rank == second.group_rank == 0, gang.logs()
+    # Its first worker, then at least one more after the peer was lost. Under load there can be a
+    # third: torchrun's agent restarts its workers, uncounted, when a node joins the rendezvous after
+    # a round formed (the replacement arriving late); seen once in a whole-suite run.
+    workers = survivor.workers()
+    assert len(workers) >= 2, gang.logs()
+    first, last = workers[0], workers[-1]
+    assert first.restart_count == 0 and all(w.restart_count >= 1 for w in workers[1:]), gang.logs()
+    assert first.pid != last.pid and {w.group_rank for w in workers} == {0}, gang.logs()
     # The replacement is a fresh agent (restart count 0) and takes the lost pod's group rank.
     assert [(w.group_rank, w.restart_count) for w in replacement.workers()] == [(1, 0)], gang.logs()
     starts = resumed_from(gang)
