@@ -263,9 +263,10 @@ class LeaderElector:
             written = self._write(lambda: self.leases.replace(self.namespace, self.name, body))
         if not written:
             if was_leading and self._holds_it_still():
-                # Our own write of an earlier round, its answer lost (a timed-out request the server
-                # applied anyway), landed after this round's read: still ours. Nothing was renewed
-                # now, so the fence keeps its deadline and the next round renews.
+                # Our own write landed after this round's read: a request the server committed but
+                # whose answer we lost (urllib3 retries a PUT after a read timeout, and the retry
+                # meets the first attempt's version; a 504 on a committed write). Still ours; the
+                # fence keeps its deadline (not extended without an answer) and the next round renews.
                 log.warning("lease %s/%s moved under a renewal, by our own earlier write: still ours",
                             self.namespace, self.name)  # fmt: skip
                 return Action.RENEW
