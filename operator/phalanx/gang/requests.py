@@ -141,7 +141,7 @@ def idle_spares(
     key: str, job: dict[str, Any], own_pods: list[dict[str, Any]], priority_of: PriorityOf, started: float
 ) -> list[RunningGang]:
     """The job's warm spares standing by on a node, each a victim of its own that a waiting gang of
-    any priority may take before a gang is stopped (gang/preemption.py): not one told to take a rank
+    the job's priority or higher may take before a gang is stopped (gang/preemption.py): not one told to take a rank
     (a kept pod of the in-place attempt, in_current_attempt), not one already going."""
     status = job.get("status") or {}
     if status.get("phase") not in ("Running", "Admitted", "Restarting"):

@@ -7,8 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from phalanx.gang.devices import gang_devices, pod_devices
-from phalanx.pod_facts import in_current_attempt, is_spare, is_terminal
+from phalanx.pod_facts import is_terminal
 from phalanx.policy import goodput, recovery_timeline
+from phalanx.policy.spares import idle_spares
 from phalanx.reconcile.observed import Observed
 from phalanx.reconcile.plan import PlanBuilder
 
@@ -29,10 +30,9 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
     # Spares standing by on nodes, as this pass sees them (a spare taking a rank is a worker now).
     standing_by = sum(
         1
-        for p in seen.pods
-        if is_spare(p) and (p.get("spec") or {}).get("nodeName") and not is_terminal(p)
-        and not in_current_attempt(p, b.status)
-    )  # fmt: skip
+        for p in idle_spares(seen.pods, b.status)
+        if (p.get("spec") or {}).get("nodeName") and not is_terminal(p)
+    )
     devices = goodput.Devices(unit, count, standing_by * pod_devices(seen.spec, seen.pod_template)[1])
     ledger = goodput.account(b.old, b.status, created, b.now, devices, facts, seen.status_write_due)
     if ledger is not None:

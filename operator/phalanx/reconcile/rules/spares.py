@@ -128,7 +128,6 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
         failures = int(status.get("failures") or 0) + 1
         status["failures"] = failures
         status["nextCreateTime"] = iso(b.now + replacement_backoff(failures))
-
     # Every spare made in place of another (lost, gone before a pass saw it, or now a worker) is said;
     # alone: a Normal event of the same pass (the phase's, say) would otherwise take its reason.
     alive = set(count.alive)
