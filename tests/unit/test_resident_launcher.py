@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
 import phalanx_trainer.__main__
+import phalanx_trainer.heap
 import phalanx_trainer.resident
 import phalanx_trainer.train
 from phalanx.ports import free_port
@@ -68,6 +69,8 @@ def _run_worker_whose_trainer_raises(monkeypatch: pytest.MonkeyPatch, err: BaseE
         raise err
 
     monkeypatch.setattr(phalanx_trainer.train, "Trainer", broken_trainer)
+    # A worker freezes its process's heap; this test's process is pytest's.
+    monkeypatch.setattr(phalanx_trainer.heap, "freeze_imported", lambda: 0)
     dist_env = dataclasses.replace(read_dist_env({}), restart_in_place=True, generation=1)
     return run_worker(load_config(None, [], 1), dist_env, {})
 

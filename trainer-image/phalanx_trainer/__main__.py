@@ -99,8 +99,10 @@ def _run_generation(config: TrainerConfig, dist_env: DistEnv, env: Mapping[str, 
     import torch
     import torch.distributed as dist
 
+    from phalanx_trainer.heap import freeze_imported
     from phalanx_trainer.train import Trainer
 
+    freeze_imported()  # before the restore: its collections would walk every imported object
     if dist_env.distributed:
         use_cuda = config.job.device == "cuda" or (config.job.device == "auto" and torch.cuda.is_available())
         if use_cuda:

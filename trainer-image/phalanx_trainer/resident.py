@@ -73,6 +73,9 @@ def preload() -> None:
 
     import phalanx_trainer.generation  # noqa: F401
     import phalanx_trainer.train  # noqa: F401
+    from phalanx_trainer.heap import freeze_imported
+
+    freeze_imported()  # every forked worker inherits the frozen heap (heap.py)
 
 
 def as_exit_code(status: int) -> int:
