@@ -167,9 +167,13 @@ def test_a_spare_takes_the_evicted_rank_in_place_and_a_new_spare_is_created(
 
 
 def test_an_idle_spare_lost_is_replaced_without_disturbing_training(
-    cluster: Cluster, namespace: str, operator: OperatorProcess
+    cluster: Cluster, namespace: str, operator: OperatorProcess, private_nodes: Any
 ) -> None:
-    job = training_job("si", replicas=2, terminate_after="1s", spares=1, runPolicy=IN_PLACE)
+    # Nodes of its own: on the shared ones another test's waiting gang may hold the room the new
+    # spare needs (a spare never delays a waiting gang), and the spare would wait past the timeout.
+    private_nodes.add(2, gpus=2, prefix="si")
+    job = training_job("si", replicas=2, terminate_after="1s", spares=1, runPolicy=IN_PLACE,
+                       placement=private_nodes.placement())  # fmt: skip
     cluster.apply(job, namespace)
     wait_phase(cluster, namespace, "si", "Running", timeout=60)
     wait_for(lambda: spares_ready(cluster, namespace, "si", 1), timeout=30, what="the spare ready")
