@@ -54,3 +54,16 @@ def test_the_resident_launchers_workers_inherit_its_frozen_heap() -> None:
         "os._exit(0)\n"  # frozen objects outlive a normal exit: nanobind would report them as leaks
     )
     assert parent >= AT_LEAST_FROZEN and child >= AT_LEAST_FROZEN  # a few die in the child after the fork
+
+
+def test_an_uncaught_error_after_the_freeze_ends_the_output_with_its_traceback() -> None:
+    # The review's case: a worker that raises exits through the interpreter's shutdown, whose last
+    # collection could not reach the frozen imports; nanobind then printed leak reports after the
+    # traceback, pushing a device error out of the termination message's tail.
+    done = subprocess.run(
+        [sys.executable, "-c",
+         "from phalanx_trainer.resident import preload\npreload()\nraise RuntimeError('the error to keep')"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1] == "RuntimeError: the error to keep", done.stderr[-2000:]
