@@ -1,13 +1,17 @@
 """Goodput under preemption: a long job evicted every few minutes, restart in place against a full
 gang restart, in the same run. Not part of CI: at its defaults it takes over an hour.
 
-    python bench/goodput_bench.py [--minutes 30] [--evict-every 300] [--paths in_place,full_restart]
+    python bench/goodput_bench.py [--minutes 30] [--evict-every 300] [--checkpoint-every 120]
+                                  [--paths in_place,full_restart]
 
 1. A reference run of the demo job, undisturbed, gives the median step time of this machine now
    (the trainer's own step time: data wait, forward/backward, optimizer).
 2. Per path, a job sized to train for about `--minutes` undisturbed, with worker-1 evicted
    (Eviction API) every `--evict-every` seconds of wall time, each once the previous recovery
    completed (worker-0 hosts the rendezvous store: losing it falls back to a full restart).
+   Periodic checkpoints every `--checkpoint-every` seconds of undisturbed steps, the same on both
+   paths (the demo's 25 steps are a few seconds here, a smoke-test cadence; an eviction saves its
+   own checkpoint at SIGTERM either way, so the interval bounds only what a hard kill loses).
 
 goodput = (steps in the final model x the reference median step time) / (wall time from submission to
 success): start-up, recovery, redone steps and checkpoint stalls all count against it. Writes
@@ -60,9 +64,10 @@ def wait_done(demo: Demo, timeout: float, what: str) -> dict[str, Any]:
 
 
 def evicted_run(demo: Demo, path: str, steps: int, every: float, step_seconds: float,
-                timeout: float) -> dict[str, Any]:  # fmt: skip
+                timeout: float, checkpoint_interval_steps: int) -> dict[str, Any]:  # fmt: skip
     submitted = time.time()
-    demo.submit(steps, run_policy={"restartStrategy": STRATEGY[path]})
+    demo.submit(steps, run_policy={"restartStrategy": STRATEGY[path]},
+                checkpoint_interval_steps=checkpoint_interval_steps)  # fmt: skip
     evictions: list[dict[str, Any]] = []
     next_at = submitted + every
     last_report = 0.0
@@ -114,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--evict-every", type=float, default=300.0, help="seconds between evictions")
     parser.add_argument("--paths", default="in_place,full_restart")
     parser.add_argument("--reference-steps", type=int, default=200)
+    parser.add_argument("--checkpoint-every", type=float, default=120.0,
+                        help="seconds of undisturbed training between periodic checkpoints (both paths)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=RESULTS / "goodput.json")
     args = parser.parse_args(argv)
     paths = [p.strip() for p in args.paths.split(",") if p.strip()]
@@ -132,7 +139,9 @@ def main(argv: list[str] | None = None) -> int:
         say(f"reference: {args.reference_steps} steps, undisturbed")
         step_seconds = reference_step_seconds(reference, args.reference_steps, timeout=1800)
         steps = max(args.reference_steps, int(args.minutes * 60 / step_seconds))
-        say(f"median step {step_seconds * 1000:.1f} ms: {steps} steps per job (~{args.minutes:.0f} min)")
+        interval = max(1, round(args.checkpoint_every / step_seconds))
+        say(f"median step {step_seconds * 1000:.1f} ms: {steps} steps per job (~{args.minutes:.0f} min), "
+            f"a checkpoint every {interval} steps (~{args.checkpoint_every:.0f} s)")  # fmt: skip
         for path in paths:
             (work / path).mkdir(parents=True, exist_ok=True)
             demo = Demo(
@@ -141,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
             demo.kubectl, demo.api = reference.kubectl, reference.api
             say(f"{path}: {steps} steps, an eviction every {args.evict_every:.0f}s")
             runs[path] = evicted_run(demo, path, steps, args.evict_every, step_seconds,
-                                     timeout=max(3600.0, 4 * args.minutes * 60))  # fmt: skip
+                                     timeout=max(3600.0, 4 * args.minutes * 60),
+                                     checkpoint_interval_steps=interval)  # fmt: skip
     finally:
         reference.down()
 
@@ -153,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         "reference_step_seconds": round(step_seconds, 5),
         "minutes": args.minutes,
         "evict_every_seconds": args.evict_every,
+        "checkpoint_every_seconds": args.checkpoint_every,
+        "checkpoint_interval_steps": interval,
         "runs": runs,
     }
     write_result(args.out, result)

@@ -268,10 +268,15 @@ class Demo:
 
     # -- the job -------------------------------------------------------------------------------
     def submit(
-        self, steps: int | None = None, run_policy: dict[str, Any] | None = None, spares: int = 0
+        self,
+        steps: int | None = None,
+        run_policy: dict[str, Any] | None = None,
+        spares: int = 0,
+        checkpoint_interval_steps: int | None = None,
     ) -> int:
         """Applies the example with the checkpoint directory moved under the output directory (and
-        `run_policy` merged into spec.runPolicy, `spares` as spec.spares when not 0)."""
+        `run_policy` merged into spec.runPolicy, `spares` as spec.spares when not 0,
+        `checkpoint_interval_steps` as spec.checkpoint.intervalSteps when given)."""
         import yaml
 
         documents = list(yaml.safe_load_all(DEMO_JOB.read_text()))
@@ -281,6 +286,8 @@ class Demo:
         job["spec"]["checkpoint"]["volume"] = {
             "hostPath": {"path": str(checkpoints), "type": "DirectoryOrCreate"}
         }
+        if checkpoint_interval_steps is not None:
+            job["spec"]["checkpoint"]["intervalSteps"] = checkpoint_interval_steps
         job["spec"]["rendezvous"]["port"] = free_port()
         job["spec"]["runPolicy"] = {**job["spec"].get("runPolicy", {}), **(run_policy or {})}
         if spares:
