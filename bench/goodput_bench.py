@@ -5,7 +5,9 @@ gang restart, in the same run. Not part of CI: at its defaults it takes over an 
                                   [--paths in_place,full_restart]
 
 1. A reference run of the demo job, undisturbed, gives the median step time of this machine now
-   (the trainer's own step time: data wait, forward/backward, optimizer).
+   (wall clock between one step's progress line and the next: the whole loop, logging included,
+   as an undisturbed run goes; the trainer's own step time, which leaves the loop out, is reported
+   beside it).
 2. Per path, a job sized to train for about `--minutes` undisturbed, with worker-1 evicted
    (Eviction API) every `--evict-every` seconds of wall time, each once the previous recovery
    completed (worker-0 hosts the rendezvous store: losing it falls back to a full restart).
@@ -29,26 +31,36 @@ import time
 from pathlib import Path
 from typing import Any
 
+from recovery_bench import rank_1_pod
 from result_file import write_result
 
 from phalanx.demo import JOB, Demo, kept_steps, parse_trainer_log
 
 RESULTS = Path(__file__).resolve().parent / "results"
-STRATEGY = {"full_restart": "FullRestart", "in_place": "InPlace"}
+STRATEGY = {"full_restart": "FullRestart", "in_place": "InPlace", "in_place_spare": "InPlace"}
+SPARES = {"in_place_spare": 1}  # a warm spare standing by takes the lost rank
 
 
 def say(line: str) -> None:
     print(line, flush=True)
 
 
-def reference_step_seconds(demo: Demo, steps: int, timeout: float) -> float:
+def reference_step_seconds(demo: Demo, steps: int, timeout: float) -> tuple[float, float]:
+    """(wall, compute): the undisturbed run's median seconds between one step's progress line and
+    the next (the whole loop: the step, the loss's all-reduce, logging, /progress), and the median
+    of the trainer's own step time (data wait, forward/backward, optimizer)."""
     demo.submit(steps)
     wait_done(demo, timeout, "reference")
-    records = kept_steps(parse_trainer_log(demo.rank0_log())).values()
-    seconds = [r.step_seconds for r in records if r.step > 1]  # the first step warms up
-    if not seconds:
-        raise RuntimeError(f"the reference run logged no steps; see {demo.out_dir}")
-    return statistics.median(seconds)
+    records = sorted(kept_steps(parse_trainer_log(demo.rank0_log())).values(), key=lambda r: r.step)
+    compute = [r.step_seconds for r in records if r.step > 1]  # the first step warms up
+    wall = [
+        b.logged_at - a.logged_at
+        for a, b in zip(records, records[1:], strict=False)
+        if a.step > 1 and b.step == a.step + 1 and a.logged_at is not None and b.logged_at is not None
+    ]
+    if not compute or not wall:
+        raise RuntimeError(f"the reference run logged too few steps; see {demo.out_dir}")
+    return statistics.median(wall), statistics.median(compute)
 
 
 def wait_done(demo: Demo, timeout: float, what: str) -> dict[str, Any]:
@@ -66,7 +78,7 @@ def wait_done(demo: Demo, timeout: float, what: str) -> dict[str, Any]:
 def evicted_run(demo: Demo, path: str, steps: int, every: float, step_seconds: float,
                 timeout: float, checkpoint_interval_steps: int) -> dict[str, Any]:  # fmt: skip
     submitted = time.time()
-    demo.submit(steps, run_policy={"restartStrategy": STRATEGY[path]},
+    demo.submit(steps, run_policy={"restartStrategy": STRATEGY[path]}, spares=SPARES.get(path, 0),
                 checkpoint_interval_steps=checkpoint_interval_steps)  # fmt: skip
     evictions: list[dict[str, Any]] = []
     next_at = submitted + every
@@ -87,7 +99,9 @@ def evicted_run(demo: Demo, path: str, steps: int, every: float, step_seconds: f
         ):
             evictions[-1].update(path=recovery.get("path"), summary=recovery.get("summary"))
         if time.time() >= next_at and settled and status.get("phase") == "Running":
-            pod = f"{JOB}-worker-1"  # losing worker-0 (the rendezvous host) falls back to a full restart
+            # Losing worker-0 (the rendezvous host) falls back to a full restart: the pod serving rank 1,
+            # worker-1 or the spare that took its rank in an earlier eviction.
+            pod = rank_1_pod(demo) or f"{JOB}-worker-1"
             step = (status.get("progress") or {}).get("step")
             evictions.append({"at_seconds": round(time.time() - submitted, 1), "pod": pod, "step": step})
             say(f"  {path}: {time.time() - submitted:.0f}s, step {step}: evicting {pod}")
@@ -137,7 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         reference.up()
         say(f"reference: {args.reference_steps} steps, undisturbed")
-        step_seconds = reference_step_seconds(reference, args.reference_steps, timeout=1800)
+        step_seconds, compute_step_seconds = reference_step_seconds(
+            reference, args.reference_steps, timeout=1800
+        )
         steps = max(args.reference_steps, int(args.minutes * 60 / step_seconds))
         interval = max(1, round(args.checkpoint_every / step_seconds))
         say(f"median step {step_seconds * 1000:.1f} ms: {steps} steps per job (~{args.minutes:.0f} min), "
@@ -159,8 +175,16 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "goodput",
         "goodput": runs.get("in_place", {}).get("goodput"),
         "goodput_full_restart": runs.get("full_restart", {}).get("goodput"),
+        "goodput_in_place_spare": runs.get("in_place_spare", {}).get("goodput"),
         "goal": 0.97,
         "reference_step_seconds": round(step_seconds, 5),
+        # The trainer's own step time leaves out the loop around it (logging, the loss's all-reduce),
+        # a sizable share of the demo model's short steps. Goodput by it, for comparison:
+        "reference_compute_step_seconds": round(compute_step_seconds, 5),
+        "goodput_by_compute_step": {
+            path: round(run["steps"] * compute_step_seconds / run["wall_seconds"], 4)
+            for path, run in runs.items()
+        },
         "minutes": args.minutes,
         "evict_every_seconds": args.evict_every,
         "checkpoint_every_seconds": args.checkpoint_every,

@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ class StepRecord:
     tokens_per_second: float
     eta_seconds: float
     step_seconds: float  # data wait + forward/backward + optimizer, as the trainer measured it
+    logged_at: float | None = None  # the progress line's time (epoch seconds, ms resolution)
 
 
 @dataclass
@@ -59,6 +61,13 @@ class Attempt:
     @property
     def first_step(self) -> int | None:
         return min(self.steps, default=None)
+
+
+def _epoch_seconds(stamp: Any) -> float | None:
+    try:
+        return datetime.fromisoformat(str(stamp)).timestamp()
+    except ValueError:
+        return None
 
 
 def parse_trainer_log(text: str) -> list[Attempt]:
@@ -87,6 +96,7 @@ def parse_trainer_log(text: str) -> list[Attempt]:
                 float(event.get("tokens_per_second", 0.0)),
                 float(event.get("eta_seconds", 0.0)),
                 step_seconds,
+                _epoch_seconds(event.get("time")),
             )
         elif kind == "resumed":
             current.resumed_from = int(event["step"])

@@ -6,7 +6,7 @@ import json
 import sys
 from typing import Any, TextIO
 
-from phalanx_trainer.metrics import utc_now
+from phalanx_trainer.startup import utc_now_ms
 
 
 class EventLog:
@@ -20,7 +20,7 @@ class EventLog:
             return
         stream = self.stream or sys.stdout
         if self.as_json:
-            line = json.dumps({"time": utc_now(), "event": event, **fields}, default=str)
+            line = json.dumps({"time": utc_now_ms(), "event": event, **fields}, default=str)
         else:
-            line = " ".join([utc_now(), event, *(f"{key}={value}" for key, value in fields.items())])
+            line = " ".join([utc_now_ms(), event, *(f"{key}={value}" for key, value in fields.items())])
         print(line, file=stream, flush=True)
