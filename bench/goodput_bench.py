@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=30.0, help="undisturbed training time per job")
     parser.add_argument("--evict-every", type=float, default=300.0, help="seconds between evictions")
     parser.add_argument("--paths", default="in_place,full_restart")
-    parser.add_argument("--reference-steps", type=int, default=200)
+    parser.add_argument("--reference-steps", type=int, default=2000)
     parser.add_argument("--checkpoint-every", type=float, default=120.0,
                         help="seconds of undisturbed training between periodic checkpoints (both paths)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=RESULTS / "goodput.json")
