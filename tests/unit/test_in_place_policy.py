@@ -127,3 +127,40 @@ def test_the_recovery_path_follows_status_in_place() -> None:
     assert recovery_path({"attempt": 1, "inPlace": {"attempt": 1}}) == "InPlace"
     assert recovery_path({"attempt": 2, "inPlace": {"attempt": 1}}) == "FullRestart"
     assert recovery_path({"attempt": 1}) == "FullRestart"
+
+
+def on_node(pod: dict[str, Any], node_name: str) -> dict[str, Any]:
+    return {**pod, "spec": {"nodeName": node_name}}
+
+
+CORDONED = {"n1": {"metadata": {"name": "n1"}, "spec": {"unschedulable": True}}}
+
+
+def test_a_running_pod_on_the_emptied_node_of_a_lost_one_is_replaced_with_it() -> None:
+    # A drain evicts worker-1 first; worker-2 on the same cordoned node is next. Before: worker-2
+    # was kept, its eviction came before the attempt's first step, and the gang restarted whole.
+    pods = {
+        0: on_node(launcher_pod(0), "n0"),
+        1: on_node(launcher_pod(1), "n1"),
+        2: on_node(launcher_pod(2), "n1"),
+    }
+    outcomes = [outcome(0, RUN), outcome(1, PRE), outcome(2, RUN)]
+    decision = plan_in_place("InPlace", RUNNING_STATUS, outcomes, pods, CORDONED)
+    assert isinstance(decision, InPlaceRestart)
+    assert decision.kept == (KeptPod(0, "j-worker-0", "u0"),) and decision.lost == (1, 2)
+    assert decision.emptied == {2: "on node n1 with a lost pod, and it is cordoned"}
+    # The same gang with n1 schedulable: worker-2 stays.
+    decision = plan_in_place("InPlace", RUNNING_STATUS, outcomes, pods, {})
+    assert isinstance(decision, InPlaceRestart) and decision.lost == (1,) and decision.emptied == {}
+
+
+def test_rank_0_on_the_emptied_node_of_a_lost_one_falls_back() -> None:
+    pods = {
+        0: on_node(launcher_pod(0), "n1"),
+        1: on_node(launcher_pod(1), "n1"),
+        2: on_node(launcher_pod(2), "n0"),
+    }
+    decision = plan_in_place("InPlace", RUNNING_STATUS, [outcome(0, RUN), outcome(1, PRE), outcome(2, RUN)],
+                             pods, CORDONED)  # fmt: skip
+    assert isinstance(decision, Fallback)
+    assert "rank 0" in decision.why and "it is cordoned" in decision.why

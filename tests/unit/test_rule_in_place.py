@@ -389,3 +389,22 @@ def test_the_kept_ranks_stop_at_a_checkpoint_only_when_the_lost_rank_can_still_t
     ):
         plan = decide(job(dict(RUNNING), **IN_PLACE), [resident(0), lost], NODES, NOW)
         assert plan.status["inPlace"]["stop"] == stop, (lost["metadata"], lost["status"])
+
+
+def test_a_drain_replaces_every_rank_on_the_node_in_one_recovery_at_the_agreed_checkpoint() -> None:
+    # kubectl drain cordons n1 and evicts worker-1, then worker-2 there. Both go in this recovery;
+    # worker-2 is still running, so it saves at the agreed stop like a kept rank (stop "checkpoint").
+    # Before: worker-2 was kept, and its eviction turned the in-place attempt into a full restart.
+    nodes = {**NODES, "n1": {"metadata": {"name": "n1"}, "spec": {"unschedulable": True},
+                             "status": {"conditions": [{"type": "Ready", "status": "True"}]}}}  # fmt: skip
+    going = resident(1, phase="Failed", exit_code=75, spec={"nodeName": "n1"})  # saved at SIGTERM
+    pods = [resident(0), going, resident(2, spec={"nodeName": "n1"})]
+    plan = decide(job(dict(RUNNING), replicas=3, **IN_PLACE), pods, nodes, NOW)
+    assert plan.status["inPlace"]["keptPods"] == [{"name": "j-worker-0", "uid": "p0-0"}]
+    assert plan.status["inPlace"]["stop"] == "checkpoint"
+    assert plan.delete_pods == ["j-worker-1", "j-worker-2"]
+    assert (
+        "replacing worker-1, worker-2 (on node n1 with a lost pod, and it is cordoned)"
+        in plan.status["message"]
+    )
+    assert fallbacks(plan.events) == []

@@ -393,3 +393,15 @@ def test_an_ask_that_comes_after_a_takeover_deletes_nothing() -> None:
     plan = decide(job(took_rank_1(), **SPARES), [resident(0), spare(0)], NODES, NOW, yielding_spares=YIELD)
     assert "j-spare-0" not in plan.delete_pods and plan.relabel_pods == {"j-spare-0": 1}
     assert not [e for e in plan.events if e.reason == "SparePreempted"]
+
+
+def test_a_spare_on_a_node_being_emptied_takes_no_rank() -> None:
+    # The drain that evicted worker-1 evicts the spare beside it next: handing it the rank would
+    # lose the rank again before the attempt's first step. Before: the spare on n1 took rank 1.
+    nodes = {**NODES, "n1": {"metadata": {"name": "n1"}, "spec": {"unschedulable": True},
+                             "status": {"conditions": [{"type": "Ready", "status": "True"}]}}}  # fmt: skip
+    on_n1 = spare(0)
+    on_n1["spec"] = {"nodeName": "n1"}
+    plan = decide(job(dict(RUNNING), **SPARES), [resident(0), evicted(1), on_n1], nodes, NOW)
+    assert plan.status["inPlace"]["keptPods"] == [{"name": "j-worker-0", "uid": "p0-0"}]
+    assert plan.relabel_pods == {} and "replacing worker-1" in plan.status["message"]

@@ -14,16 +14,22 @@ Warning event). The reasons, in the order they are checked:
 - worker-0 was lost: it hosts the rendezvous store every rank of the generation meets at;
 - a lost pod is on a lost node: it may never go, and its name is taken by it;
 - a kept pod runs no resident launcher (it was created before restartStrategy was InPlace).
+
+A running pod on the node of a lost pod is replaced with it when that node is being emptied (a
+drain, an autoscaler's removal: policy/node_drain.py): it is evicted next, and keeping it would turn
+this recovery into a full restart at its eviction. If that pod is worker-0, or no pod is left, the
+reasons above apply to it as to a lost one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from phalanx import constants as c
 from phalanx.pod_facts import is_deleting, pod_index, restarted_in_place
+from phalanx.policy.node_drain import being_emptied
 from phalanx.policy.pod_outcome import REASON_NODE_LOST, OutcomeKind, PodOutcome
 
 REASON_IN_PLACE_FALLBACK: Final = "InPlaceFallback"
@@ -49,7 +55,9 @@ class InPlaceRestart:
     """Keep these pods, replace the pods of these replica indices."""
 
     kept: tuple[KeptPod, ...]
-    lost: tuple[int, ...]
+    lost: tuple[int, ...]  # every index replaced, the ones below included
+    # Running pods replaced because their node is being emptied with a lost pod on it: index -> why.
+    emptied: Mapping[int, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -88,10 +96,12 @@ def plan_in_place(
     status: Mapping[str, Any],
     outcomes: Sequence[PodOutcome],
     current: Mapping[int, Mapping[str, Any]],
+    nodes: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> InPlaceRestart | Fallback | None:
     """For a disruption the gang would restart for: keep the running pods, or fall back (why).
     None when the job does not restart in place. `status` is the job's status before this
-    decision; `outcomes` one per replica index; `current` the attempt's pods by index."""
+    decision; `outcomes` one per replica index; `current` the attempt's pods by index; `nodes` the
+    nodes by name (to see one being emptied)."""
     if strategy != c.RESTART_STRATEGY_IN_PLACE:
         return None
     attempt = int(status.get("attempt") or 0)
@@ -104,10 +114,15 @@ def plan_in_place(
     for _, outcome in lost:
         if outcome.kind not in RETRYABLE_LOSSES:
             return Fallback(f"{outcome.pod} is {outcome.kind.value}, not preempted or failed retryably")
+    emptied = _on_emptied_nodes({i for i, _ in lost}, current, nodes or {})
+    lost += [(i, outcomes[i]) for i in sorted(emptied)]
     if len(lost) == len(outcomes):
         return Fallback("no pod of the gang is left running")
     if any(i == 0 for i, _ in lost):
-        return Fallback(f"{outcomes[0].pod} (rank 0, the host of the generation's rendezvous store) was lost")
+        going = f" ({emptied[0]})" if 0 in emptied else ""
+        return Fallback(
+            f"{outcomes[0].pod} (rank 0, the host of the generation's rendezvous store) was lost{going}"
+        )
     on_lost_node = [o.pod for _, o in lost if o.reason == REASON_NODE_LOST]
     if on_lost_node:
         return Fallback(f"{', '.join(on_lost_node)} on a lost node: it may never go, and holds its name")
@@ -126,7 +141,24 @@ def plan_in_place(
         kept.append(
             KeptPod(index, str(metadata.get("name")), str(metadata.get("uid")), pod_index(pod) != index)
         )
-    return InPlaceRestart(tuple(kept), tuple(sorted(lost_indices)))
+    return InPlaceRestart(tuple(kept), tuple(sorted(lost_indices)), emptied)
+
+
+def _on_emptied_nodes(
+    lost: set[int], current: Mapping[int, Mapping[str, Any]], nodes: Mapping[str, Mapping[str, Any]]
+) -> dict[int, str]:
+    """Running pods that share a node being emptied with a lost pod: index -> why they go too."""
+    emptying: dict[str, str] = {}
+    for index in lost:
+        node_name = ((current.get(index) or {}).get("spec") or {}).get("nodeName")
+        why = being_emptied(nodes.get(node_name)) if node_name else None
+        if node_name and why is not None:
+            emptying[node_name] = why
+    return {
+        index: f"on node {node_name} with a lost pod, and {emptying[node_name]}"
+        for index, pod in current.items()
+        if index not in lost and (node_name := (pod.get("spec") or {}).get("nodeName")) in emptying
+    }
 
 
 def kept_pods_status(restart: InPlaceRestart) -> list[dict[str, Any]]:

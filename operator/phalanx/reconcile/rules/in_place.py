@@ -25,6 +25,7 @@ from phalanx.policy.in_place import (
     kept_pods_status,
     plan_in_place,
 )
+from phalanx.policy.node_drain import being_emptied
 from phalanx.policy.pod_outcome import (
     REASON_CHECKPOINTED,
     REASON_DEVICE_ERROR,
@@ -50,7 +51,9 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
     failure = verdict.kind is VerdictKind.RESTART_FAILURE
     if failure and failure_budget_spent(restarts) >= seen.spec.run_policy.backoff_limit:
         return False  # rules/failure.py fails the job
-    decision = plan_in_place(seen.spec.run_policy.restart_strategy, b.old, seen.outcomes, seen.current)
+    decision = plan_in_place(
+        seen.spec.run_policy.restart_strategy, b.old, seen.outcomes, seen.current, seen.nodes
+    )
     if decision is None:
         return False
     if isinstance(decision, Fallback):
@@ -67,11 +70,21 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
     # A preempted rank checkpoints with its peers on SIGTERM (the agreed stop), so the kept ranks
     # stop at that checkpoint; after a crash there is no one to agree with: they stop now, and the
     # state comes from the newest checkpoint.
-    stop = STOP_AT_CHECKPOINT if all(_takes_part_in_checkpoint(seen, i) for i in decision.lost) else STOP_NOW
+    # A pod replaced because its node is being emptied is still running: it takes part like a kept one.
+    disrupted = [i for i in decision.lost if i not in decision.emptied]
+    stop = STOP_AT_CHECKPOINT if all(_takes_part_in_checkpoint(seen, i) for i in disrupted) else STOP_NOW
     # A warm spare standing by takes each lost rank it can (policy/spares.py): told the rank with the
     # generation, kept like the survivors, relabelled as that rank's worker; no pod is created for it.
     # Not one asked to give its room to a waiting gang: it is being deleted (rules/spares.py).
-    taken = assign_spares(decision.lost, [s for s in seen.spares.ready if seen.asked_to_yield(s) is None])
+    # Nor one on a node being emptied: it is evicted next.
+    usable = [
+        s
+        for s in seen.spares.ready
+        if seen.asked_to_yield(s) is None
+        and being_emptied(seen.nodes.get(str((seen.spare_pods.get(s, {}).get("spec") or {}).get("nodeName"))))
+        is None
+    ]
+    taken = assign_spares(decision.lost, usable)
     spares = [
         {"name": name, "uid": str(seen.spare_pods[name]["metadata"].get("uid")), "rank": rank}
         for rank, name in sorted(taken.items())
@@ -81,7 +94,9 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
     lost = [seen.current[i] for i in decision.lost if i in seen.current]
     b.plan.delete_pods.extend(p["metadata"]["name"] for p in lost if not is_deleting(p))
     kept = ", ".join(k.name for k in decision.kept)
-    changes = [f"replacing {', '.join(f'worker-{i}' for i in decision.lost if i not in taken)}"]
+    replaced = [f"worker-{i}" + (f" ({decision.emptied[i]})" if i in decision.emptied else "")
+                for i in decision.lost if i not in taken]  # fmt: skip
+    changes = [f"replacing {', '.join(replaced)}"]
     if taken:
         takeovers = ", ".join(f"{name} takes rank {rank}" for rank, name in sorted(taken.items()))
         changes = [f"spare {takeovers}", *(changes if len(taken) < len(decision.lost) else [])]
