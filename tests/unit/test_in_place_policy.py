@@ -134,33 +134,51 @@ def on_node(pod: dict[str, Any], node_name: str) -> dict[str, Any]:
 
 
 CORDONED = {"n1": {"metadata": {"name": "n1"}, "spec": {"unschedulable": True}}}
+FAIL = OutcomeKind.FAILED_RETRYABLE
 
 
-def test_a_running_pod_on_the_emptied_node_of_a_lost_one_is_replaced_with_it() -> None:
+def three_pods(node_of_0: str = "n0") -> dict[int, dict[str, Any]]:
+    return {0: on_node(launcher_pod(0), node_of_0), 1: on_node(launcher_pod(1), "n1"),
+            2: on_node(launcher_pod(2), "n1")}  # fmt: skip
+
+
+def test_a_running_pod_on_a_cordoned_node_a_rank_was_preempted_from_is_replaced_with_it() -> None:
     # A drain evicts worker-1 first; worker-2 on the same cordoned node is next. Before: worker-2
     # was kept, its eviction came before the attempt's first step, and the gang restarted whole.
-    pods = {
-        0: on_node(launcher_pod(0), "n0"),
-        1: on_node(launcher_pod(1), "n1"),
-        2: on_node(launcher_pod(2), "n1"),
-    }
     outcomes = [outcome(0, RUN), outcome(1, PRE), outcome(2, RUN)]
-    decision = plan_in_place("InPlace", RUNNING_STATUS, outcomes, pods, CORDONED)
+    decision = plan_in_place("InPlace", RUNNING_STATUS, outcomes, three_pods(), CORDONED)
     assert isinstance(decision, InPlaceRestart)
     assert decision.kept == (KeptPod(0, "j-worker-0", "u0"),) and decision.lost == (1, 2)
-    assert decision.emptied == {2: "on node n1 with a lost pod, and it is cordoned"}
+    why = "it is cordoned, and j-worker-1 was preempted from it"
+    assert decision.emptied == {2: f"node n1 is being emptied: {why}"}
+    assert decision.emptying_nodes == {"n1": why}
     # The same gang with n1 schedulable: worker-2 stays.
-    decision = plan_in_place("InPlace", RUNNING_STATUS, outcomes, pods, {})
+    decision = plan_in_place("InPlace", RUNNING_STATUS, outcomes, three_pods(), {})
     assert isinstance(decision, InPlaceRestart) and decision.lost == (1,) and decision.emptied == {}
 
 
-def test_rank_0_on_the_emptied_node_of_a_lost_one_falls_back() -> None:
-    pods = {
-        0: on_node(launcher_pod(0), "n1"),
-        1: on_node(launcher_pod(1), "n1"),
-        2: on_node(launcher_pod(2), "n0"),
-    }
-    decision = plan_in_place("InPlace", RUNNING_STATUS, [outcome(0, RUN), outcome(1, PRE), outcome(2, RUN)],
-                             pods, CORDONED)  # fmt: skip
+def test_a_failure_on_a_node_that_is_only_cordoned_keeps_its_neighbours() -> None:
+    # A cordon alone says "no new pods" (a suspect node left to finish its jobs): an OOM there is
+    # no sign of an eviction to come, and replacing worker-2 would only need room elsewhere.
+    outcomes = [outcome(0, RUN), outcome(1, FAIL), outcome(2, RUN)]
+    decision = plan_in_place("InPlace", RUNNING_STATUS, outcomes, three_pods(), CORDONED)
+    assert isinstance(decision, InPlaceRestart) and decision.lost == (1,) and decision.emptied == {}
+
+
+def test_a_node_tainted_for_removal_loses_its_ranks_even_with_no_lost_pod_on_it() -> None:
+    # Karpenter consolidates n1 and n3 at once; worker-1 (n1) is evicted first, worker-3 (n3) next.
+    removed = {"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}
+    pods = {**three_pods(), 3: on_node(launcher_pod(3), "n3")}
+    nodes = {"n3": {"metadata": {"name": "n3"}, "spec": {"taints": [removed]}}}
+    outcomes = [outcome(0, RUN), outcome(1, FAIL), outcome(2, RUN), outcome(3, RUN)]
+    decision = plan_in_place("InPlace", RUNNING_STATUS, outcomes, pods, nodes)
+    assert isinstance(decision, InPlaceRestart) and decision.lost == (1, 3)
+    assert decision.emptied == {3: "node n3 is being emptied: Karpenter is removing it"}
+
+
+def test_rank_0_on_a_node_being_emptied_falls_back() -> None:
+    pods = {**three_pods(node_of_0="n1"), 3: on_node(launcher_pod(3), "n0")}
+    outcomes = [outcome(0, RUN), outcome(1, PRE), outcome(2, RUN), outcome(3, RUN)]
+    decision = plan_in_place("InPlace", RUNNING_STATUS, outcomes, pods, CORDONED)
     assert isinstance(decision, Fallback)
-    assert "rank 0" in decision.why and "it is cordoned" in decision.why
+    assert "rank 0" in decision.why and "node n1 is being emptied" in decision.why

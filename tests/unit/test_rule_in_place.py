@@ -404,7 +404,18 @@ def test_a_drain_replaces_every_rank_on_the_node_in_one_recovery_at_the_agreed_c
     assert plan.status["inPlace"]["stop"] == "checkpoint"
     assert plan.delete_pods == ["j-worker-1", "j-worker-2"]
     assert (
-        "replacing worker-1, worker-2 (on node n1 with a lost pod, and it is cordoned)"
-        in plan.status["message"]
+        "replacing worker-1, worker-2 (node n1 is being emptied: it is cordoned, and j-worker-1 was preempted "
+        "from it)" in plan.status["message"]
     )
     assert fallbacks(plan.events) == []
+
+
+def test_rank_0_on_the_emptied_node_falls_back_and_says_why() -> None:
+    ready = {"conditions": [{"type": "Ready", "status": "True"}]}
+    nodes = {"n0": {"metadata": {"name": "n0"}, "spec": {"unschedulable": True}, "status": ready},
+             "n2": {"metadata": {"name": "n2"}, "status": ready}}  # fmt: skip
+    pods = [resident(0), evicted(1), resident(2, spec={"nodeName": "n2"})]
+    plan = decide(job(dict(RUNNING), replicas=3, **IN_PLACE), pods, nodes, NOW)
+    assert "inPlace" not in plan.status
+    [message] = fallbacks(plan.events)
+    assert "rank 0" in message and "node n0 is being emptied: it is cordoned" in message

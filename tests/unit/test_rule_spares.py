@@ -400,8 +400,13 @@ def test_a_spare_on_a_node_being_emptied_takes_no_rank() -> None:
     # lose the rank again before the attempt's first step. Before: the spare on n1 took rank 1.
     nodes = {**NODES, "n1": {"metadata": {"name": "n1"}, "spec": {"unschedulable": True},
                              "status": {"conditions": [{"type": "Ready", "status": "True"}]}}}  # fmt: skip
-    on_n1 = spare(0)
-    on_n1["spec"] = {"nodeName": "n1"}
-    plan = decide(job(dict(RUNNING), **SPARES), [resident(0), evicted(1), on_n1], nodes, NOW)
+    lost = resident(1, phase="Failed", exit_code=75, spec={"nodeName": "n1"})
+    beside = spare(0)
+    beside["spec"] = {"nodeName": "n1"}
+    plan = decide(job(dict(RUNNING), **SPARES), [resident(0), lost, beside], nodes, NOW)
     assert plan.status["inPlace"]["keptPods"] == [{"name": "j-worker-0", "uid": "p0-0"}]
     assert plan.relabel_pods == {} and "replacing worker-1" in plan.status["message"]
+    # A spare on a schedulable node takes the rank as ever.
+    elsewhere = spare(1)
+    plan = decide(job(dict(RUNNING), **SPARES), [resident(0), lost, beside, elsewhere], nodes, NOW)
+    assert plan.relabel_pods == {"j-spare-1": 1}

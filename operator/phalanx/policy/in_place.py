@@ -15,10 +15,10 @@ Warning event). The reasons, in the order they are checked:
 - a lost pod is on a lost node: it may never go, and its name is taken by it;
 - a kept pod runs no resident launcher (it was created before restartStrategy was InPlace).
 
-A running pod on the node of a lost pod is replaced with it when that node is being emptied (a
-drain, an autoscaler's removal: policy/node_drain.py): it is evicted next, and keeping it would turn
-this recovery into a full restart at its eviction. If that pod is worker-0, or no pod is left, the
-reasons above apply to it as to a lost one.
+A running pod on a node being emptied is replaced with the lost ones (policy/node_drain.py): a node
+tainted for removal by an autoscaler, or a cordoned node a pod of the gang was preempted from (a
+drain). It is evicted next, and keeping it would turn this recovery into a full restart at its
+eviction. If that pod is worker-0, or no pod is left, the reasons above apply to it as to a lost one.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any, Final
 
 from phalanx import constants as c
 from phalanx.pod_facts import is_deleting, pod_index, restarted_in_place
-from phalanx.policy.node_drain import being_emptied
+from phalanx.policy.node_drain import being_removed, is_cordoned
 from phalanx.policy.pod_outcome import REASON_NODE_LOST, OutcomeKind, PodOutcome
 
 REASON_IN_PLACE_FALLBACK: Final = "InPlaceFallback"
@@ -56,8 +56,10 @@ class InPlaceRestart:
 
     kept: tuple[KeptPod, ...]
     lost: tuple[int, ...]  # every index replaced, the ones below included
-    # Running pods replaced because their node is being emptied with a lost pod on it: index -> why.
+    # Running pods replaced because their node is being emptied: index -> why.
     emptied: Mapping[int, str] = field(default_factory=dict)
+    # The nodes being emptied: node name -> why (no warm spare there takes a rank).
+    emptying_nodes: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -114,7 +116,14 @@ def plan_in_place(
     for _, outcome in lost:
         if outcome.kind not in RETRYABLE_LOSSES:
             return Fallback(f"{outcome.pod} is {outcome.kind.value}, not preempted or failed retryably")
-    emptied = _on_emptied_nodes({i for i, _ in lost}, current, nodes or {})
+    emptying = _emptying_nodes(lost, current, nodes or {})
+    emptied = {
+        index: f"node {node_name} is being emptied: {emptying[node_name]}"
+        for index, pod in current.items()
+        if index < len(outcomes)
+        and outcomes[index].kind is OutcomeKind.RUNNING
+        and (node_name := _node_of(pod)) in emptying
+    }
     lost += [(i, outcomes[i]) for i in sorted(emptied)]
     if len(lost) == len(outcomes):
         return Fallback("no pod of the gang is left running")
@@ -141,24 +150,31 @@ def plan_in_place(
         kept.append(
             KeptPod(index, str(metadata.get("name")), str(metadata.get("uid")), pod_index(pod) != index)
         )
-    return InPlaceRestart(tuple(kept), tuple(sorted(lost_indices)), emptied)
+    return InPlaceRestart(tuple(kept), tuple(sorted(lost_indices)), emptied, emptying)
 
 
-def _on_emptied_nodes(
-    lost: set[int], current: Mapping[int, Mapping[str, Any]], nodes: Mapping[str, Mapping[str, Any]]
-) -> dict[int, str]:
-    """Running pods that share a node being emptied with a lost pod: index -> why they go too."""
+def _node_of(pod: Mapping[str, Any] | None) -> str:
+    return str(((pod or {}).get("spec") or {}).get("nodeName") or "")
+
+
+def _emptying_nodes(
+    lost: Sequence[tuple[int, PodOutcome]],
+    current: Mapping[int, Mapping[str, Any]],
+    nodes: Mapping[str, Mapping[str, Any]],
+) -> dict[str, str]:
+    """The gang's nodes being emptied: tainted for removal, or cordoned with a pod preempted from it."""
     emptying: dict[str, str] = {}
-    for index in lost:
-        node_name = ((current.get(index) or {}).get("spec") or {}).get("nodeName")
-        why = being_emptied(nodes.get(node_name)) if node_name else None
-        if node_name and why is not None:
+    for pod in current.values():
+        node_name = _node_of(pod)
+        why = being_removed(nodes.get(node_name)) if node_name else None
+        if why is not None:
             emptying[node_name] = why
-    return {
-        index: f"on node {node_name} with a lost pod, and {emptying[node_name]}"
-        for index, pod in current.items()
-        if index not in lost and (node_name := (pod.get("spec") or {}).get("nodeName")) in emptying
-    }
+    for index, outcome in lost:
+        node_name = _node_of(current.get(index))
+        if node_name and node_name not in emptying and outcome.kind is OutcomeKind.PREEMPTED:
+            if is_cordoned(nodes.get(node_name)):
+                emptying[node_name] = f"it is cordoned, and {outcome.pod} was preempted from it"
+    return emptying
 
 
 def kept_pods_status(restart: InPlaceRestart) -> list[dict[str, Any]]:

@@ -1,11 +1,13 @@
-"""Whether a node is being emptied (pure): cordoned, or marked for removal by an autoscaler.
+"""Whether a node is being emptied (pure): tainted for removal by an autoscaler, or cordoned.
 
-A drain evicts every pod of a node: `kubectl drain` cordons the node and then evicts its pods (one
-request each, behind the client's rate limit: with several pods they arrive some 100-200 ms apart);
-the cluster autoscaler and Karpenter taint the node first, then evict. When one rank's pod is
-evicted from such a node, the gang's other pods there are next. A restart in place that kept them
-would meet their eviction before its first step (two failures in one generation: a full restart,
-policy/in_place.py), so it replaces them with the evicted one instead, in one recovery.
+`kubectl drain` cordons a node and then evicts its pods (one request per pod, sent concurrently
+behind the client's rate limit); the cluster autoscaler and Karpenter taint the node first, then
+evict. When one rank's pod is evicted from such a node, the gang's other pods there are next. A
+restart in place that kept them would meet their eviction before its first step (two failures in
+one generation: a full restart, policy/in_place.py), so it replaces them in the same recovery.
+
+A removal taint says the node is going. A bare cordon says only "no new pods" (an operator may
+cordon a suspect node and let its jobs finish): it counts only together with an eviction from it.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-# Taint keys that announce the node's removal (NoSchedule while its pods are evicted).
+# Taint keys that announce the node's removal (NoSchedule while its pods are evicted). Not
+# DeletionCandidateOfClusterAutoscaler: a PreferNoSchedule candidate may well stay.
 CLUSTER_AUTOSCALER_DELETION_TAINT: Final = "ToBeDeletedByClusterAutoscaler"
 KARPENTER_DISRUPTED_TAINT: Final = "karpenter.sh/disrupted"  # Karpenter v1
 KARPENTER_LEGACY_DISRUPTION_TAINT: Final = "karpenter.sh/disruption"  # before v1 (value "disrupting")
@@ -24,16 +27,14 @@ REMOVAL_TAINTS: Final = {
 }
 
 
-def being_emptied(node: Mapping[str, Any] | None) -> str | None:
-    """Why the node's pods are about to be evicted (cordoned, or tainted for removal); None when
-    nothing says so (or the node is not known)."""
-    if node is None:
-        return None
-    spec = node.get("spec") or {}
-    for taint in spec.get("taints") or ():
+def being_removed(node: Mapping[str, Any] | None) -> str | None:
+    """Why the node is going (a removal taint), or None (also for a node not known)."""
+    for taint in ((node or {}).get("spec") or {}).get("taints") or ():
         why = REMOVAL_TAINTS.get(str(taint.get("key")))
         if why is not None:
             return why
-    if spec.get("unschedulable"):
-        return "it is cordoned"
     return None
+
+
+def is_cordoned(node: Mapping[str, Any] | None) -> bool:
+    return bool(((node or {}).get("spec") or {}).get("unschedulable"))

@@ -25,7 +25,6 @@ from phalanx.policy.in_place import (
     kept_pods_status,
     plan_in_place,
 )
-from phalanx.policy.node_drain import being_emptied
 from phalanx.policy.pod_outcome import (
     REASON_CHECKPOINTED,
     REASON_DEVICE_ERROR,
@@ -81,8 +80,7 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
         s
         for s in seen.spares.ready
         if seen.asked_to_yield(s) is None
-        and being_emptied(seen.nodes.get(str((seen.spare_pods.get(s, {}).get("spec") or {}).get("nodeName"))))
-        is None
+        and str((seen.spare_pods.get(s, {}).get("spec") or {}).get("nodeName")) not in decision.emptying_nodes
     ]
     taken = assign_spares(decision.lost, usable)
     spares = [
