@@ -32,6 +32,25 @@ def test_forgetting_a_job_cancels_its_pending_delayed_requeue() -> None:
     assert asyncio.run(scenario()) == 0
 
 
+def test_forgetting_a_job_cancels_its_pending_pod_event_batch() -> None:
+    # Its pods' deletion events start a batch as the job goes; before, the batch still fired a
+    # reconcile of the deleted job a second later (a GET that answers 404).
+    from phalanx.controller.queue import POD_EVENT_BATCH_SECONDS, WorkQueue
+
+    async def scenario() -> tuple[int, str | None]:
+        work = WorkQueue()
+        work.loop = asyncio.get_running_loop()
+        work.from_watch("ns/gone", admission_dirty=False)
+        await asyncio.sleep(0.05)  # the hand-off to the loop: the batch is pending
+        forgetting = threading.Thread(target=work.forget, args=("ns/gone",))
+        forgetting.start()
+        forgetting.join()
+        await asyncio.sleep(POD_EVENT_BATCH_SECONDS + 0.1)
+        return len(work.batching), work.take_nowait()
+
+    assert asyncio.run(scenario()) == (0, None)
+
+
 @pytest.mark.usefixtures("launcher")
 def test_forgetting_a_job_drops_what_the_generation_publisher_told_its_pods() -> None:
     from phalanx.controller.generations import GenerationPublisher

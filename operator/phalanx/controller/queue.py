@@ -44,7 +44,7 @@ class WorkQueue:
         self._order = itertools.count()
         self.active: set[str] = set()
         self.again: set[str] = set()
-        self.batching: set[str] = set()
+        self.batching: dict[str, asyncio.TimerHandle] = {}  # key -> its pod-event batch's timer
         self.job_markers: dict[str, tuple[Any, ...]] = {}  # the last kopf event's marker per job
         self.failures: dict[str, int] = {}  # reconciles failed in a row, per key
         # At most one pending delayed requeue per key, the earliest asked for: a reconcile asks for
@@ -116,13 +116,12 @@ class WorkQueue:
         """Reconcile once POD_EVENT_BATCH_SECONDS from the first of a burst of events."""
         if key in self.batching or key in self.queued:
             return
-        self.batching.add(key)
 
         def due() -> None:
-            self.batching.discard(key)
+            self.batching.pop(key, None)
             self.enqueue(key)
 
-        asyncio.get_running_loop().call_later(POD_EVENT_BATCH_SECONDS, due)
+        self.batching[key] = asyncio.get_running_loop().call_later(POD_EVENT_BATCH_SECONDS, due)
 
     def forget(self, key: str) -> None:
         """The job is gone (from any thread): drop what is kept for it, its pending timer included
@@ -145,6 +144,9 @@ class WorkQueue:
         pending = self.delayed.pop(key, None)
         if pending is not None:
             pending[1].cancel()
+        batch = self.batching.pop(key, None)  # its pod-event batch: the job's pods go with it
+        if batch is not None:
+            batch.cancel()
 
     async def run_worker(self, reconcile: Callable[[str], list[float]], pool: ThreadPoolExecutor) -> None:
         """One worker: takes keys off the queue and reconciles them in `pool`; reconcile returns the
