@@ -49,7 +49,9 @@ def reference_step_seconds(demo: Demo, steps: int, timeout: float) -> tuple[floa
     """(wall, compute): the undisturbed run's median seconds between one step's progress line and
     the next (the whole loop: the step, the loss's all-reduce, logging, /progress), and the median
     of the trainer's own step time (data wait, forward/backward, optimizer)."""
-    demo.submit(steps)
+    # Undisturbed means no periodic checkpoint either: the evicted runs' checkpoints (and their
+    # stalls) count against their goodput, so the reference must not carry any.
+    demo.submit(steps, checkpoint_interval_steps=steps)
     wait_done(demo, timeout, "reference")
     records = sorted(kept_steps(parse_trainer_log(demo.rank0_log())).values(), key=lambda r: r.step)
     compute = [r.step_seconds for r in records if r.step > 1]  # the first step warms up
