@@ -28,10 +28,12 @@ time, by cause), and prints a table.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -43,46 +45,38 @@ from phalanx.demo import JOB, Demo, StepRecord, kept_steps, parse_trainer_log
 RESULTS = Path(__file__).resolve().parent / "results"
 STRATEGY = {"full_restart": "FullRestart", "in_place": "InPlace", "in_place_spare": "InPlace"}
 SPARES = {"in_place_spare": 1}  # a warm spare standing by takes the lost rank
+NO_EVICTION_BEFORE_THE_END_SECONDS = 30.0
 
 
 def say(line: str) -> None:
     print(line, flush=True)
 
 
-def median_wall_step(records: Iterable[StepRecord]) -> float | None:
-    """The median seconds between one step's progress line and the next (the whole loop: the step,
-    the loss's all-reduce, logging, /progress). Pairs that straddle a recovery are far out in the
-    tail, so the median is the undisturbed pace even within an evicted run."""
+def wall_step(records: Iterable[StepRecord]) -> float | None:
+    """The undisturbed pace: the mean of the middle half of the gaps between one step's progress
+    line and the next (the whole loop: the step, the loss's all-reduce, logging, /progress). Pairs
+    that straddle a recovery or a checkpoint stall sit in the upper quarter, outside it. Not the
+    median: the lines carry millisecond times, so every gap is a whole number of ms, and a median
+    of ~28 ms steps would be off by up to half a millisecond (1.8 %); a mean of many is not."""
     ordered = sorted(records, key=lambda r: r.step)
-    gaps = [
+    gaps = sorted(
         b.logged_at - a.logged_at
         for a, b in zip(ordered, ordered[1:], strict=False)
         if a.step > 1 and b.step == a.step + 1 and a.logged_at is not None and b.logged_at is not None
-    ]
-    return statistics.median(gaps) if gaps else None
+    )
+    if len(gaps) < 4:
+        return None
+    middle = gaps[len(gaps) // 4 : len(gaps) - len(gaps) // 4]
+    return sum(middle) / len(middle)
 
 
-def reference_step_seconds(demo: Demo, steps: int, timeout: float) -> tuple[float, float]:
-    """(wall, compute): the undisturbed run's median wall step (median_wall_step), and the median
-    of the trainer's own step time (data wait, forward/backward, optimizer)."""
+def reference_steps(demo: Demo, steps: int, timeout: float) -> dict[int, StepRecord]:
+    """Runs the job undisturbed and returns its steps."""
     # Undisturbed means no periodic checkpoint either: the evicted runs' checkpoints (and their
     # stalls) count against their goodput, so the reference must not carry any.
     demo.submit(steps, checkpoint_interval_steps=steps)
     wait_done(demo, timeout, "reference")
-    records = list(kept_steps(parse_trainer_log(demo.rank0_log())).values())
-    compute = [r.step_seconds for r in records if r.step > 1]  # the first step warms up
-    wall = median_wall_step(records)
-    if not compute or wall is None:
-        raise RuntimeError(f"the reference run logged too few steps; see {demo.out_dir}")
-    return wall, statistics.median(compute)
-
-
-def conservative_goodput(steps: int, wall_seconds: float, reference: float, in_run: float | None) -> float:
-    """Goodput by the faster of the two undisturbed paces: the reference run's, and the evicted run's
-    own median step. The reference runs first, on a control plane that has just started; were it
-    slower than the run's own steps, goodput by it alone would come out too high (above 1, even)."""
-    step = min(reference, in_run) if in_run is not None else reference
-    return round(steps * step / wall_seconds, 4)
+    return kept_steps(parse_trainer_log(demo.rank0_log()))
 
 
 def wait_done(demo: Demo, timeout: float, what: str) -> dict[str, Any]:
@@ -97,8 +91,9 @@ def wait_done(demo: Demo, timeout: float, what: str) -> dict[str, Any]:
     raise RuntimeError(f"{what}: not done after {timeout:.0f}s; see {demo.out_dir}")
 
 
-def evicted_run(demo: Demo, path: str, steps: int, every: float, step_seconds: float,
-                timeout: float, checkpoint_interval_steps: int) -> dict[str, Any]:  # fmt: skip
+def evicted_run(demo: Demo, path: str, steps: int, every: float, pace: float, timeout: float,
+                checkpoint_interval_steps: int) -> dict[str, Any]:  # fmt: skip
+    """`pace`: the reference step time, which says when the job nears its end."""
     submitted = time.time()
     demo.submit(steps, run_policy={"restartStrategy": STRATEGY[path]}, spares=SPARES.get(path, 0),
                 checkpoint_interval_steps=checkpoint_interval_steps)  # fmt: skip
@@ -112,44 +107,131 @@ def evicted_run(demo: Demo, path: str, steps: int, every: float, step_seconds: f
             break
         recovery = status.get("lastRecovery") or {}
         recovered = "firstStep" in (recovery.get("phasesMilliseconds") or {})
-        settled = not evictions or (recovery.get("attempt") == len(evictions) and recovered)
-        if (
-            evictions
-            and recovered
-            and "path" not in evictions[-1]
-            and recovery.get("attempt") == len(evictions)
-        ):
+        # A recovery of a later attempt than the one evicted: an in-place attempt that fell back to
+        # a full restart takes one more attempt, and the recovery with it.
+        settled = not evictions or (
+            recovered and int(recovery.get("attempt") or 0) > evictions[-1]["attempt"]
+        )
+        if evictions and settled and "path" not in evictions[-1]:
             evictions[-1].update(path=recovery.get("path"), summary=recovery.get("summary"))
-        if time.time() >= next_at and settled and status.get("phase") == "Running":
+        step = int((status.get("progress") or {}).get("step") or 0)
+        # Not in the last stretch: a pod that has finished cannot be evicted, and a recovery cut
+        # short by the end of the job says nothing.
+        near_the_end = (steps - step) * pace < NO_EVICTION_BEFORE_THE_END_SECONDS
+        if time.time() >= next_at and settled and status.get("phase") == "Running" and not near_the_end:
             # Losing worker-0 (the rendezvous host) falls back to a full restart: the pod serving rank 1,
             # worker-1 or the spare that took its rank in an earlier eviction.
             pod = rank_1_pod(demo) or f"{JOB}-worker-1"
-            step = (status.get("progress") or {}).get("step")
-            evictions.append({"at_seconds": round(time.time() - submitted, 1), "pod": pod, "step": step})
+            eviction = {"at_seconds": round(time.time() - submitted, 1), "pod": pod, "step": step,
+                        "attempt": int(status.get("attempt") or 0)}  # fmt: skip
             say(f"  {path}: {time.time() - submitted:.0f}s, step {step}: evicting {pod}")
-            demo.evict(pod)
+            try:
+                demo.evict(pod)
+                evictions.append(eviction)
+            except Exception as err:  # the pod went in between (the API's answer): try again later
+                say(
+                    f"  {path}: the eviction of {pod} failed ({str(err).splitlines()[0][:200]}); retrying in 10 s"
+                )
+                next_at = time.time() + 10
+                continue
             next_at = time.time() + every
         if time.time() - last_report >= 60:
             last_report = time.time()
-            progress = status.get("progress") or {}
-            say(f"  {path}: {time.time() - submitted:.0f}s, step {progress.get('step')}/{steps}, "
+            say(f"  {path}: {time.time() - submitted:.0f}s, step {step}/{steps}, "
                 f"goodput so far {(status.get('goodput') or {}).get('ratio')}")  # fmt: skip
         time.sleep(0.5)
     wall = time.time() - submitted
     if status.get("phase") != "Succeeded":
         raise RuntimeError(f"{path}: the job ended {status.get('phase') or 'nowhere'} after {wall:.0f}s")
     kept = kept_steps(parse_trainer_log(demo.rank0_log()))
-    final_steps = max(kept, default=0)
-    in_run = median_wall_step(kept.values())
     return {
-        "goodput": conservative_goodput(final_steps, wall, step_seconds, in_run),
-        "goodput_by_reference": round(final_steps * step_seconds / wall, 4),
-        "in_run_median_step_seconds": None if in_run is None else round(in_run, 5),
-        "steps": final_steps,
+        "steps": max(kept, default=0),
         "wall_seconds": round(wall, 1),
+        "in_run_step_seconds": wall_step(kept.values()),
         "evictions": evictions,
         "restarts": status.get("restarts"),
         "ledger": status.get("goodput"),
+    }
+
+
+def summarize(reference: Mapping[int, StepRecord], runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Goodput per path by one step time for all: the fastest undisturbed pace seen, the reference
+    run's or an evicted run's own (wall_step). The reference runs first, on a control plane that
+    has just started; a slower reference would lift every path's goodput, a faster one is the
+    honest yardstick. `goodput_by_reference` keeps the figure by the reference alone."""
+    reference_step = wall_step(reference.values())
+    compute = [r.step_seconds for r in reference.values() if r.step > 1]  # the first step warms up
+    if reference_step is None or not compute:
+        raise RuntimeError("the reference run logged too few steps")
+    paces = {"reference": reference_step} | {
+        path: run["in_run_step_seconds"] for path, run in runs.items() if run.get("in_run_step_seconds")
+    }
+    source = min(paces, key=lambda name: paces[name])
+    step = paces[source]
+    compute_step = statistics.median(compute)
+    for run in runs.values():
+        run["goodput"] = round(run["steps"] * step / run["wall_seconds"], 4)
+        run["goodput_by_reference"] = round(run["steps"] * reference_step / run["wall_seconds"], 4)
+    return {
+        "goodput": runs.get("in_place", {}).get("goodput"),
+        "goodput_full_restart": runs.get("full_restart", {}).get("goodput"),
+        "goodput_in_place_spare": runs.get("in_place_spare", {}).get("goodput"),
+        "goal": 0.97,
+        "step_seconds": round(step, 6),
+        "step_seconds_from": source,
+        "paces_seconds": {name: round(pace, 6) for name, pace in paces.items()},
+        # The trainer's own step time leaves out the loop around it (logging, the loss's all-reduce),
+        # a sizable share of the demo model's short steps. Goodput by it, for comparison:
+        "reference_compute_step_seconds": round(compute_step, 6),
+        "goodput_by_compute_step": {
+            path: round(run["steps"] * compute_step / run["wall_seconds"], 4) for path, run in runs.items()
+        },
+        "runs": runs,
+    }
+
+
+def records_since(log_text: str, since: float) -> dict[int, StepRecord]:
+    """The kept steps of the events logged at or after `since` (epoch seconds): the dev node appends
+    every pod of one name to one file, earlier benchmark runs' included."""
+
+    def recent(line: str) -> bool:
+        if not line.startswith("{"):
+            return True  # attempt headers: an attempt with no recent event keeps no step
+        try:
+            stamp = json.loads(line).get("time")
+            return datetime.fromisoformat(str(stamp)).timestamp() >= since
+        except ValueError:
+            return False
+
+    return kept_steps(parse_trainer_log("\n".join(line for line in log_text.splitlines() if recent(line))))
+
+
+def resummarize(result_file: Path, since: str) -> dict[str, Any]:
+    """Recomputes the step figures of a finished run from its trainer logs (left in the dev node's
+    state directory) and the wall times and steps in `result_file`."""
+    from phalanx.devcluster.cluster import default_state_dir
+    from phalanx.devcluster.realnode import agent_state_dir, real_node_names
+
+    result = json.loads(result_file.read_text())
+    logs = agent_state_dir(default_state_dir("bench-goodput"), real_node_names(1)[0]) / "logs"
+    start = datetime.fromisoformat(since).timestamp()
+
+    def steps_of(namespace: str) -> dict[int, StepRecord]:
+        return records_since((logs / f"{namespace}_{JOB}-worker-0_trainer.log").read_text(), start)
+
+    runs = {}
+    for path, run in result["runs"].items():
+        kept = steps_of(f"goodput-{path.replace('_', '-')}")
+        keep = ("steps", "wall_seconds", "evictions", "restarts", "ledger")
+        runs[path] = {**{k: run[k] for k in keep}, "in_run_step_seconds": wall_step(kept.values())}
+    settings = ("minutes", "evict_every_seconds", "checkpoint_every_seconds", "checkpoint_interval_steps")
+    return {
+        "benchmark": "goodput",
+        **summarize(steps_of("goodput-reference"), runs),
+        **{k: result[k] for k in settings if k in result},
+        "resummarized_from_logs_since": since,
+        "machine_of_the_run": result.get("machine"),
+        "run_measured_at": result.get("measured_at"),
     }
 
 
@@ -162,7 +244,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint-every", type=float, default=120.0,
                         help="seconds of undisturbed training between periodic checkpoints (both paths)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=RESULTS / "goodput.json")
+    parser.add_argument("--resummarize-since", metavar="ISO_TIME",
+                        help="run nothing: recompute --out's step figures from the logs of the run "
+                        "that began at ISO_TIME (its trainer logs stay in the dev node's state directory)")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.resummarize_since:
+        write_result(args.out, resummarize(args.out, args.resummarize_since))
+        print_table(json.loads(args.out.read_text()))
+        return 0
     paths = [p.strip() for p in args.paths.split(",") if p.strip()]
     if unknown := [p for p in paths if p not in STRATEGY]:
         parser.error(f"--paths: unknown {unknown}; choose from {', '.join(STRATEGY)}")
@@ -177,12 +266,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         reference.up()
         say(f"reference: {args.reference_steps} steps, undisturbed")
-        step_seconds, compute_step_seconds = reference_step_seconds(
-            reference, args.reference_steps, timeout=1800
-        )
+        reference_records = reference_steps(reference, args.reference_steps, timeout=1800)
+        step_seconds = wall_step(reference_records.values())
+        if step_seconds is None:
+            raise RuntimeError(f"the reference run logged too few steps; see {reference.out_dir}")
         steps = max(args.reference_steps, int(args.minutes * 60 / step_seconds))
         interval = max(1, round(args.checkpoint_every / step_seconds))
-        say(f"median step {step_seconds * 1000:.1f} ms: {steps} steps per job (~{args.minutes:.0f} min), "
+        say(f"reference step {step_seconds * 1000:.2f} ms: {steps} steps per job (~{args.minutes:.0f} min), "
             f"a checkpoint every {interval} steps (~{args.checkpoint_every:.0f} s)")  # fmt: skip
         for path in paths:
             (work / path).mkdir(parents=True, exist_ok=True)
@@ -194,36 +284,32 @@ def main(argv: list[str] | None = None) -> int:
             runs[path] = evicted_run(demo, path, steps, args.evict_every, step_seconds,
                                      timeout=max(3600.0, 4 * args.minutes * 60),
                                      checkpoint_interval_steps=interval)  # fmt: skip
+            # What is measured survives a later path's failure.
+            write_result(args.out.with_name(args.out.stem + ".partial.json"),
+                         {"reference_step_seconds": step_seconds, "runs": runs})  # fmt: skip
     finally:
         reference.down()
 
-    result = {
+    result = write_result(args.out, {
         "benchmark": "goodput",
-        "goodput": runs.get("in_place", {}).get("goodput"),
-        "goodput_full_restart": runs.get("full_restart", {}).get("goodput"),
-        "goodput_in_place_spare": runs.get("in_place_spare", {}).get("goodput"),
-        "goal": 0.97,
-        "reference_step_seconds": round(step_seconds, 5),
-        # The trainer's own step time leaves out the loop around it (logging, the loss's all-reduce),
-        # a sizable share of the demo model's short steps. Goodput by it, for comparison:
-        "reference_compute_step_seconds": round(compute_step_seconds, 5),
-        "goodput_by_compute_step": {
-            path: round(run["steps"] * compute_step_seconds / run["wall_seconds"], 4)
-            for path, run in runs.items()
-        },
+        **summarize(reference_records, runs),
         "minutes": args.minutes,
         "evict_every_seconds": args.evict_every,
         "checkpoint_every_seconds": args.checkpoint_every,
         "checkpoint_interval_steps": interval,
-        "runs": runs,
-    }
-    write_result(args.out, result)
-    say(f"{'path':<14} {'goodput':>8} {'evictions':>9} {'wall s':>8}  operator's ratio")
-    for path, run in runs.items():
-        ratio = (run["ledger"] or {}).get("ratio")
-        say(f"{path:<14} {run['goodput']:>8} {len(run['evictions']):>9} {run['wall_seconds']:>8}  {ratio}")
+    })  # fmt: skip
+    print_table(result)
     say(f"wrote {args.out}")
     return 0
+
+
+def print_table(result: Mapping[str, Any]) -> None:
+    say(f"step time {result['step_seconds'] * 1000:.2f} ms (from {result['step_seconds_from']})")
+    say(f"{'path':<14} {'goodput':>8} {'by ref.':>8} {'evictions':>9} {'wall s':>8}  operator's ratio")
+    for path, run in result["runs"].items():
+        ratio = (run["ledger"] or {}).get("ratio")
+        say(f"{path:<14} {run['goodput']:>8} {run['goodput_by_reference']:>8} {len(run['evictions']):>9} "
+            f"{run['wall_seconds']:>8}  {ratio}")  # fmt: skip
 
 
 if __name__ == "__main__":
