@@ -70,6 +70,28 @@ def wall_step(records: Iterable[StepRecord]) -> float | None:
     return sum(middle) / len(middle)
 
 
+LONG_GAP_SECONDS = 0.25  # between two steps: a recovery or a stall, not a step (~28 ms here)
+
+
+def gap_profile(records: Iterable[StepRecord]) -> dict[str, float]:
+    """Where a run's time between its first and last step went: long gaps (recoveries, stalls) and
+    the steps' own time (count and sum), so that summarize() can split the loss by kind."""
+    ordered = sorted(records, key=lambda r: r.step)
+    gaps = [
+        b.logged_at - a.logged_at
+        for a, b in zip(ordered, ordered[1:], strict=False)
+        if a.logged_at is not None and b.logged_at is not None
+    ]
+    short = [g for g in gaps if g <= LONG_GAP_SECONDS]
+    return {
+        "span_seconds": sum(gaps),
+        "long_gaps_seconds": sum(g for g in gaps if g > LONG_GAP_SECONDS),
+        "long_gaps": sum(1 for g in gaps if g > LONG_GAP_SECONDS),
+        "short_gaps": len(short),
+        "short_gaps_seconds": sum(short),
+    }
+
+
 def reference_steps(demo: Demo, steps: int, timeout: float) -> dict[int, StepRecord]:
     """Runs the job undisturbed and returns its steps."""
     # Undisturbed means no periodic checkpoint either: the evicted runs' checkpoints (and their
@@ -148,6 +170,7 @@ def evicted_run(demo: Demo, path: str, steps: int, every: float, pace: float, ti
         "steps": max(kept, default=0),
         "wall_seconds": round(wall, 1),
         "in_run_step_seconds": wall_step(kept.values()),
+        "gaps": gap_profile(kept.values()),
         "evictions": evictions,
         "restarts": status.get("restarts"),
         "ledger": status.get("goodput"),
@@ -172,6 +195,17 @@ def summarize(reference: Mapping[int, StepRecord], runs: dict[str, dict[str, Any
     for run in runs.values():
         run["goodput"] = round(run["steps"] * step / run["wall_seconds"], 4)
         run["goodput_by_reference"] = round(run["steps"] * reference_step / run["wall_seconds"], 4)
+        gaps = run.get("gaps")
+        if gaps:
+            # The wall time not spent stepping at `step` a step, by kind (seconds; with the steps
+            # at that pace they add up to the wall time, to within one step).
+            run["lost_seconds"] = {
+                "start_and_end": round(run["wall_seconds"] - gaps["span_seconds"], 1),
+                "recoveries_and_stalls": round(gaps["long_gaps_seconds"], 1),
+                "steps_slower_than_the_pace": round(
+                    gaps["short_gaps_seconds"] - step * gaps["short_gaps"], 1
+                ),
+            }
     return {
         "goodput": runs.get("in_place", {}).get("goodput"),
         "goodput_full_restart": runs.get("full_restart", {}).get("goodput"),
@@ -223,7 +257,8 @@ def resummarize(result_file: Path, since: str) -> dict[str, Any]:
     for path, run in result["runs"].items():
         kept = steps_of(f"goodput-{path.replace('_', '-')}")
         keep = ("steps", "wall_seconds", "evictions", "restarts", "ledger")
-        runs[path] = {**{k: run[k] for k in keep}, "in_run_step_seconds": wall_step(kept.values())}
+        runs[path] = {**{k: run[k] for k in keep}, "in_run_step_seconds": wall_step(kept.values()),
+                      "gaps": gap_profile(kept.values())}  # fmt: skip
     settings = ("minutes", "evict_every_seconds", "checkpoint_every_seconds", "checkpoint_interval_steps")
     return {
         "benchmark": "goodput",
@@ -305,11 +340,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_table(result: Mapping[str, Any]) -> None:
     say(f"step time {result['step_seconds'] * 1000:.2f} ms (from {result['step_seconds_from']})")
-    say(f"{'path':<14} {'goodput':>8} {'by ref.':>8} {'evictions':>9} {'wall s':>8}  operator's ratio")
+    say(f"{'path':<14} {'goodput':>8} {'by ref.':>8} {'evictions':>9} {'wall s':>8}  lost s: start+end, "
+        "recoveries+stalls, slower steps; operator's ratio")  # fmt: skip
     for path, run in result["runs"].items():
         ratio = (run["ledger"] or {}).get("ratio")
+        lost = run.get("lost_seconds") or {}
         say(f"{path:<14} {run['goodput']:>8} {run['goodput_by_reference']:>8} {len(run['evictions']):>9} "
-            f"{run['wall_seconds']:>8}  {ratio}")  # fmt: skip
+            f"{run['wall_seconds']:>8}  {lost.get('start_and_end')}, {lost.get('recoveries_and_stalls')}, "
+            f"{lost.get('steps_slower_than_the_pace')}; {ratio}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import pytest
 from phalanx.demo import ATTEMPT_HEADER, StepRecord
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from goodput_bench import records_since, summarize, wall_step  # noqa: E402 (beside the benchmarks)
+from goodput_bench import gap_profile, records_since, summarize, wall_step  # noqa: E402 (beside the benchmarks)
 
 pytestmark = pytest.mark.unit
 
@@ -68,3 +68,25 @@ def test_a_run_is_picked_out_of_a_log_shared_with_earlier_runs_by_its_event_time
     ])  # fmt: skip
     kept = records_since(text, since=1796443860.0)  # 2026-12-05T04:11:00Z
     assert sorted(kept) == [1, 2] and kept[2].logged_at - kept[1].logged_at == pytest.approx(0.028, abs=1e-6)
+
+
+def test_the_lost_time_is_split_by_kind_and_adds_up_to_the_wall_time() -> None:
+    # 1,000 steps of 28 ms, every 4th one 32 ms; a 4 s recovery; submitted 5 s before the first step
+    # and done 1 s after the last.
+    times, t = [], 0.0
+    for i in range(1000):
+        times.append(t)
+        t += 0.032 if i % 4 == 3 else 0.028
+        if i == 500:
+            t += 4.0
+    kept = records(times)
+    steps_run = run(1000, 0.0, wall_step(kept.values()))
+    steps_run["gaps"] = gap_profile(kept.values())
+    steps_run["wall_seconds"] = 5.0 + steps_run["gaps"]["span_seconds"] + 1.0  # type: ignore[operator]
+    result = summarize(records([i * 0.03 for i in range(100)]), {"in_place": steps_run})
+    lost = result["runs"]["in_place"]["lost_seconds"]
+    assert lost["start_and_end"] == pytest.approx(6.0, abs=0.05)
+    assert lost["recoveries_and_stalls"] == pytest.approx(4.028, abs=0.05)
+    assert lost["steps_slower_than_the_pace"] == pytest.approx(1.0, abs=0.1)  # 250 steps 4 ms slower
+    at_pace = result["step_seconds"] * 1000
+    assert at_pace + sum(lost.values()) == pytest.approx(steps_run["wall_seconds"], abs=0.2)
