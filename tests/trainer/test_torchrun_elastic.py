@@ -284,10 +284,12 @@ def test_a_killed_worker_restarts_both_pods_workers_and_resumes_with_the_same_lo
 
     for pod in gang.pods:
         generations = pod.workers()
-        # Each agent (the same process: checked above) started a second worker process, and the
-        # pod kept its group rank.
-        assert len(generations) == 2, gang.logs()
-        assert generations[0].pid != generations[1].pid, gang.logs()
+        # Each agent (the same process: checked above) started a new worker process, and the pod
+        # kept its group rank. Sometimes more than one: a restarted worker can abort in gloo
+        # ("terminate called without an active exception") while its peer's worker restarts, and
+        # the agent starts it again within its max restarts (seen once in a fresh-clone run).
+        assert len(generations) >= 2, gang.logs()
+        assert len({w.pid for w in generations}) == len(generations), gang.logs()
         assert {w.group_rank for w in generations} == {pod.index}, gang.logs()
     starts = resumed_from(gang)
     assert starts[0] == 0 and starts[1] >= newest_before > 0, gang.logs()

@@ -217,12 +217,24 @@ def test_verdict_all_succeeded() -> None:
 
 
 def test_verdict_permanent_failure_fails_the_job_with_the_first_reason() -> None:
+    # Both permanent failures came well before the retryable one: not its cascade.
     v = verdict(
-        outcome(OutcomeKind.FAILED_RETRYABLE, "a", 5.0),
+        outcome(OutcomeKind.FAILED_RETRYABLE, "a", 20.0),
         outcome(OutcomeKind.FAILED_PERMANENT, "b", 9.0, "late"),
         outcome(OutcomeKind.FAILED_PERMANENT, "c", 7.0, "early"),
     )
     assert (v.kind, v.reason, v.pod) == (VerdictKind.FAILED, "early", "c")
+
+
+def test_verdict_a_crash_after_a_peer_was_killed_is_its_cascade_and_the_gang_restarts() -> None:
+    # A fresh-clone CI run: worker-1 SIGKILLed (137), worker-0's all-reduce then failed with
+    # "Connection reset by peer" (exit 1), both seen in one reconcile: the job failed. The peer's
+    # death caused the crash; the restart spends the failure budget, and a genuine bug recurs.
+    v = verdict(
+        outcome(OutcomeKind.FAILED_RETRYABLE, "w1", 100.0, "ExitCode"),
+        outcome(OutcomeKind.FAILED_PERMANENT, "w0", 100.4, "ExitCode"),
+    )
+    assert (v.kind, v.pod) == (VerdictKind.RESTART_FAILURE, "w1")
 
 
 def test_verdict_preemption_beats_failures_caused_by_the_teardown() -> None:

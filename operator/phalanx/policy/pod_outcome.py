@@ -369,6 +369,9 @@ def gang_verdict(outcomes: Sequence[PodOutcome]) -> GangVerdict:
     CASCADE_TOLERANCE_SECONDS) the earliest preemption, or when either time is unknown: ranks
     crash with ordinary exit codes once a peer disappears, and that must not burn the failure
     budget. A genuine bug recurs in the next attempt without a preemption and fails the job then.
+    The same holds after a retryable failure (a rank killed by a signal, out of memory, a device
+    error): a permanent-looking failure at or after it is its cascade, and the gang restarts,
+    spending the failure budget once, instead of failing because both ended inside one look.
     """
     running = sum(o.kind is OutcomeKind.RUNNING for o in outcomes)
     pending = sum(o.kind is OutcomeKind.PENDING for o in outcomes)
@@ -383,14 +386,16 @@ def gang_verdict(outcomes: Sequence[PodOutcome]) -> GangVerdict:
         return verdict(VerdictKind.SUCCEEDED, REASON_COMPLETED, "every pod finished successfully")
 
     preempted = [o for o in outcomes if o.kind is OutcomeKind.PREEMPTED]
-    known_times = [o.at for o in preempted if o.at is not None]
-    if preempted and len(known_times) == len(preempted):
+    retryable = [o for o in outcomes if o.kind is OutcomeKind.FAILED_RETRYABLE]
+    disruptions = preempted + retryable
+    known_times = [o.at for o in disruptions if o.at is not None]
+    if disruptions and len(known_times) == len(disruptions):
         cutoff: float | None = min(known_times) - CASCADE_TOLERANCE_SECONDS
     else:
-        cutoff = None  # no preemption, or one of unknown time: see the docstring
+        cutoff = None  # no disruption, or one of unknown time: see the docstring
 
     def independent(outcome: PodOutcome) -> bool:
-        if not preempted:
+        if not disruptions:
             return True
         return cutoff is not None and outcome.at is not None and outcome.at < cutoff
 
@@ -403,7 +408,6 @@ def gang_verdict(outcomes: Sequence[PodOutcome]) -> GangVerdict:
         return verdict(
             VerdictKind.RESTART_PREEMPTION, first.reason, f"{first.pod}: {first.message}", first.pod
         )
-    retryable = [o for o in outcomes if o.kind is OutcomeKind.FAILED_RETRYABLE]
     if retryable:
         first = _first(retryable)
         return verdict(VerdictKind.RESTART_FAILURE, first.reason, f"{first.pod}: {first.message}", first.pod)
