@@ -222,8 +222,10 @@ def test_sigterm_to_one_pod_keeps_the_survivor_resident_and_generation_1_loses_n
 
     events = pod0.events()
     preempted = next(e["step"] for e in events if e["event"] == "preempted")
-    resumed = next(e["step"] for e in events if e["event"] == "resumed")
-    assert resumed == preempted  # the agreed stop's checkpoint: no step lost
+    resumed_event = next(e for e in events if e["event"] == "resumed")
+    assert resumed_event["step"] == preempted  # the agreed stop's checkpoint: no step lost
+    # Pod 0 kept its state in memory; the new pod 1 had none and received it from rank 0.
+    assert resumed_event["source"] == "memory+peer"
     firsts = [(e["generation"], e["step"]) for e in events if e["event"] == "first_step"]
     assert firsts == [(0, 1), (1, preempted + 1)]
     run = losses(pod0)
@@ -247,7 +249,9 @@ def test_a_post_to_a_running_gang_stops_it_at_one_step_and_starts_the_new_genera
 
     events = pod0.events()
     preempted = next(e["step"] for e in events if e["event"] == "preempted")
-    assert next(e["step"] for e in events if e["event"] == "resumed") == preempted
+    resumed_event = next(e for e in events if e["event"] == "resumed")
+    assert resumed_event["step"] == preempted
+    assert resumed_event["source"] == "memory"  # both pods stayed: no rank read checkpoint storage
     assert [e["generation"] for e in events if e["event"] == "first_step"] == [0, 1]
     started = [line for line in pod1.log().splitlines() if "launcher_generation_started" in line]
     assert len(started) == 2 and json.loads(started[1])["pids"] != pids["pod1"]  # new workers, same launcher
@@ -330,6 +334,8 @@ def test_sigkill_of_one_worker_fails_the_peer_within_the_collective_timeout_and_
 
     events = pod0.events()
     resumed = [e["step"] for e in events if e["event"] == "resumed"]
+    # No agreed stop, so nothing was kept in memory: the periodic checkpoint from storage.
+    assert [e["source"] for e in events if e["event"] == "resumed"] == ["storage"]
     # The newest periodic checkpoint committed when generation 1 started (an asynchronous save may
     # commit just after the kill, so the newest can be a step or two past what the test saw then).
     assert resumed == [newest] and newest % INTERVAL == 0 and 0 < newest <= killed_at_step + INTERVAL
@@ -470,6 +476,7 @@ def test_a_spare_takes_over_rank_1_on_its_first_generation(gang: Gang, reference
     wait_for("generation 1's first step", lambda: any(
         e["event"] == "first_step" and e["generation"] == 1 for e in pod0.events()), 60, gang.pods)  # fmt: skip
     assert spare.get()["state"] == "running" and spare.get()["node_rank"] == 1
+    assert next(e["source"] for e in pod0.events() if e["event"] == "resumed") == "memory+peer"
     first = next(e for e in pod0.events() if e["event"] == "first_step" and e["generation"] == 1)
     takeover_seconds = first["unix_time"] - accepted_at
     print(f"spare takeover: generation 1 accepted -> first step in {takeover_seconds:.2f} s")

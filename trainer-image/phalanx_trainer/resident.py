@@ -24,12 +24,14 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from phalanx_trainer import contract, startup
 from phalanx_trainer.checkpoint.records import CheckpointConfig
 from phalanx_trainer.distenv import EnvError, _int, _seconds, flag, worker_env
+from phalanx_trainer.pod_memory import STATE_MEMORY_DIR_ENV, make_pod_folder, remove_pod_folder
 from phalanx_trainer.restart_policy import (
     Action,
     Admission,
@@ -463,6 +465,19 @@ def run_resident_launcher(
     env: Mapping[str, str],
     emergency_budget_seconds: float = DEFAULT_EMERGENCY_BUDGET_SECONDS,
 ) -> int:
+    memory_folder: Path | None = None
+    if not env.get(STATE_MEMORY_DIR_ENV):
+        memory_folder = make_pod_folder()
+        if memory_folder is not None:
+            env = {**env, STATE_MEMORY_DIR_ENV: str(memory_folder)}
+    try:
+        return _serve(argv, env, emergency_budget_seconds)
+    finally:
+        if memory_folder is not None:
+            remove_pod_folder(memory_folder)
+
+
+def _serve(argv: Sequence[str], env: Mapping[str, str], emergency_budget_seconds: float) -> int:
     try:
         port = _int(env, contract.ENV_CONTROL_PORT, contract.DEFAULT_CONTROL_PORT)
         launcher = ResidentLauncher(

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import random
 import resource
 import sys
 import time
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,6 +33,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from phalanx_trainer import contract, faults, startup
 from phalanx_trainer.checkpoint import CheckpointManager, PreemptionWatcher
+from phalanx_trainer.checkpoint.memory import StateMemory
 from phalanx_trainer.checkpoint.rng import RngState, new_rank_seed
 from phalanx_trainer.config import TrainerConfig, batch_plan, deterministic_enabled, with_batch_plan
 from phalanx_trainer.dataset import DataStream, build_source
@@ -44,6 +47,7 @@ from phalanx_trainer.models.initialize import build_for_sharding, initialise_aft
 from phalanx_trainer.optim import optimizer_class_and_kwargs
 from phalanx_trainer.parallel_dims import SHARDED_DP_MODES, ParallelDims, device_for
 from phalanx_trainer.parallelize import apply_ddp, apply_fsdp
+from phalanx_trainer.pod_memory import STATE_MEMORY_DIR_ENV
 from phalanx_trainer.precision import (
     AUTOCAST_DTYPES,
     DynamicLossScaler,
@@ -67,6 +71,19 @@ class ProgressState:
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.step = int(state_dict["step"])
         self.tokens = int(state_dict["tokens"])
+
+
+def state_memory(config: TrainerConfig, dist_env: DistEnv, dims: ParallelDims) -> StateMemory | None:
+    """Where a restart-in-place worker keeps its state between generations: the same answer (None or
+    not) on every rank, since the restore's plan is collective; a rank without the folder has none.
+    Plain DDP holds the same model and optimizer on every rank, so a peer can send them."""
+    if not (dist_env.restart_in_place and config.checkpoint.keep_in_memory):
+        return None
+    folder = os.environ.get(STATE_MEMORY_DIR_ENV, "")
+    replicated = config.parallelism.dp_mode == "ddp" and not dims.tp_enabled and not dims.pp_enabled
+    return StateMemory(
+        Path(folder) if folder else None, dist_env.rank, dist_env.generation, replicated=replicated
+    )
 
 
 def seed_generators(seed: int) -> None:
@@ -231,6 +248,7 @@ class Trainer:
             replica_rank=self.dp_rank if replicated else 0,
             # What a resize resumes from: the manifest already records the world size.
             written_with={"batch": self.batch_plan.as_json()},
+            memory=state_memory(config, dist_env, self.dims),
         )
         self.watcher = PreemptionWatcher()
 
@@ -440,6 +458,7 @@ class Trainer:
         self.log(
             "resumed",
             step=restored,
+            source=self.checkpoints.restore_source,
             unix_time=round(time.time(), 3),
             from_world_size=written.get("world_size"),
             from_global_batch_size=written_batch,

@@ -46,6 +46,8 @@ from phalanx_trainer.checkpoint.manifest import (
     verify_folder,
     write_manifest,
 )
+from phalanx_trainer.checkpoint.memory import StateMemory, local_data, signature_of
+from phalanx_trainer.checkpoint.memory_plan import Expected, plan_memory_restore, why_unusable
 from phalanx_trainer.checkpoint.records import CheckpointConfig, CheckpointError, CheckpointInfo, Stateful
 from phalanx_trainer.checkpoint.safe_load import (
     SafeFileSystemReader,
@@ -160,13 +162,19 @@ class CheckpointManager:
         writer_nice_increment: int = 10,
         replica_rank: int = 0,
         written_with: Mapping[str, Any] | None = None,
+        memory: StateMemory | None = None,
     ) -> None:
         """`replica_rank`: this rank's index among the data-parallel ranks that hold the same model
         state (DDP and ZeRO-1 pass their data-parallel rank; sharded layouts pass 0). Only index 0
         stages and writes that state; the others stage only what is theirs alone.
         `written_with`: JSON facts of the run (the trainer's global batch) kept in each manifest's
-        `extra`; a resume reads them back from `restored_from`, with the writer's world size."""
+        `extra`; a resume reads them back from `restored_from`, with the writer's world size.
+        `memory`: restart in place; the same on every rank (None or not). An agreed stop also keeps
+        this rank's state in its pod's memory, and a restore uses it where memory_plan.py allows."""
         self.config = config
+        self.memory = memory
+        # Where the last restore's data came from: "storage", "memory" or "memory+peer".
+        self.restore_source: str | None = None
         self._written_with = dict(written_with or {})
         self.restored_from: dict[str, Any] | None = None
         self.replica_rank = replica_rank
@@ -223,6 +231,7 @@ class CheckpointManager:
         """Load the newest valid checkpoint into app_state; returns its step, or None for a fresh start."""
         if not self.enabled:
             return None
+        self.restore_source = None
         self._raise_if_failed(self._writer.wait())
         if self.config.write_bytes_per_second <= 0 and self.storage_bytes_per_second is None:
             self.storage_bytes_per_second = self._storage_speed()
@@ -250,6 +259,11 @@ class CheckpointManager:
             if proposal is None:
                 break
             folder, manifest = proposal
+            if self.memory is not None and below is None:
+                kept = self._restore_from_memory(folder, manifest, app_state, live_tensors)
+                if kept is not None:
+                    chosen = (folder, manifest, kept)
+                    break
             small, problem = self._load_and_verify(folder, manifest, live_skeleton, live_tensors)
             if problem is None and small is not None:
                 chosen = (folder, manifest, small)
@@ -270,6 +284,8 @@ class CheckpointManager:
                 "data was loaded: the live weights are no longer the initial ones, so this run cannot "
                 f"start fresh. Move the damaged step-* folders away to start fresh (reasons logged above)"
             )
+        if self.memory is not None:
+            self.memory.discard()  # used or not, never again: free the pod's memory
         if chosen is None:
             if optimizer_was_fresh and optimizer is not None:
                 # collect() -> torch's get_state_dict created the optimizer's state with one zero-gradient
@@ -278,11 +294,108 @@ class CheckpointManager:
             return None
         folder, manifest, small = chosen
         self._apply(folder, manifest, app_state, small, live_skeleton, live_tensors)
+        self.restore_source = self.restore_source or "storage"
         self.restored_from = {**manifest.extra, "world_size": manifest.world_size}
         self.last = CheckpointInfo(step=manifest.step, time=manifest.created, path=str(folder))
         metrics.LAST_STEP.set(manifest.step)
         metrics.LAST_TIME.set(_parse_time(manifest.created))
         return manifest.step
+
+    def _restore_from_memory(
+        self,
+        folder: Path,
+        manifest: Manifest,
+        app_state: Mapping[str, Any],
+        live_tensors: dict[str, torch.Tensor],
+    ) -> dict[str, Any] | None:
+        """Collective. Fills `live_tensors` with the state the ranks kept in memory at the stop that
+        wrote `folder` (a rank without it receives it from a peer where memory_plan.py allows), and
+        returns this rank's per-rank state; None on every rank when the gang must read storage."""
+        assert self.memory is not None
+        expected = Expected(
+            step=manifest.step,
+            checkpoint=folder.name,
+            generation=self.memory.generation,
+            rank=self.rank,
+            world_size=self.world_size,
+            signature=signature_of(live_tensors),
+        )
+        header = self.memory.header()
+        reason = why_unusable(header, expected)
+        if reason is None and manifest.world_size != self.world_size:
+            reason = f"the checkpoint was written by {manifest.world_size} ranks"
+        # ZeRO-1 under DDP partitions the optimizer: its keys are not among the replicated prefixes.
+        replicated = self.memory.replicated and all(
+            key.startswith(replicated_prefixes(app_state)) for key in live_tensors
+        )
+        reasons = self._all_gather(reason)
+        plan = plan_memory_restore([found is None for found in reasons], replicated)
+        if plan is None:
+            if self.rank == 0 and any(found is None for found in reasons):
+                unusable = {rank: found for rank, found in enumerate(reasons) if found}
+                log.info("state in memory not used (sharded, and not every rank has it): %s", unusable)
+            return None
+        problem: str | None = None
+        small: dict[str, Any] | None = None
+        try:
+            if self.rank in plan.receivers:
+                own_file = rank_file_name(self.rank)
+                verify_digests(folder, manifest, {own_file})
+                small = load_small_state((folder / own_file).read_bytes())
+            else:
+                assert header is not None
+                kept, small_bytes = self.memory.read(header)
+                if kept.keys() != live_tensors.keys():
+                    raise ValueError("the snapshot's tensors are not this rank's")
+                with torch.no_grad():
+                    for key, live in live_tensors.items():
+                        local_data(live).copy_(kept[key])
+                small = load_small_state(small_bytes)
+        except (OSError, ValueError) as error:  # damage, a read error, an unsafe per-rank file
+            problem = f"rank {self.rank}: {error}"
+        problems = [found for found in self._all_gather(problem) if found]
+        if problems:
+            if self.rank == 0:
+                log.warning("state in memory not used, reading storage instead: %s", problems[0])
+            return None
+        if plan.source is not None:
+            source = dist.get_global_rank(self._group, plan.source)
+            with torch.no_grad():
+                # On the default group: NCCL for GPU tensors, where the manager's own group is gloo.
+                for key in sorted(live_tensors):
+                    dist.broadcast(local_data(live_tensors[key]), src=source)
+        if self.rank == 0:
+            log.info(
+                "resuming %s from memory%s",
+                folder.name,
+                f"; ranks {list(plan.receivers)} received it from rank {plan.source}"
+                if plan.receivers
+                else "",
+            )
+        self.restore_source = plan.describe
+        return small
+
+    def _keep_in_memory(self, step: int, app_state: dict[str, Stateful]) -> None:
+        """After an agreed stop's checkpoint: this rank's state into its pod's memory, for the next
+        generation. Never fails the stop: the durable checkpoint is already committed."""
+        if self.memory is None or self.last is None or self.last.step != step:
+            return
+        try:
+            sharded, per_rank = collect(app_state)
+            skeleton, tensors = split_tensors(sharded)
+            small = dump_small_state({"sharded": skeleton, "per_rank": per_rank})
+            header = self.memory.write(
+                step=step,
+                checkpoint=Path(self.last.path).name,
+                world_size=self.world_size,
+                small_state=small,
+                tensors=tensors,
+            )
+        except Exception as error:
+            log.warning("state not kept in memory: %s: %s", type(error).__name__, error)
+            return
+        if header is not None:
+            log.info("state of step %d kept in memory: %d bytes on rank %d", step, header.size, self.rank)
 
     def _load_and_verify(
         self, folder: Path, manifest: Manifest, live_skeleton: Any, tensors: dict[str, torch.Tensor]
@@ -471,8 +584,14 @@ class CheckpointManager:
         """Checkpoint `step`. Returns once the state is staged (async) or committed (sync, emergency).
 
         A save in flight is finished first. An emergency save is skipped, with a log line, when its
-        estimated duration does not fit config.emergency_budget_seconds.
+        estimated duration does not fit config.emergency_budget_seconds. Once an emergency save (or
+        an earlier save of the same step) is committed, the state is also kept in memory.
         """
+        self._save(step, app_state, emergency=emergency)
+        if emergency:
+            self._keep_in_memory(step, app_state)
+
+    def _save(self, step: int, app_state: dict[str, Stateful], *, emergency: bool) -> None:
         if not self.enabled:
             return
         called = time.monotonic()

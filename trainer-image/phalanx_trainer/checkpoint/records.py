@@ -25,6 +25,10 @@ class CheckpointConfig:
     # has been measured.
     write_bytes_per_second: float = 0.0
     resume: bool = True  # take the newest valid checkpoint at start
+    # Restart in place: at an agreed stop each rank also keeps its state in its pod's memory (/dev/shm),
+    # and the next generation resumes from there instead of storage when it provably holds the same
+    # step (checkpoint/memory_plan.py). Costs a copy of the rank's state in the pod's memory meanwhile.
+    keep_in_memory: bool = True
 
 
 @dataclass(frozen=True)
