@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadscope)
 
 .PHONY: help system-deps venv cluster-bin kueue-bin lint typecheck test test-unit test-integration test-e2e test-trainer \
-        crd crd-check docs chart-lint kind-up demo bench bench-trainer bench-restore bench-checkpoint bench-gang bench-kueue bench-recovery bench-node-loss bench-goodput bench-failover gpu-check dev-up dev-down clean
+        crd crd-check docs chart-lint kind-up demo bench bench-trainer bench-restart bench-restore bench-checkpoint bench-gang bench-kueue bench-recovery bench-node-loss bench-goodput bench-failover gpu-check dev-up dev-down clean
 
 help:
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -87,6 +87,9 @@ bench-checkpoint: $(STAMP)
 
 bench-restore: $(STAMP) ## a worker's build + checkpoint restore, imported heap frozen vs not -> bench/results/restore.json
 	$(BIN)/python bench/restore_bench.py
+
+bench-restart: $(STAMP) ## restart in place: state kept in memory vs restored from storage -> bench/results/restart_memory.json
+	PYTHONPATH=trainer-image $(BIN)/python -m phalanx_trainer.restart_bench --compare memory --pairs 7 --out bench/results/restart_memory.json
 
 bench-trainer: $(STAMP)
 	$(BIN)/python bench/trainer_bench.py

@@ -1,8 +1,13 @@
-"""Restart-in-place benchmark (not a test): `python -m phalanx_trainer.restart_bench [--pairs 5] [--out FILE]`.
+"""Restart-in-place benchmark (not a test):
+`python -m phalanx_trainer.restart_bench [--compare start-method|memory] [--pairs 5] [--out FILE]`.
 
-How long from "generation N accepted" to "first step of generation N" for each way the resident
-launcher can start its workers: `fork` from the warm parent (torch and the trainer imported once)
-and `subprocess` (a cold `python -m phalanx_trainer` per worker, today's launcher: the baseline).
+How long from "generation N accepted" to "first step of generation N", for two arms:
+- `--compare start-method` (default): how the resident launcher starts its workers: `fork` from the
+  warm parent (torch and the trainer imported once) against `subprocess` (a cold
+  `python -m phalanx_trainer` per worker, the baseline);
+- `--compare memory`: both forked; `memory` keeps each rank's state in its pod's memory at the agreed
+  stop and restores from there (checkpoint.keep_in_memory, the default) against `storage`, which
+  restores the agreed stop's checkpoint from checkpoint storage (keep_in_memory=false).
 
 Two gangs of two resident-launcher pods (NNODES=2, one gloo rank each, the tiny GPT of the tests)
 run side by side on localhost, one per start method. Only one is awake at a time: the other's
@@ -29,7 +34,14 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-METHODS = ("fork", "subprocess")
+# name -> (start method, extra trainer arguments), per comparison; the first arm is the divisor.
+COMPARISONS: dict[str, dict[str, tuple[str, list[str]]]] = {
+    "start-method": {"fork": ("fork", []), "subprocess": ("subprocess", [])},
+    "memory": {
+        "memory": ("fork", ["checkpoint.keep_in_memory=true"]),
+        "storage": ("fork", ["checkpoint.keep_in_memory=false"]),
+    },
+}
 TRAINER_ARGS = [
     "job.torch_threads=1",
     "job.steps=1000000",
@@ -59,10 +71,11 @@ def _request(url: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
 
 
 class BenchGang:
-    def __init__(self, method: str, folder: Path) -> None:
+    def __init__(self, method: str, folder: Path, start_method: str, extra_args: list[str]) -> None:
         self.method = method
         self.folder = folder
         self.generation = 0
+        self.sources: list[str] = []  # where each generation's restore read its state
         master_port = _free_port()
         self.pods: list[tuple[subprocess.Popen[bytes], int, Path]] = []
         for node_rank in (0, 1):
@@ -81,11 +94,11 @@ class BenchGang:
                 "PHALANX_CONTROL_PORT": str(control),
                 "PHALANX_CHECKPOINT_DIR": str(folder / "ckpt"),
                 "PHALANX_GENERATION_WAIT_SECONDS": "3600",
-                "PHALANX_LAUNCHER_START_METHOD": self.method,
+                "PHALANX_LAUNCHER_START_METHOD": start_method,
             }
             with stdout.open("wb") as out, (folder / f"pod{node_rank}.err").open("wb") as err:
                 process = subprocess.Popen(
-                    [sys.executable, "-m", "phalanx_trainer", *TRAINER_ARGS],
+                    [sys.executable, "-m", "phalanx_trainer", *TRAINER_ARGS, *extra_args],
                     env=env,
                     stdout=out,
                     stderr=err,
@@ -116,6 +129,8 @@ class BenchGang:
             kind = event.get("event")
             if kind in marks and "unix_time" in event and float(event["unix_time"]) >= started:
                 marks[kind] = marks[kind] or float(event["unix_time"])
+                if kind == "resumed" and len(self.sources) < generation:
+                    self.sources.append(str(event.get("source")))
         return {
             "stop": started - accepted,
             "start_and_rendezvous": marks["group_ready"] - started,
@@ -173,18 +188,21 @@ def summary(values: list[float]) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--compare", choices=sorted(COMPARISONS), default="start-method")
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
+    arms = COMPARISONS[args.compare]
+    METHODS = tuple(arms)  # noqa: N806 - the arms, first the divisor
     with tempfile.TemporaryDirectory(prefix="restart-bench-") as tmp:
         for method in METHODS:
             (Path(tmp) / method).mkdir()
-        gangs = {method: BenchGang(method, Path(tmp) / method) for method in METHODS}
+        gangs = {method: BenchGang(method, Path(tmp) / method, *arms[method]) for method in METHODS}
         try:
             for gang in gangs.values():
                 gang.wait_first_step(0)
-            gangs["subprocess"].signal(signal.SIGSTOP)
-            awake = "fork"
+            gangs[METHODS[1]].signal(signal.SIGSTOP)
+            awake = METHODS[0]
             samples: dict[str, list[float]] = {method: [] for method in METHODS}
             phase_samples: dict[str, dict[str, list[float]]] = {method: {} for method in METHODS}
             for pair in range(args.pairs):
@@ -204,20 +222,29 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             for gang in gangs.values():
                 gang.close()
-    ratios = [s / f for f, s in zip(samples["fork"], samples["subprocess"], strict=True)]
+    first, second = METHODS
+    ratios = [b / a for a, b in zip(samples[first], samples[second], strict=True)]
     result = {
         "what": "seconds from generation N accepted to the first step of generation N (stop: checkpoint)",
+        "compare": args.compare,
         "pairs": args.pairs,
         "samples": samples,
         **{method: summary(values) for method, values in samples.items()},
-        "subprocess_over_fork": summary(ratios),
+        f"{second}_over_{first}": summary(ratios),
         "phases_median": {
             method: {phase: round(statistics.median(values), 3) for phase, values in split.items()}
             for method, split in phase_samples.items()
         },
+        "restore_sources": {method: sorted(set(gang.sources)) for method, gang in gangs.items()},
         "cpu_count": os.cpu_count(),
     }
     print(json.dumps(result, indent=2))
+    if args.compare == "memory" and result["restore_sources"] != {
+        "memory": ["memory"],
+        "storage": ["storage"],
+    }:
+        print(f"error: the arms did not restore as named: {result['restore_sources']}", file=sys.stderr)
+        return 1
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2) + "\n")

@@ -375,15 +375,23 @@ class CheckpointManager:
         self.restore_source = plan.describe
         return small
 
-    def _keep_in_memory(self, step: int, app_state: dict[str, Stateful]) -> None:
+    def _keep_in_memory(
+        self,
+        step: int,
+        app_state: dict[str, Stateful],
+        written: tuple[bytes, dict[str, torch.Tensor]] | None,
+    ) -> None:
         """After an agreed stop's checkpoint: this rank's state into its pod's memory, for the next
-        generation. Never fails the stop: the durable checkpoint is already committed."""
-        if self.memory is None or self.last is None or self.last.step != step:
+        generation (`written`: what that save collected, else collected here). Never fails the stop:
+        the durable checkpoint is already committed."""
+        if self.memory is None or self.memory.folder is None or self.last is None or self.last.step != step:
             return
         try:
-            sharded, per_rank = collect(app_state)
-            skeleton, tensors = split_tensors(sharded)
-            small = dump_small_state({"sharded": skeleton, "per_rank": per_rank})
+            if written is None:  # the step was already checkpointed (a periodic save of it)
+                sharded, per_rank = collect(app_state)
+                skeleton, all_tensors = split_tensors(sharded)
+                written = dump_small_state({"sharded": skeleton, "per_rank": per_rank}), all_tensors
+            small, tensors = written
             header = self.memory.write(
                 step=step,
                 checkpoint=Path(self.last.path).name,
@@ -587,24 +595,27 @@ class CheckpointManager:
         estimated duration does not fit config.emergency_budget_seconds. Once an emergency save (or
         an earlier save of the same step) is committed, the state is also kept in memory.
         """
-        self._save(step, app_state, emergency=emergency)
+        written = self._save(step, app_state, emergency=emergency)
         if emergency:
-            self._keep_in_memory(step, app_state)
+            self._keep_in_memory(step, app_state, written)
 
-    def _save(self, step: int, app_state: dict[str, Stateful], *, emergency: bool) -> None:
+    def _save(
+        self, step: int, app_state: dict[str, Stateful], *, emergency: bool
+    ) -> tuple[bytes, dict[str, torch.Tensor]] | None:
+        """The save; returns what it wrote of this rank (per-rank state, every tensor), if it wrote."""
         if not self.enabled:
-            return
+            return None
         called = time.monotonic()
         self._raise_if_failed(self._writer.wait())
         if self.last is not None and self.last.step == step:
             log.info("step %d is already checkpointed", step)
-            return
+            return None
         if emergency and not self._emergency_fits(step, app_state, called):
-            return
+            return None
         started = time.monotonic()
         sharded, per_rank = collect(app_state)
-        skeleton, tensors = split_tensors(sharded)
-        tensors = self._own_share(app_state, tensors)
+        skeleton, all_tensors = split_tensors(sharded)
+        tensors = self._own_share(app_state, all_tensors)
         small_state = dump_small_state({"sharded": skeleton, "per_rank": per_rank})
         staged = self._staging.stage(tensors)
         if self._layout is None:
@@ -615,6 +626,7 @@ class CheckpointManager:
             self._writer.submit(lambda: self._write(pending), name=f"checkpoint-step-{step}")
         else:
             self._write(pending)
+        return small_state, all_tensors
 
     def _own_share(
         self, app_state: Mapping[str, Any], tensors: dict[str, torch.Tensor]
