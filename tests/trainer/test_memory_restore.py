@@ -65,12 +65,14 @@ def _trainer(overrides: list[str], folder: Path, rank: int, generation: int) -> 
         ],
         WORLD,
     )
-    env = DistEnv(rank, rank, WORLD, WORLD, rank, 1, "127.0.0.1", 0, 0, 60.0, True, generation)
+    # One rank per "pod": local rank 0 of node `rank`.
+    env = DistEnv(rank, 0, WORLD, WORLD, rank, 1, "127.0.0.1", 0, 0, 60.0, True, generation)
     return Trainer(config, env, log=EventLog(rank=1))  # quiet
 
 
 def scenario(rank: int, folder: Path, overrides: list[str], case: str) -> dict[str, Any]:
     memory = folder / f"pod-{rank}"
+    memory.mkdir()  # what the pod's launcher does
     os.environ[STATE_MEMORY_DIR_ENV] = str(memory)
     first = _trainer(overrides, folder, rank, generation=0)
     app_state = first.app_state()
@@ -86,10 +88,11 @@ def scenario(rank: int, folder: Path, overrides: list[str], case: str) -> dict[s
     first.close()
     del first, app_state
     dist.barrier()
-    if rank == 1 and case == "replacement":
+    if case == "replacement" and rank == 1 or case == "rank0_replaced" and rank == 0:
         shutil.rmtree(memory)  # a new pod: its memory folder is empty
+        memory.mkdir()
     if rank == 1 and case == "damaged":
-        data = memory / "rank-1.pt"
+        data = memory / "local-0.pt"
         raw = bytearray(data.read_bytes())
         raw[len(raw) // 2] ^= 0xFF
         data.write_bytes(bytes(raw))
@@ -167,6 +170,7 @@ ZERO1 = ["parallelism.dp_mode=zero1", "data.batch_size=4"]
         # Every rank kept its state: no rank reads storage, whatever the layout.
         ("ddp-accum2", "all_kept", ["memory", "memory"]),
         ("fsdp-accum2", "all_kept", ["memory", "memory"]),
+        ("zero1", "all_kept", ["memory", "memory"]),
         # Rank 1's pod was replaced: DDP's state is the same on every rank, so rank 0 sends it.
         ("ddp-accum2", "replacement", ["memory+peer", "memory+peer"]),
         ("ddp-bf16", "replacement", ["memory+peer", "memory+peer"]),
@@ -175,6 +179,8 @@ ZERO1 = ["parallelism.dp_mode=zero1", "data.batch_size=4"]
         ("zero1", "replacement", ["storage", "storage"]),
         # Not provably the same state: storage, as before.
         ("ddp-accum2", "damaged", ["storage", "storage"]),
+        # Only rank 0 sends (it wrote the durable copy); losing it is a full restart in practice.
+        ("ddp-accum2", "rank0_replaced", ["storage", "storage"]),
         ("ddp-accum2", "newer_checkpoint", ["storage", "storage"]),
     ],
 )
@@ -187,7 +193,7 @@ def test_generation_1_restores_exactly_generation_0s_state_from_memory_where_it_
     assert [r["restored"] for r in results] == [expected_step] * WORLD
     assert [r["source"] for r in results] == sources
     for rank, result in enumerate(results):
-        assert result["kept_files"] == [f"rank-{rank}.json", f"rank-{rank}.pt"]
+        assert result["kept_files"] == ["local-0.json", "local-0.pt"]
         assert result["tensors_equal"] and result["tensor_keys"] > 0, f"rank {rank}"
         assert result["per_rank_equal"], f"rank {rank}: data position, random streams or progress differ"
         assert {"data", "progress", "rng"} <= set(result["per_rank_keys"])

@@ -82,7 +82,12 @@ def state_memory(config: TrainerConfig, dist_env: DistEnv, dims: ParallelDims) -
     folder = os.environ.get(STATE_MEMORY_DIR_ENV, "")
     replicated = config.parallelism.dp_mode == "ddp" and not dims.tp_enabled and not dims.pp_enabled
     return StateMemory(
-        Path(folder) if folder else None, dist_env.rank, dist_env.generation, replicated=replicated
+        Path(folder) if folder else None,
+        dist_env.rank,
+        dist_env.generation,
+        local_rank=dist_env.local_rank,
+        local_ranks=dist_env.nproc_per_node,
+        replicated=replicated,
     )
 
 

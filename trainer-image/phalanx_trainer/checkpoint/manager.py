@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
@@ -96,6 +97,9 @@ from phalanx_trainer.checkpoint.store import (
 from phalanx_trainer.contract import ENV_CHECKPOINT_DIR, ENV_NPROC_PER_NODE
 
 log = logging.getLogger("phalanx_trainer.checkpoint")
+# In each manifest's `extra`: the id of the save that wrote the folder (a snapshot kept in memory
+# names it, so a folder written again since is told apart).
+SAVE_ID_KEY = "save_id"
 
 
 def _now_rfc3339() -> str:
@@ -182,6 +186,7 @@ class CheckpointManager:
         self.process_group = process_group
         self.last: CheckpointInfo | None = None
         self.last_save: SaveRecord | None = None
+        self.last_save_id: str | None = None  # the id of the save this manager last committed
         # The storage probe's figure for the whole job (bytes/s), once measured.
         self.storage_bytes_per_second: float | None = None
         self.root = Path(config.dir or os.environ.get(ENV_CHECKPOINT_DIR, ""))
@@ -229,6 +234,13 @@ class CheckpointManager:
 
     def restore(self, app_state: dict[str, Stateful]) -> int | None:
         """Load the newest valid checkpoint into app_state; returns its step, or None for a fresh start."""
+        try:
+            return self._restore(app_state)
+        finally:
+            if self.memory is not None:
+                self.memory.discard()  # used or not, never again: free the pod's memory
+
+    def _restore(self, app_state: dict[str, Stateful]) -> int | None:
         if not self.enabled:
             return None
         self.restore_source = None
@@ -284,8 +296,6 @@ class CheckpointManager:
                 "data was loaded: the live weights are no longer the initial ones, so this run cannot "
                 f"start fresh. Move the damaged step-* folders away to start fresh (reasons logged above)"
             )
-        if self.memory is not None:
-            self.memory.discard()  # used or not, never again: free the pod's memory
         if chosen is None:
             if optimizer_was_fresh and optimizer is not None:
                 # collect() -> torch's get_state_dict created the optimizer's state with one zero-gradient
@@ -309,21 +319,29 @@ class CheckpointManager:
         live_tensors: dict[str, torch.Tensor],
     ) -> dict[str, Any] | None:
         """Collective. Fills `live_tensors` with the state the ranks kept in memory at the stop that
-        wrote `folder` (a rank without it receives it from a peer where memory_plan.py allows), and
-        returns this rank's per-rank state; None on every rank when the gang must read storage."""
+        wrote `folder` (a rank without it receives it from rank 0 where memory_plan.py allows), and
+        returns this rank's per-rank state; None on every rank when the gang must read storage.
+        Every rank reaches every collective: whatever fails on one rank becomes its reason."""
         assert self.memory is not None
-        expected = Expected(
-            step=manifest.step,
-            checkpoint=folder.name,
-            generation=self.memory.generation,
-            rank=self.rank,
-            world_size=self.world_size,
-            signature=signature_of(live_tensors),
-        )
-        header = self.memory.header()
-        reason = why_unusable(header, expected)
-        if reason is None and manifest.world_size != self.world_size:
-            reason = f"the checkpoint was written by {manifest.world_size} ranks"
+        header = None
+        reason: str | None
+        try:
+            header = self.memory.claim()
+            expected = Expected(
+                step=manifest.step,
+                checkpoint=folder.name,
+                save_id=str(manifest.extra.get(SAVE_ID_KEY, "")),
+                root=str(self.root),
+                generation=self.memory.generation,
+                rank=self.rank,
+                world_size=self.world_size,
+                signature=signature_of(live_tensors),
+            )
+            reason = why_unusable(header, expected)
+            if reason is None and manifest.world_size != self.world_size:
+                reason = f"the checkpoint was written by {manifest.world_size} ranks"
+        except Exception as error:
+            reason = f"{type(error).__name__}: {error}"
         # ZeRO-1 under DDP partitions the optimizer: its keys are not among the replicated prefixes.
         replicated = self.memory.replicated and all(
             key.startswith(replicated_prefixes(app_state)) for key in live_tensors
@@ -333,7 +351,7 @@ class CheckpointManager:
         if plan is None:
             if self.rank == 0 and any(found is None for found in reasons):
                 unusable = {rank: found for rank, found in enumerate(reasons) if found}
-                log.info("state in memory not used (sharded, and not every rank has it): %s", unusable)
+                log.info("state in memory not used (not every rank can resume from it): %s", unusable)
             return None
         problem: str | None = None
         small: dict[str, Any] | None = None
@@ -350,20 +368,17 @@ class CheckpointManager:
                 with torch.no_grad():
                     for key, live in live_tensors.items():
                         local_data(live).copy_(kept[key])
+                del kept
                 small = load_small_state(small_bytes)
-        except (OSError, ValueError) as error:  # damage, a read error, an unsafe per-rank file
-            problem = f"rank {self.rank}: {error}"
+        except Exception as error:  # damage, a read error, an unsafe per-rank file, memory
+            problem = f"rank {self.rank}: {type(error).__name__}: {error}"
         problems = [found for found in self._all_gather(problem) if found]
         if problems:
             if self.rank == 0:
                 log.warning("state in memory not used, reading storage instead: %s", problems[0])
             return None
         if plan.source is not None:
-            source = dist.get_global_rank(self._group, plan.source)
-            with torch.no_grad():
-                # On the default group: NCCL for GPU tensors, where the manager's own group is gloo.
-                for key in sorted(live_tensors):
-                    dist.broadcast(local_data(live_tensors[key]), src=source)
+            self._broadcast_tensors(live_tensors, plan.source)
         if self.rank == 0:
             log.info(
                 "resuming %s from memory%s",
@@ -375,17 +390,36 @@ class CheckpointManager:
         self.restore_source = plan.describe
         return small
 
+    def _broadcast_tensors(self, tensors: dict[str, torch.Tensor], source: int) -> None:
+        """Every tensor from `source` (a rank of the manager's group) to the others: one broadcast per
+        device and dtype, on the training group (NCCL for GPU tensors; the manager's own is gloo)."""
+        src = dist.get_global_rank(self._group, source)
+        buckets: dict[tuple[str, torch.dtype], list[torch.Tensor]] = {}
+        for key in sorted(tensors):
+            local = local_data(tensors[key])
+            buckets.setdefault((str(local.device), local.dtype), []).append(local)
+        with torch.no_grad():
+            for (_, _), bucket in sorted(buckets.items(), key=lambda item: (item[0][0], str(item[0][1]))):
+                flat = _flatten_dense_tensors([t.detach() for t in bucket])  # type: ignore[no-untyped-call]
+                dist.broadcast(flat, src=src, group=self.process_group)
+                for target, value in zip(bucket, _unflatten_dense_tensors(flat, bucket), strict=True):  # type: ignore[no-untyped-call]
+                    target.copy_(value)
+
     def _keep_in_memory(
         self,
         step: int,
         app_state: dict[str, Stateful],
         written: tuple[bytes, dict[str, torch.Tensor]] | None,
+        *,
+        seconds_left: float,
     ) -> None:
         """After an agreed stop's checkpoint: this rank's state into its pod's memory, for the next
         generation (`written`: what that save collected, else collected here). Never fails the stop:
         the durable checkpoint is already committed."""
         if self.memory is None or self.memory.folder is None or self.last is None or self.last.step != step:
             return
+        if self.last_save_id is None:
+            return  # this manager did not write that checkpoint: nothing ties a snapshot to it
         try:
             if written is None:  # the step was already checkpointed (a periodic save of it)
                 sharded, per_rank = collect(app_state)
@@ -395,9 +429,12 @@ class CheckpointManager:
             header = self.memory.write(
                 step=step,
                 checkpoint=Path(self.last.path).name,
+                save_id=self.last_save_id,
+                root=str(self.root),
                 world_size=self.world_size,
                 small_state=small,
                 tensors=tensors,
+                seconds_left=seconds_left,
             )
         except Exception as error:
             log.warning("state not kept in memory: %s: %s", type(error).__name__, error)
@@ -595,9 +632,11 @@ class CheckpointManager:
         estimated duration does not fit config.emergency_budget_seconds. Once an emergency save (or
         an earlier save of the same step) is committed, the state is also kept in memory.
         """
+        called = time.monotonic()
         written = self._save(step, app_state, emergency=emergency)
         if emergency:
-            self._keep_in_memory(step, app_state, written)
+            left = self.config.emergency_budget_seconds - (time.monotonic() - called)
+            self._keep_in_memory(step, app_state, written, seconds_left=left)
 
     def _save(
         self, step: int, app_state: dict[str, Stateful], *, emergency: bool
@@ -694,7 +733,7 @@ class CheckpointManager:
                 self._check_shared_storage(temporary, everyone)
                 outcome = (
                     True,
-                    self._commit(pending, temporary, [e for entries in everyone for e in entries]),
+                    self._commit(pending, temporary, [e for entries in everyone for e in entries], token),
                 )
             except Exception as error:  # tell the other ranks instead of leaving them in the broadcast
                 outcome = (False, f"commit failed on rank 0: {type(error).__name__}: {error}")
@@ -706,6 +745,7 @@ class CheckpointManager:
         staged = tensor_bytes(pending.staged)
         self.last_save = SaveRecord(pending.step, pending.blocking_seconds, total, written, staged)
         self.last = CheckpointInfo(step=pending.step, time=_now_rfc3339(), path=str(final))
+        self.last_save_id = token
         metrics.SAVE_TOTAL_SECONDS.observe(total)
         metrics.SAVE_BYTES.set(written)
         metrics.LAST_STEP.set(pending.step)
@@ -735,7 +775,7 @@ class CheckpointManager:
                 "see docs/checkpoints.md"
             )
 
-    def _commit(self, pending: _Pending, temporary: Path, entries: list[FileEntry]) -> str:
+    def _commit(self, pending: _Pending, temporary: Path, entries: list[FileEntry], save_id: str) -> str:
         if DCP_METADATA_NAME not in {entry.path for entry in entries}:
             entries.append(describe_file(temporary, DCP_METADATA_NAME))
         manifest = Manifest(
@@ -745,7 +785,7 @@ class CheckpointManager:
             created=_now_rfc3339(),
             files=tuple(sorted(entries, key=lambda entry: entry.path)),
             emergency=pending.emergency,
-            extra=self._written_with,
+            extra={**self._written_with, SAVE_ID_KEY: save_id},
         )
         write_manifest(temporary, manifest)
         final = self.root / step_dir_name(pending.step)

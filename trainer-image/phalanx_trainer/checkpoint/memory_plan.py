@@ -24,6 +24,8 @@ class SnapshotHeader:
 
     step: int
     checkpoint: str  # the durable folder's name written at the same stop (step-00000042)
+    save_id: str  # that save's id, recorded in its manifest: a folder rewritten since has another
+    root: str  # the checkpoint root: a memory folder shared by two jobs cannot mix them
     generation: int
     rank: int
     world_size: int
@@ -57,6 +59,8 @@ class Expected:
 
     step: int
     checkpoint: str
+    save_id: str  # from the folder's manifest; "" when it records none (then nothing is usable)
+    root: str
     generation: int
     rank: int
     world_size: int
@@ -75,8 +79,12 @@ def why_unusable(header: SnapshotHeader | None, expected: Expected) -> str | Non
         return "no snapshot in this pod's memory"
     if header.generation >= expected.generation:
         return f"snapshot of generation {header.generation}, not older than {expected.generation}"
+    if header.root != expected.root:
+        return f"snapshot of the checkpoints under {header.root}, not {expected.root}"
     if header.checkpoint != expected.checkpoint or header.step != expected.step:
         return f"snapshot of {header.checkpoint} (step {header.step}); the gang resumes {expected.checkpoint}"
+    if not expected.save_id or header.save_id != expected.save_id:
+        return f"{expected.checkpoint} is not the save the snapshot was taken with (written again since)"
     if header.rank != expected.rank or header.world_size != expected.world_size:
         return (
             f"snapshot of rank {header.rank} of {header.world_size}; "
@@ -102,14 +110,15 @@ class MemoryPlan:
 def plan_memory_restore(usable: Sequence[bool], replicated: bool) -> MemoryPlan | None:
     """The gang's plan from each rank's verdict (index = rank); None: everyone reads storage.
 
-    `replicated`: every tensor a rank restores is the same on every rank (DDP's model and optimizer),
-    so the lowest rank with a snapshot can send it to the ranks without one.
+    `replicated`: the model and optimizer are the same on every rank (DDP), so rank 0 can send them to
+    the ranks without a snapshot. Rank 0 only: it wrote them to the durable checkpoint, and a model's
+    buffers (BatchNorm statistics) may differ between replicas until DDP's next forward. Losing rank 0
+    (the store host) means a full restart anyway.
     """
     if not usable:
         return None
     if all(usable):
         return MemoryPlan(source=None, receivers=())
-    if not replicated or not any(usable):
+    if not replicated or not usable[0]:
         return None
-    source = usable.index(True)
-    return MemoryPlan(source=source, receivers=tuple(rank for rank, ok in enumerate(usable) if not ok))
+    return MemoryPlan(source=0, receivers=tuple(rank for rank, ok in enumerate(usable) if not ok))
