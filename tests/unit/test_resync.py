@@ -1,6 +1,12 @@
 import uuid
 
-from phalanx.policy.resync import due_for_resync, resync_slot
+from phalanx.policy.resync import (
+    MAX_RESYNC_SECONDS,
+    RESYNC_SECONDS,
+    due_for_resync,
+    resync_period,
+    resync_slot,
+)
 
 SLOTS = 20
 
@@ -18,3 +24,15 @@ def test_a_jobs_slot_is_stable() -> None:
     uid = "0b5c3a5e-2f6e-4a9c-9f0e-1d2c3b4a5f60"
     assert resync_slot(uid, SLOTS) == resync_slot(uid, SLOTS) == resync_slot(str(uid), SLOTS)
     assert due_for_resync([("ns/a", uid)], resync_slot(uid, SLOTS) + SLOTS, SLOTS) == ["ns/a"]
+
+
+def test_the_period_is_20_s_up_to_500_jobs_then_grows_to_keep_about_25_reconciles_a_second() -> None:
+    assert [resync_period(n) for n in (0, 1, 500)] == [RESYNC_SECONDS] * 3
+    assert resync_period(501) == 40.0
+    assert resync_period(1000) == 40.0
+    assert resync_period(2000) == 80.0
+    for jobs in range(501, 3001, 7):
+        period = resync_period(jobs)
+        assert jobs / period <= 25.0 and period % RESYNC_SECONDS == 0, jobs
+    # Beyond 3,000 jobs the cap holds: every job still comes within two minutes.
+    assert resync_period(4000) == resync_period(100_000) == MAX_RESYNC_SECONDS == 120.0

@@ -37,7 +37,7 @@ from phalanx.controller.stores import ClusterStores
 from phalanx.controller.watch import WatchCallbacks
 from phalanx.k8s import KubeApi
 from phalanx.leader import LeaderElector
-from phalanx.policy.resync import RESYNC_SECONDS, due_for_resync
+from phalanx.policy.resync import RESYNC_SECONDS, due_for_resync, resync_period
 from phalanx.reflector import Reflector, per_namespace
 from phalanx.settings import Clock, OperatorSettings
 
@@ -172,13 +172,19 @@ class Controller:
         await self.work.run_worker(lambda key: self.reconcile(key), self.reconcile_pool)
 
     async def _resync_loop(self) -> None:
-        """Every job once per RESYNC_SECONDS, a share of them each tick (policy/resync.py)."""
-        slots = round(RESYNC_SECONDS / RESYNC_TICK_SECONDS)
+        """Every job once per period (RESYNC_SECONDS, longer at thousands of jobs), a share of them
+        each tick (policy/resync.py)."""
         tick = 0
+        period = RESYNC_SECONDS
         while True:
             await asyncio.sleep(RESYNC_TICK_SECONDS)
-            tick = (tick + 1) % slots
-            jobs = [(key, self._uid_of(key)) for key in list(self.reconciler.known_jobs)]
+            keys = list(self.reconciler.known_jobs)
+            if resync_period(len(keys)) != period:
+                period = resync_period(len(keys))
+                log.info("resync period %.0f s for %d jobs", period, len(keys))
+            slots = round(period / RESYNC_TICK_SECONDS)
+            tick += 1
+            jobs = [(key, self._uid_of(key)) for key in keys]
             for key in due_for_resync(jobs, tick, slots):
                 self.work.enqueue(key, resync=True)
 

@@ -8,13 +8,26 @@ and every job still comes once a period.
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Iterable
 from typing import Final
 
 # Every job is looked at once per period (the progress sample's write rides on it too,
-# policy/progress_writes.py).
+# policy/progress_writes.py): RESYNC_SECONDS while that is at most RESYNC_PER_SECOND reconciles a
+# second; beyond, the period grows in steps of RESYNC_SECONDS, up to MAX_RESYNC_SECONDS. A running
+# job with nothing to decide costs a reconcile and a status write per period, and at thousands of
+# jobs those were most of the operator's steady CPU; events, timers and the poller's checkpoint
+# writes do not wait for the resync, so only the status sample of progress gets older.
 RESYNC_SECONDS: Final = 20.0
+RESYNC_PER_SECOND: Final = 25.0
+MAX_RESYNC_SECONDS: Final = 120.0
+
+
+def resync_period(jobs: int) -> float:
+    """Seconds in which every one of `jobs` jobs is resynced once."""
+    steps = max(1, math.ceil(jobs / RESYNC_PER_SECOND / RESYNC_SECONDS))
+    return min(MAX_RESYNC_SECONDS, steps * RESYNC_SECONDS)
 
 
 def resync_slot(uid: str, slots: int) -> int:
