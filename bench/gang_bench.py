@@ -48,7 +48,7 @@ from phalanx.constants import GANG_SCHEDULING_GATE
 from phalanx.controller.composition import WRITE_CONCURRENCY
 from phalanx.devcluster.cluster import LocalCluster
 from phalanx.devcluster.crds import wait_established
-from phalanx.devcluster.nodes import NodePool, node_manifests
+from phalanx.devcluster.nodes import NodePool, node_manifests, without_capacity
 from phalanx.k8s import release
 from phalanx.ports import free_port
 
@@ -67,8 +67,9 @@ def log(message: str) -> None:
 
 
 # -- cluster set-up ---------------------------------------------------------------------------------
-def create_nodes(core: Any, pools: Iterable[NodePool]) -> list[str]:
-    """Nodes through the API with 16 threads (kubectl per node would take minutes for 500)."""
+def create_nodes(core: Any, pools: Iterable[NodePool]) -> list[dict[str, Any]]:
+    """Nodes through the API with 16 threads (kubectl per node would take minutes for 500); returns
+    their manifests."""
     manifests = node_manifests(list(pools))
 
     def one(manifest: dict[str, Any]) -> str:
@@ -78,7 +79,8 @@ def create_nodes(core: Any, pools: Iterable[NodePool]) -> list[str]:
         return str(manifest["metadata"]["name"])
 
     with ThreadPoolExecutor(16) as pool:
-        return list(pool.map(one, manifests))
+        list(pool.map(one, manifests))
+    return manifests
 
 
 def start_bench_cluster(cluster: LocalCluster, pools: list[NodePool]) -> tuple[Path, client.ApiClient]:
@@ -90,17 +92,26 @@ def start_bench_cluster(cluster: LocalCluster, pools: list[NodePool]) -> tuple[P
     core: Any = client.CoreV1Api(api)
     count = sum(pool.count for pool in pools)
     log(f"creating {count} nodes ({', '.join(f'{p.count} {p.name_prefix}' for p in pools)})")
-    create_nodes(core, pools)
-    wait_nodes_ready(core, count)
+    manifests = create_nodes(core, pools)
+    wait_nodes_ready(core, count, manifests)
     cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
     wait_established(cluster.kubectl_argv(), ["trainingjobs.phalanx.dev"])
     return kubeconfig, api
 
 
-def wait_nodes_ready(core: Any, count: int, timeout: float = 300) -> None:
+def wait_nodes_ready(core: Any, count: int, manifests: list[dict[str, Any]], timeout: float = 300) -> None:
+    """Until `count` nodes are Ready, each with the capacity its manifest gave it (written again
+    where it was lost)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         nodes = json.loads(core.list_node(_preload_content=False).data)["items"]
+        lost = without_capacity(nodes, manifests)
+        for manifest in lost:
+            core.patch_node_status(manifest["metadata"]["name"], {"status": manifest["status"]})
+        if lost:
+            log(f"wrote the capacity of {len(lost)} node(s) again (lost to kwok's own status write)")
+            time.sleep(2)
+            continue
         ready = sum(
             any(
                 c["type"] == "Ready" and c["status"] == "True"

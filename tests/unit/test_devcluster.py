@@ -7,7 +7,14 @@ from pathlib import Path
 import pytest
 
 from phalanx.devcluster import components
-from phalanx.devcluster.nodes import DEFAULT_POOLS, NodePool, node_manifest, node_manifests, pools_from_config
+from phalanx.devcluster.nodes import (
+    DEFAULT_POOLS,
+    NodePool,
+    node_manifest,
+    node_manifests,
+    pools_from_config,
+    without_capacity,
+)
 from phalanx.devcluster.pki import Pki
 
 pytestmark = pytest.mark.unit
@@ -126,3 +133,14 @@ def test_a_crd_without_conditions_yet_is_not_established() -> None:
     assert not established({"status": {"conditions": [{"type": "Established", "status": "False"}]}})
     assert established({"status": {"conditions": [{"type": "NamesAccepted", "status": "True"},
                                                   {"type": "Established", "status": "True"}]}})  # fmt: skip
+
+
+def test_nodes_whose_capacity_was_lost_are_found_to_be_written_again() -> None:
+    manifests = node_manifests([NodePool(name_prefix="n", count=3, gpus=8)])
+    listed = [
+        {"metadata": {"name": "n-0"}, "status": {"allocatable": dict(manifests[0]["status"]["allocatable"])}},
+        {"metadata": {"name": "n-1"}, "status": {"conditions": []}},  # kwok's first write dropped it
+        {"metadata": {"name": "n-2"}, "status": {"allocatable": {"cpu": "1"}}},
+    ]
+    assert [m["metadata"]["name"] for m in without_capacity(listed, manifests)] == ["n-1", "n-2"]
+    assert without_capacity(listed[:1], manifests[:1]) == []

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from phalanx.devcluster import components
-from phalanx.devcluster.nodes import DEFAULT_POOLS, NodePool, node_manifests
+from phalanx.devcluster.nodes import DEFAULT_POOLS, NodePool, node_manifests, without_capacity
 from phalanx.devcluster.pki import Pki, ensure_pki
 from phalanx.devcluster.processes import process_alive
 from phalanx.ports import free_port
@@ -285,6 +285,15 @@ class LocalCluster:
             self.kubectl("apply", "-f", "-", input=json.dumps(body))
             self.kubectl("patch", "node", m["metadata"]["name"], "--subresource=status", "--type=merge",
                          "-p", json.dumps({"status": m["status"]}))  # fmt: skip
+        for _ in range(30):  # kwok's own first status write may have dropped the capacity: write it again
+            listed = json.loads(self.kubectl("get", "nodes", "-o", "json").stdout)["items"]
+            lost = without_capacity(listed, manifests)
+            if not lost:
+                break
+            for m in lost:
+                self.kubectl("patch", "node", m["metadata"]["name"], "--subresource=status", "--type=merge",
+                             "-p", json.dumps({"status": m["status"]}))  # fmt: skip
+            time.sleep(1)
         return [m["metadata"]["name"] for m in manifests]
 
     def start_component(self, component: components.Component) -> int:
