@@ -734,7 +734,8 @@ def footprint(api: client.ApiClient, operator: Operator, jobs: int, timeout: flo
         time.sleep(0.5)
     running_jobs = len(watch.all_running_at(groups))
     all_running = time.time() - start
-    # Keep them running through a few resync periods: steady state is where the memory sits.
+    # Keep them running 30 s more (one or two resync periods at this size): steady state is where the
+    # memory sits.
     steady_until = time.monotonic() + 30
     while time.monotonic() < steady_until:
         samples.append(operator.rss_mib()[0])

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from phalanx.ports import free_port
+from phalanx_trainer.checkpoint import manager as manager_module
 from phalanx_trainer.checkpoint.memory import local_data
 from phalanx_trainer.checkpoint.state import collect, split_tensors
 from phalanx_trainer.config import load_config
@@ -88,7 +89,9 @@ def scenario(rank: int, folder: Path, overrides: list[str], case: str) -> dict[s
     first.close()
     del first, app_state
     dist.barrier()
-    if case == "replacement" and rank == 1 or case == "rank0_replaced" and rank == 0:
+    if case == "replacement_small_buckets":
+        manager_module.BROADCAST_BUCKET_BYTES = 1024  # many buckets, tensors larger than one alone
+    if case.startswith("replacement") and rank == 1 or case == "rank0_replaced" and rank == 0:
         shutil.rmtree(memory)  # a new pod: its memory folder is empty
         memory.mkdir()
     if rank == 1 and case == "damaged":
@@ -174,6 +177,7 @@ ZERO1 = ["parallelism.dp_mode=zero1", "data.batch_size=4"]
         # Rank 1's pod was replaced: DDP's state is the same on every rank, so rank 0 sends it.
         ("ddp-accum2", "replacement", ["memory+peer", "memory+peer"]),
         ("ddp-bf16", "replacement", ["memory+peer", "memory+peer"]),
+        ("ddp-accum2", "replacement_small_buckets", ["memory+peer", "memory+peer"]),
         # Sharded state (FSDP's model, ZeRO-1's optimizer): rank 1's shard is only in storage.
         ("fsdp-accum2", "replacement", ["storage", "storage"]),
         ("zero1", "replacement", ["storage", "storage"]),

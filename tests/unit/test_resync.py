@@ -36,3 +36,12 @@ def test_the_period_is_20_s_up_to_500_jobs_then_grows_to_keep_about_25_reconcile
         assert jobs / period <= 25.0 and period % RESYNC_SECONDS == 0, jobs
     # Beyond 3,000 jobs the cap holds: every job still comes within two minutes.
     assert resync_period(4000) == resync_period(100_000) == MAX_RESYNC_SECONDS == 120.0
+
+
+def test_a_count_hovering_at_a_step_keeps_the_longer_period_until_it_is_a_tenth_below() -> None:
+    assert resync_period(1000) == 40.0 and resync_period(1001) == 60.0
+    assert resync_period(999, current=60.0) == 60.0  # just below the step: kept
+    assert resync_period(901, current=60.0) == 60.0
+    assert resync_period(899, current=60.0) == 40.0  # a tenth below: shorter again
+    assert resync_period(1501, current=60.0) == 80.0  # growing is never held back
+    assert resync_period(10, current=120.0) == RESYNC_SECONDS

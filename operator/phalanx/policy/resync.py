@@ -24,10 +24,15 @@ RESYNC_PER_SECOND: Final = 25.0
 MAX_RESYNC_SECONDS: Final = 120.0
 
 
-def resync_period(jobs: int) -> float:
-    """Seconds in which every one of `jobs` jobs is resynced once."""
+def resync_period(jobs: int, current: float | None = None) -> float:
+    """Seconds in which every one of `jobs` jobs is resynced once. Given the `current` period, a
+    shorter one is taken only once the count is a tenth below where it would grow again, so a count
+    hovering at a step does not change the slots (and who is due) every few seconds."""
     steps = max(1, math.ceil(jobs / RESYNC_PER_SECOND / RESYNC_SECONDS))
-    return min(MAX_RESYNC_SECONDS, steps * RESYNC_SECONDS)
+    period = min(MAX_RESYNC_SECONDS, steps * RESYNC_SECONDS)
+    if current is not None and period < current and resync_period(math.ceil(jobs / 0.9)) >= current:
+        return current
+    return period
 
 
 def resync_slot(uid: str, slots: int) -> int:

@@ -100,6 +100,8 @@ log = logging.getLogger("phalanx_trainer.checkpoint")
 # In each manifest's `extra`: the id of the save that wrote the folder (a snapshot kept in memory
 # names it, so a folder written again since is told apart).
 SAVE_ID_KEY = "save_id"
+# A peer's state is sent in flat buckets of at most this many bytes (one tensor larger goes alone).
+BROADCAST_BUCKET_BYTES = 256 * 1024 * 1024
 
 
 def _now_rfc3339() -> str:
@@ -346,9 +348,13 @@ class CheckpointManager:
         replicated = self.memory.replicated and all(
             key.startswith(replicated_prefixes(app_state)) for key in live_tensors
         )
-        reasons = self._all_gather(reason)
-        plan = plan_memory_restore([found is None for found in reasons], replicated)
+        # Gathered with the verdicts: ZeRO-1 gives a rank with no optimizer partition no optimizer
+        # keys, so one rank alone could think the state replicated; the gang takes one answer.
+        gathered = self._all_gather((reason, replicated))
+        reasons = [found for found, _ in gathered]
+        plan = plan_memory_restore([found is None for found in reasons], all(flag for _, flag in gathered))
         if plan is None:
+            self.memory.discard()  # before the storage load: its memory may be needed there
             if self.rank == 0 and any(found is None for found in reasons):
                 unusable = {rank: found for rank, found in enumerate(reasons) if found}
                 log.info("state in memory not used (not every rank can resume from it): %s", unusable)
@@ -369,11 +375,13 @@ class CheckpointManager:
                     for key, live in live_tensors.items():
                         local_data(live).copy_(kept[key])
                 del kept
+                self.memory.discard()  # copied: free the pod's memory now, not after the restore
                 small = load_small_state(small_bytes)
         except Exception as error:  # damage, a read error, an unsafe per-rank file, memory
             problem = f"rank {self.rank}: {type(error).__name__}: {error}"
         problems = [found for found in self._all_gather(problem) if found]
         if problems:
+            self.memory.discard()
             if self.rank == 0:
                 log.warning("state in memory not used, reading storage instead: %s", problems[0])
             return None
@@ -391,19 +399,29 @@ class CheckpointManager:
         return small
 
     def _broadcast_tensors(self, tensors: dict[str, torch.Tensor], source: int) -> None:
-        """Every tensor from `source` (a rank of the manager's group) to the others: one broadcast per
-        device and dtype, on the training group (NCCL for GPU tensors; the manager's own is gloo)."""
+        """Every tensor from `source` (a rank of the manager's group) to the others, on the training
+        group (NCCL for GPU tensors; the manager's own is gloo): per device and dtype, in buckets of
+        at most BROADCAST_BUCKET_BYTES, so the copy beside the state stays small on a full GPU."""
         src = dist.get_global_rank(self._group, source)
-        buckets: dict[tuple[str, torch.dtype], list[torch.Tensor]] = {}
+        buckets: dict[tuple[str, str], list[list[torch.Tensor]]] = {}
         for key in sorted(tensors):
             local = local_data(tensors[key])
-            buckets.setdefault((str(local.device), local.dtype), []).append(local)
+            chunks = buckets.setdefault((str(local.device), str(local.dtype)), [[]])
+            size = local.numel() * local.element_size()
+            if (
+                chunks[-1]
+                and sum(t.numel() * t.element_size() for t in chunks[-1]) + size > BROADCAST_BUCKET_BYTES
+            ):
+                chunks.append([])
+            chunks[-1].append(local)
         with torch.no_grad():
-            for (_, _), bucket in sorted(buckets.items(), key=lambda item: (item[0][0], str(item[0][1]))):
-                flat = _flatten_dense_tensors([t.detach() for t in bucket])  # type: ignore[no-untyped-call]
-                dist.broadcast(flat, src=src, group=self.process_group)
-                for target, value in zip(bucket, _unflatten_dense_tensors(flat, bucket), strict=True):  # type: ignore[no-untyped-call]
-                    target.copy_(value)
+            for _, chunks in sorted(buckets.items()):
+                for bucket in chunks:
+                    flat = _flatten_dense_tensors([t.detach() for t in bucket])  # type: ignore[no-untyped-call]
+                    dist.broadcast(flat, src=src, group=self.process_group)
+                    for target, value in zip(bucket, _unflatten_dense_tensors(flat, bucket), strict=True):  # type: ignore[no-untyped-call]
+                        target.copy_(value)
+                    del flat
 
     def _keep_in_memory(
         self,
