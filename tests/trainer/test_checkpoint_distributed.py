@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import errno
 import json
-import multiprocessing
 import os
 import sys
 import traceback
@@ -26,10 +25,10 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
 
-from phalanx.ports import free_port
 from phalanx_trainer.checkpoint import CheckpointConfig, CheckpointError, CheckpointManager
 from phalanx_trainer.checkpoint import manifest as manifest_module
 from phalanx_trainer.checkpoint.safe_load import load_small_state
+from tests.trainer.trainer_harness import run_forked
 
 WORLD = 2
 
@@ -221,19 +220,7 @@ def _rank_main(rank: int, world: int, port: int, scenario: str, folder: str, opt
 
 
 def run_ranks(world: int, scenario: str, folder: Path, **options: Any) -> list[dict[str, Any]]:
-    context = multiprocessing.get_context("fork")
-    port = free_port()
-    procs = [
-        context.Process(target=_rank_main, args=(rank, world, port, scenario, str(folder), options))
-        for rank in range(world)
-    ]
-    for proc in procs:
-        proc.start()
-    for proc in procs:
-        proc.join(timeout=150)
-        if proc.exitcode is None:
-            proc.kill()
-            proc.join()
+    run_forked(world, _rank_main, lambda rank, port: (rank, world, port, scenario, str(folder), options))
     tag = options.get("tag", scenario)
     results = []
     for rank in range(world):

@@ -22,9 +22,9 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from phalanx.ports import free_port
 from phalanx_trainer.checkpoint import CheckpointConfig, CheckpointManager
 from phalanx_trainer.checkpoint.rng import RngState
+from tests.trainer.trainer_harness import run_forked
 
 GLOBAL_BATCH = 8
 FEATURES = 16
@@ -124,26 +124,12 @@ def _rank_main(rank: int, world: int, port: int, log: str, args: tuple[str, ...]
 
 def _run(world: int, *args: str) -> None:
     """One rank per forked process: torch is imported once, here, not once per rank."""
-    import multiprocessing
-
-    context = multiprocessing.get_context("fork")
-    port = free_port()
     logs = [f"{args[args.index('--out') + 1]}.rank{rank}.log" for rank in range(world)]
-    procs = [
-        context.Process(target=_rank_main, args=(rank, world, port, logs[rank], args))
-        for rank in range(world)
-    ]
-    for proc in procs:
-        proc.start()
-    for proc in procs:
-        proc.join(timeout=150)
-        if proc.exitcode is None:
-            proc.kill()
-            proc.join()
+    codes = run_forked(world, _rank_main, lambda rank, port: (rank, world, port, logs[rank], args))
     output = "\n".join(
         f"--- rank {i} ---\n{Path(log).read_text(errors='replace')[-3000:]}" for i, log in enumerate(logs)
     )
-    assert [proc.exitcode for proc in procs] == [0] * world, output
+    assert codes == [0] * world, output
 
 
 def _losses(out: Path) -> dict[int, float]:

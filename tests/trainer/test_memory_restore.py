@@ -9,7 +9,6 @@ and each rank's own data position, random streams and progress.
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import shutil
 import sys
@@ -21,7 +20,6 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from phalanx.ports import free_port
 from phalanx_trainer.checkpoint import manager as manager_module
 from phalanx_trainer.checkpoint.memory import local_data
 from phalanx_trainer.checkpoint.state import collect, split_tensors
@@ -30,7 +28,7 @@ from phalanx_trainer.distenv import DistEnv
 from phalanx_trainer.logs import EventLog
 from phalanx_trainer.pod_memory import STATE_MEMORY_DIR_ENV
 from phalanx_trainer.train import Trainer
-from tests.trainer.trainer_harness import TINY
+from tests.trainer.trainer_harness import TINY, run_forked
 
 pytestmark = pytest.mark.trainer
 
@@ -137,19 +135,7 @@ def _rank_main(rank: int, port: int, folder: str, overrides: list[str], case: st
 
 
 def run(folder: Path, overrides: list[str], case: str) -> list[dict[str, Any]]:
-    context = multiprocessing.get_context("fork")
-    port = free_port()
-    procs = [
-        context.Process(target=_rank_main, args=(rank, port, str(folder), overrides, case))
-        for rank in range(WORLD)
-    ]
-    for proc in procs:
-        proc.start()
-    for proc in procs:
-        proc.join(timeout=150)
-        if proc.exitcode is None:
-            proc.kill()
-            proc.join()
+    run_forked(WORLD, _rank_main, lambda rank, port: (rank, port, str(folder), overrides, case))
     results = []
     for rank in range(WORLD):
         path = folder / f"rank{rank}.json"

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import multiprocessing
 import os
 import tempfile
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -263,3 +264,25 @@ def max_relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tenso
     if floor == 0.0:
         return max(float((a[name].float()).abs().max()) for name in b)
     return max(float((a[name].float() - b[name].float()).norm()) / max(norms[name], floor) for name in b)
+
+
+def run_forked(
+    world: int,
+    target: Callable[..., None],
+    args_for: Callable[[int, int], tuple[Any, ...]],
+    timeout: float = 150,
+) -> list[int | None]:
+    """One forked process per rank running target(*args_for(rank, port)), all given the same free
+    port; joined, any still up after `timeout` killed. Returns their exit codes. Forked, so torch is
+    imported once, here, not once per rank."""
+    context = multiprocessing.get_context("fork")
+    port = free_port()
+    procs = [context.Process(target=target, args=args_for(rank, port)) for rank in range(world)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(timeout=timeout)
+        if proc.exitcode is None:
+            proc.kill()
+            proc.join()
+    return [proc.exitcode for proc in procs]
