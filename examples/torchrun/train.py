@@ -163,6 +163,12 @@ def main() -> None:
             if step % args.checkpoint_every == 0 or step == args.steps:
                 save_checkpoint(directory, step, model, optimizer, args.keep)
 
+    # Leave together: every rank waits for rank 0's last checkpoint, and DDP (which holds the group)
+    # goes before the group. A rank that tore its group down while a peer still used it has been seen
+    # to abort at exit ("terminate called without an active exception", -6), which the agent counts
+    # as a failure and answers with a restart the finished peer never joins.
+    dist.barrier()
+    del ddp
     dist.destroy_process_group()
 
 
