@@ -179,8 +179,9 @@ class Controller:
         while True:
             await asyncio.sleep(RESYNC_TICK_SECONDS)
             keys = list(self.reconciler.known_jobs)
-            if resync_period(len(keys), period) != period:
-                period = resync_period(len(keys), period)
+            wanted = resync_period(len(keys), period)
+            if wanted != period:
+                period = wanted
                 log.info("resync period %.0f s for %d jobs", period, len(keys))
             slots = round(period / RESYNC_TICK_SECONDS)
             tick += 1

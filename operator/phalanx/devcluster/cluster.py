@@ -283,18 +283,19 @@ class LocalCluster:
         for m in manifests:
             body = {k: v for k, v in m.items() if k != "status"}
             self.kubectl("apply", "-f", "-", input=json.dumps(body))
-            self.kubectl("patch", "node", m["metadata"]["name"], "--subresource=status", "--type=merge",
-                         "-p", json.dumps({"status": m["status"]}))  # fmt: skip
-        for _ in range(30):  # kwok's own first status write may have dropped the capacity: write it again
-            listed = json.loads(self.kubectl("get", "nodes", "-o", "json").stdout)["items"]
-            lost = without_capacity(listed, manifests)
-            if not lost:
-                break
+        lost = manifests
+        for _ in range(30):  # kwok's own first status write may drop the capacity: write it again
             for m in lost:
                 self.kubectl("patch", "node", m["metadata"]["name"], "--subresource=status", "--type=merge",
                              "-p", json.dumps({"status": m["status"]}))  # fmt: skip
+            lost = without_capacity(
+                json.loads(self.kubectl("get", "nodes", "-o", "json").stdout)["items"], manifests
+            )
+            if not lost:
+                return [m["metadata"]["name"] for m in manifests]
             time.sleep(1)
-        return [m["metadata"]["name"] for m in manifests]
+        names = ", ".join(m["metadata"]["name"] for m in lost)
+        raise ClusterError(f"nodes {names} still have no capacity after 30 writes of their status")
 
     def start_component(self, component: components.Component) -> int:
         """Starts a process beside the control plane (Kueue), logged and pid-filed like the others."""

@@ -188,7 +188,6 @@ class CheckpointManager:
         self.process_group = process_group
         self.last: CheckpointInfo | None = None
         self.last_save: SaveRecord | None = None
-        self.last_save_id: str | None = None  # the id of the save this manager last committed
         # The storage probe's figure for the whole job (bytes/s), once measured.
         self.storage_bytes_per_second: float | None = None
         self.root = Path(config.dir or os.environ.get(ENV_CHECKPOINT_DIR, ""))
@@ -308,7 +307,12 @@ class CheckpointManager:
         self._apply(folder, manifest, app_state, small, live_skeleton, live_tensors)
         self.restore_source = self.restore_source or "storage"
         self.restored_from = {**manifest.extra, "world_size": manifest.world_size}
-        self.last = CheckpointInfo(step=manifest.step, time=manifest.created, path=str(folder))
+        self.last = CheckpointInfo(
+            step=manifest.step,
+            time=manifest.created,
+            path=str(folder),
+            save_id=str(manifest.extra.get(SAVE_ID_KEY, "")),
+        )
         metrics.LAST_STEP.set(manifest.step)
         metrics.LAST_TIME.set(_parse_time(manifest.created))
         return manifest.step
@@ -344,15 +348,9 @@ class CheckpointManager:
                 reason = f"the checkpoint was written by {manifest.world_size} ranks"
         except Exception as error:
             reason = f"{type(error).__name__}: {error}"
-        # ZeRO-1 under DDP partitions the optimizer: its keys are not among the replicated prefixes.
-        replicated = self.memory.replicated and all(
-            key.startswith(replicated_prefixes(app_state)) for key in live_tensors
-        )
-        # Gathered with the verdicts: ZeRO-1 gives a rank with no optimizer partition no optimizer
-        # keys, so one rank alone could think the state replicated; the gang takes one answer.
-        gathered = self._all_gather((reason, replicated))
-        reasons = [found for found, _ in gathered]
-        plan = plan_memory_restore([found is None for found in reasons], all(flag for _, flag in gathered))
+        reasons = self._all_gather(reason)
+        # memory.replicated comes from the config (plain DDP), so every rank holds the same answer.
+        plan = plan_memory_restore([found is None for found in reasons], self.memory.replicated)
         if plan is None:
             self.memory.discard()  # before the storage load: its memory may be needed there
             if self.rank == 0 and any(found is None for found in reasons):
@@ -375,7 +373,6 @@ class CheckpointManager:
                     for key, live in live_tensors.items():
                         local_data(live).copy_(kept[key])
                 del kept
-                self.memory.discard()  # copied: free the pod's memory now, not after the restore
                 small = load_small_state(small_bytes)
         except Exception as error:  # damage, a read error, an unsafe per-rank file, memory
             problem = f"rank {self.rank}: {type(error).__name__}: {error}"
@@ -404,16 +401,17 @@ class CheckpointManager:
         at most BROADCAST_BUCKET_BYTES, so the copy beside the state stays small on a full GPU."""
         src = dist.get_global_rank(self._group, source)
         buckets: dict[tuple[str, str], list[list[torch.Tensor]]] = {}
+        filled: dict[tuple[str, str], int] = {}  # bytes in each kind's last bucket
         for key in sorted(tensors):
             local = local_data(tensors[key])
-            chunks = buckets.setdefault((str(local.device), str(local.dtype)), [[]])
+            kind = (str(local.device), str(local.dtype))
+            chunks = buckets.setdefault(kind, [[]])
             size = local.numel() * local.element_size()
-            if (
-                chunks[-1]
-                and sum(t.numel() * t.element_size() for t in chunks[-1]) + size > BROADCAST_BUCKET_BYTES
-            ):
+            if chunks[-1] and filled[kind] + size > BROADCAST_BUCKET_BYTES:
                 chunks.append([])
+                filled[kind] = 0
             chunks[-1].append(local)
+            filled[kind] = filled.get(kind, 0) + size
         with torch.no_grad():
             for _, chunks in sorted(buckets.items()):
                 for bucket in chunks:
@@ -436,18 +434,14 @@ class CheckpointManager:
         the durable checkpoint is already committed."""
         if self.memory is None or self.memory.folder is None or self.last is None or self.last.step != step:
             return
-        if self.last_save_id is None:
-            return  # this manager did not write that checkpoint: nothing ties a snapshot to it
+        if not self.last.save_id:
+            return  # nothing ties a snapshot to that checkpoint
         try:
-            if written is None:  # the step was already checkpointed (a periodic save of it)
-                sharded, per_rank = collect(app_state)
-                skeleton, all_tensors = split_tensors(sharded)
-                written = dump_small_state({"sharded": skeleton, "per_rank": per_rank}), all_tensors
-            small, tensors = written
+            small, tensors = written if written is not None else _collect(app_state)
             header = self.memory.write(
                 step=step,
                 checkpoint=Path(self.last.path).name,
-                save_id=self.last_save_id,
+                save_id=self.last.save_id,
                 root=str(self.root),
                 world_size=self.world_size,
                 small_state=small,
@@ -670,10 +664,8 @@ class CheckpointManager:
         if emergency and not self._emergency_fits(step, app_state, called):
             return None
         started = time.monotonic()
-        sharded, per_rank = collect(app_state)
-        skeleton, all_tensors = split_tensors(sharded)
+        small_state, all_tensors = _collect(app_state)
         tensors = self._own_share(app_state, all_tensors)
-        small_state = dump_small_state({"sharded": skeleton, "per_rank": per_rank})
         staged = self._staging.stage(tensors)
         if self._layout is None:
             self._layout = describe_layout(app_state, self.world_size)
@@ -762,8 +754,7 @@ class CheckpointManager:
         written = sum(entry.size for entry in own_entries)
         staged = tensor_bytes(pending.staged)
         self.last_save = SaveRecord(pending.step, pending.blocking_seconds, total, written, staged)
-        self.last = CheckpointInfo(step=pending.step, time=_now_rfc3339(), path=str(final))
-        self.last_save_id = token
+        self.last = CheckpointInfo(step=pending.step, time=_now_rfc3339(), path=str(final), save_id=token)
         metrics.SAVE_TOTAL_SECONDS.observe(total)
         metrics.SAVE_BYTES.set(written)
         metrics.LAST_STEP.set(pending.step)
@@ -865,3 +856,10 @@ def _parse_time(value: str) -> float:
         return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
     except ValueError:
         return 0.0
+
+
+def _collect(app_state: Mapping[str, Any]) -> tuple[bytes, dict[str, torch.Tensor]]:
+    """What a save writes of this rank: its per-rank file's bytes, and every tensor it holds by key."""
+    sharded, per_rank = collect(app_state)
+    skeleton, tensors = split_tensors(sharded)
+    return dump_small_state({"sharded": skeleton, "per_rank": per_rank}), tensors

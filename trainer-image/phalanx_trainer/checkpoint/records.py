@@ -36,6 +36,7 @@ class CheckpointInfo:
     step: int
     time: str  # RFC 3339
     path: str
+    save_id: str = ""  # the save that wrote it (its manifest's extra), "" when it recorded none
 
 
 class CheckpointError(RuntimeError):
