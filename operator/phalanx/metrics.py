@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final, Literal
 from wsgiref.simple_server import WSGIServer
 
@@ -29,7 +29,7 @@ from prometheus_client import (
     disable_created_metrics,
     start_http_server,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from phalanx.policy import goodput, recovery_timeline
@@ -63,12 +63,6 @@ JOBS_FINISHED: Final = Counter(
 )
 JOBS_BY_PHASE: Final = Gauge(
     "phalanx_jobs", "TrainingJobs the operator currently knows, by phase.", ["phase"], registry=REGISTRY
-)
-JOB_RESTARTS: Final = Counter(
-    "phalanx_job_restarts",
-    "Gang restarts of a TrainingJob, by reason (failure counts against the backoff limit, preemption not).",
-    (*JOB_LABELS, "reason"),
-    registry=REGISTRY,
 )
 ADMISSION_WAIT: Final = Histogram(
     "phalanx_admission_wait_seconds",
@@ -119,40 +113,6 @@ PROGRESS_POLL_INTERVAL: Final = Histogram(
     buckets=POLL_INTERVAL_BUCKETS,
     registry=REGISTRY,
 )
-JOB_PROGRESS: Final = Gauge(
-    "phalanx_job_progress_ratio",
-    "Fraction of a TrainingJob's total steps completed (0 to 1), as reported by its trainer.",
-    JOB_LABELS,
-    registry=REGISTRY,
-)
-
-JOB_STRAGGLERS: Final = Gauge(
-    "phalanx_job_straggler_ratio",
-    "The slowest straggler's time over its peers' median (status.stragglers); 0 when none.",
-    JOB_LABELS,
-    registry=REGISTRY,
-)
-JOB_RESIZES: Final = Counter(
-    "phalanx_job_resizes",
-    "Size changes of an elastic gang between attempts, by direction (grow or shrink).",
-    (*JOB_LABELS, "direction"),
-    registry=REGISTRY,
-)
-JOB_GOODPUT: Final = Gauge(
-    "phalanx_job_goodput_ratio",
-    "Productive device time over device time since the job was created (status.goodput.ratio).",
-    JOB_LABELS,
-    registry=REGISTRY,
-)
-JOB_DEVICE_SECONDS: Final = Gauge(
-    "phalanx_job_device_seconds",
-    "Device-seconds of a job's gang (GPUs, MIG slices, or CPU cores: see `unit`) by kind: allocated, "
-    "productive, and lost to waitingForAdmission, startup, recovery, redoneSteps, checkpointStalls, "
-    "standbySpares (warm spares holding devices). "
-    "A gauge: productive goes down when steps are lost and redone.",
-    (*JOB_LABELS, "kind", "unit"),
-    registry=REGISTRY,
-)
 RECOVERY_SECONDS: Final = Histogram(
     "phalanx_recovery_seconds",
     "Time from a gang disruption being seen to the first training step after it, by restart reason "
@@ -175,15 +135,21 @@ RECOVERY_PHASE_SECONDS: Final = Histogram(
 DELETED_REMEMBERED_SECONDS: Final = 600.0
 
 
-@dataclass
+@dataclass(slots=True)
 class _JobState:
-    """What the scrape-time collector needs about one job."""
+    """Every per-job series, as plain values the collector turns into samples at scrape time: a
+    metric child per job and series (a lock and a value object each) cost about 8 KB a job."""
 
     phase: str | None = None
     last_checkpoint_at: float | None = None
     waiting_since: float | None = None
-    restart_reasons: set[str] = field(default_factory=set)
+    progress_ratio: float | None = None
+    straggler_ratio: float | None = None
+    goodput_ratio: float | None = None
     device_unit: str | None = None
+    device_seconds: dict[str, float] | None = None  # by kind (goodput.TOTALS)
+    restarts: dict[str, int] | None = None  # by reason
+    resizes: dict[str, int] | None = None  # by direction
     levels_shown: bool = False  # observe_status showed its stored levels (see there)
 
 
@@ -199,6 +165,8 @@ class _JobCollector(Collector):
 
     def update(self, namespace: str, name: str, change: Callable[[_JobState], None]) -> None:
         with self._lock:
+            if (namespace, name) in self._deleted:
+                return  # a poll or reconcile that was under way when the job went: no ghost series
             change(self._jobs.setdefault((namespace, name), _JobState()))
 
     def levels_wanted(self, namespace: str, name: str) -> bool:
@@ -229,41 +197,94 @@ class _JobCollector(Collector):
                     counts[state.phase] = counts.get(state.phase, 0) + 1
             return counts
 
-    def collect(self) -> Iterable[GaugeMetricFamily]:
+    def collect(self) -> Iterable[Metric]:
         now = self._clock()
-        phase, checkpoint_age, waiting = _job_families()
+        f = _JobFamilies()
         with self._lock:
             for (namespace, name), state in sorted(self._jobs.items()):
+                job = [namespace, name]
                 if state.phase is not None:
-                    phase.add_metric([namespace, name, state.phase], 1.0)
+                    f.phase.add_metric([*job, state.phase], 1.0)
                 if state.last_checkpoint_at is not None:
-                    checkpoint_age.add_metric([namespace, name], max(0.0, now - state.last_checkpoint_at))
+                    f.checkpoint_age.add_metric(job, max(0.0, now - state.last_checkpoint_at))
                 if state.waiting_since is not None:
-                    waiting.add_metric([namespace, name], max(0.0, now - state.waiting_since))
-        return (phase, checkpoint_age, waiting)
+                    f.waiting.add_metric(job, max(0.0, now - state.waiting_since))
+                if state.progress_ratio is not None:
+                    f.progress.add_metric(job, state.progress_ratio)
+                if state.straggler_ratio is not None:
+                    f.stragglers.add_metric(job, state.straggler_ratio)
+                if state.goodput_ratio is not None:
+                    f.goodput.add_metric(job, state.goodput_ratio)
+                for kind, seconds in (state.device_seconds or {}).items():
+                    f.device_seconds.add_metric([*job, kind, state.device_unit or ""], seconds)
+                for reason, count in (state.restarts or {}).items():
+                    f.restarts.add_metric([*job, reason], count)
+                for direction, count in (state.resizes or {}).items():
+                    f.resizes.add_metric([*job, direction], count)
+        return f.all()
 
-    def describe(self) -> Iterable[GaugeMetricFamily]:
+    def describe(self) -> Iterable[Metric]:
         # Empty families: lets the registry check names without running a scrape-time computation.
-        return _job_families()
+        return _JobFamilies().all()
 
 
-def _job_families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
-    phase = GaugeMetricFamily(
-        "phalanx_job_phase",
-        "1 for the current phase of each TrainingJob (one series per job).",
-        labels=(*JOB_LABELS, "phase"),
-    )
-    checkpoint_age = GaugeMetricFamily(
-        "phalanx_job_checkpoint_age_seconds",
-        "Seconds since the newest valid checkpoint of a TrainingJob was written.",
-        labels=JOB_LABELS,
-    )
-    waiting = GaugeMetricFamily(
-        "phalanx_job_admission_waiting_seconds",
-        "Seconds a TrainingJob's gang has been waiting for admission so far.",
-        labels=JOB_LABELS,
-    )
-    return phase, checkpoint_age, waiting
+class _JobFamilies:
+    """The per-job families, empty: one scrape's worth."""
+
+    def __init__(self) -> None:
+        self.phase = GaugeMetricFamily(
+            "phalanx_job_phase",
+            "1 for the current phase of each TrainingJob (one series per job).",
+            labels=(*JOB_LABELS, "phase"),
+        )
+        self.checkpoint_age = GaugeMetricFamily(
+            "phalanx_job_checkpoint_age_seconds",
+            "Seconds since the newest valid checkpoint of a TrainingJob was written.",
+            labels=JOB_LABELS,
+        )
+        self.waiting = GaugeMetricFamily(
+            "phalanx_job_admission_waiting_seconds",
+            "Seconds a TrainingJob's gang has been waiting for admission so far.",
+            labels=JOB_LABELS,
+        )
+        self.progress = GaugeMetricFamily(
+            "phalanx_job_progress_ratio",
+            "Fraction of a TrainingJob's total steps completed (0 to 1), as reported by its trainer.",
+            labels=JOB_LABELS,
+        )
+        self.stragglers = GaugeMetricFamily(
+            "phalanx_job_straggler_ratio",
+            "The slowest straggler's time over its peers' median (status.stragglers); 0 when none.",
+            labels=JOB_LABELS,
+        )
+        self.goodput = GaugeMetricFamily(
+            "phalanx_job_goodput_ratio",
+            "Productive device time over device time since the job was created (status.goodput.ratio).",
+            labels=JOB_LABELS,
+        )
+        self.device_seconds = GaugeMetricFamily(
+            "phalanx_job_device_seconds",
+            "Device-seconds of a job's gang (GPUs, MIG slices, or CPU cores: see `unit`) by kind: "
+            "allocated, productive, and lost to waitingForAdmission, startup, recovery, redoneSteps, "
+            "checkpointStalls, standbySpares (warm spares holding devices). "
+            "A gauge: productive goes down when steps are lost and redone.",
+            labels=(*JOB_LABELS, "kind", "unit"),
+        )
+        self.restarts = CounterMetricFamily(
+            "phalanx_job_restarts",
+            "Gang restarts of a TrainingJob, by reason (failure counts against the backoff limit, "
+            "preemption not).",
+            labels=(*JOB_LABELS, "reason"),
+        )
+        self.resizes = CounterMetricFamily(
+            "phalanx_job_resizes",
+            "Size changes of an elastic gang between attempts, by direction (grow or shrink).",
+            labels=(*JOB_LABELS, "direction"),
+        )
+
+    def all(self) -> tuple[Metric, ...]:
+        return (self.phase, self.checkpoint_age, self.waiting, self.progress, self.stragglers,
+                self.goodput, self.device_seconds, self.restarts, self.resizes)  # fmt: skip
 
 
 _JOBS: Final = _JobCollector(time.time)
@@ -362,12 +383,17 @@ def observe_restart(namespace: str, name: str, reason: RestartReason) -> None:
     """The operator restarted the job's gang."""
     if reason not in RESTART_REASONS:
         raise ValueError(f"restart reason must be one of {RESTART_REASONS}, got {reason!r}")
-    JOB_RESTARTS.labels(namespace=namespace, trainingjob=name, reason=reason).inc()
 
-    def remember_reason(state: _JobState) -> None:
-        state.restart_reasons.add(reason)
+    def count(state: _JobState) -> None:
+        state.restarts = _counted(state.restarts, reason)
 
-    _JOBS.update(namespace, name, remember_reason)
+    _JOBS.update(namespace, name, count)
+
+
+def _counted(counts: dict[str, int] | None, key: str) -> dict[str, int]:
+    counts = counts if counts is not None else {}
+    counts[key] = counts.get(key, 0) + 1
+    return counts
 
 
 def observe_pods_created(count: int = 1) -> None:
@@ -401,7 +427,11 @@ def observe_progress(namespace: str, name: str, completed_steps: int, total_step
     if total_steps <= 0:
         raise ValueError(f"total_steps must be positive, got {total_steps}")
     ratio = min(1.0, max(0.0, completed_steps / total_steps))
-    JOB_PROGRESS.labels(namespace=namespace, trainingjob=name).set(ratio)
+
+    def set_progress(state: _JobState) -> None:
+        state.progress_ratio = ratio
+
+    _JOBS.update(namespace, name, set_progress)
 
 
 def observe_recovery(reason: str, path: str, total_seconds: float, phase_seconds: dict[str, float]) -> None:
@@ -413,34 +443,44 @@ def observe_recovery(reason: str, path: str, total_seconds: float, phase_seconds
 
 def observe_stragglers(namespace: str, name: str, ratios: list[float]) -> None:
     """The ratios of the ranks status.stragglers lists now (none: 0)."""
-    JOB_STRAGGLERS.labels(namespace=namespace, trainingjob=name).set(max(ratios, default=0.0))
+    slowest = max(ratios, default=0.0)
+
+    def set_stragglers(state: _JobState) -> None:
+        state.straggler_ratio = slowest
+
+    _JOBS.update(namespace, name, set_stragglers)
 
 
 def observe_replicas(namespace: str, name: str, old: int | None, new: int) -> None:
     """status.currentReplicas was set: a resize when an earlier size changed."""
     if old is not None and old != new:
         direction = "grow" if new > old else "shrink"
-        JOB_RESIZES.labels(namespace=namespace, trainingjob=name, direction=direction).inc()
+
+        def count(state: _JobState) -> None:
+            state.resizes = _counted(state.resizes, direction)
+
+        _JOBS.update(namespace, name, count)
 
 
 def observe_goodput(namespace: str, name: str, ledger: dict[str, object]) -> None:
     """The job's status.goodput as written (policy/goodput.py)."""
     try:
-        JOB_GOODPUT.labels(namespace=namespace, trainingjob=name).set(float(str(ledger["ratio"])))
+        ratio = float(str(ledger["ratio"]))
     except (KeyError, ValueError):
         return
     unit = str(ledger.get("unit") or "")
-    for kind in goodput.TOTALS:
-        if isinstance(ledger.get(f"{kind}Seconds"), (int, float)):
-            seconds = goodput.device_seconds(ledger, kind)
-            JOB_DEVICE_SECONDS.labels(namespace=namespace, trainingjob=name, kind=kind, unit=unit).set(
-                seconds
-            )
+    seconds = {
+        kind: goodput.device_seconds(ledger, kind)
+        for kind in goodput.TOTALS
+        if isinstance(ledger.get(f"{kind}Seconds"), (int, float))
+    }
 
-    def remember_unit(state: _JobState) -> None:
-        state.device_unit = unit
+    def set_goodput(state: _JobState) -> None:
+        state.goodput_ratio, state.device_unit = ratio, unit
+        # Kinds the ledger no longer lists keep their last value, as the gauges they replace did.
+        state.device_seconds = {**(state.device_seconds or {}), **seconds}
 
-    _JOBS.update(namespace, name, remember_unit)
+    _JOBS.update(namespace, name, set_goodput)
 
 
 def _restore_levels(namespace: str, name: str, stored: Mapping[str, Any]) -> None:
@@ -510,36 +550,7 @@ def reconcile_timer(handler: str) -> Iterator[None]:
 def forget_job(namespace: str, name: str) -> None:
     """Drop every per-job series of a deleted job, keeping label cardinality bounded by live jobs."""
     before = _JOBS.phase_counts()
-    state = _JOBS.pop(namespace, name)
-    reasons = state.restart_reasons if state is not None else set()
-    for reason in reasons:
-        try:
-            JOB_RESTARTS.remove(namespace, name, reason)
-        except KeyError:
-            pass
-    try:
-        JOB_PROGRESS.remove(namespace, name)
-    except KeyError:
-        pass
-    try:
-        JOB_GOODPUT.remove(namespace, name)
-    except KeyError:
-        pass
-    try:
-        JOB_STRAGGLERS.remove(namespace, name)
-    except KeyError:
-        pass
-    for direction in ("grow", "shrink"):
-        try:
-            JOB_RESIZES.remove(namespace, name, direction)
-        except KeyError:
-            pass
-    if state is not None and state.device_unit is not None:
-        for kind in goodput.TOTALS:
-            try:
-                JOB_DEVICE_SECONDS.remove(namespace, name, kind, state.device_unit)
-            except KeyError:
-                pass
+    _JOBS.pop(namespace, name)
     _refresh_phase_gauge(before)
 
 

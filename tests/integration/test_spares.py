@@ -87,6 +87,25 @@ def bound(pod: dict[str, Any]) -> bool:
     return bool((pod.get("spec") or {}).get("nodeName")) and not (pod["spec"].get("schedulingGates") or [])
 
 
+def diagnosis(cluster: Cluster, ns: str, name: str, operator: OperatorProcess) -> str:
+    """Where the job's pods stand (node, phase, gates, pin, scheduler's word), its status.spares,
+    and the operator log's lines about this namespace and admissions."""
+    lines = []
+    for pod_name, pod in sorted(pods_by_name(cluster, ns, name).items()):
+        spec, status = pod.get("spec") or {}, pod.get("status") or {}
+        conditions = [
+            (c.get("type"), c.get("status"), c.get("message")) for c in status.get("conditions") or []
+        ]
+        terms = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
+                 .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms")  # fmt: skip
+        lines.append(f"{pod_name}: node={spec.get('nodeName')} phase={status.get('phase')} "
+                     f"deleting={pod['metadata'].get('deletionTimestamp')} gates={spec.get('schedulingGates')} "
+                     f"pin={terms} conditions={conditions}")  # fmt: skip
+    lines.append(f"status.spares: {job_status(cluster, ns, name).get('spares')}")
+    mine = [line for line in operator.log_text().splitlines() if ns in line or "admitted" in line]
+    return "\n".join([*lines, "operator log (this namespace, admissions; last 40):", *mine[-40:]])
+
+
 def test_a_gang_runs_without_room_for_its_spare_which_is_admitted_once_room_appears(
     cluster: Cluster, namespace: str, operator: OperatorProcess, private_nodes: Any
 ) -> None:
@@ -189,7 +208,10 @@ def test_an_idle_spare_lost_is_replaced_without_disturbing_training(
             else None
         )
 
-    wait_for(replaced, timeout=60, what="a new spare running")
+    try:
+        wait_for(replaced, timeout=60, what="a new spare running")
+    except AssertionError as timed_out:  # a rare flake: say where the new spare stood
+        raise AssertionError(f"{timed_out}\n{diagnosis(cluster, namespace, 'si', operator)}") from None
     status = wait_for(lambda: spares_ready(cluster, namespace, "si", 1), timeout=30, what="status.spares")
     assert status["attempt"] == 0 and status["phase"] == "Running" and "inPlace" not in status
     assert not any((status.get("restarts") or {}).values())  # no restart, no counter

@@ -78,3 +78,26 @@ def test_a_reconcile_finishing_after_its_job_was_deleted_shows_no_ghost_series()
     metrics.observe_job_created(namespace, name)  # a new job under that name is shown again
     metrics.observe_status(namespace, name, running, dict(running))
     assert sample("phalanx_job_straggler_ratio", LABELS) == 4.0
+
+
+def test_every_per_job_series_goes_with_its_job_and_a_late_poll_brings_none_back() -> None:
+    # The per-job series are plain values the collector turns into samples at scrape time (no
+    # metric child per job): forget_job drops them all, and a poll under way at the deletion
+    # (observe_progress from the poller's thread) must not bring one back.
+    namespace, name = LABELS["namespace"], LABELS["trainingjob"]
+    ledger = {"ratio": 0.5, "unit": "gpu", "allocatedSeconds": 100, "productiveSeconds": 50}
+    metrics.observe_status(namespace, name, {}, {"phase": "Running", "currentReplicas": 2, "goodput": ledger})
+    metrics.observe_status(namespace, name, {"currentReplicas": 2}, {"currentReplicas": 3})
+    metrics.observe_restart(namespace, name, "preemption")
+    metrics.observe_restart(namespace, name, "preemption")
+    metrics.observe_progress(namespace, name, 25, 100)
+    gpu = {**LABELS, "unit": "gpu"}
+    assert sample("phalanx_job_progress_ratio", LABELS) == 0.25
+    assert sample("phalanx_job_goodput_ratio", LABELS) == 0.5
+    assert sample("phalanx_job_device_seconds", {**gpu, "kind": "productive"}) == 50
+    assert sample("phalanx_job_restarts_total", {**LABELS, "reason": "preemption"}) == 2
+    assert sample("phalanx_job_resizes_total", {**LABELS, "direction": "grow"}) == 1
+    metrics.forget_job(namespace, name)
+    metrics.observe_progress(namespace, name, 30, 100)
+    every = [(s.name, s.labels) for family in metrics.REGISTRY.collect() for s in family.samples]
+    assert [s for s in every if s[1].get("trainingjob") == name and s[1].get("namespace") == namespace] == []
