@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Iterable
 from typing import Any
 
 import kopf
@@ -21,13 +22,27 @@ from phalanx.settings import LeaderElection, OperatorSettings
 LEADERSHIP_LOST_EXIT_CODE = 3
 
 
+class NoDiffBase(kopf.DiffBaseStorage):
+    """kopf keeps a diff base for change-detecting handlers (on.create, on.update, on.resume), and
+    builds one for every event whatever the handlers: a deep copy of the whole object, managed
+    fields and status included. This operator has only on.event (the controller decides from the
+    object as it is), so none is built, read or stored."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Iterable[Any] | None = None) -> kopf.BodyEssence:
+        return {}
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        return None
+
+
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    # Progress and diff-base live in annotations, so the status schema stays strict.
+    # Progress lives in annotations, so the status schema stays strict; no diff base (see there).
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=c.GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=c.GROUP, key="last-handled-configuration"
-    )
+    settings.persistence.diffbase_storage = NoDiffBase()
     settings.posting.level = logging.WARNING
     # Keep watches fresh behind load balancers that drop idle connections.
     settings.watching.server_timeout = 300

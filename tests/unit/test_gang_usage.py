@@ -15,6 +15,7 @@ from phalanx.builders.pods import admitted_pod
 from phalanx.cache import Store, object_key, slim_pod
 from phalanx.gang.on_creation import Assumed, add_in_flight, planned_node, waits_for_admission
 from phalanx.gang.usage import UsageIndex
+from phalanx.pod_facts import is_gated
 from tests.unit.reference_usage import usage_by_node
 
 pytestmark = pytest.mark.unit
@@ -70,6 +71,8 @@ def random_pod(rng: random.Random, name: str, version: int) -> dict[str, Any]:
         spec["nodeName"] = rng.choice(NODES)
     phase = {"finished": rng.choice(["Succeeded", "Failed"]), "bound": "Running"}.get(state, "Pending")
     labels = {c.LABEL_JOB_NAME: "job"} if rng.random() < 0.5 else {}
+    if rng.random() < 0.2:
+        labels[c.LABEL_SPARE] = "true"  # gated, yet no gang waits for it (waits_for_admission)
     metadata: dict[str, Any] = {
         "name": name,
         "namespace": "ns",
@@ -102,6 +105,8 @@ def test_index_matches_the_sum_over_every_pod_through_creates_updates_deletes_an
         pods = store.items()
         assert index.used() == without_zeros(usage_by_node(pods, planned_nodes(pods))), f"step {step}"
         assert index.anyone_waits() == someone_waits(pods, {}), f"step {step}"
+        # The admission pass's shortcut: nothing gated, nothing to admit (a spare included).
+        assert index.anyone_gated() == any(is_gated(p) for p in pods), f"step {step}"
         terminating = [p for p in pods if p["metadata"].get("deletionTimestamp")]
         assert index.freeing() == without_zeros(usage_by_node(terminating, planned_nodes(terminating))), step
         # Creates in flight: counted unless the store already holds the pod (then the index does).

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from phalanx.api.schema import parse
+from phalanx.api.v1alpha1 import TrainingJobSpec
 from phalanx.reconcile.lifecycle import decide
+from phalanx.reconcile.observed import Observed
 from tests.unit.lifecycle_fixtures import NODES, NOW, RUNNING, job, not_ready_node, pod
 
 pytestmark = pytest.mark.unit
@@ -39,3 +42,19 @@ def test_within_the_bound_a_not_ready_node_is_waited_for_and_looked_at_again_in_
                   node_lost_after=20)  # fmt: skip
     assert plan.status["phase"] == "Running" and plan.delete_pods == []
     assert plan.recheck_after is not None and plan.recheck_after <= 15
+
+
+def test_only_the_nodes_the_jobs_pods_are_on_are_judged_lost() -> None:
+    # A reconcile judged every node of the cluster (1,000 in the steady-state bench) for the few its
+    # pods are on; a node lost elsewhere is another job's business and leaves this gang running.
+    nodes = {
+        **NODES,
+        "silent": not_ready_node("silent", NOW - 25),
+        **{f"elsewhere-{i}": not_ready_node(f"elsewhere-{i}", NOW - 25) for i in range(3)},
+    }
+    pods = [pod(0), pod(1, spec={"nodeName": "silent"})]
+    seen = Observed(spec=parse(TrainingJobSpec, job()["spec"]), attempt=0, pods=pods, nodes=nodes, now=NOW,
+                    node_lost_after=20)  # fmt: skip
+    assert seen.lost_nodes == frozenset({"silent"})
+    plan = decide(job(dict(RUNNING)), [pod(0), pod(1)], nodes, NOW)
+    assert plan.status["phase"] == "Running" and plan.delete_pods == []

@@ -96,6 +96,12 @@ class AdmissionPass:
         stores, state = self.stores, self.state
         if not stores.synced():
             return  # a pass over half a cluster would hand out room that is taken
+        if not stores.usage.anyone_gated():
+            # Nothing at the gate, so no gang to admit or preempt for: most passes once gangs run,
+            # where looking at every job and its pods cost a tenth of the operator's steady CPU.
+            if state.reservations and not any(is_admission_candidate(j) for j in stores.jobs.items()):
+                state.reservations.clear()
+            return
         every_job = stores.jobs.items()
         jobs = [j for j in every_job if is_admission_candidate(j)]
         if not jobs:

@@ -18,6 +18,7 @@ from typing import Any
 from phalanx.cache import Slim
 from phalanx.gang.capacity import Resources, add_into, as_resources, effective_requests, node_held
 from phalanx.gang.on_creation import Assumed, add_in_flight, planned_node, waits_for_admission
+from phalanx.pod_facts import is_gated
 
 
 def _held(pod: Mapping[str, Any]) -> tuple[str, Resources] | None:
@@ -41,6 +42,7 @@ class UsageIndex:
         self._terminating: set[str] = set()
         self._freeing: dict[str, dict[str, int]] = {}
         self._waiting: set[str] = set()
+        self._gated: set[str] = set()  # at the gang gate, warm spares and finished pods included
 
     # -- the Store observer -------------------------------------------------------------------
     def changed(self, key: str, new: Slim | None) -> None:
@@ -56,11 +58,15 @@ class UsageIndex:
                 self._waiting.add(key)
             else:
                 self._waiting.discard(key)
+            if new is not None and is_gated(new):
+                self._gated.add(key)
+            else:
+                self._gated.discard(key)
 
     def reset(self, pods: Mapping[str, Slim]) -> None:
         """The store was replaced by a fresh list."""
         with self._lock:
-            self._held, self._used, self._waiting = {}, {}, set()
+            self._held, self._used, self._waiting, self._gated = {}, {}, set(), set()
             self._terminating, self._freeing = set(), {}
             self._present = set(pods)
             for key, pod in pods.items():
@@ -69,6 +75,8 @@ class UsageIndex:
                     self._move(key, held, _terminating(pod))
                 if waits_for_admission(pod):
                     self._waiting.add(key)
+                if is_gated(pod):
+                    self._gated.add(key)
 
     def _move(self, key: str, held: tuple[str, Resources] | None, terminating: bool = False) -> None:
         before = self._held.pop(key, None)
@@ -107,6 +115,11 @@ class UsageIndex:
     def anyone_waits(self) -> bool:
         with self._lock:
             return bool(self._waiting)
+
+    def anyone_gated(self) -> bool:
+        """Some pod is held at the gang gate (a warm spare too): else an admission pass has nothing to do."""
+        with self._lock:
+            return bool(self._gated)
 
 
 def _subtract(totals_by_node: dict[str, dict[str, int]], node: str, requests: Resources) -> None:
