@@ -28,13 +28,22 @@ class NoQueue:
         pass
 
 
+def answer_with(monkeypatch: pytest.MonkeyPatch, urlopen: Any) -> None:
+    """Trainers that answer as `urlopen(url, timeout)` does: to the polls (read_within) and to the
+    hang probe (urllib)."""
+    monkeypatch.setattr(progress_module.urllib.request, "urlopen", urlopen)
+    monkeypatch.setattr(
+        progress_module, "read_within", lambda url, timeout, _max: urlopen(url, timeout).read()
+    )
+
+
 class Trainer:
     """What rank 0's /progress answers, and a clock the test moves."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.report: dict[str, Any] = {"step": 1, "total_steps": 100}
         self.now = 1000.0
-        monkeypatch.setattr(progress_module.urllib.request, "urlopen", self.urlopen)
+        answer_with(monkeypatch, self.urlopen)
         monkeypatch.setattr(progress_module.time, "monotonic", lambda: self.now)
 
     def urlopen(self, url: str, timeout: float) -> io.BytesIO:
@@ -162,7 +171,7 @@ def test_a_trainer_slow_to_start_is_still_polled_every_second_after_four_minutes
     def refused(url: str, timeout: float) -> io.BytesIO:
         raise ConnectionRefusedError(111, "Connection refused")
 
-    monkeypatch.setattr(progress_module.urllib.request, "urlopen", refused)
+    answer_with(monkeypatch, refused)
     polling = poller(RecordingWriter(), seconds=30.0)
     for _ in range(240):  # a failed poll a second for four minutes
         polling.poll("ns/job")
@@ -174,7 +183,7 @@ def test_the_poller_reads_the_url_its_settings_name_for_the_pod(
     trainer: Trainer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     asked: list[str] = []
-    monkeypatch.setattr(progress_module.urllib.request, "urlopen",
+    answer_with(monkeypatch,
                         lambda url, timeout: asked.append(url) or trainer.urlopen(url, timeout))  # fmt: skip
     default = poller(RecordingWriter(), seconds=30.0)
     default.poll("ns/job")
@@ -200,7 +209,7 @@ def test_a_silent_pod_holds_one_poll_slot_not_the_polls_after_it(monkeypatch: py
             release.wait(timeout=10)  # the first job's rank 0 answers only at the end
         return io.BytesIO(json.dumps({"step": len(asked), "total_steps": 100}).encode())
 
-    monkeypatch.setattr(progress_module.urllib.request, "urlopen", urlopen)
+    answer_with(monkeypatch, urlopen)
     monkeypatch.setattr(progress_module, "PROGRESS_POLL_SECONDS", 0.05)
     polling = ProgressPoller(RecordingWriter(), NoQueue(), status_seconds=30.0)  # type: ignore[arg-type]
     for i in range(progress_module.PROGRESS_CONCURRENCY + 1):  # one more than a batch
@@ -234,7 +243,7 @@ class BlockingTrainer:
         import threading
 
         self.asked, self.release, self.answers = threading.Event(), threading.Event(), answers
-        monkeypatch.setattr(progress_module.urllib.request, "urlopen", self.urlopen)
+        answer_with(monkeypatch, self.urlopen)
 
     def urlopen(self, url: str, timeout: float) -> io.BytesIO:
         self.asked.set()
@@ -520,7 +529,7 @@ def test_at_scale_a_trainer_that_never_answers_is_asked_less_often_than_one_that
     def refused(url: str, timeout: float) -> io.BytesIO:
         raise ConnectionRefusedError(111, "Connection refused")
 
-    monkeypatch.setattr(progress_module.urllib.request, "urlopen", refused)
+    answer_with(monkeypatch, refused)
     polling = poller(RecordingWriter(), seconds=30.0)
     for i in range(1, 2000):
         polling.targets[f"ns/other-{i}"] = ProgressTarget(f"uid-{i}", "10.0.1.1")
@@ -589,3 +598,41 @@ def test_a_restart_between_two_polls_is_not_counted_as_the_pace(trainer: Trainer
     polling.track("ns/job", "uid-1", [rank0], {"phase": "Running", "attempt": 0})
     polling.poll("ns/job")
     assert (metrics.REGISTRY.get_sample_value("phalanx_progress_poll_interval_seconds_count") or 0.0) == count
+
+
+@pytest.mark.parametrize(
+    ("answer", "error"),
+    [
+        (b'HTTP/1.0 200 OK\r\nContent-Length: 13\r\n\r\n{"step": 12}\n', None),
+        (b"HTTP/1.0 404 Not Found\r\nContent-Length: 0\r\n\r\n", OSError),  # a pod not rank 0
+        (b"HTTP/1.0 200 OK\r\n\r\n" + b" " * 300, ValueError),  # more than the bound (256 here)
+        (b"SSH-2.0-OpenSSH\r\n", OSError),  # something else on the port: no answer, not a crash
+    ],
+    ids=["ok", "not-found", "too-big", "not-http"],
+)
+def test_read_within_takes_a_200_within_bounds_and_anything_else_as_no_answer(
+    answer: bytes, error: type[Exception] | None
+) -> None:
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(4096)
+            conn.sendall(answer)
+
+    serving = threading.Thread(target=serve, daemon=True)
+    serving.start()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}/progress"
+    try:
+        if error is None:
+            assert json.loads(progress_module.read_within(url, 2.0, 256)) == {"step": 12}
+        else:
+            with pytest.raises(error):
+                progress_module.read_within(url, 2.0, 256)
+    finally:
+        serving.join(5)
+        listener.close()
