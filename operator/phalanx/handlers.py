@@ -38,8 +38,8 @@ class NoDiffBase(kopf.DiffBaseStorage):
         return None
 
 
-@kopf.on.startup()
-async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+def tune(settings: kopf.OperatorSettings) -> None:
+    """kopf's settings for this operator."""
     # Progress lives in annotations, so the status schema stays strict; no diff base (see there).
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=c.GROUP)
     settings.persistence.diffbase_storage = NoDiffBase()
@@ -49,6 +49,11 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.watching.client_timeout = 330
     settings.watching.connect_timeout = 30
     settings.networking.error_backoffs = [1, 2, 5, 10]
+
+
+@kopf.on.startup()
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    tune(settings)
     operator_settings: OperatorSettings = (
         getattr(memo, "settings", None) or OperatorSettings.from_environment()
     )
@@ -122,7 +127,7 @@ async def trainingjob_event(
     controller: Controller = memo.controller
     key = f"{namespace}/{name}"
     if event.get("type") == "DELETED":
-        controller.forget(key)
+        controller.forget(key, str(((event.get("object") or {}).get("metadata") or {}).get("uid") or ""))
         controller.admission_dirty.set()
         return
     controller.job_event(key, event.get("object") or {})

@@ -160,12 +160,18 @@ class _JobCollector(Collector):
         self._clock = clock
         self._lock = threading.Lock()
         self._jobs: dict[tuple[str, str], _JobState] = {}
-        # Deleted jobs (when): a reconcile still under way for one must not show its levels again.
-        self._deleted: dict[tuple[str, str], float] = {}
+        # Deleted jobs (uid, when): a poll or reconcile still under way for one must not bring its
+        # series back. Forgotten once a job of another uid is seen alive under the name, or after
+        # DELETED_REMEMBERED_SECONDS.
+        self._deleted: dict[tuple[str, str], tuple[str, float]] = {}
+
+    def _gone(self, key: tuple[str, str]) -> bool:
+        deleted = self._deleted.get(key)
+        return deleted is not None and self._clock() - deleted[1] <= DELETED_REMEMBERED_SECONDS
 
     def update(self, namespace: str, name: str, change: Callable[[_JobState], None]) -> None:
         with self._lock:
-            if (namespace, name) in self._deleted:
+            if self._gone((namespace, name)):
                 return  # a poll or reconcile that was under way when the job went: no ghost series
             change(self._jobs.setdefault((namespace, name), _JobState()))
 
@@ -174,19 +180,28 @@ class _JobCollector(Collector):
         with self._lock:
             state = self._jobs.get((namespace, name))
             shown = state is not None and state.levels_shown
-            return not shown and (namespace, name) not in self._deleted
+            return not shown and not self._gone((namespace, name))
 
     def created(self, namespace: str, name: str) -> None:
         with self._lock:
             self._deleted.pop((namespace, name), None)  # a new job under a deleted one's name
 
-    def pop(self, namespace: str, name: str) -> _JobState | None:
+    def alive(self, namespace: str, name: str, uid: str) -> None:
+        """A reconcile found the job of this uid alive: a deletion remembered under its name was of
+        a predecessor (a standby's, or one whose delete event came after its successor's first
+        reconcile, which then never counts as created again), so its series show once more."""
+        with self._lock:
+            deleted = self._deleted.get((namespace, name))
+            if deleted is not None and deleted[0] != uid:
+                del self._deleted[(namespace, name)]
+
+    def pop(self, namespace: str, name: str, uid: str) -> _JobState | None:
         with self._lock:
             now = self._clock()
-            for key, at in list(self._deleted.items()):
+            for key, (_, at) in list(self._deleted.items()):
                 if now - at > DELETED_REMEMBERED_SECONDS:
                     del self._deleted[key]
-            self._deleted[(namespace, name)] = now
+            self._deleted[(namespace, name)] = (uid, now)
             return self._jobs.pop((namespace, name), None)
 
     def phase_counts(self) -> dict[str, int]:
@@ -323,6 +338,11 @@ def _refresh_phase_gauge(previous_phases: Iterable[str]) -> None:
     counts = _JOBS.phase_counts()
     for phase in set(previous_phases) | set(counts):
         JOBS_BY_PHASE.labels(phase=phase).set(counts.get(phase, 0))
+
+
+def observe_job_alive(namespace: str, name: str, uid: str) -> None:
+    """A reconcile found the job of this uid alive (see _JobCollector.alive)."""
+    _JOBS.alive(namespace, name, uid)
 
 
 def observe_job_created(namespace: str, name: str) -> None:
@@ -547,10 +567,11 @@ def reconcile_timer(handler: str) -> Iterator[None]:
         RECONCILE_DURATION.labels(handler=handler).observe(time.perf_counter() - started)
 
 
-def forget_job(namespace: str, name: str) -> None:
-    """Drop every per-job series of a deleted job, keeping label cardinality bounded by live jobs."""
+def forget_job(namespace: str, name: str, uid: str = "") -> None:
+    """Drop every per-job series of a deleted job (of this uid; "" when not known), keeping label
+    cardinality bounded by live jobs."""
     before = _JOBS.phase_counts()
-    _JOBS.pop(namespace, name)
+    _JOBS.pop(namespace, name, uid)
     _refresh_phase_gauge(before)
 
 

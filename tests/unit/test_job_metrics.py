@@ -101,3 +101,36 @@ def test_every_per_job_series_goes_with_its_job_and_a_late_poll_brings_none_back
     metrics.observe_progress(namespace, name, 30, 100)
     every = [(s.name, s.labels) for family in metrics.REGISTRY.collect() for s in family.samples]
     assert [s for s in every if s[1].get("trainingjob") == name and s[1].get("namespace") == namespace] == []
+
+
+def test_a_successor_under_a_deleted_jobs_name_shows_its_series_and_a_late_poll_of_the_old_one_does_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # From the review: the deletion was remembered by name only, and only a status-less first
+    # reconcile (observe_job_created) cleared it. A successor first reconciled before its
+    # predecessor's delete event came (kopf's worker waits a moment; our own watch does not), or
+    # reconciled first by another replica before a failover, then had no series at all, for good.
+    namespace, name = LABELS["namespace"], LABELS["trainingjob"]
+    running = {"phase": "Running", "stragglers": [{"ratio": 2.0}]}
+    metrics.observe_job_alive(namespace, name, "uid-new")
+    metrics.observe_status(namespace, name, running, dict(running))
+    metrics.forget_job(namespace, name, "uid-old")  # the predecessor's delete event, late
+    metrics.observe_job_alive(namespace, name, "uid-old")  # a reconcile of the old one under way
+    metrics.observe_status(namespace, name, running, dict(running))
+    assert sample("phalanx_job_straggler_ratio", LABELS) is None  # no ghost of the old one
+    metrics.observe_job_alive(namespace, name, "uid-new")  # the successor's next reconcile
+    metrics.observe_status(namespace, name, running, dict(running))  # its status is not empty
+    assert sample("phalanx_job_straggler_ratio", LABELS) == 2.0
+    assert sample("phalanx_job_phase", {**LABELS, "phase": "Running"}) == 1.0
+
+
+def test_a_deletion_is_forgotten_after_a_while(monkeypatch: pytest.MonkeyPatch) -> None:
+    namespace, name = LABELS["namespace"], LABELS["trainingjob"]
+    now = [1000.0]
+    monkeypatch.setattr(metrics._JOBS, "_clock", lambda: now[0])
+    metrics.forget_job(namespace, name, "uid-old")
+    metrics.observe_progress(namespace, name, 1, 10)
+    assert sample("phalanx_job_progress_ratio", LABELS) is None
+    now[0] += metrics.DELETED_REMEMBERED_SECONDS + 1
+    metrics.observe_progress(namespace, name, 1, 10)
+    assert sample("phalanx_job_progress_ratio", LABELS) == 0.1

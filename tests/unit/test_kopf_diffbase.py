@@ -1,6 +1,5 @@
 """kopf's diff base is off: the operator registers only on.event, which needs none, and kopf would
-otherwise deep-copy every TrainingJob event (managed fields and status included) and keep a copy of
-the spec in an annotation."""
+otherwise deep-copy every TrainingJob event (managed fields and status included) to build one."""
 
 from __future__ import annotations
 
@@ -27,7 +26,10 @@ JOB = {
 
 
 def test_no_diff_base_is_built_read_or_written() -> None:
-    storage = handlers.NoDiffBase()
+    settings = kopf.OperatorSettings()
+    handlers.tune(settings)  # what the startup handler applies
+    storage = settings.persistence.diffbase_storage
+    assert isinstance(storage, handlers.NoDiffBase)
     body = kopf.Body(JOB)
     patch = kopf.Patch()
     assert storage.build(body=body) == {}

@@ -12,6 +12,7 @@ import pytest
 
 from phalanx.controller import progress as progress_module
 from phalanx.controller.progress import ProgressPoller, ProgressTarget
+from tests.unit.progress_answers import answer_with
 
 
 class RecordingWriter:
@@ -26,15 +27,6 @@ class RecordingWriter:
 class NoQueue:
     def enqueue_threadsafe(self, key: str) -> None:
         pass
-
-
-def answer_with(monkeypatch: pytest.MonkeyPatch, urlopen: Any) -> None:
-    """Trainers that answer as `urlopen(url, timeout)` does: to the polls (read_within) and to the
-    hang probe (urllib)."""
-    monkeypatch.setattr(progress_module.urllib.request, "urlopen", urlopen)
-    monkeypatch.setattr(
-        progress_module, "read_within", lambda url, timeout, _max: urlopen(url, timeout).read()
-    )
 
 
 class Trainer:

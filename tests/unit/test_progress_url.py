@@ -8,6 +8,7 @@ import logging
 import pytest
 
 from phalanx.settings import OperatorSettings
+from tests.unit.progress_answers import answer_with
 
 
 def template_of(value: str) -> str:
@@ -63,7 +64,6 @@ def test_a_set_template_is_warned_about_at_start(caplog: pytest.LogCaptureFixtur
 def test_the_poll_and_the_hang_probe_read_one_url(monkeypatch: pytest.MonkeyPatch) -> None:
     import io
 
-    from phalanx.controller import progress as progress_module
     from phalanx.controller.progress import HangWatch, ProgressPoller, ProgressTarget
 
     asked: list[str] = []
@@ -72,7 +72,7 @@ def test_the_poll_and_the_hang_probe_read_one_url(monkeypatch: pytest.MonkeyPatc
         asked.append(url)
         return io.BytesIO(b'{"step": 1}')
 
-    monkeypatch.setattr(progress_module.urllib.request, "urlopen", urlopen)
+    answer_with(monkeypatch, urlopen)
 
     class Writer:
         def write_facts(self, key: str, uid: str, patch: object) -> bool:

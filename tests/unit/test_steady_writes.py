@@ -20,6 +20,7 @@ from phalanx.policy.recovery_timeline import parse_time
 from phalanx.policy.resync import RESYNC_SECONDS
 from phalanx.reconcile.plan import iso
 from phalanx.settings import OperatorSettings
+from tests.unit.progress_answers import answer_with
 
 pytestmark = pytest.mark.unit
 
@@ -128,7 +129,7 @@ class Steady:
             store.synced.set()
         self.enqueued: list[str] = []
         monkeypatch.setattr(self.controller.work, "enqueue_threadsafe", self.enqueued.append)
-        monkeypatch.setattr(progress_module.urllib.request, "urlopen", self.urlopen)
+        answer_with(monkeypatch, self.urlopen)
         monkeypatch.setattr(progress_module.time, "monotonic", self.clock)
         monkeypatch.setattr(progress_module.time, "time", self.clock)
         self.polls = 0

@@ -117,8 +117,8 @@ class Controller:
     def reconcile(self, key: str) -> list[float]:
         return self.reconciler.reconcile(key)
 
-    def forget(self, key: str) -> None:
-        """The job is gone: every part drops what it kept for it."""
+    def forget(self, key: str, uid: str = "") -> None:
+        """The job (of this uid; "" when not known) is gone: every part drops what it kept for it."""
         self.reconciler.known_jobs.discard(key)
         self.work.forget(key)
         self.progress.forget(key)
@@ -128,7 +128,7 @@ class Controller:
         self.admission.preemptor.preempting.pop(key, None)
         self.spare_yields.forget(key)
         namespace, name = key.split("/", 1)
-        metrics.forget_job(namespace, name)
+        metrics.forget_job(namespace, name, uid)
 
     async def start(self) -> None:
         stores, watch = self.stores, self.watch

@@ -66,7 +66,7 @@ class CreateOutcome:
 class Reconciler:
     def __init__(self, api: KubeApi, stores: ClusterStores, writer: JobWriter, work: WorkQueue,
                  creation_admission: CreationAdmission, progress: ProgressPoller,
-                 write_pool: ThreadPoolExecutor, forget: Callable[[str], None], clock: Callable[[], float],
+                 write_pool: ThreadPoolExecutor, forget: Callable[[str, str], None], clock: Callable[[], float],
                  node_lost_after: float, cluster_domain: str,
                  allow_host_path_checkpoints: bool = False,
                  generations: GenerationPublisher | None = None,
@@ -106,12 +106,13 @@ class Reconciler:
             # Not managed here: spec.managedBy names another controller (MultiKueue's contract).
             if self._kueue_quota_held(key, None):
                 return [KUEUE_RELEASE_RETRY_SECONDS]  # its pods still stop; their events bring it back too
-            self.forget(key)
+            self.forget(key, str((job or {}).get("metadata", {}).get("uid") or ""))
             self.kueue.forget(key)
             return followups
         if key in self.kueue.pending_release and self._kueue_quota_held(key, job["metadata"]["uid"]):
             followups.append(KUEUE_RELEASE_RETRY_SECONDS)  # a Workload of its predecessor of that name
         self.known_jobs.add(key)
+        metrics.observe_job_alive(namespace, name, job["metadata"]["uid"])
         # From the watch-fed store once it is listed (a reconcile per pod event would otherwise list
         # the job's pods each time); pods another controller owns are not ours despite our label.
         listed = (
@@ -160,7 +161,7 @@ class Reconciler:
                 self.creation_admission.settle(key)  # nothing was done: decided again on the new version
                 return writer.refreshed(key)
             if stored is None:
-                self.forget(key)
+                self.forget(key, job["metadata"]["uid"])
                 return followups
             self._claim_grow(key, job, pods, plan, now)  # only once stored: a conflict decides again
             # Told now: should a deletion below fail, the next pass starts from this status and
@@ -247,7 +248,7 @@ class Reconciler:
             writer.record_event(job, event.type, event.reason, event.message, iso(now))
         if plan.delete_job:
             self.api.delete_job(namespace, name, job["metadata"]["uid"])
-            self.forget(key)
+            self.forget(key, job["metadata"]["uid"])
             return followups
         if plan.recheck_after is not None:
             followups.append(plan.recheck_after)
