@@ -243,6 +243,10 @@ class _JobCollector(Collector):
         return _JobFamilies().all()
 
 
+def _per_job(name: str, documentation: str) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, documentation, labels=JOB_LABELS)
+
+
 class _JobFamilies:
     """The per-job families, empty: one scrape's worth."""
 
@@ -252,30 +256,25 @@ class _JobFamilies:
             "1 for the current phase of each TrainingJob (one series per job).",
             labels=(*JOB_LABELS, "phase"),
         )
-        self.checkpoint_age = GaugeMetricFamily(
+        self.checkpoint_age = _per_job(
             "phalanx_job_checkpoint_age_seconds",
             "Seconds since the newest valid checkpoint of a TrainingJob was written.",
-            labels=JOB_LABELS,
         )
-        self.waiting = GaugeMetricFamily(
+        self.waiting = _per_job(
             "phalanx_job_admission_waiting_seconds",
             "Seconds a TrainingJob's gang has been waiting for admission so far.",
-            labels=JOB_LABELS,
         )
-        self.progress = GaugeMetricFamily(
+        self.progress = _per_job(
             "phalanx_job_progress_ratio",
             "Fraction of a TrainingJob's total steps completed (0 to 1), as reported by its trainer.",
-            labels=JOB_LABELS,
         )
-        self.stragglers = GaugeMetricFamily(
+        self.stragglers = _per_job(
             "phalanx_job_straggler_ratio",
             "The slowest straggler's time over its peers' median (status.stragglers); 0 when none.",
-            labels=JOB_LABELS,
         )
-        self.goodput = GaugeMetricFamily(
+        self.goodput = _per_job(
             "phalanx_job_goodput_ratio",
             "Productive device time over device time since the job was created (status.goodput.ratio).",
-            labels=JOB_LABELS,
         )
         self.device_seconds = GaugeMetricFamily(
             "phalanx_job_device_seconds",
