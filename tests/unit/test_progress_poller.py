@@ -599,8 +599,10 @@ def test_a_restart_between_two_polls_is_not_counted_as_the_pace(trainer: Trainer
         (b"HTTP/1.0 404 Not Found\r\nContent-Length: 0\r\n\r\n", OSError),  # a pod not rank 0
         (b"HTTP/1.0 200 OK\r\n\r\n" + b" " * 300, ValueError),  # more than the bound (256 here)
         (b"SSH-2.0-OpenSSH\r\n", OSError),  # something else on the port: no answer, not a crash
+        # HTTP/1.1 without a length: ends when the server closes, which it does for Connection: close
+        (b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n{"step": 12}\n', None),
     ],
-    ids=["ok", "not-found", "too-big", "not-http"],
+    ids=["ok", "not-found", "too-big", "not-http", "keep-alive-without-length"],
 )
 def test_read_within_takes_a_200_within_bounds_and_anything_else_as_no_answer(
     answer: bytes, error: type[Exception] | None
@@ -613,8 +615,10 @@ def test_read_within_takes_a_200_within_bounds_and_anything_else_as_no_answer(
     def serve() -> None:
         conn, _ = listener.accept()
         with conn:
-            conn.recv(4096)
+            request = conn.recv(4096)
             conn.sendall(answer)
+            if b"connection: close" not in request.lower():
+                time.sleep(3)  # a keep-alive server: the connection stays open past the deadline
 
     serving = threading.Thread(target=serve, daemon=True)
     serving.start()

@@ -118,7 +118,13 @@ class Controller:
         return self.reconciler.reconcile(key)
 
     def forget(self, key: str, uid: str = "") -> None:
-        """The job (of this uid; "" when not known) is gone: every part drops what it kept for it."""
+        """The job (of this uid; "" when not known) is gone: every part drops what it kept for it.
+        Not when the store already holds another job under the name: a predecessor's delete event
+        that came after its successor's (kopf's worker waits a moment, our watch does not) would
+        otherwise drop the successor's timers, poll target, reservation and series."""
+        current = self.stores.jobs.get(key) if uid else None
+        if current is not None and current["metadata"].get("uid") not in (None, uid):
+            return
         self.reconciler.known_jobs.discard(key)
         self.work.forget(key)
         self.progress.forget(key)

@@ -122,7 +122,13 @@ def read_within(url: str, timeout: float, max_bytes: int) -> bytes:
         raise ValueError(f"not a plain http URL: {url}")
     connection = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
     try:
-        connection.request("GET", f"{parts.path or '/'}{'?' + parts.query if parts.query else ''}")
+        connection.connect()
+        if connection.sock is not None:  # what the connect left of the deadline, for the request
+            connection.sock.settimeout(max(0.001, deadline - time.monotonic()))
+        # Connection: close (as urllib sent it): a keep-alive answer without a length would
+        # otherwise be read until the deadline.
+        target = f"{parts.path or '/'}{'?' + parts.query if parts.query else ''}"
+        connection.request("GET", target, headers={"Connection": "close"})
         response = connection.getresponse()
         if response.status != 200:
             raise OSError(f"/progress answered HTTP {response.status}")
@@ -433,7 +439,7 @@ class ProgressPoller:
             report = json.loads(body)
             if not isinstance(report, dict):
                 raise ValueError("/progress is not a JSON object")
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested past the stack
             if self.targets.get(key) != target:
                 return  # forgotten, or re-created under the name, while the poll waited
             # Simulated pods serve nothing and a trainer may still be starting: back off, quietly.
