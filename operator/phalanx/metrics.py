@@ -151,6 +151,7 @@ class _JobState:
     restarts: dict[str, int] | None = None  # by reason
     resizes: dict[str, int] | None = None  # by direction
     levels_shown: bool = False  # observe_status showed its stored levels (see there)
+    uid: str | None = None  # of the job these are, once a reconcile saw it alive
 
 
 class _JobCollector(Collector):
@@ -194,6 +195,13 @@ class _JobCollector(Collector):
             deleted = self._deleted.get((namespace, name))
             if deleted is not None and deleted[0] != uid:
                 del self._deleted[(namespace, name)]
+            if self._gone((namespace, name)):
+                return  # this very job's deletion: a reconcile under way when it went
+            state = self._jobs.get((namespace, name))
+            if state is None or state.uid not in (None, uid):
+                # A predecessor's values (its restart counts among them) are not this job's.
+                state = self._jobs[(namespace, name)] = _JobState()
+            state.uid = uid
 
     def pop(self, namespace: str, name: str, uid: str) -> _JobState | None:
         with self._lock:
@@ -341,7 +349,9 @@ def _refresh_phase_gauge(previous_phases: Iterable[str]) -> None:
 
 def observe_job_alive(namespace: str, name: str, uid: str) -> None:
     """A reconcile found the job of this uid alive (see _JobCollector.alive)."""
+    before = _JOBS.phase_counts()
     _JOBS.alive(namespace, name, uid)
+    _refresh_phase_gauge(before)
 
 
 def observe_job_created(namespace: str, name: str) -> None:

@@ -134,3 +134,18 @@ def test_a_deletion_is_forgotten_after_a_while(monkeypatch: pytest.MonkeyPatch) 
     now[0] += metrics.DELETED_REMEMBERED_SECONDS + 1
     metrics.observe_progress(namespace, name, 1, 10)
     assert sample("phalanx_job_progress_ratio", LABELS) == 0.1
+
+
+def test_a_successors_series_do_not_carry_its_predecessors_counts() -> None:
+    # The name was reused while this process still held the predecessor's values (its delete event
+    # had not come, or was another job's to tell): its restart count is not the successor's.
+    namespace, name = LABELS["namespace"], LABELS["trainingjob"]
+    metrics.observe_job_alive(namespace, name, "uid-old")
+    metrics.observe_status(namespace, name, {}, {"phase": "Failed"})
+    metrics.observe_restart(namespace, name, "failure")
+    failed_before = sample("phalanx_jobs", {"phase": "Failed"}) or 0
+    metrics.observe_job_alive(namespace, name, "uid-new")
+    metrics.observe_status(namespace, name, {"phase": "Running"}, {"phase": "Running"})
+    assert sample("phalanx_job_restarts_total", {**LABELS, "reason": "failure"}) is None
+    assert sample("phalanx_job_phase", {**LABELS, "phase": "Running"}) == 1.0
+    assert sample("phalanx_jobs", {"phase": "Failed"}) == failed_before - 1
