@@ -632,3 +632,22 @@ def test_read_within_takes_a_200_within_bounds_and_anything_else_as_no_answer(
     finally:
         serving.join(5)
         listener.close()
+
+
+def test_a_report_before_the_first_step_writes_no_progress(trainer: Trainer) -> None:
+    # A fresh trainer serves its start-up times before its first step (phalanx_trainer.metrics
+    # note_startup): no step, no totals. Written, it was an empty status.progress, or one whose
+    # step the merge patch removed; a fresh-clone e2e run read a status.progress without a step.
+    writer = RecordingWriter()
+    polling = poller(writer, seconds=30.0)
+    trainer.report = {
+        "attempt": 0,
+        "startup": {"podsRunning": "2026-12-05T10:00:00Z"},
+        "resumed_from_step": 0,
+    }
+    polling.poll("ns/job")
+    assert writer.writes == []
+    assert polling.trainer_reports["ns/job"][1]["startup"]  # the reconcile still sees the start-up
+    trainer.report = {"step": 1, "total_steps": 100}
+    polling.poll("ns/job")
+    assert writer.writes == [{"progress": {"step": 1, "totalSteps": 100, "percent": 1}}]

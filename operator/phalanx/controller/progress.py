@@ -474,6 +474,10 @@ class ProgressPoller:
             # Start-up times end a recovery, stalls cost goodput: the reconcile books them, under
             # the version it decides on.
             self.work.enqueue_threadsafe(key)
+        if not isinstance(report.get("step"), int):
+            # A trainer starting up serves its start-up times before its first step: nothing for
+            # status.progress yet (an empty one would drop the step a status already shows).
+            return
         patch: dict[str, Any] = {"progress": progress_status(report)}
         checkpoint = report.get("last_checkpoint") or None
         if isinstance(checkpoint, dict) and isinstance(checkpoint.get("step"), int):
