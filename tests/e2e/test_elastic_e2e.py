@@ -10,7 +10,6 @@ is in test_elastic_shrink_e2e.py.
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ import pytest
 
 from tests.conftest import Cluster, OperatorProcess, RealNode, create_namespace, wait_for
 from tests.e2e.runs import POD_CPU, blocker, free_millicores, job_manifests, job_status, wait_job_phase
+from tests.event_lines import json_events
 
 pytestmark = pytest.mark.e2e
 
@@ -30,11 +30,7 @@ TIMEOUT = 300.0
 
 
 def trainer_events(node: RealNode, namespace: str, pod: str, event: str) -> list[dict[str, Any]]:
-    found = []
-    for line in node.log(namespace, pod, "trainer").splitlines():
-        if line.startswith("{") and f'"event": "{event}"' in line:
-            found.append(json.loads(line))
-    return found
+    return [e for e in json_events(node.log(namespace, pod, "trainer")) if e["event"] == event]
 
 
 @pytest.fixture

@@ -26,6 +26,7 @@ import pytest
 
 from phalanx.ports import free_port
 from phalanx_trainer.checkpoint.store import parse_step_dir
+from tests.event_lines import json_events
 
 pytestmark = pytest.mark.trainer
 
@@ -83,8 +84,7 @@ class Pod:
             return err.code, json.loads(err.read())
 
     def events(self) -> list[dict[str, Any]]:
-        lines = self.stdout.read_text().splitlines() if self.stdout.exists() else []
-        return [json.loads(line) for line in lines if line.startswith("{")]
+        return json_events(self.stdout.read_text()) if self.stdout.exists() else []
 
     def last_step(self) -> int:
         steps = [e["step"] for e in self.events() if e["event"] == "progress"]
