@@ -86,6 +86,12 @@ class Cluster:
 
         return config.new_client_from_config(config_file=self.kubeconfig)
 
+    def kube_client(self) -> Any:
+        """The operator's own client (kube_client.KubeClient), logged in as the admin."""
+        from phalanx.kube_client import KubeClient, kubeconfig_credentials
+
+        return KubeClient(kubeconfig_credentials(Path(self.kubeconfig)))
+
     def add_nodes(self, pools: Sequence[NodePool]) -> list[str]:
         return self.local.add_nodes(pools) if pools else []
 

@@ -8,6 +8,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import kopf
@@ -16,6 +17,7 @@ from phalanx import constants as c
 from phalanx.controller import Controller
 from phalanx.health import HealthServer, operator_readiness
 from phalanx.k8s import KubeApi, LeaseApi, load_api_client
+from phalanx.kube_client import Credentials, load_credentials
 from phalanx.leader import LeaderElector
 from phalanx.settings import LeaderElection, OperatorSettings
 
@@ -49,6 +51,28 @@ def tune(settings: kopf.OperatorSettings) -> None:
     settings.watching.client_timeout = 330
     settings.watching.connect_timeout = 30
     settings.networking.error_backoffs = [1, 2, 5, 10]
+
+
+@kopf.on.login()
+def login(**_: Any) -> kopf.ConnectionInfo:
+    """kopf's watches log in as the operator's own requests do (kube_client.py): one reading of the
+    service account or kubeconfig. After a 401 kopf logs in again, which reads a rotated token."""
+    return connection_info(load_credentials())
+
+
+def connection_info(credentials: Credentials) -> kopf.ConnectionInfo:
+    token = credentials.token
+    if token is None and credentials.token_file:
+        token = Path(credentials.token_file).read_text().strip()
+    return kopf.ConnectionInfo(
+        server=credentials.server,
+        ca_path=credentials.ca_file,
+        ca_data=credentials.ca_data,
+        insecure=credentials.insecure or None,
+        certificate_path=credentials.cert_file,
+        private_key_path=credentials.key_file,
+        token=token,
+    )
 
 
 @kopf.on.startup()

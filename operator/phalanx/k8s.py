@@ -4,28 +4,20 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
-from typing import Any, cast
-from urllib.parse import urlsplit
-
-from kubernetes import client, config
-from kubernetes.client import ApiException
+from collections.abc import Callable, Mapping
+from typing import Any
+from urllib.parse import quote, urlsplit
 
 from phalanx import constants as c
 from phalanx import metrics
+from phalanx.kube_client import ApiError, KubeClient, Timeout, load_client
 
 log = logging.getLogger("phalanx.k8s")
 
 
-def load_api_client() -> client.ApiClient:
+def load_api_client() -> KubeClient:
     """In-cluster service account first, else the current kubeconfig (KUBECONFIG)."""
-    try:
-        config.load_incluster_config()  # type: ignore[no-untyped-call]
-    except config.ConfigException:
-        config.load_kube_config()  # type: ignore[no-untyped-call]
-    configuration = client.Configuration.get_default_copy()
-    configuration.connection_pool_maxsize = 32
-    return client.ApiClient(configuration)
+    return load_client()
 
 
 def release(response: Any) -> None:
@@ -35,24 +27,20 @@ def release(response: Any) -> None:
     response.release_conn()
 
 
-def _without_none(params: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in params.items() if v is not None}
-
-
 def _pointer(key: str) -> str:
     """A map key as one JSON pointer token (RFC 6901): label keys hold '/'."""
     return key.replace("~", "~0").replace("/", "~1")
 
 
 def short_error(exc: BaseException) -> str:
-    """One line: an ApiException's status and reason, not its headers and body."""
+    """One line: an ApiError's status and reason, not its headers and body."""
     status, reason = getattr(exc, "status", None), getattr(exc, "reason", None)
     if status is not None:
         return f"HTTP {status} {reason or ''}".strip()
     return f"{type(exc).__name__}: {exc}"
 
 
-def api_message(exc: ApiException) -> str:
+def api_message(exc: ApiError) -> str:
     """The message of the API server's Status body (what kubectl prints), else the HTTP reason."""
     try:
         message = json.loads(exc.body or "{}").get("message")
@@ -61,38 +49,99 @@ def api_message(exc: ApiException) -> str:
     return str(message or short_error(exc))[:900]
 
 
+# -- paths and query parameters ----------------------------------------------------------------------
+def core_path(resource: str, namespace: str | None = None, name: str | None = None, sub: str = "") -> str:
+    return _path("/api/v1", resource, namespace, name, sub)
+
+
+def group_path(
+    group: str,
+    version: str,
+    resource: str,
+    namespace: str | None = None,
+    name: str | None = None,
+    sub: str = "",
+) -> str:
+    return _path(f"/apis/{group}/{version}", resource, namespace, name, sub)
+
+
+def _path(prefix: str, resource: str, namespace: str | None, name: str | None, sub: str) -> str:
+    path = prefix + (f"/namespaces/{quote(namespace, safe='')}" if namespace else "") + f"/{resource}"
+    if name is not None:
+        path += f"/{quote(name, safe='')}"
+    return path + (f"/{sub}" if sub else "")
+
+
+# The reflectors' and callers' parameter names (reflector.py) as the API server spells them.
+QUERY_NAMES = {
+    "label_selector": "labelSelector", "field_selector": "fieldSelector", "limit": "limit",
+    "_continue": "continue", "resource_version": "resourceVersion", "watch": "watch",
+    "allow_watch_bookmarks": "allowWatchBookmarks", "timeout_seconds": "timeoutSeconds",
+}  # fmt: skip
+
+
+def list_or_watch(client: KubeClient, path: str, params: Mapping[str, Any]) -> Any:
+    """One list page or a watch of `path`, unread; `_request_timeout` is the (connect, read) limit."""
+    timeout: Timeout | None = params.get("_request_timeout")
+    query = {QUERY_NAMES[k]: v for k, v in params.items() if k != "_request_timeout"}
+    return client.request("GET", path, query, timeout=timeout)
+
+
+def delete_options(
+    uid: str | None = None,
+    resource_version: str | None = None,
+    propagation: str | None = None,
+    grace_seconds: int | None = None,
+) -> dict[str, Any]:
+    preconditions = {k: v for k, v in (("uid", uid), ("resourceVersion", resource_version)) if v}
+    options: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
+    if propagation:
+        options["propagationPolicy"] = propagation
+    if grace_seconds is not None:
+        options["gracePeriodSeconds"] = grace_seconds
+    if preconditions:
+        options["preconditions"] = preconditions
+    return options
+
+
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 REQUEST_TIMEOUT = (10.0, 60.0)  # connect, read: seconds
 LEASE_REQUEST_TIMEOUT = (2.0, 4.0)  # within a renew deadline of 10 s: a renewal gets two tries
 
 
-def count_requests(api_client: client.ApiClient, write_fence: Callable[[], None] | None = None) -> None:
+def count_requests(api_client: KubeClient, write_fence: Callable[[], None] | None = None) -> None:
     """Counts every request of this client in phalanx_api_requests_total (endpoint: the path template,
     so the series stay few). `write_fence` runs before every write and may refuse it (leader.py):
     one place, so no writer can forget it."""
-    send = api_client.call_api
+    send = api_client.request
 
-    def counted(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+    def counted(
+        method: str,
+        path: str,
+        params: Mapping[str, Any] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        timeout: Timeout | None = None,
+    ) -> Any:
         if write_fence is not None and method.upper() not in READ_METHODS:
             write_fence()
-        if len(args) < 4 and kwargs.get("_request_timeout") is None and "watch=true" not in url.lower():
+        if timeout is None and not (params or {}).get("watch"):
             # Never wait forever (a half-open connection would hang a worker, or land a write long
             # after the fence let it through); watches bring their own, longer timeout.
-            kwargs["_request_timeout"] = REQUEST_TIMEOUT
-        endpoint = endpoint_template(url)
+            timeout = REQUEST_TIMEOUT
+        endpoint = endpoint_template(path)
         try:
-            response = send(method, url, *args, **kwargs)
-        except ApiException as exc:
+            response = send(method, path, params, body, content_type, timeout)
+        except ApiError as exc:
             metrics.observe_api_request(method, endpoint, exc.status)
             raise
         except Exception:
             metrics.observe_api_request(method, endpoint, None)
             raise
-        # The client raises for an error status only later, when it reads the answer.
         metrics.observe_api_request(method, endpoint, _status_of(response))
         return response
 
-    api_client.call_api = counted  # type: ignore[method-assign,assignment]
+    api_client.request = counted  # type: ignore[method-assign]
 
 
 def endpoint_template(url: str) -> str:
@@ -142,46 +191,50 @@ class StatusConflict(Exception):
 
 
 class KubeApi:
-    def __init__(self, api_client: client.ApiClient, write_fence: Callable[[], None] | None = None) -> None:
+    def __init__(self, api_client: KubeClient, write_fence: Callable[[], None] | None = None) -> None:
         self.api_client = api_client
         count_requests(api_client, write_fence)
-        self.core = client.CoreV1Api(api_client)
-        self.custom = client.CustomObjectsApi(api_client)
-        self.scheduling = client.SchedulingV1Api(api_client)
 
     @staticmethod
     def _json(response: Any) -> Any:
         return json.loads(response.data)  # reading the whole body returns the connection to the pool
 
+    def _send(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        params: Mapping[str, Any] | None = None,
+        content_type: str = "application/json",
+    ) -> Any:
+        return self.api_client.request(method, path, params, body, content_type)
+
+    def _read(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
+        """The answer's JSON."""
+        return self._json(self._send(method, path, body, content_type=content_type))
+
+    def _discard(self, method: str, path: str, body: Any = None) -> None:
+        """Sent for its effect: the answer is read to free the connection."""
+        release(self._send(method, path, body))
+
     # -- raw list/watch requests for the reflectors (reflector.py) -----------------------------
     def pods_request(self, **params: Any) -> Any:
         """Every pod in every namespace: finished ones too, since a reconcile reads its job's outcome
         from them (capacity skips them)."""
-        return self.core.list_pod_for_all_namespaces(_preload_content=False, **_without_none(params))
+        return list_or_watch(self.api_client, core_path("pods"), params)
 
     def nodes_request(self, **params: Any) -> Any:
-        return self.core.list_node(_preload_content=False, **_without_none(params))
+        return list_or_watch(self.api_client, core_path("nodes"), params)
 
     def jobs_request(self, namespace: str | None, **params: Any) -> Any:
-        params = _without_none(params)
-        if namespace is None:
-            return self.custom.list_cluster_custom_object(
-                c.GROUP, c.VERSION, c.PLURAL, _preload_content=False, **params
-            )
-        return self.custom.list_namespaced_custom_object(
-            c.GROUP, c.VERSION, namespace, c.PLURAL, _preload_content=False, **params
-        )
+        return list_or_watch(self.api_client, _jobs(namespace), params)
 
     # -- TrainingJobs ---------------------------------------------------------------------------
     def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            job: dict[str, Any] = self._json(
-                self.custom.get_namespaced_custom_object(
-                    c.GROUP, c.VERSION, namespace, c.PLURAL, name, _preload_content=False
-                )
-            )
+            job: dict[str, Any] = self._read("GET", _jobs(namespace, name))
             return job
-        except ApiException as exc:
+        except ApiError as exc:
             if exc.status == 404:
                 return None
             raise
@@ -194,7 +247,7 @@ class KubeApi:
         is gone, StatusConflict when it changed (read again and decide again)."""
         try:
             return self._patch_status(namespace, name, status, resource_version)
-        except ApiException as exc:
+        except ApiError as exc:
             if exc.status == 409:
                 raise StatusConflict(f"{namespace}/{name} changed since version {resource_version}") from exc
             if exc.status != 404:
@@ -215,7 +268,7 @@ class KubeApi:
             if resource_version is not None:
                 try:
                     return self._patch_status(namespace, name, status, resource_version)
-                except ApiException as exc:
+                except ApiError as exc:
                     if exc.status == 404:
                         return None
                     if exc.status != 409:
@@ -230,100 +283,56 @@ class KubeApi:
         self, namespace: str, name: str, status: dict[str, Any], resource_version: str
     ) -> dict[str, Any]:
         body = {"metadata": {"resourceVersion": resource_version}, "status": status}
-        job: dict[str, Any] = self._json(
-            self.custom.patch_namespaced_custom_object_status(
-                c.GROUP,
-                c.VERSION,
-                namespace,
-                c.PLURAL,
-                name,
-                body,
-                _content_type="application/merge-patch+json",
-                _preload_content=False,
-            )
-        )
+        job: dict[str, Any] = self._read("PATCH", _jobs(namespace, name, "status"), body, MERGE_PATCH)
         return job
 
     def delete_job(self, namespace: str, name: str, uid: str) -> None:
         """Deletes the job with this `uid`; a successor re-created under its name is left alone."""
-        body = client.V1DeleteOptions(
-            propagation_policy="Background", preconditions=client.V1Preconditions(uid=uid)
-        )
         try:
-            release(self.custom.delete_namespaced_custom_object(
-                c.GROUP, c.VERSION, namespace, c.PLURAL, name, body=body, _preload_content=False,
-            ))  # fmt: skip
-        except ApiException as exc:
+            self._discard("DELETE", _jobs(namespace, name), delete_options(uid, propagation="Background"))
+        except ApiError as exc:
             if exc.status not in (404, 409):  # 409: the uid precondition failed, it is someone else
                 raise
 
     # -- pods, services, nodes --------------------------------------------------------------------
     def list_job_pods(self, namespace: str, job_name: str) -> list[dict[str, Any]]:
-        out = self.core.list_namespaced_pod(
-            namespace, label_selector=f"{c.LABEL_JOB_NAME}={job_name}", _preload_content=False
-        )
-        items: list[dict[str, Any]] = self._json(out)["items"]
+        selector = {"labelSelector": f"{c.LABEL_JOB_NAME}={job_name}"}
+        items: list[dict[str, Any]] = self._json(
+            self._send("GET", core_path("pods", namespace), params=selector)
+        )["items"]
         return items
 
     def priority_classes_request(self, **params: Any) -> Any:
         """List or watch PriorityClasses (the admission pass's values, reflector.py)."""
-        return self.scheduling.list_priority_class(_preload_content=False, **_without_none(params))
+        return list_or_watch(self.api_client, PRIORITY_CLASSES, params)
 
     def priority_values(self) -> dict[str, int]:
-        out = self._json(self.scheduling.list_priority_class(_preload_content=False))
+        out = self._read("GET", PRIORITY_CLASSES)
         return {pc["metadata"]["name"]: int(pc.get("value", 0)) for pc in out["items"]}
 
     def create_if_absent(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
         """Creates a namespaced object and returns it as stored; None when it already exists
         (idempotent retries); CreationRefused when the API server will not have it."""
-        namespace = manifest["metadata"]["namespace"]
-        response: Any
         try:
-            if manifest["kind"] == "Pod":
-                response = self.core.create_namespaced_pod(
-                    namespace, cast(Any, manifest), _preload_content=False
-                )
-            elif manifest["kind"] == "Service":
-                response = self.core.create_namespaced_service(
-                    namespace, cast(Any, manifest), _preload_content=False
-                )
-            else:
-                group, version = manifest["apiVersion"].split("/")
-                plural = manifest["kind"].lower() + "s"
-                response = self.custom.create_namespaced_custom_object(
-                    group, version, namespace, plural, manifest, _preload_content=False
-                )
-        except ApiException as exc:
+            created: dict[str, Any] = self._read("POST", _collection_of(manifest), manifest)
+            return created
+        except ApiError as exc:
             if exc.status == 409:
                 return None
             if exc.status in REFUSED_CREATE_STATUSES:
                 raise CreationRefused(exc.status, api_message(exc)) from exc
             raise
-        created: dict[str, Any] = self._json(response)
-        return created
 
     def read_like(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
         """The stored object of the manifest's kind, namespace and name; None when absent."""
-        meta = manifest["metadata"]
-        namespace, name = meta["namespace"], meta["name"]
-        response: Any
+        path = f"{_collection_of(manifest)}/{quote(manifest['metadata']['name'], safe='')}"
         try:
-            if manifest["kind"] == "Pod":
-                response = self.core.read_namespaced_pod(name, namespace, _preload_content=False)
-            elif manifest["kind"] == "Service":
-                response = self.core.read_namespaced_service(name, namespace, _preload_content=False)
-            else:
-                group, version = manifest["apiVersion"].split("/")
-                plural = manifest["kind"].lower() + "s"
-                response = self.custom.get_namespaced_custom_object(
-                    group, version, namespace, plural, name, _preload_content=False
-                )
-        except ApiException as exc:
+            stored: dict[str, Any] = self._read("GET", path)
+            return stored
+        except ApiError as exc:
             if exc.status == 404:
                 return None
             raise
-        stored: dict[str, Any] = self._json(response)
-        return stored
 
     def delete_pod(
         self,
@@ -335,15 +344,10 @@ class KubeApi:
     ) -> None:
         """A 409 (the pod changed: another uid, or a newer version than `resource_version`) deletes
         nothing and is no error: the next pass decides on what it became."""
-        body = client.V1DeleteOptions(
-            grace_period_seconds=grace_seconds,
-            preconditions=client.V1Preconditions(uid=uid, resource_version=resource_version)
-            if uid or resource_version
-            else None,
-        )
+        body = delete_options(uid, resource_version, grace_seconds=grace_seconds)
         try:
-            release(self.core.delete_namespaced_pod(name, namespace, body=body, _preload_content=False))
-        except ApiException as exc:
+            self._discard("DELETE", core_path("pods", namespace, name), body)
+        except ApiError as exc:
             if exc.status not in (404, 409):
                 raise
 
@@ -363,7 +367,7 @@ class KubeApi:
         ]
         try:
             return self._json_patch_pod(namespace, name, patch)
-        except ApiException as exc:
+        except ApiError as exc:
             if exc.status not in (404, 409, 422):
                 raise
             # The spare keeps its rank through status.inPlace.keptPods (policy/in_place.py), and the
@@ -376,16 +380,15 @@ class KubeApi:
         """Asks the Eviction API to stop the pod: the API server marks it DisruptionTarget
         (EvictionByEvictionAPI) and honours PodDisruptionBudgets. False when a budget refuses it now
         (429); a pod already gone counts as evicted."""
-        body = client.V1Eviction(
-            metadata=client.V1ObjectMeta(name=name, namespace=namespace),
-            delete_options=client.V1DeleteOptions(
-                grace_period_seconds=grace_seconds,
-                preconditions=client.V1Preconditions(uid=uid) if uid else None,
-            ),
-        )
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+            "deleteOptions": delete_options(uid, grace_seconds=grace_seconds),
+        }
         try:
-            release(self.core.create_namespaced_pod_eviction(name, namespace, body, _preload_content=False))
-        except ApiException as exc:
+            self._discard("POST", core_path("pods", namespace, name, "eviction"), body)
+        except ApiError as exc:
             if exc.status == 429:
                 return False
             if exc.status not in (404, 409):
@@ -405,29 +408,23 @@ class KubeApi:
         ]
         try:
             return self._json_patch_pod(namespace, name, patch)
-        except ApiException as exc:
+        except ApiError as exc:
             if exc.status != 404:
                 raise
             return None
 
     def _json_patch_pod(self, namespace: str, name: str, patch: list[dict[str, Any]]) -> dict[str, Any]:
         """One JSON patch (RFC 6902) of a pod; the pod as stored."""
-        pod: dict[str, Any] = self._json(
-            self.core.patch_namespaced_pod(
-                name, namespace, patch, _content_type="application/json-patch+json", _preload_content=False
-            )
-        )
+        pod: dict[str, Any] = self._read("PATCH", core_path("pods", namespace, name), patch, JSON_PATCH)
         return pod
 
     # -- Kueue (controller/kueue_workloads.py); the Workload itself is created with create_if_absent ---
     def get_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The Workload; None when absent (or when Kueue's API is not served at all)."""
         try:
-            workload: dict[str, Any] = self._json(self.custom.get_namespaced_custom_object(
-                c.KUEUE_GROUP, c.KUEUE_VERSION, namespace, "workloads", name, _preload_content=False
-            ))  # fmt: skip
+            workload: dict[str, Any] = self._read("GET", _workloads(namespace, name))
             return workload
-        except ApiException as exc:
+        except ApiError as exc:
             if exc.status == 404:
                 return None
             raise
@@ -437,12 +434,9 @@ class KubeApi:
         StatusConflict when the patch names a resourceVersion that is no longer current,
         CreationRefused when an admission webhook (Kueue's) refuses the change."""
         try:
-            workload: dict[str, Any] = self._json(self.custom.patch_namespaced_custom_object(
-                c.KUEUE_GROUP, c.KUEUE_VERSION, namespace, "workloads", name, patch,
-                _content_type="application/merge-patch+json", _preload_content=False,
-            ))  # fmt: skip
+            workload: dict[str, Any] = self._read("PATCH", _workloads(namespace, name), patch, MERGE_PATCH)
             return workload
-        except ApiException as exc:
+        except ApiError as exc:
             if exc.status == 404:
                 return None
             if exc.status == 409:
@@ -454,47 +448,31 @@ class KubeApi:
     def workloads_request(self, namespace: str | None, **params: Any) -> Any:
         """List or watch this operator's Workloads (controller/kueue_workloads.py: a change enqueues
         the owning job at once; reflector.py)."""
-        params = {"label_selector": f"{c.LABEL_MANAGED_BY}={c.MANAGED_BY}", **_without_none(params)}
-        if namespace is None:
-            return self.custom.list_cluster_custom_object(
-                c.KUEUE_GROUP, c.KUEUE_VERSION, "workloads", _preload_content=False, **params
-            )
-        return self.custom.list_namespaced_custom_object(
-            c.KUEUE_GROUP, c.KUEUE_VERSION, namespace, "workloads", _preload_content=False, **params
-        )
+        params = {"label_selector": f"{c.LABEL_MANAGED_BY}={c.MANAGED_BY}", **params}
+        return list_or_watch(self.api_client, _workloads(namespace), params)
 
     def list_workloads(self, namespace: str | None, label_selector: str) -> list[dict[str, Any]] | None:
         """The Workloads with these labels in `namespace` (None: every namespace); None when the API
         server serves no Kueue Workloads."""
         try:
-            if namespace is None:
-                out = self.custom.list_cluster_custom_object(
-                    c.KUEUE_GROUP, c.KUEUE_VERSION, "workloads", label_selector=label_selector,
-                    _preload_content=False,
-                )  # fmt: skip
-            else:
-                out = self.custom.list_namespaced_custom_object(
-                    c.KUEUE_GROUP, c.KUEUE_VERSION, namespace, "workloads", label_selector=label_selector,
-                    _preload_content=False,
-                )  # fmt: skip
-        except ApiException as exc:
+            out = self._json(
+                self._send("GET", _workloads(namespace), params={"labelSelector": label_selector})
+            )
+        except ApiError as exc:
             if exc.status == 404:
                 return None
             raise
-        items: list[dict[str, Any]] = self._json(out)["items"]
+        items: list[dict[str, Any]] = out["items"]
         return items
 
     def delete_workload(self, namespace: str, name: str, uid: str | None) -> None:
         """Deletes the Workload with this `uid` (one built from an older version of its job); gone
         already, or replaced meanwhile (the uid precondition fails), is fine."""
-        body = client.V1DeleteOptions(
-            propagation_policy="Background", preconditions=client.V1Preconditions(uid=uid) if uid else None
-        )
         try:
-            release(self.custom.delete_namespaced_custom_object(
-                c.KUEUE_GROUP, c.KUEUE_VERSION, namespace, "workloads", name, body=body, _preload_content=False,
-            ))  # fmt: skip
-        except ApiException as exc:
+            self._discard(
+                "DELETE", _workloads(namespace, name), delete_options(uid, propagation="Background")
+            )
+        except ApiError as exc:
             if exc.status not in (404, 409):
                 raise
 
@@ -505,12 +483,11 @@ class KubeApi:
         too): returns it as stored, None when it is gone, StatusConflict when it changed."""
         body = {"metadata": {"resourceVersion": resource_version}, "status": status}
         try:
-            workload: dict[str, Any] = self._json(self.custom.patch_namespaced_custom_object_status(
-                c.KUEUE_GROUP, c.KUEUE_VERSION, namespace, "workloads", name, body,
-                _content_type="application/merge-patch+json", _preload_content=False,
-            ))  # fmt: skip
+            workload: dict[str, Any] = self._read(
+                "PATCH", _workloads(namespace, name, "status"), body, MERGE_PATCH
+            )
             return workload
-        except ApiException as exc:
+        except ApiError as exc:
             if exc.status == 409:
                 raise StatusConflict(f"Workload {namespace}/{name} changed since {resource_version}") from exc
             if exc.status == 404:
@@ -519,11 +496,11 @@ class KubeApi:
 
     def get_resource_flavor(self, name: str) -> dict[str, Any] | None:
         try:
-            flavor: dict[str, Any] = self._json(self.custom.get_cluster_custom_object(
-                c.KUEUE_GROUP, c.KUEUE_VERSION, "resourceflavors", name, _preload_content=False
-            ))  # fmt: skip
+            flavor: dict[str, Any] = self._read(
+                "GET", group_path(c.KUEUE_GROUP, c.KUEUE_VERSION, "resourceflavors", None, name)
+            )
             return flavor
-        except ApiException as exc:
+        except ApiError as exc:
             if exc.status == 404:
                 return None
             raise
@@ -531,6 +508,7 @@ class KubeApi:
     def create_event(self, job: dict[str, Any], type_: str, reason: str, message: str, now_iso: str) -> None:
         meta = job["metadata"]
         body = {
+            "apiVersion": "v1", "kind": "Event",
             "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
             "involvedObject": {
                 "apiVersion": c.API_VERSION, "kind": c.KIND, "name": meta["name"],
@@ -542,28 +520,50 @@ class KubeApi:
             "reportingComponent": "phalanx.dev/operator", "reportingInstance": "phalanx-operator",
         }  # fmt: skip
         try:
-            release(
-                self.core.create_namespaced_event(meta["namespace"], cast(Any, body), _preload_content=False)
-            )
-        except ApiException as exc:
+            self._discard("POST", core_path("events", meta["namespace"]), body)
+        except ApiError as exc:
             if exc.status not in (404, 409, 403):
                 raise
+
+
+MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+PRIORITY_CLASSES = group_path("scheduling.k8s.io", "v1", "priorityclasses")
+
+
+def _jobs(namespace: str | None, name: str | None = None, sub: str = "") -> str:
+    return group_path(c.GROUP, c.VERSION, c.PLURAL, namespace, name, sub)
+
+
+def _workloads(namespace: str | None, name: str | None = None, sub: str = "") -> str:
+    return group_path(c.KUEUE_GROUP, c.KUEUE_VERSION, "workloads", namespace, name, sub)
+
+
+def _collection_of(manifest: dict[str, Any]) -> str:
+    """Where a namespaced object of the manifest's kind is created: pods and services are core,
+    the rest (Kueue Workloads) are custom resources named by their lowercase plural."""
+    namespace = manifest["metadata"]["namespace"]
+    if manifest["kind"] in ("Pod", "Service"):
+        return core_path(manifest["kind"].lower() + "s", namespace)
+    group, version = manifest["apiVersion"].split("/")
+    return group_path(group, version, manifest["kind"].lower() + "s", namespace)
 
 
 class LeaseApi:
     """coordination.k8s.io/v1 Leases for leader.LeaderElector, on a client of their own: the write
     fence of the operator's other requests must not stop the lease renewals themselves."""
 
-    def __init__(self, api_client: client.ApiClient) -> None:
-        # Untyped on purpose: bodies go out as plain dicts and answers come back as raw JSON.
-        self.coordination: Any = client.CoordinationV1Api(api_client)
+    def __init__(self, api_client: KubeClient) -> None:
+        self.api_client = api_client
+
+    def _lease(self, method: str, namespace: str, name: str | None = None, body: Any = None) -> Any:
+        path = group_path("coordination.k8s.io", "v1", "leases", namespace, name)
+        return self.api_client.request(method, path, None, body, timeout=LEASE_REQUEST_TIMEOUT)
 
     def read(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            response = self.coordination.read_namespaced_lease(
-                name, namespace, _preload_content=False, _request_timeout=LEASE_REQUEST_TIMEOUT
-            )
-        except ApiException as exc:
+            response = self._lease("GET", namespace, name)
+        except ApiError as exc:
             if exc.status == 404:
                 return None
             raise
@@ -571,12 +571,7 @@ class LeaseApi:
         return lease
 
     def create(self, namespace: str, body: dict[str, Any]) -> None:
-        release(self.coordination.create_namespaced_lease(
-            namespace, body, _preload_content=False, _request_timeout=LEASE_REQUEST_TIMEOUT))  # fmt: skip
+        release(self._lease("POST", namespace, None, body))
 
     def replace(self, namespace: str, name: str, body: dict[str, Any]) -> None:
-        release(
-            self.coordination.replace_namespaced_lease(
-                name, namespace, body, _preload_content=False, _request_timeout=LEASE_REQUEST_TIMEOUT
-            )
-        )
+        release(self._lease("PUT", namespace, name, body))

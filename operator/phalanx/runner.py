@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import logging
+import sys
 
 from phalanx.settings import OperatorSettings
 
@@ -24,6 +25,18 @@ def limit_malloc_arenas(count: int = MALLOC_ARENAS) -> bool:
         return False
 
 
+def keep_kubernetes_package_out() -> bool:
+    """kopf imports the kubernetes package whenever it is installed (it is: the developer tools use
+    it), only to recognise that client's model objects and to borrow its login; the operator passes
+    kopf plain dicts, speaks to the API server through kube_client.py and gives kopf the same
+    credentials (handlers.login). Marking the package absent before kopf loads saves ~17 MiB of
+    resident memory. False when something imported the package already."""
+    if "kubernetes" in sys.modules and sys.modules["kubernetes"] is not None:
+        return False
+    sys.modules["kubernetes"] = None  # type: ignore[assignment]  # import now raises ImportError
+    return True
+
+
 def run_operator(
     settings: OperatorSettings,
     metrics_port: int,
@@ -33,6 +46,7 @@ def run_operator(
     health_bind_address: str = "0.0.0.0",
 ) -> None:
     limit_malloc_arenas()
+    keep_kubernetes_package_out()
     import kopf
 
     import phalanx.handlers  # noqa: F401  (registers the handlers)

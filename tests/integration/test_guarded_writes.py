@@ -74,7 +74,7 @@ def test_a_progress_report_read_for_a_deleted_job_never_lands_on_its_successor(
     cluster.apply(job, namespace)
     old_uid = uid_of(cluster, namespace, "reborn")
     key = f"{namespace}/reborn"
-    controller = Controller(KubeApi(cluster.api()), OperatorSettings(namespaces=(namespace,)))
+    controller = Controller(KubeApi(cluster.kube_client()), OperatorSettings(namespaces=(namespace,)))
     rank0 = {
         "metadata": {"labels": {c.LABEL_REPLICA_INDEX: "0", c.LABEL_ATTEMPT: "0"}},
         "status": {"podIP": "127.0.0.1"},
@@ -98,7 +98,7 @@ def test_a_status_write_for_a_deleted_job_is_refused_on_its_successor(
     cluster.apply(job, namespace)
     old = cluster.get_json("tj", "twin", "-n", namespace)["metadata"]
     new_uid = recreate(cluster, namespace, job)
-    api = KubeApi(cluster.api())
+    api = KubeApi(cluster.kube_client())
 
     # A decision made on the old job: its version is a precondition the successor never meets.
     with pytest.raises(StatusConflict):
@@ -127,7 +127,7 @@ def test_a_deletion_decided_for_a_deleted_job_never_deletes_its_successor(
     old_uid = uid_of(cluster, namespace, "ttl")
     new_uid = recreate(cluster, namespace, job)
 
-    KubeApi(cluster.api()).delete_job(namespace, "ttl", old_uid)
+    KubeApi(cluster.kube_client()).delete_job(namespace, "ttl", old_uid)
 
     assert uid_of(cluster, namespace, "ttl") == new_uid
 

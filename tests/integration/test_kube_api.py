@@ -14,7 +14,7 @@ pytestmark = pytest.mark.integration
 
 
 def connections_opened(api_client: Any) -> int:
-    pools = api_client.rest_client.pool_manager.pools
+    pools = api_client.pool_manager.pools
     return sum(pools[key].num_connections for key in pools.keys())
 
 
@@ -24,7 +24,7 @@ def test_writes_whose_answer_is_not_read_still_return_their_connection_to_the_po
     # Events, pod deletions and job deletions do not read their answers. A connection left with an
     # unread body cannot be reused, so each such write used to cost the next request a new TLS
     # handshake, on the operator's side and the API server's.
-    api_client = cluster.api()
+    api_client = cluster.kube_client()
     kube = KubeApi(api_client)
     job = {"metadata": {"name": "owner", "namespace": namespace, "uid": "0000-test"}}
     for round_ in range(10):

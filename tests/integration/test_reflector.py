@@ -38,7 +38,7 @@ def test_pods_are_listed_in_pages_then_watched_through_create_and_delete(
             changes.append((key, old is not None, new is not None))
 
     store = Store(slim_pod)
-    watcher = Reflector("pods", KubeApi(cluster.api()).pods_request, store, record).start()
+    watcher = Reflector("pods", KubeApi(cluster.kube_client()).pods_request, store, record).start()
     try:
         wait_for(store.synced.is_set, timeout=30, what="first list")
         listed = {k for k in store.as_dict() if k.startswith(f"{namespace}/")}
@@ -60,7 +60,7 @@ def test_pods_are_listed_in_pages_then_watched_through_create_and_delete(
 
 def test_nodes_store_matches_the_cluster(cluster: Cluster) -> None:
     store = Store(slim_node)
-    watcher = Reflector("nodes", KubeApi(cluster.api()).nodes_request, store).start()
+    watcher = Reflector("nodes", KubeApi(cluster.kube_client()).nodes_request, store).start()
     try:
         wait_for(store.synced.is_set, timeout=30, what="first list")
         nodes = {n["metadata"]["name"]: n for n in cluster.get_json("nodes")["items"]}
@@ -91,7 +91,7 @@ def test_one_job_store_fed_by_two_namespaces_keeps_both_across_a_relist(
     try:
         cluster.apply(training_job("job-a", gpus=None), namespace)
         cluster.apply(training_job("job-b", gpus=None), other)
-        api = KubeApi(cluster.api())
+        api = KubeApi(cluster.kube_client())
         store = Store(slim_job)
         # Built as the operator builds them (Controller.start).
         watchers = [

@@ -191,7 +191,7 @@ def test_every_write_request_passes_the_fence_and_reads_do_not() -> None:
     sent: list[str] = []
 
     class Client:
-        def call_api(self, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        def request(self, method: str, path: str, *args: Any, **kwargs: Any) -> Any:
             sent.append(method)
             return None
 
@@ -200,10 +200,10 @@ def test_every_write_request_passes_the_fence_and_reads_do_not() -> None:
 
     api_client: Any = Client()
     count_requests(api_client, refuse)
-    api_client.call_api("GET", "/api/v1/pods")
+    api_client.request("GET", "/api/v1/pods")
     for method in ("POST", "PUT", "PATCH", "DELETE"):
         with pytest.raises(NotLeader):
-            api_client.call_api(method, "/api/v1/namespaces/ns/pods")
+            api_client.request(method, "/api/v1/namespaces/ns/pods")
     assert sent == ["GET"]
 
 
@@ -219,14 +219,15 @@ def test_requests_get_a_timeout_unless_they_watch_or_bring_their_own() -> None:
     seen: list[Any] = []
 
     class Client:
-        def call_api(self, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
-            seen.append(kwargs.get("_request_timeout"))
+        def request(self, method: str, path: str, params: Any = None, body: Any = None,
+                    content_type: str = "", timeout: Any = None) -> Any:  # fmt: skip
+            seen.append(timeout)
 
     api_client: Any = Client()
     count_requests(api_client)
-    api_client.call_api("POST", "https://h/api/v1/namespaces/n/pods")
-    api_client.call_api("GET", "https://h/api/v1/pods?watch=true")
-    api_client.call_api("GET", "https://h/api/v1/pods", _request_timeout=(1, 2))
+    api_client.request("POST", "/api/v1/namespaces/n/pods")
+    api_client.request("GET", "/api/v1/pods", {"watch": True})
+    api_client.request("GET", "/api/v1/pods", None, None, "application/json", (1, 2))
     assert seen == [REQUEST_TIMEOUT, None, (1, 2)]
 
 
