@@ -17,7 +17,7 @@ from phalanx import constants as c
 from phalanx.controller import Controller
 from phalanx.health import HealthServer, operator_readiness
 from phalanx.k8s import KubeApi, LeaseApi, load_api_client
-from phalanx.kube_client import Credentials, load_credentials
+from phalanx.kube_client import ConfigError, Credentials, load_credentials
 from phalanx.leader import LeaderElector
 from phalanx.settings import LeaderElection, OperatorSettings
 
@@ -56,8 +56,12 @@ def tune(settings: kopf.OperatorSettings) -> None:
 @kopf.on.login()
 def login(**_: Any) -> kopf.ConnectionInfo:
     """kopf's watches log in as the operator's own requests do (kube_client.py): one reading of the
-    service account or kubeconfig. After a 401 kopf logs in again, which reads a rotated token."""
-    return connection_info(load_credentials())
+    service account or kubeconfig. After a 401 kopf logs in again, which reads a rotated token.
+    Unusable credentials stop the operator with the reason (kopf would retry a plain error forever)."""
+    try:
+        return connection_info(load_credentials())
+    except ConfigError as exc:
+        raise kopf.PermanentError(str(exc)) from exc
 
 
 def connection_info(credentials: Credentials) -> kopf.ConnectionInfo:

@@ -20,7 +20,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -58,8 +58,9 @@ class Credentials:
     insecure: bool = False
     cert_file: str | None = None
     key_file: str | None = None
-    token: str | None = None
+    token: str | None = field(default=None, repr=False)
     token_file: str | None = None  # read again every TOKEN_REREAD_SECONDS
+    tls_server_name: str | None = None  # the name the server's certificate is checked against
 
 
 def in_cluster_credentials(
@@ -107,6 +108,14 @@ def kubeconfig_credentials(path: Path, context: str | None = None) -> Credential
                 f"{path}: user {chosen.get('user')!r} logs in with an {plugin} plugin, which the operator "
                 "does not run; give it a token or a client certificate (in a cluster, its service account)"
             )
+    if user.get("username") and not (
+        user.get("token") or user.get("client-certificate") or user.get("client-certificate-data")
+    ):
+        raise ConfigError(f"{path}: user {chosen.get('user')!r} has a username and password only (basic "
+                          "auth, gone from Kubernetes since 1.19); give it a token or a client certificate")  # fmt: skip
+    if cluster.get("proxy-url"):
+        raise ConfigError(f"{path}: cluster {chosen.get('cluster')!r} sets proxy-url, which the operator does not "
+                          "use (nor do kopf's watches); reach the API server directly")  # fmt: skip
     if not cluster.get("server"):
         raise ConfigError(f"{path}: cluster {chosen.get('cluster')!r} has no server")
     folder = path.parent
@@ -119,15 +128,17 @@ def kubeconfig_credentials(path: Path, context: str | None = None) -> Credential
     ca_data = cluster.get("certificate-authority-data")
     return Credentials(
         server=str(cluster["server"]).rstrip("/"),
-        ca_file=str(folder / cluster["certificate-authority"])
-        if cluster.get("certificate-authority")
-        else None,
+        # Data wins over a file, as with kubectl (and kopf refuses both at once).
+        ca_file=None
+        if ca_data or not cluster.get("certificate-authority")
+        else str(folder / cluster["certificate-authority"]),
         ca_data=base64.b64decode(ca_data).decode() if ca_data else None,
         insecure=bool(cluster.get("insecure-skip-tls-verify")),
         cert_file=file_of("client-certificate", "client-certificate-data", user),
         key_file=file_of("client-key", "client-key-data", user),
         token=user.get("token"),
         token_file=str(folder / user["tokenFile"]) if user.get("tokenFile") else None,
+        tls_server_name=cluster.get("tls-server-name"),
     )
 
 
@@ -139,9 +150,16 @@ def _entry(config: dict[str, Any], section: str, field: str, name: Any, path: Pa
     raise ConfigError(f"{path}: the current context names {field} {name!r}, which {section} does not hold")
 
 
+_PRIVATE_FILES: dict[bytes, str] = {}
+
+
 def _private_file(data: bytes) -> str:
-    """ssl loads client certificates from files only: the decoded data goes to one only we can read."""
+    """ssl loads client certificates from files only: the decoded data goes to one only we can read
+    (one per content, however often kopf logs in again)."""
+    if data in _PRIVATE_FILES and os.path.exists(_PRIVATE_FILES[data]):
+        return _PRIVATE_FILES[data]
     handle, name = tempfile.mkstemp(prefix="phalanx-kube-", suffix=".pem")
+    _PRIVATE_FILES[data] = name
     with os.fdopen(handle, "wb") as out:
         out.write(data)
     atexit.register(_remove, name)
@@ -208,9 +226,13 @@ class KubeClient:
         tls: dict[str, Any] = {}
         if self.server.startswith("https://"):
             tls["ssl_context"] = ssl_context(credentials)
-        # urllib3's default retries, as the kubernetes client had them: a pooled connection the
-        # server closed meanwhile is tried again on a new one (for idempotent methods after a send).
-        self.pool_manager = urllib3.PoolManager(maxsize=pool_size, block=False, **tls)
+            if credentials.tls_server_name:
+                tls["server_hostname"] = credentials.tls_server_name
+        # A pooled connection the server closed meanwhile is tried again on a new one (an idempotent
+        # method also after it was sent; never a POST or PATCH). No retry on 429/503 here: the
+        # callers decide (a lease renewal must not sleep past its deadline on a Retry-After).
+        retries = urllib3.Retry(3, redirect=False, status_forcelist=(), respect_retry_after_header=False)
+        self.pool_manager = urllib3.PoolManager(maxsize=pool_size, block=False, retries=retries, **tls)
 
     def request(
         self,
@@ -243,7 +265,7 @@ class KubeClient:
             redirect=False,
             **extra,
         )
-        if response.status >= 400:
+        if not 200 <= response.status < 300:  # a redirect too: an auth proxy's login page is no answer
             text = response.data.decode(errors="replace")
             response.release_conn()
             raise ApiError(response.status, response.reason or "", text)

@@ -123,6 +123,7 @@ class Reflector:
         self._response = response
         if self._stop.is_set():  # stop() came while the request was on its way: it saw no response
             self._interrupt_watch()
+        ended = False  # whether the server ended the stream: only then may the connection be reused
         try:
             for line in _lines(response):
                 event = json.loads(line)
@@ -142,9 +143,13 @@ class Reflector:
                 changed = self.store.upsert(obj)
                 if changed is not None and self.on_change is not None:
                     self.on_change(object_key(obj), *changed)
+            ended = not self._stop.is_set()
         finally:
             self._response = None
-            response.release_conn()
+            if ended:
+                response.release_conn()
+            else:  # left mid-stream (410, an error, a stop): pooled, its next request would read the rest
+                response.close()
         if time.monotonic() - started < 1.0 and not self._stop.is_set():
             self._stop.wait(1.0)  # a server that ends watches at once must not be hammered
         return version

@@ -30,7 +30,9 @@ def keep_kubernetes_package_out() -> bool:
     it), only to recognise that client's model objects and to borrow its login; the operator passes
     kopf plain dicts, speaks to the API server through kube_client.py and gives kopf the same
     credentials (handlers.login). Marking the package absent before kopf loads saves ~17 MiB of
-    resident memory. False when something imported the package already."""
+    resident memory. Process-wide: `import kubernetes` raises ImportError from then on (and
+    importlib.util.find_spec ValueError); .importlinter keeps the operator's modules off it. False
+    when something imported the package already."""
     if "kubernetes" in sys.modules and sys.modules["kubernetes"] is not None:
         return False
     sys.modules["kubernetes"] = None  # type: ignore[assignment]  # import now raises ImportError

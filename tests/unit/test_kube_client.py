@@ -60,21 +60,49 @@ def test_relative_certificate_files_are_read_from_the_kubeconfigs_folder(tmp_pat
 
 
 def test_embedded_certificates_go_to_files_only_the_operator_can_read(tmp_path: Path) -> None:
-    pem = b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"
-    encoded = base64.b64encode(pem).decode()
-    path = kubeconfig(tmp_path, {"client-certificate-data": encoded, "client-key-data": encoded},
-                      {"server": "https://h", "certificate-authority-data": encoded})  # fmt: skip
+    cert, key = b"-----BEGIN CERTIFICATE-----\nAAAA\n", b"-----BEGIN PRIVATE KEY-----\nBBBB\n"
+    path = kubeconfig(tmp_path, {"client-certificate-data": base64.b64encode(cert).decode(),
+                                 "client-key-data": base64.b64encode(key).decode()},
+                      {"server": "https://h", "certificate-authority-data": base64.b64encode(cert).decode()})  # fmt: skip
     credentials = kubeconfig_credentials(path)
-    assert credentials.ca_data == pem.decode() and credentials.ca_file is None
-    for name in (credentials.cert_file, credentials.key_file):
-        assert name is not None and Path(name).read_bytes() == pem
+    assert credentials.ca_data == cert.decode() and credentials.ca_file is None
+    for name, content in ((credentials.cert_file, cert), (credentials.key_file, key)):
+        assert name is not None and Path(name).read_bytes() == content
         assert stat.S_IMODE(os.stat(name).st_mode) == 0o600
-        os.unlink(name)
+    # kopf logs in again after a 401: the same data makes no second file.
+    assert kubeconfig_credentials(path).cert_file == credentials.cert_file
 
 
 def test_a_token_and_a_token_file_are_taken_as_given(tmp_path: Path) -> None:
     assert kubeconfig_credentials(kubeconfig(tmp_path, {"token": "abc"})).token == "abc"
     assert kubeconfig_credentials(kubeconfig(tmp_path, {"tokenFile": "t"})).token_file == str(tmp_path / "t")
+
+
+def test_certificate_authority_data_wins_over_a_file_and_tls_server_name_is_kept(tmp_path: Path) -> None:
+    pem = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"
+    cluster = {"server": "https://10.0.0.1", "certificate-authority": "ca.crt", "tls-server-name": "kubernetes",
+               "certificate-authority-data": base64.b64encode(pem.encode()).decode()}  # fmt: skip
+    credentials = kubeconfig_credentials(kubeconfig(tmp_path, {"token": "secret-token"}, cluster))
+    assert (credentials.ca_file, credentials.ca_data, credentials.tls_server_name) == (
+        None,
+        pem,
+        "kubernetes",
+    )
+    assert "secret-token" not in repr(credentials)
+
+
+@pytest.mark.parametrize(
+    ("user", "cluster", "message"),
+    [
+        ({"username": "admin", "password": "p"}, {}, "basic auth"),
+        ({"token": "t"}, {"proxy-url": "http://proxy:3128"}, "proxy-url"),
+    ],
+)
+def test_settings_the_client_does_not_honour_are_refused(
+    tmp_path: Path, user: dict[str, Any], cluster: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        kubeconfig_credentials(kubeconfig(tmp_path, user, {"server": "https://h", **cluster}))
 
 
 def test_an_exec_plugin_is_refused_with_what_to_do(tmp_path: Path) -> None:
@@ -132,6 +160,7 @@ def test_query_parameters_are_spelled_as_the_api_server_expects() -> None:
 
 
 class Recorder(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, so that connection reuse shows in the client's port
     seen: list[dict[str, Any]] = []
 
     def _answer(self) -> None:
@@ -139,18 +168,20 @@ class Recorder(BaseHTTPRequestHandler):
         body = self.rfile.read(length).decode() if length else ""
         Recorder.seen.append({"method": self.command, "path": self.path, "body": body,
                               "auth": self.headers.get("Authorization"),
-                              "type": self.headers.get("Content-Type")})  # fmt: skip
-        status = 404 if "missing" in self.path else 200
+                              "type": self.headers.get("Content-Type"), "port": self.client_address[1]})  # fmt: skip
+        status = 404 if "missing" in self.path else 302 if "moved" in self.path else 200
         payload = json.dumps(
             {"kind": "Status", "message": "not here"} if status == 404 else {"ok": 1}
         ).encode()
         self.send_response(status)
+        if status == 302:
+            self.send_header("Location", "/login")
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
         self.wfile.write(payload)
 
-    do_GET = do_PATCH = _answer
+    do_GET = do_PATCH = do_DELETE = _answer
 
     def log_message(self, *args: Any) -> None:
         pass
@@ -173,28 +204,55 @@ def test_a_request_carries_the_token_and_its_json_body(server: str) -> None:
                               "application/json-patch+json", (2.0, 5.0))  # fmt: skip
     assert json.loads(response.data) == {"ok": 1}
     [seen] = Recorder.seen
+    del seen["port"]
     assert seen == {"method": "PATCH", "path": "/api/v1/namespaces/n/pods/p?dryRun=All", "body": '[{"op":"test"}]',
                     "auth": "Bearer tok", "type": "application/json-patch+json"}  # fmt: skip
 
 
-def test_an_error_status_raises_with_the_api_servers_status_body(server: str) -> None:
+def test_an_error_status_raises_with_its_body_and_the_connection_serves_the_next_request(server: str) -> None:
     client = KubeClient(Credentials(server=server))
     with pytest.raises(ApiError) as raised:
         client.request("GET", "/api/v1/namespaces/n/pods/missing")
     assert raised.value.status == 404 and json.loads(raised.value.body)["message"] == "not here"
-    assert Recorder.seen[0]["auth"] is None
-    assert client.request("GET", "/api/v1/pods").status == 200  # the connection went back to the pool
+    assert client.request("GET", "/api/v1/pods").status == 200
+    first, second = Recorder.seen
+    assert first["auth"] is None
+    assert first["port"] == second["port"], "the error's connection went back to the pool, its body read"
 
 
-def test_the_operator_process_does_not_load_the_kubernetes_package() -> None:
-    """~20 MiB of resident memory (runner.keep_kubernetes_package_out): kopf would import it."""
-    code = ("import sys; from phalanx.runner import keep_kubernetes_package_out; "
-            "assert keep_kubernetes_package_out(); import kopf, phalanx.handlers; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'kubernetes' and sys.modules[m]))")  # fmt: skip
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
-    )
-    assert out.stdout.strip() == "[]", out.stdout
+def test_a_redirect_is_not_followed_and_is_an_error(server: str) -> None:
+    with pytest.raises(ApiError) as raised:
+        KubeClient(Credentials(server=server)).request("DELETE", "/api/v1/namespaces/n/pods/moved")
+    assert raised.value.status == 302
+    assert [s["path"] for s in Recorder.seen] == ["/api/v1/namespaces/n/pods/moved"]
+
+
+def test_a_timeout_is_given_to_urllib3_as_connect_and_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    client = KubeClient(Credentials(server="http://127.0.0.1:1"))
+    seen: list[dict[str, Any]] = []
+
+    class Answer:
+        status = 200
+
+    def request(*args: Any, **kwargs: Any) -> Answer:
+        seen.append(kwargs)
+        return Answer()
+
+    monkeypatch.setattr(client.pool_manager, "request", request)
+    client.request("GET", "/api/v1/pods", timeout=(2.0, 5.0))
+    client.request("GET", "/api/v1/pods")
+    timeout = seen[0]["timeout"]
+    assert (timeout.connect_timeout, timeout.read_timeout) == (2.0, 5.0)
+    assert "timeout" not in seen[1]
+
+
+def test_the_operators_modules_load_with_the_kubernetes_package_marked_absent() -> None:
+    """runner.keep_kubernetes_package_out saves ~17 MiB: it holds only while no module of the operator
+    needs the package (.importlinter says the same statically)."""
+    code = ("from phalanx.runner import keep_kubernetes_package_out; "
+            "assert keep_kubernetes_package_out(); import kopf, phalanx.handlers, phalanx.metrics, phalanx.health")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
 
 
 def test_kopf_logs_in_with_the_credentials_the_operator_uses(tmp_path: Path) -> None:
@@ -221,3 +279,15 @@ def test_kopf_logs_in_with_the_credentials_the_operator_uses(tmp_path: Path) -> 
         True,
     )
     assert info.token is None
+
+
+def test_unusable_credentials_stop_kopfs_login_with_the_reason(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import kopf
+
+    from phalanx import handlers
+
+    monkeypatch.setattr(handlers, "load_credentials", lambda: kubeconfig_credentials(tmp_path / "missing"))
+    with pytest.raises(kopf.PermanentError, match="no kubeconfig at"):
+        handlers.login()

@@ -261,6 +261,7 @@ def exercise(jobs_namespace: str | None) -> tuple[list[tuple[str, str]], set[int
 
     api = k8s.KubeApi(RecordingClient(requests))  # type: ignore[arg-type]
     leases = k8s.LeaseApi(RecordingClient(requests))  # type: ignore[arg-type]
+    previous = sys.gettrace()  # a coverage tool's or debugger's, put back after
     sys.settrace(trace)
     try:
         for call in KUBE_API_CALLS.values():
@@ -268,7 +269,7 @@ def exercise(jobs_namespace: str | None) -> tuple[list[tuple[str, str]], set[int
         for lease_call in LEASE_API_CALLS.values():
             lease_call(leases)
     finally:
-        sys.settrace(None)
+        sys.settrace(previous)
     return requests, ran
 
 
