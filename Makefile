@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadscope)
 
 .PHONY: help system-deps venv cluster-bin kueue-bin lint typecheck test test-unit test-integration test-e2e test-trainer \
-        crd crd-check docs chart-lint kind-up demo bench bench-trainer bench-restart bench-restore bench-checkpoint bench-gang bench-kueue bench-recovery bench-node-loss bench-goodput bench-failover gpu-check dev-up dev-down clean
+        crd crd-check docs chart-lint kind-up demo bench bench-trainer bench-restart bench-restore bench-checkpoint bench-gang bench-footprint-ab bench-kueue bench-recovery bench-node-loss bench-goodput bench-failover gpu-check dev-up dev-down clean
 
 help:
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -100,6 +100,9 @@ gpu-check: $(STAMP) ## on a GPU machine: NCCL all-reduce busbw, bf16 FSDP run of
 bench-gang: $(STAMP) cluster-bin ## admission cost, contention, footprint, then the steady state (PHALANX_BENCH_STEADY_SECONDS: a shorter window)
 	$(BIN)/python bench/gang_bench.py
 	$(BIN)/python bench/steady_state.py
+
+bench-footprint-ab: $(STAMP) cluster-bin ## the footprint part, this tree vs BASELINE=<commit>, 5 interleaved pairs -> bench/results/footprint-ab.json
+	$(BIN)/python bench/footprint_ab.py --baseline $(or $(BASELINE),$(error give BASELINE=<commit>)) --pairs 5
 
 bench-kueue: $(STAMP) cluster-bin kueue-bin ## the same gangs via builtin admission, via Kueue, and as Kueue pod groups -> bench/results/kueue.json
 	$(BIN)/python bench/kueue_bench.py
