@@ -573,7 +573,9 @@ def admission_cost(api: client.ApiClient, operator: Operator, components: dict[s
         "baseline_per_round_pod_bind_p50_seconds": base["per_round_pod_bind_p50_seconds"],
         "ratio_vs_baseline": round(sum(p.seconds for p in phalanx) / sum(b.seconds for b in baseline), 3),
         "ratio_per_round": [round(x, 3) for x in ratios],
-        "ratio_goal": 1.2,
+        "ratio_goal": 1.0,  # issue 17: the admission ratio overall
+        "p50_ratio_vs_baseline": round(ours["p50_seconds"] / base["p50_seconds"], 3),
+        "p50_ratio_goal": 1.2,  # issue 17: each gang's own creation -> all its pods running
         "rounds": rounds,
         "order": "ABBA: rounds alternate which side goes first; each side starts on a quiet cluster",
         "warmup": f"one unmeasured round of {warmup_jobs} gangs per side before the measured rounds",
@@ -782,9 +784,10 @@ def _admission_rows(adm: dict[str, Any]) -> list[tuple[str, str]]:
         ("  baseline p50 / p99", f"{adm['baseline_p50_seconds']} s / {adm['baseline_p99_seconds']} s"),
         ("  pods/s phalanx / baseline", f"{adm['pods_per_second']} / {adm['baseline_pods_per_second']}"),
         (
-            "  ratio_vs_baseline (goal <= 1.2)",
+            "  ratio_vs_baseline (goal <= 1.0)",
             f"{adm['ratio_vs_baseline']} (per round {adm['ratio_per_round']})",
         ),
+        ("  p50 ratio (goal <= 1.2)", f"{adm.get('p50_ratio_vs_baseline')}"),
     ]
 
 
