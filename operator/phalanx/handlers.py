@@ -16,12 +16,13 @@ import kopf
 from phalanx import constants as c
 from phalanx.controller import Controller
 from phalanx.health import HealthServer, operator_readiness
-from phalanx.k8s import KubeApi, LeaseApi, load_api_client
+from phalanx.k8s import KubeApi, LeaseApi, load_api_client, load_lease_client
 from phalanx.kube_client import ConfigError, Credentials, load_credentials
 from phalanx.leader import LeaderElector
 from phalanx.settings import LeaderElection, OperatorSettings
 
 LEADERSHIP_LOST_EXIT_CODE = 3
+LOGIN_RETRY_SECONDS = 10
 
 
 class NoDiffBase(kopf.DiffBaseStorage):
@@ -57,11 +58,12 @@ def tune(settings: kopf.OperatorSettings) -> None:
 def login(**_: Any) -> kopf.ConnectionInfo:
     """kopf's watches log in as the operator's own requests do (kube_client.py): one reading of the
     service account or kubeconfig. After a 401 kopf logs in again, which reads a rotated token.
-    Unusable credentials stop the operator with the reason (kopf would retry a plain error forever)."""
+    runner.py checks the credentials before kopf starts; one that breaks later (a kubeconfig being
+    rewritten) is tried again, since a failed login would leave kopf's watches waiting for good."""
     try:
         return connection_info(load_credentials())
     except ConfigError as exc:
-        raise kopf.PermanentError(str(exc)) from exc
+        raise kopf.TemporaryError(str(exc), delay=LOGIN_RETRY_SECONDS) from exc
 
 
 def connection_info(credentials: Credentials) -> kopf.ConnectionInfo:
@@ -120,7 +122,7 @@ def start_election(election: LeaderElection) -> LeaderElector | None:
         os._exit(LEADERSHIP_LOST_EXIT_CODE)
 
     return LeaderElector(
-        LeaseApi(load_api_client()),
+        LeaseApi(load_lease_client()),
         election.namespace,
         election.lease_name,
         election.identity,

@@ -8,6 +8,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import quote, urlsplit
 
+import urllib3
+
 from phalanx import constants as c
 from phalanx import metrics
 from phalanx.kube_client import ApiError, KubeClient, Timeout, load_client
@@ -18,6 +20,11 @@ log = logging.getLogger("phalanx.k8s")
 def load_api_client() -> KubeClient:
     """In-cluster service account first, else the current kubeconfig (KUBECONFIG)."""
     return load_client()
+
+
+def load_lease_client() -> KubeClient:
+    """The leader election's own client (LeaseApi): fewer retries than the default, see LEASE_RETRIES."""
+    return load_client(retries=LEASE_RETRIES)
 
 
 def release(response: Any) -> None:
@@ -107,6 +114,10 @@ def delete_options(
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 REQUEST_TIMEOUT = (10.0, 60.0)  # connect, read: seconds
 LEASE_REQUEST_TIMEOUT = (2.0, 4.0)  # within a renew deadline of 10 s: a renewal gets two tries
+# One new connection if the first fails before sending; no retry after a send (the elector reads the
+# lease again and decides, within its deadline: 3 retries of 4 s reads would outlast it).
+LEASE_RETRIES = urllib3.Retry(total=1, connect=1, read=0, redirect=False, status_forcelist=(),
+                              respect_retry_after_header=False)  # fmt: skip
 
 
 def count_requests(api_client: KubeClient, write_fence: Callable[[], None] | None = None) -> None:

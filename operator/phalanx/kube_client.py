@@ -60,7 +60,6 @@ class Credentials:
     key_file: str | None = None
     token: str | None = field(default=None, repr=False)
     token_file: str | None = None  # read again every TOKEN_REREAD_SECONDS
-    tls_server_name: str | None = None  # the name the server's certificate is checked against
 
 
 def in_cluster_credentials(
@@ -113,9 +112,10 @@ def kubeconfig_credentials(path: Path, context: str | None = None) -> Credential
     ):
         raise ConfigError(f"{path}: user {chosen.get('user')!r} has a username and password only (basic "
                           "auth, gone from Kubernetes since 1.19); give it a token or a client certificate")  # fmt: skip
-    if cluster.get("proxy-url"):
-        raise ConfigError(f"{path}: cluster {chosen.get('cluster')!r} sets proxy-url, which the operator does not "
-                          "use (nor do kopf's watches); reach the API server directly")  # fmt: skip
+    for setting in ("proxy-url", "tls-server-name"):
+        if cluster.get(setting):
+            raise ConfigError(f"{path}: cluster {chosen.get('cluster')!r} sets {setting}, which kopf's watches "
+                              "cannot follow; reach the API server directly, by a name its certificate holds")  # fmt: skip
     if not cluster.get("server"):
         raise ConfigError(f"{path}: cluster {chosen.get('cluster')!r} has no server")
     folder = path.parent
@@ -138,7 +138,6 @@ def kubeconfig_credentials(path: Path, context: str | None = None) -> Credential
         key_file=file_of("client-key", "client-key-data", user),
         token=user.get("token"),
         token_file=str(folder / user["tokenFile"]) if user.get("tokenFile") else None,
-        tls_server_name=cluster.get("tls-server-name"),
     )
 
 
@@ -220,18 +219,22 @@ def query_string(params: Mapping[str, Any]) -> str:
 class KubeClient:
     """Sends one request at a time per caller; thread-safe (urllib3's pool is)."""
 
-    def __init__(self, credentials: Credentials, pool_size: int = CONNECTIONS_PER_HOST) -> None:
+    def __init__(
+        self,
+        credentials: Credentials,
+        pool_size: int = CONNECTIONS_PER_HOST,
+        retries: urllib3.Retry | None = None,
+    ) -> None:
         self.server = credentials.server
         self._token = Token(credentials)
         tls: dict[str, Any] = {}
         if self.server.startswith("https://"):
             tls["ssl_context"] = ssl_context(credentials)
-            if credentials.tls_server_name:
-                tls["server_hostname"] = credentials.tls_server_name
-        # A pooled connection the server closed meanwhile is tried again on a new one (an idempotent
-        # method also after it was sent; never a POST or PATCH). No retry on 429/503 here: the
-        # callers decide (a lease renewal must not sleep past its deadline on a Retry-After).
-        retries = urllib3.Retry(3, redirect=False, status_forcelist=(), respect_retry_after_header=False)
+        # Default: a connection that fails before a request is sent is tried again, and so is an
+        # idempotent request (GET, PUT, DELETE) whose connection broke or timed out after it; a POST or
+        # PATCH never is (its caller sees the error). No retry on 429/503: the callers decide.
+        if retries is None:
+            retries = urllib3.Retry(3, redirect=False, status_forcelist=(), respect_retry_after_header=False)
         self.pool_manager = urllib3.PoolManager(maxsize=pool_size, block=False, retries=retries, **tls)
 
     def request(
@@ -277,5 +280,5 @@ def load_credentials() -> Credentials:
     return in_cluster_credentials() or kubeconfig_credentials(kubeconfig_path())
 
 
-def load_client() -> KubeClient:
-    return KubeClient(load_credentials())
+def load_client(retries: urllib3.Retry | None = None) -> KubeClient:
+    return KubeClient(load_credentials(), retries=retries)

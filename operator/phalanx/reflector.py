@@ -48,6 +48,9 @@ class Reflector:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"reflector-{self.name}", daemon=True)
         self._response: Any = None
+        # Held while stop() shuts the watch's socket and while the watch lets its response go: a
+        # connection back in the pool may already serve another request, whose socket is not ours.
+        self._response_lock = threading.Lock()
 
     def start(self) -> Reflector:
         self._thread.start()
@@ -61,14 +64,14 @@ class Reflector:
         """Ends the watch's blocking read from another thread. Closing the response here would wait
         for the lock the reading thread holds (a shutdown that hung until the watch timed out);
         shutting the socket down makes that read return at once, and the reader closes it."""
-        response = self._response
-        sock = getattr(getattr(response, "connection", None), "sock", None)
-        if sock is None:
-            return
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass  # already closed
+        with self._response_lock:
+            sock = getattr(getattr(self._response, "connection", None), "sock", None)
+            if sock is None:
+                return
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # already closed
 
     def _run(self) -> None:
         failures = 0
@@ -145,7 +148,8 @@ class Reflector:
                     self.on_change(object_key(obj), *changed)
             ended = not self._stop.is_set()
         finally:
-            self._response = None
+            with self._response_lock:
+                self._response = None
             if ended:
                 response.release_conn()
             else:  # left mid-stream (410, an error, a stop): pooled, its next request would read the rest

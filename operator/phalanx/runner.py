@@ -49,6 +49,12 @@ def run_operator(
 ) -> None:
     limit_malloc_arenas()
     keep_kubernetes_package_out()
+    from phalanx.kube_client import ConfigError, load_credentials
+
+    try:  # before kopf, which would retry its startup and login handlers forever
+        load_credentials()
+    except ConfigError as exc:
+        raise SystemExit(f"phalanx operator: {exc}") from exc
     import kopf
 
     import phalanx.handlers  # noqa: F401  (registers the handlers)

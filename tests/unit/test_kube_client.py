@@ -78,16 +78,12 @@ def test_a_token_and_a_token_file_are_taken_as_given(tmp_path: Path) -> None:
     assert kubeconfig_credentials(kubeconfig(tmp_path, {"tokenFile": "t"})).token_file == str(tmp_path / "t")
 
 
-def test_certificate_authority_data_wins_over_a_file_and_tls_server_name_is_kept(tmp_path: Path) -> None:
+def test_certificate_authority_data_wins_over_a_file(tmp_path: Path) -> None:
     pem = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"
-    cluster = {"server": "https://10.0.0.1", "certificate-authority": "ca.crt", "tls-server-name": "kubernetes",
+    cluster = {"server": "https://10.0.0.1", "certificate-authority": "ca.crt",
                "certificate-authority-data": base64.b64encode(pem.encode()).decode()}  # fmt: skip
     credentials = kubeconfig_credentials(kubeconfig(tmp_path, {"token": "secret-token"}, cluster))
-    assert (credentials.ca_file, credentials.ca_data, credentials.tls_server_name) == (
-        None,
-        pem,
-        "kubernetes",
-    )
+    assert (credentials.ca_file, credentials.ca_data) == (None, pem)
     assert "secret-token" not in repr(credentials)
 
 
@@ -96,6 +92,7 @@ def test_certificate_authority_data_wins_over_a_file_and_tls_server_name_is_kept
     [
         ({"username": "admin", "password": "p"}, {}, "basic auth"),
         ({"token": "t"}, {"proxy-url": "http://proxy:3128"}, "proxy-url"),
+        ({"token": "t"}, {"tls-server-name": "kubernetes"}, "tls-server-name"),
     ],
 )
 def test_settings_the_client_does_not_honour_are_refused(
@@ -281,7 +278,7 @@ def test_kopf_logs_in_with_the_credentials_the_operator_uses(tmp_path: Path) -> 
     assert info.token is None
 
 
-def test_unusable_credentials_stop_kopfs_login_with_the_reason(
+def test_credentials_that_break_after_start_make_kopf_log_in_again_later(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     import kopf
@@ -289,5 +286,29 @@ def test_unusable_credentials_stop_kopfs_login_with_the_reason(
     from phalanx import handlers
 
     monkeypatch.setattr(handlers, "load_credentials", lambda: kubeconfig_credentials(tmp_path / "missing"))
-    with pytest.raises(kopf.PermanentError, match="no kubeconfig at"):
+    with pytest.raises(kopf.TemporaryError, match="no kubeconfig at") as raised:
         handlers.login()
+    assert raised.value.delay == handlers.LOGIN_RETRY_SECONDS
+
+
+def test_the_operator_stops_at_once_with_the_reason_when_it_has_no_credentials(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_SERVICE")}
+    env["KUBECONFIG"] = str(tmp_path / "missing")
+    out = subprocess.run([sys.executable, "-m", "phalanx.cli", "operator", "--metrics-port", "0", "--health-port", "0"],
+                         capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert f"phalanx operator: no kubeconfig at {tmp_path / 'missing'}" in out.stderr
+
+
+def test_a_lease_request_is_not_sent_twice() -> None:
+    """A renewal's read timeout goes back to the elector at once (its deadline is 10 s; the default
+    3 retries of a 4 s read would outlast it); a connection that fails before sending is tried once more."""
+    from urllib3.exceptions import ConnectTimeoutError, MaxRetryError, ReadTimeoutError
+
+    from phalanx.k8s import LEASE_RETRIES
+
+    with pytest.raises(MaxRetryError):
+        LEASE_RETRIES.increment("PUT", "/l", error=ReadTimeoutError(None, "/l", "timed out"))  # type: ignore[arg-type]
+    again = LEASE_RETRIES.increment("PUT", "/l", error=ConnectTimeoutError())
+    with pytest.raises(MaxRetryError):
+        again.increment("PUT", "/l", error=ConnectTimeoutError())
