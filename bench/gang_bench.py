@@ -25,6 +25,7 @@ import json
 import os
 import platform
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -862,6 +863,16 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def remove_state(state_dir: Path, succeeded: bool) -> None:
+    """A bench cluster's state folder (its etcd alone ~750 MiB after a run) goes once the run has
+    succeeded: runs back to back (bench/footprint_ab.py) filled the disk. A failed run's stays, for
+    its logs."""
+    if succeeded:
+        shutil.rmtree(state_dir, ignore_errors=True)
+    else:
+        log(f"the failed run's cluster state and logs are kept: {state_dir}")
+
+
 def main() -> int:
     args = arguments()
     rng = random.Random(args.seed)
@@ -870,6 +881,7 @@ def main() -> int:
     state_dir = Path(tempfile.mkdtemp(prefix="phalanx-bench-gang-"))
     cluster = LocalCluster(state_dir, log=log)
     operator: Operator | None = None
+    succeeded = False
     try:
         pools = [bench_pool("main", args.nodes), bench_pool("contention", args.contention_nodes)]
         kubeconfig, api = start_bench_cluster(cluster, pools)
@@ -899,6 +911,7 @@ def main() -> int:
             save_partial(args.out, {"admission": admission, "contention": contended})
         if "footprint" in parts:
             foot = footprint(api, operator, args.footprint_jobs, args.footprint_timeout)
+        succeeded = True
     finally:
         if operator is not None:
             operator.stop()
@@ -906,6 +919,7 @@ def main() -> int:
             log(f"cluster left running: {state_dir}")
         else:
             cluster.down(quiet=True)
+            remove_state(state_dir, succeeded)
     results = {
         "nodes": args.nodes,
         "jobs": sum(part["jobs"] for part in (admission, contended, foot) if part),

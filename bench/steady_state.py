@@ -47,6 +47,7 @@ from gang_bench import (  # beside this script (its directory is on sys.path whe
     create_namespace,
     log,
     pool_placement,
+    remove_state,
     start_bench_cluster,
     training_job,
 )
@@ -254,17 +255,20 @@ def main() -> int:
     operator: Operator | None = None
     fake = None if args.no_fake_progress else FakeProgress().start()
     env = {c.ENV_PROGRESS_URL_TEMPLATE: fake.url_template} if fake is not None else {}
+    succeeded = False
     try:
         kubeconfig, api = start_bench_cluster(cluster, [bench_pool("main", args.nodes)])
         operator = Operator(kubeconfig, state_dir / "operator.log", env)
         log(f"cluster ready ({time.time() - started:.0f}s); operator log {state_dir}/operator.log")
         steady = steady_state(api, operator, args.jobs, args.window, args.settle, args.timeout, fake)
+        succeeded = True
     finally:
         if operator is not None:
             operator.stop()
         if fake is not None:
             fake.stop()
         cluster.down(quiet=True)
+        remove_state(state_dir, succeeded)
     steady["nodes"] = args.nodes
     steady["wall_seconds"] = round(time.time() - started, 1)
     steady["command"] = " ".join(["python", "bench/steady_state.py", *sys.argv[1:]])
