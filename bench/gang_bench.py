@@ -34,7 +34,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +58,8 @@ RESULTS = REPO / "bench" / "results" / "gang.json"
 GROUP, VERSION, PLURAL = "phalanx.dev", "v1alpha1", "trainingjobs"
 JOB_LABEL = "phalanx.dev/job-name"
 BASELINE_LABEL = "bench.phalanx.dev/group"
+# A folder holding another tree's `phalanx` package: the operator process runs that one (bench/part_ab.py).
+OPERATOR_PATH_ENV = "PHALANX_BENCH_OPERATOR_PATH"
 # The baseline creates pods with as many requests in flight as the operator's writer pool allows.
 OPERATOR_WORKERS = WRITE_CONCURRENCY
 WARMUP_JOBS = 20
@@ -176,6 +178,8 @@ class PodTimes:
     bound: float | None = None  # first seen with a node (the scheduler's part is done)
     running: float | None = None
     finished: float | None = None
+    ungated: float | None = None  # first seen with no scheduling gate (the operator admitted it)
+    node: str = ""
 
 
 @dataclass
@@ -229,8 +233,11 @@ class PodWatch:
             if times is None:
                 limits = pod["spec"]["containers"][0].get("resources", {}).get("limits", {})
                 times = self.pods[meta["name"]] = PodTimes(group, int(limits.get("nvidia.com/gpu", 0)), now)
+            if not pod["spec"].get("schedulingGates") and times.ungated is None:
+                times.ungated = now
             if pod["spec"].get("nodeName") and times.bound is None:
                 times.bound = now
+                times.node = pod["spec"]["nodeName"]
             if phase in ("Running", "Succeeded", "Failed") and times.running is None:
                 times.running = now
             if phase in ("Succeeded", "Failed") and times.finished is None:
@@ -252,9 +259,7 @@ class PodWatch:
 
     def snapshot(self) -> list[PodTimes]:
         with self.lock:
-            return [
-                PodTimes(t.group, t.gpus, t.seen, t.bound, t.running, t.finished) for t in self.pods.values()
-            ]
+            return [replace(t) for t in self.pods.values()]
 
 
 def wait_groups(watch: PodWatch, groups: dict[str, int], what: str, timeout: float) -> dict[str, float]:
@@ -341,6 +346,8 @@ class Operator:
     def __init__(self, kubeconfig: Path, log_path: Path, env: dict[str, str] | None = None) -> None:
         self.log_file = log_path.open("wb")
         env = {**os.environ, **(env or {}), "KUBECONFIG": str(kubeconfig)}
+        if os.environ.get(OPERATOR_PATH_ENV):  # another tree's operator (part_ab.py's side A)
+            env["PYTHONPATH"] = os.environ[OPERATOR_PATH_ENV]
         self.metrics_port = free_port()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "phalanx.cli", "operator", "--metrics-port", str(self.metrics_port),
@@ -480,6 +487,11 @@ def run_baseline_side(api: client.ApiClient, ns: str, gangs: list[tuple[str, int
     return run_side(api, ns, gangs, BASELINE_LABEL, submit, timeout)
 
 
+def admission_gangs(rng: random.Random, round_: int, jobs: int) -> list[tuple[str, int]]:
+    """(name, pods) of one admission round's gangs, drawn from `rng`."""
+    return [(f"g{round_}-{i}", rng.randint(4, 32)) for i in range(jobs)]
+
+
 def admission_cost(api: client.ApiClient, operator: Operator, components: dict[str, int], rounds: int,
                    jobs_per_round: int, rng: random.Random, timeout: float,
                    warmup_jobs: int = WARMUP_JOBS) -> dict[str, Any]:  # fmt: skip
@@ -507,7 +519,7 @@ def admission_cost(api: client.ApiClient, operator: Operator, components: dict[s
         wait_pods_finished(core, [ns])
         delete_namespace(core, ns)
     for r in range(rounds):
-        gangs = [(f"g{r}-{i}", rng.randint(4, 32)) for i in range(jobs_per_round)]
+        gangs = admission_gangs(rng, r, jobs_per_round)
         sides: list[tuple[str, Callable[..., SideResult], list[SideResult]]] = [
             ("phalanx", run_phalanx_side, phalanx), ("baseline", run_baseline_side, baseline)]  # fmt: skip
         if r % 2:
@@ -633,7 +645,8 @@ def contention_gangs(rng: random.Random, capacity: int) -> list[tuple[str, int, 
 
 def contention(api: client.ApiClient, pool_nodes: int, run_seconds: int, rng: random.Random,
                gang_timeout: float, timeout: float, submit: Submit | None = None, label: str = JOB_LABEL,
-               ns: str = "contention", prepare: Callable[[str], None] | None = None) -> dict[str, Any]:  # fmt: skip
+               ns: str = "contention", prepare: Callable[[str], None] | None = None,
+               timings_out: Path | None = None) -> dict[str, Any]:  # fmt: skip
     """Gangs asking twice the pool's GPUs, submitted at once through `submit` (TrainingJobs unless
     told otherwise; `label` finds their pods; `prepare(ns)` runs once the namespace exists)."""
     core: Any = client.CoreV1Api(api)
@@ -646,21 +659,34 @@ def contention(api: client.ApiClient, pool_nodes: int, run_seconds: int, rng: ra
     demand = sum(size * gpus for _, size, gpus in gangs)
     log(f"contention: {len(gangs)} gangs asking {demand} GPUs of {capacity} ({pool_nodes} nodes), "
         f"each pod runs {run_seconds}s")  # fmt: skip
+    placement = pool_placement("contention")
+    # One pod through the whole path first, until it has finished: the gangs measured then meet an
+    # operator (and a Kueue) past its start and first list, whichever part ran before, if any.
+    warmup = PodWatch(core, ns, label).start()
+    time.sleep(0.5)
+    submit(ns, "warmup", 1, 1, "1s", placement)
+    deadline = time.monotonic() + timeout
+    while not any(t.finished for t in warmup.snapshot()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    warmup.stopped = True
     watch = PodWatch(core, ns, label).start()
     time.sleep(0.5)
-    placement = pool_placement("contention")
     start = time.time()
     for name, size, gpus in gangs:
         submit(ns, name, size, gpus, f"{run_seconds}s", placement)
     wait_groups(watch, {n: p for n, p, _ in gangs}, "contention", timeout)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        pods = watch.snapshot()
+        pods = [t for t in watch.snapshot() if t.group != "warmup"]
         if len(pods) >= sum(p for _, p, _ in gangs) and all(t.finished for t in pods):
             break
         time.sleep(1)
-    pods = watch.snapshot()
+    pods = [t for t in watch.snapshot() if t.group != "warmup"]
     watch.stopped = True
+    if timings_out is not None:  # each pod's times, seconds from the submission, to look into a run
+        rows = [{**asdict(t), **{k: round(v - start, 3) for k, v in asdict(t).items() if isinstance(v, float)}}
+                for t in pods]  # fmt: skip
+        timings_out.write_text(json.dumps({"start": start, "pods": rows}, indent=0) + "\n")
     end = max(t.finished or time.time() for t in pods)
     last_start = max(t.running or end for t in pods)  # after this nothing waits any more
     used = sum(t.gpus * (min(t.finished or end, last_start) - t.running)
@@ -698,6 +724,61 @@ def contention(api: client.ApiClient, pool_nodes: int, run_seconds: int, rng: ra
         "worst_partial_gang_seconds": round(worst, 2),
         "partial_gang_seconds_beyond_timeout": round(beyond_timeout, 1),
         "gang_timeout_seconds": gang_timeout,
+        "latency": turnover_latencies(pods, start),
+    }
+
+
+def turnover_latencies(pods: list[PodTimes], start: float) -> dict[str, Any]:
+    """Where a contention run's idle GPU time goes. For the first gangs: submission -> first pod
+    ungated, bound, Running. For each later gang: from the moment its nodes were freed (the last
+    finish, on any of its nodes, of a pod that ran there before it) to its first pod ungated (the
+    operator: the watch, the admission pass, the gate lifts), to all of its pods bound (the
+    scheduler) and Running (kwok)."""
+    by_node: dict[str, list[PodTimes]] = {}
+    for t in pods:
+        if t.node:
+            by_node.setdefault(t.node, []).append(t)
+    by_gang: dict[str, list[PodTimes]] = {}
+    for t in pods:
+        by_gang.setdefault(t.group, []).append(t)
+    first: list[PodTimes] = []
+    freed_to: dict[str, list[float]] = {"ungated": [], "bound": [], "running": []}
+    for members in by_gang.values():
+        if any(t.ungated is None or t.bound is None or t.running is None for t in members):
+            continue
+        ungated = min(t.ungated for t in members if t.ungated is not None)
+        earlier = [
+            other.finished
+            for t in members
+            for other in by_node.get(t.node, [])
+            if other.group != t.group and other.finished is not None and other.finished <= ungated + 0.001
+        ]
+        if not earlier:
+            first.extend(members)
+            continue
+        freed = max(earlier)
+        freed_to["ungated"].append(ungated - freed)
+        freed_to["bound"].append(max(t.bound for t in members if t.bound is not None) - freed)
+        freed_to["running"].append(max(t.running for t in members if t.running is not None) - freed)
+
+    def p50(values: list[float]) -> float | None:
+        return round(percentile(values, 0.5), 2) if values else None
+
+    def after_start(attr: str) -> list[float]:
+        return [value - start for t in first if (value := getattr(t, attr)) is not None]
+
+    return {
+        "first_gangs_pods": len(first),
+        "submission_to_ungated_p50_seconds": p50(after_start("ungated")),
+        "submission_to_bound_p50_seconds": p50(after_start("bound")),
+        "submission_to_running_p50_seconds": p50(after_start("running")),
+        "turnovers": len(freed_to["running"]),
+        "freed_to_ungated_p50_seconds": p50(freed_to["ungated"]),
+        "freed_to_all_bound_p50_seconds": p50(freed_to["bound"]),
+        "freed_to_all_running_p50_seconds": p50(freed_to["running"]),
+        "freed_to_all_running_max_seconds": round(max(freed_to["running"]), 2)
+        if freed_to["running"]
+        else None,
     }
 
 
@@ -854,6 +935,9 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
         "--parts", default="admission,contention,footprint",
         help="comma-separated subset to run (quicker checks); the results file then lacks the others",
     )  # fmt: skip
+    parser.add_argument(
+        "--contention-timings", type=Path, help="also write each contention pod's times (JSON) here"
+    )
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--timeout", type=float, default=300, help="per wait, seconds")
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -865,7 +949,7 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
 
 def remove_state(state_dir: Path, succeeded: bool) -> None:
     """A bench cluster's state folder (its etcd alone ~750 MiB after a run) goes once the run has
-    succeeded: runs back to back (bench/footprint_ab.py) filled the disk. A failed run's stays, for
+    succeeded: runs back to back (bench/part_ab.py) filled the disk. A failed run's stays, for
     its logs."""
     if succeeded:
         shutil.rmtree(state_dir, ignore_errors=True)
@@ -904,10 +988,14 @@ def main() -> int:
                 args.warmup_jobs,
             )
             save_partial(args.out, {"admission": admission})
+        else:  # the draws it would have made: the contention part meets the same gangs either way
+            for r in range(args.rounds):
+                admission_gangs(rng, r, args.jobs_per_round)
         if "contention" in parts:
             contended = contention(
-                api, args.contention_nodes, args.contention_run_seconds, rng, 300, args.timeout
-            )
+                api, args.contention_nodes, args.contention_run_seconds, rng, 300, args.timeout,
+                timings_out=args.contention_timings,
+            )  # fmt: skip
             save_partial(args.out, {"admission": admission, "contention": contended})
         if "footprint" in parts:
             foot = footprint(api, operator, args.footprint_jobs, args.footprint_timeout)
