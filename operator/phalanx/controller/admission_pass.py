@@ -9,12 +9,13 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Final
+from typing import Any
 
 from phalanx import metrics
 from phalanx.builders.pods import admitted_pod
 from phalanx.cache import object_key
 from phalanx.controller import failpoints
+from phalanx.controller.admission_messages import AdmissionMessages
 from phalanx.controller.admission_state import AdmissionState, PriorityValues
 from phalanx.controller.job_writes import JobWriter
 from phalanx.controller.preemption import Preemptor
@@ -27,13 +28,12 @@ from phalanx.gang.requests import waiting_gang
 from phalanx.k8s import KubeApi, short_error
 from phalanx.kueue.workload import managed_here, queue_name
 from phalanx.pod_facts import is_gated, is_terminal, job_of_pod
+from phalanx.policy.admission_pacing import IDLE_PASS_SECONDS, MAX_PASS_CPU_SECONDS, pause_after
 from phalanx.providers import provider_of_raw
 from phalanx.reconcile.plan import FINISHED_PHASES, parse_iso
 from phalanx.reconcile.rules.creation import NEVER_FITS
 
 log = logging.getLogger("phalanx.controller")
-
-ADMISSION_INTERVAL_SECONDS: Final = 1.0
 
 
 def is_admission_candidate(job: dict[str, Any]) -> bool:
@@ -68,6 +68,10 @@ class AdmissionPass:
         self.write_pool = write_pool
         self.clock = clock
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="admission")
+        # Why each gang waits: written off this thread, so a pass never waits on them.
+        self.messages = AdmissionMessages(
+            stores, writer, work.enqueue_threadsafe if work else lambda key: None
+        )
         # (job key, uid) -> progress newer than its status, if any (the progress poller's held_back).
         self.fresh_progress: Callable[[str, str], dict[str, Any] | None] = lambda key, uid: None
         # (job key, uid) -> when (wall clock) that progress was read (held_back_read_at).
@@ -77,20 +81,28 @@ class AdmissionPass:
         )
 
     async def run(self) -> None:
-        """Runs a pass soon after something changed (work.admission_dirty), else every few seconds."""
+        """Runs a pass soon after something changed (work.admission_dirty), else every few seconds;
+        after each, a pause sized by what it cost (policy/admission_pacing.py)."""
         loop = asyncio.get_running_loop()
         dirty = self.work.admission_dirty
         while True:
             try:
-                await asyncio.wait_for(dirty.wait(), timeout=ADMISSION_INTERVAL_SECONDS * 3)
+                await asyncio.wait_for(dirty.wait(), timeout=IDLE_PASS_SECONDS)
             except TimeoutError:
                 pass
             dirty.clear()
             try:
-                await loop.run_in_executor(self.pool, self.admission_pass)
+                cpu_seconds = await loop.run_in_executor(self.pool, self._timed_pass)
             except Exception as exc:
                 log.warning("admission pass failed, retrying: %s", short_error(exc))
-            await asyncio.sleep(ADMISSION_INTERVAL_SECONDS)
+                cpu_seconds = MAX_PASS_CPU_SECONDS  # unknown: the longest pause
+            await asyncio.sleep(pause_after(cpu_seconds))
+
+    def _timed_pass(self) -> float:
+        """Runs a pass; returns the CPU time it took on its thread (its waits on the API are free)."""
+        began = time.thread_time()
+        self.admission_pass()
+        return time.thread_time() - began
 
     def admission_pass(self) -> None:
         stores, state = self.stores, self.state
@@ -157,6 +169,7 @@ class AdmissionPass:
             created = min(parse_iso(p["metadata"].get("creationTimestamp")) or now
                           for p in gated_pods[admission.key].values())  # fmt: skip
             metrics.observe_gang_admitted(namespace, admission.key.split("/", 1)[1], max(0.0, now - created))
+            self.messages.drop(admission.key)
             self.work.enqueue_threadsafe(admission.key)
         head = head_of_line_blocked(plan.waiting, admission_order(requests))
         # A finishing gang's lifted priority must not preempt, nor may spares on their own.
@@ -173,8 +186,7 @@ class AdmissionPass:
                 namespace, name = key.split("/", 1)
                 waiting_since = parse_iso(job["metadata"].get("creationTimestamp")) or now
                 metrics.observe_admission_wait_started(namespace, name, waiting_since)
-                self.writer.write_facts(key, job["metadata"]["uid"], {"admissionMessage": reason})
-                self.work.enqueue_threadsafe(key)
+                self.messages.ask(key, str(job["metadata"]["uid"]), reason)
 
     def _free_at(self, jobs: list[dict[str, Any]], now: float) -> dict[str, float]:
         """When each node's work ends, for the ETA-aware backfill (gang/backfill.py)."""

@@ -255,7 +255,7 @@ class Controller:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
         pools = (self.write_pool, self.reconcile_pool, self.progress.pool, self.admission.pool,
-                 self.generations.pool)  # fmt: skip
+                 self.admission.messages.pool, self.generations.pool)  # fmt: skip
 
         def drain() -> None:
             for pool in pools:

@@ -1,0 +1,89 @@
+"""Why each waiting gang waits, written to its status.admissionMessage off the admission pass's
+thread (I/O side; the reasons are gang/admission.py's).
+
+A turnover changes the reason of many waiting gangs at once, and one write takes tens of
+milliseconds on a busy API server: written by the pass itself, eleven of them held the next pass,
+and the GPUs that finished meanwhile, for 0.42 s in `make bench-gang`'s contention part. Here one
+thread writes them in the order asked, and only the latest reason asked for a job is written: a
+reason replaced before its turn came is never sent, so a job's message never goes back to an older
+one, and none is written once the gang was admitted."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from phalanx.controller.job_writes import JobWriter
+from phalanx.controller.stores import ClusterStores
+from phalanx.k8s import short_error
+from phalanx.pod_facts import is_gated
+
+log = logging.getLogger("phalanx.controller")
+
+
+class AdmissionMessages:
+    def __init__(self, stores: ClusterStores, writer: JobWriter, written: Callable[[str], None]) -> None:
+        """written(key): called after a message was stored (the job is reconciled again)."""
+        self.stores = stores
+        self.writer = writer
+        self.written = written
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="admission-messages")
+        self._lock = threading.Lock()
+        self._asked: dict[str, tuple[str, str]] = {}  # job key -> (uid, reason) not written yet
+
+    def ask(self, key: str, uid: str, reason: str) -> None:
+        """Writes `reason` to the job soon, unless a later ask replaces it first."""
+        with self._lock:
+            if self._asked.get(key) == (uid, reason):
+                return  # already on its way
+            queued = key in self._asked
+            self._asked[key] = (uid, reason)
+        if not queued:
+            try:
+                self.pool.submit(self._write, key)
+            except RuntimeError:  # the operator is stopping: its successor's first pass writes it
+                with self._lock:
+                    self._asked.pop(key, None)
+
+    def drop(self, key: str) -> None:
+        """The gang was admitted: a reason not written yet is no longer true."""
+        with self._lock:
+            self._asked.pop(key, None)
+
+    def pending(self, key: str) -> tuple[str, str] | None:
+        """(uid, reason) asked for the job and not written yet (tests, and a pass deciding again)."""
+        with self._lock:
+            return self._asked.get(key)
+
+    def _write(self, key: str) -> None:
+        with self._lock:
+            asked = self._asked.get(key)
+        if asked is None:
+            return
+        uid, reason = asked
+        try:
+            job = self.stores.jobs.get(key)
+            # Gone, replaced, or admitted meanwhile (no pod at the gate: its reconcile clears the
+            # message, which this write must not bring back).
+            current = (
+                job is not None
+                and job["metadata"].get("uid") == uid
+                and any(is_gated(p) for p in self.stores.own_pods(job))
+            )
+            if current and job is not None and (job.get("status") or {}).get("admissionMessage") != reason:
+                if self.writer.write_facts(key, uid, {"admissionMessage": reason}):
+                    self.written(key)
+        except Exception as exc:  # noqa: BLE001 - the next pass asks again
+            log.warning("admission message for %s not written: %s", key, short_error(exc))
+        finally:
+            with self._lock:
+                replaced = self._asked.get(key) != asked
+                if not replaced:
+                    del self._asked[key]
+            if replaced:  # a newer reason was asked while this one was written: it goes next
+                try:
+                    self.pool.submit(self._write, key)
+                except RuntimeError:
+                    pass  # the operator is stopping: its successor's first pass writes it
