@@ -35,13 +35,15 @@ class Part:
     unit: str
     what: str
     also: tuple[str, ...]  # keys shown beside it, per run
+    arguments: tuple[str, ...] = ()  # gang_bench's, besides --parts
 
 
 PARTS = {
     "footprint": Part("operator_peak_rss_mib", "MiB", "operator peak RSS with 1,000 two-pod jobs",
                       ("all_running_seconds",)),
     "contention": Part("gpu_utilization", "", "GPU utilization while gangs asking twice the pool's GPUs wait",
-                       ("zero_latency_gpu_utilization", "latency")),
+                       ("zero_latency_gpu_utilization", "latency"),
+                       ("--nodes", "8")),  # its own pool: the main pool's 500 nodes would only slow the start
 }  # fmt: skip
 
 
@@ -50,10 +52,12 @@ def log(message: str) -> None:
 
 
 def part_run(part: str, out: Path, operator_path: str | None) -> dict[str, Any]:
+    """gang_bench.py --parts `part` on a fresh cluster; its result for that part."""
     env = {**os.environ}
     if operator_path:
         env[OPERATOR_PATH_ENV] = operator_path
-    command = [sys.executable, str(REPO / "bench" / "gang_bench.py"), "--parts", part, "--out", str(out)]
+    command = [sys.executable, str(REPO / "bench" / "gang_bench.py"), "--parts", part, *PARTS[part].arguments,
+               "--out", str(out)]  # fmt: skip
     subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL, cwd=REPO)
     result: dict[str, Any] = json.loads(out.read_text())[part]
     return result
