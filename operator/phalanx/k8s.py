@@ -266,15 +266,17 @@ class KubeApi:
             return None
 
     def patch_job_facts(
-        self, namespace: str, name: str, status: dict[str, Any], uid: str, resource_version: str | None
-    ) -> dict[str, Any] | None:
+        self, namespace: str, name: str, status: dict[str, Any], uid: str, resource_version: str | None,
+        retry_on_conflict: bool = True,
+    ) -> dict[str, Any] | None:  # fmt: skip
         """Merge-patches status fields that no decision rests on (the trainer's progress, why a gang
         waits) into the job with this `uid`, whatever its version; never into a successor under the
         same name. Returns the job as stored, None when that job is gone.
 
         The API server ignores a uid in a status patch, so the write is conditional on a version:
         `resource_version` first (the caller's copy), and after a conflict the current one, once its
-        uid is checked."""
+        uid is checked. retry_on_conflict=False: StatusConflict instead, the fact being one that a
+        newer version of the job may have made untrue (why a gang waits, once it was admitted)."""
         for _ in range(FACT_WRITE_ATTEMPTS):
             if resource_version is not None:
                 try:
@@ -284,6 +286,10 @@ class KubeApi:
                         return None
                     if exc.status != 409:
                         raise
+                    if not retry_on_conflict:
+                        raise StatusConflict(
+                            f"{namespace}/{name} changed; {sorted(status)} not written"
+                        ) from exc
             current = self.get_job(namespace, name)
             if current is None or current["metadata"].get("uid") != uid:
                 return None

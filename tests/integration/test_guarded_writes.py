@@ -121,6 +121,40 @@ def test_a_status_write_for_a_deleted_job_is_refused_on_its_successor(
     assert stored["status"]["admissionMessage"] == "new"
 
 
+def test_a_fact_written_without_retry_is_refused_over_a_newer_version_of_the_same_job(
+    cluster: Cluster, crd_installed: None, namespace: str
+) -> None:
+    # Why a gang waits, decided on a copy of the job the gang's admission has since changed: written
+    # over the newer version it would bring back a message the reconcile had cleared.
+    cluster.apply(training_job("moved", replicas=1, gpus=None), namespace)
+    seen = cluster.get_json("tj", "moved", "-n", namespace)["metadata"]
+    api = KubeApi(cluster.kube_client())
+    newer = api.patch_job_facts(namespace, "moved", {"progress": {"step": 1}}, seen["uid"], None)
+    assert newer is not None and newer["metadata"]["resourceVersion"] != seen["resourceVersion"]
+    with pytest.raises(StatusConflict):
+        api.patch_job_facts(
+            namespace, "moved", {"admissionMessage": "stale"}, seen["uid"], seen["resourceVersion"],
+            retry_on_conflict=False,
+        )  # fmt: skip
+    assert "admissionMessage" not in job_status(cluster, namespace, "moved")
+    # Decided on the current version, it lands (read again if an operator still running on this
+    # cluster wrote the job in between).
+    for _ in range(5):
+        current = api.get_job(namespace, "moved")
+        assert current is not None
+        try:
+            stored = api.patch_job_facts(
+                namespace, "moved", {"admissionMessage": "fresh"}, seen["uid"],
+                current["metadata"]["resourceVersion"], retry_on_conflict=False,
+            )  # fmt: skip
+        except StatusConflict:
+            continue
+        assert stored is not None and stored["status"]["admissionMessage"] == "fresh"
+        break
+    else:
+        pytest.fail("five writes on the current version all met a newer one")
+
+
 def test_a_deletion_decided_for_a_deleted_job_never_deletes_its_successor(
     cluster: Cluster, crd_installed: None, namespace: str
 ) -> None:

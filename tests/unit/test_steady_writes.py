@@ -58,8 +58,9 @@ class FakeApi:
         return self._apply(status)
 
     def patch_job_facts(
-        self, namespace: str, name: str, status: dict[str, Any], uid: str, rv: str | None
-    ) -> dict[str, Any]:
+        self, namespace: str, name: str, status: dict[str, Any], uid: str, rv: str | None,
+        retry_on_conflict: bool = True,
+    ) -> dict[str, Any]:  # fmt: skip
         return self._apply(status)
 
     def create_event(self, *args: Any) -> None:

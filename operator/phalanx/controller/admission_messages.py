@@ -6,7 +6,8 @@ milliseconds on a busy API server: written by the pass itself, eleven of them he
 and the GPUs that finished meanwhile, for 0.42 s in `make bench-gang`'s contention part. Here one
 thread writes them in the order asked, and only the latest reason asked for a job is written: a
 reason replaced before its turn came is never sent, so a job's message never goes back to an older
-one, and none is written once the gang was admitted."""
+one, and none is written once the gang was admitted (nor retried over a newer version of the job:
+the next pass asks again)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,22 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from phalanx.controller.job_writes import JobWriter
 from phalanx.controller.stores import ClusterStores
-from phalanx.k8s import short_error
-from phalanx.pod_facts import is_gated
+from phalanx.k8s import StatusConflict, short_error
+from phalanx.pod_facts import in_current_attempt, is_gated
 
 log = logging.getLogger("phalanx.controller")
+
+
+def waits_at_the_gate(job: dict[str, Any], stores: ClusterStores) -> bool:
+    """A pod of the job's current attempt is still gated: the gang is not admitted (the admission
+    rule's test, rules/admission.py; a warm spare standing by or a pod of an earlier attempt is no
+    attempt's)."""
+    status = job.get("status") or {}
+    return any(is_gated(p) and in_current_attempt(p, status) for p in stores.own_pods(job))
 
 
 class AdmissionMessages:
@@ -67,14 +77,16 @@ class AdmissionMessages:
             job = self.stores.jobs.get(key)
             # Gone, replaced, or admitted meanwhile (no pod at the gate: its reconcile clears the
             # message, which this write must not bring back).
-            current = (
-                job is not None
-                and job["metadata"].get("uid") == uid
-                and any(is_gated(p) for p in self.stores.own_pods(job))
-            )
-            if current and job is not None and (job.get("status") or {}).get("admissionMessage") != reason:
-                if self.writer.write_facts(key, uid, {"admissionMessage": reason}):
+            if job is not None and job["metadata"].get("uid") == uid and waits_at_the_gate(job, self.stores):
+                status = job.get("status") or {}
+                # Not retried on a conflict: the job moved on (admitted, its message cleared, perhaps),
+                # and whether it still waits, and why, is the next pass's to say.
+                if status.get("admissionMessage") != reason and self.writer.write_facts(
+                    key, uid, {"admissionMessage": reason}, retry_on_conflict=False
+                ):
                     self.written(key)
+        except StatusConflict:
+            pass
         except Exception as exc:  # noqa: BLE001 - the next pass asks again
             log.warning("admission message for %s not written: %s", key, short_error(exc))
         finally:

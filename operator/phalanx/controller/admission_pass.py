@@ -182,11 +182,18 @@ class AdmissionPass:
             if key in spares_only:
                 continue  # the job runs; its spares wait for room unannounced (status.spares.ready)
             job = jobs_by_key[key]
-            if (job.get("status") or {}).get("admissionMessage") != reason:
+            uid = str(job["metadata"]["uid"])
+            pending = self.messages.pending(key)
+            # Asked when the job shows another reason, or another is on its way to it (it would
+            # otherwise land after this pass found the shown one true again).
+            if (job.get("status") or {}).get("admissionMessage") != reason or pending not in (
+                None,
+                (uid, reason),
+            ):
                 namespace, name = key.split("/", 1)
                 waiting_since = parse_iso(job["metadata"].get("creationTimestamp")) or now
                 metrics.observe_admission_wait_started(namespace, name, waiting_since)
-                self.messages.ask(key, str(job["metadata"]["uid"]), reason)
+                self.messages.ask(key, uid, reason)
 
     def _free_at(self, jobs: list[dict[str, Any]], now: float) -> dict[str, float]:
         """When each node's work ends, for the ETA-aware backfill (gang/backfill.py)."""

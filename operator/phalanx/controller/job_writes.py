@@ -56,15 +56,18 @@ class JobWriter:
             self.stores.jobs.upsert(stored)
         return stored
 
-    def write_facts(self, key: str, uid: str, patch: dict[str, Any]) -> bool:
+    def write_facts(self, key: str, uid: str, patch: dict[str, Any], retry_on_conflict: bool = True) -> bool:
         """Copies facts (progress, an admission message) into the status of the job with `uid`;
-        False when that job is gone, whether or not another was created under its name."""
+        False when that job is gone, whether or not another was created under its name.
+        retry_on_conflict=False: StatusConflict when the stored copy's version is not the job's."""
         namespace, name = key.split("/", 1)
         cached = self.stores.jobs.get(key)
         if cached is not None and cached["metadata"].get("uid") != uid:
             return False  # the watch already saw its successor
         version = cached["metadata"].get("resourceVersion") if cached is not None else None
-        stored = self.api.patch_job_facts(namespace, name, patch, uid, version)
+        stored = self.api.patch_job_facts(
+            namespace, name, patch, uid, version, retry_on_conflict=retry_on_conflict
+        )
         if stored is not None:
             self.stores.jobs.upsert(stored)  # the next admission pass must not read an older status
         return stored is not None

@@ -21,5 +21,5 @@ IDLE_PASS_SECONDS: Final = 3.0  # with nothing changed, a pass this often (reser
 
 def pause_after(pass_seconds: float) -> float:
     """Seconds to wait after a pass that took `pass_seconds` before the next may start."""
-    duty_pause = max(0.0, pass_seconds) * (1.0 - MAX_DUTY) / MAX_DUTY
+    duty_pause = pass_seconds * (1.0 - MAX_DUTY) / MAX_DUTY
     return min(MAX_PAUSE_SECONDS, max(MIN_PAUSE_SECONDS, duty_pause))
