@@ -72,3 +72,60 @@ def test_victims_past_the_preemption_cooldown_leave_the_preempting_map() -> None
     head: Any = None
     preemptor.preempt_for(head, [], [], {})  # within the cooldown of ns/just-now: nothing chosen
     assert list(preemptor.preempting) == ["ns/just-now"]
+
+
+class _Usage:
+    def freeing(self) -> dict[str, Any]:
+        return {}
+
+
+class _Stores:
+    usage = _Usage()
+
+    def own_pods(self, job: dict[str, Any]) -> list[dict[str, Any]]:
+        return []
+
+
+class _State:
+    def priority_of(self, spec: Any) -> int:
+        return 0
+
+
+class _Work:
+    def __init__(self) -> None:
+        self.enqueued: list[str] = []
+
+    def enqueue_threadsafe(self, key: str) -> None:
+        self.enqueued.append(key)
+
+
+def test_a_victim_that_moved_on_before_it_was_stopped_is_not_chosen_again_before_the_stores_catch_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Passes run as often as every 50 ms now: without the wait, each would choose the same stale
+    # victim again and write and read it once more.
+    from phalanx.controller import preemption
+    from phalanx.gang.preemption import PreemptionChoice
+
+    clock = [1000.0]
+    monkeypatch.setattr(preemption.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(preemption, "choose_victims", lambda *a, **k: PreemptionChoice(("ns/victim",), ()))
+    work = _Work()
+    preemptor = preemption.Preemptor(None, _Stores(), _State(), None, work, time.time)  # type: ignore[arg-type]
+    tried: list[str] = []
+
+    def moved_on(job: dict[str, Any], message: str) -> bool:
+        tried.append(job["metadata"]["name"])
+        return False  # restarted (or finished) since the store's copy
+
+    monkeypatch.setattr(preemptor, "stop_victim", moved_on)
+    victim = {"metadata": {"name": "victim", "namespace": "ns"}}
+    head: Any = type("Head", (), {"key": "ns/head", "priority": 10})()
+    preemptor.preempt_for(head, [victim], [], {})
+    clock[0] += 0.5  # the next passes, on the same stale stores
+    preemptor.preempt_for(head, [victim], [], {})
+    assert tried == ["victim"]
+    clock[0] += 1.0
+    preemptor.preempt_for(head, [victim], [], {})
+    assert tried == ["victim", "victim"]
+    assert preemptor.preempting == {}  # never stopped: no cooldown of the kind a stop starts

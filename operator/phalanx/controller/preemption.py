@@ -28,6 +28,10 @@ from phalanx.reconcile.plan import REASON_PREEMPTED_BY_PRIORITY, iso, parse_iso
 log = logging.getLogger("phalanx.controller")
 
 PREEMPTION_COOLDOWN_SECONDS: Final = 15.0
+# A chosen victim had moved on (gone, restarted, finished) before it was stopped: the stores catch up
+# before the next choice, instead of the next pass (50 ms later, policy/admission_pacing.py)
+# choosing it again from the same stale view and writing and reading it once more.
+CHOOSE_AGAIN_SECONDS: Final = 1.0
 VICTIM_WRITE_ATTEMPTS: Final = 3
 
 
@@ -42,6 +46,7 @@ class Preemptor:
         self.work = work
         self.clock = clock
         self.preempting: dict[str, float] = {}  # victim key -> when (monotonic) it was stopped
+        self.choose_again_at = 0.0  # monotonic: no choice before (CHOOSE_AGAIN_SECONDS)
 
     def preempt_for(
         self,
@@ -63,6 +68,8 @@ class Preemptor:
         }
         if self.preempting:
             return  # let the last victims finish terminating before choosing again
+        if now < self.choose_again_at:
+            return
         running = []
         spare_uids: dict[tuple[str, str], str] = {}  # (job key, pod name) -> uid
         for job in jobs:
@@ -100,6 +107,8 @@ class Preemptor:
             job = next(j for j in jobs if object_key(j) == victim)
             if self.stop_victim(job, preemption_message(head.key, head.priority)):
                 self.preempting[victim] = now  # the cooldown starts once its pods are told to stop
+            else:
+                self.choose_again_at = now + CHOOSE_AGAIN_SECONDS
             self.work.enqueue_threadsafe(victim)
 
     def stop_victim(self, job: dict[str, Any], message: str) -> bool:
