@@ -111,7 +111,6 @@ def delete_options(
     return options
 
 
-READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 REQUEST_TIMEOUT = (10.0, 60.0)  # connect, read: seconds
 LEASE_REQUEST_TIMEOUT = (2.0, 4.0)  # within a renew deadline of 10 s: a renewal gets two tries
 # One new connection if the first fails before sending; no retry after a send (the elector reads the
@@ -122,37 +121,17 @@ LEASE_RETRIES = urllib3.Retry(total=1, connect=1, read=0, redirect=False, status
 
 def count_requests(api_client: KubeClient, write_fence: Callable[[], None] | None = None) -> None:
     """Counts every request of this client in phalanx_api_requests_total (endpoint: the path template,
-    so the series stay few). `write_fence` runs before every write and may refuse it (leader.py):
-    one place, so no writer can forget it."""
-    send = api_client.request
+    so the series stay few). `write_fence` runs before every write and may refuse it (leader.py).
+    A request that brings no timeout and does not watch gets REQUEST_TIMEOUT: never wait forever (a
+    half-open connection would hang a worker, or land a write long after the fence let it through).
+    The client applies all three to each request (KubeClient.request), so no writer can forget them."""
+    api_client.write_fence = write_fence
+    api_client.default_timeout = REQUEST_TIMEOUT
+    api_client.observe = _observe
 
-    def counted(
-        method: str,
-        path: str,
-        params: Mapping[str, Any] | None = None,
-        body: Any = None,
-        content_type: str = "application/json",
-        timeout: Timeout | None = None,
-    ) -> Any:
-        if write_fence is not None and method.upper() not in READ_METHODS:
-            write_fence()
-        if timeout is None and not (params or {}).get("watch"):
-            # Never wait forever (a half-open connection would hang a worker, or land a write long
-            # after the fence let it through); watches bring their own, longer timeout.
-            timeout = REQUEST_TIMEOUT
-        endpoint = endpoint_template(path)
-        try:
-            response = send(method, path, params, body, content_type, timeout)
-        except ApiError as exc:
-            metrics.observe_api_request(method, endpoint, exc.status)
-            raise
-        except Exception:
-            metrics.observe_api_request(method, endpoint, None)
-            raise
-        metrics.observe_api_request(method, endpoint, _status_of(response))
-        return response
 
-    api_client.request = counted  # type: ignore[method-assign]
+def _observe(method: str, path: str, status: int | None) -> None:
+    metrics.observe_api_request(method, endpoint_template(path), status)
 
 
 def endpoint_template(url: str) -> str:
@@ -174,11 +153,6 @@ def endpoint_template(url: str) -> str:
     if len(rest) > resource_at + 1:
         rest[resource_at + 1] = "{name}"
     return "/" + "/".join(prefix + rest)
-
-
-def _status_of(response: Any) -> int | None:
-    status = getattr(response, "status", None)
-    return status if isinstance(status, int) else None
 
 
 FACT_WRITE_ATTEMPTS = 3  # a busy job's version moves on between a read and a write; not forever

@@ -34,6 +34,7 @@ CONNECTIONS_PER_HOST = 32
 USER_AGENT = "phalanx-operator"
 
 Timeout = tuple[float, float]  # connect, read: seconds
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})  # what a write fence lets through
 
 
 class ApiError(Exception):
@@ -236,6 +237,13 @@ class KubeClient:
         if retries is None:
             retries = urllib3.Retry(3, redirect=False, status_forcelist=(), respect_retry_after_header=False)
         self.pool_manager = urllib3.PoolManager(maxsize=pool_size, block=False, retries=retries, **tls)
+        # Set by the operator (k8s.count_requests), applied to every request in one place so no
+        # caller can miss them: a fence run before each write (it may refuse it: leader.py), the
+        # timeout of a request that brings none and does not watch, and an observer told each
+        # request's method, path and status (None: no answer came).
+        self.write_fence: Callable[[], None] | None = None
+        self.default_timeout: Timeout | None = None
+        self.observe: Callable[[str, str, int | None], None] | None = None
 
     def request(
         self,
@@ -248,6 +256,32 @@ class KubeClient:
     ) -> Any:
         """The answer, unread (urllib3's response: `.data` reads it all and frees the connection,
         `.stream()` reads it as it comes). An error status raises ApiError, its body read."""
+        if self.write_fence is not None and method.upper() not in READ_METHODS:
+            self.write_fence()
+        if timeout is None and not (params or {}).get("watch"):
+            timeout = self.default_timeout
+        if self.observe is None:
+            return self._send(method, path, params, body, content_type, timeout)
+        try:
+            response = self._send(method, path, params, body, content_type, timeout)
+        except ApiError as exc:
+            self.observe(method, path, exc.status)
+            raise
+        except Exception:
+            self.observe(method, path, None)
+            raise
+        self.observe(method, path, response.status)
+        return response
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        params: Mapping[str, Any] | None,
+        body: Any,
+        content_type: str,
+        timeout: Timeout | None,
+    ) -> Any:
         headers = {"Accept": "application/json", "User-Agent": USER_AGENT}
         auth = self._token.header()
         if auth:

@@ -8,7 +8,7 @@ import pytest
 
 from phalanx import metrics
 from phalanx.k8s import count_requests, endpoint_template
-from phalanx.kube_client import ApiError
+from phalanx.kube_client import ApiError, Credentials, KubeClient
 
 pytestmark = pytest.mark.unit
 
@@ -27,19 +27,22 @@ def sample(method: str, endpoint: str, code: str) -> float:
     return value or 0.0
 
 
-class FakeClient:
-    def __init__(self, answers: list[Any]) -> None:
-        self.answers = answers
+def fake_client(answers: list[Any]) -> KubeClient:
+    """A real client whose sending is replaced: it answers from `answers` (raising an exception)."""
+    client = KubeClient(Credentials(server="http://127.0.0.1:1"))
 
-    def request(self, method: str, path: str, *args: Any, **kwargs: Any) -> Any:
-        answer = self.answers.pop(0)
+    def send(method: str, path: str, *args: Any) -> Any:
+        answer = answers.pop(0)
         if isinstance(answer, Exception):
             raise answer
         return answer
 
+    client._send = send  # type: ignore[method-assign]
+    return client
+
 
 def test_requests_are_counted_by_method_template_and_status() -> None:
-    api_client: Any = FakeClient([Raw(201), ApiError(409, "Conflict"), ConnectionError("refused")])
+    api_client = fake_client([Raw(201), ApiError(409, "Conflict"), ConnectionError("refused")])
     count_requests(api_client)
     path = "/api/v1/namespaces/{namespace}/pods"
     before = [sample("POST", path, code) for code in ("201", "409", "error")]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -187,18 +188,19 @@ def test_shutdown_without_release_leaves_the_lease_to_expire() -> None:
 
 def test_every_write_request_passes_the_fence_and_reads_do_not() -> None:
     from phalanx.k8s import count_requests
+    from phalanx.kube_client import Credentials, KubeClient
 
     sent: list[str] = []
 
-    class Client:
-        def request(self, method: str, path: str, *args: Any, **kwargs: Any) -> Any:
-            sent.append(method)
-            return None
+    def send(method: str, path: str, *args: Any) -> Any:
+        sent.append(method)
+        return SimpleNamespace(status=200)
 
     def refuse() -> None:
         raise NotLeader("standby")
 
-    api_client: Any = Client()
+    api_client = KubeClient(Credentials(server="http://127.0.0.1:1"))
+    api_client._send = send  # type: ignore[method-assign]
     count_requests(api_client, refuse)
     api_client.request("GET", "/api/v1/pods")
     for method in ("POST", "PUT", "PATCH", "DELETE"):
@@ -215,15 +217,16 @@ def test_impossible_timings_are_refused() -> None:
 
 def test_requests_get_a_timeout_unless_they_watch_or_bring_their_own() -> None:
     from phalanx.k8s import REQUEST_TIMEOUT, count_requests
+    from phalanx.kube_client import Credentials, KubeClient
 
     seen: list[Any] = []
 
-    class Client:
-        def request(self, method: str, path: str, params: Any = None, body: Any = None,
-                    content_type: str = "", timeout: Any = None) -> Any:  # fmt: skip
-            seen.append(timeout)
+    def send(method: str, path: str, params: Any, body: Any, content_type: str, timeout: Any) -> Any:
+        seen.append(timeout)
+        return SimpleNamespace(status=200)
 
-    api_client: Any = Client()
+    api_client = KubeClient(Credentials(server="http://127.0.0.1:1"))
+    api_client._send = send  # type: ignore[method-assign]
     count_requests(api_client)
     api_client.request("POST", "/api/v1/namespaces/n/pods")
     api_client.request("GET", "/api/v1/pods", {"watch": True})
