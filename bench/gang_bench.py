@@ -571,8 +571,12 @@ def admission_cost(api: client.ApiClient, operator: Operator, components: dict[s
             "p50_seconds": round(percentile(latencies, 0.5), 2),
             "p99_seconds": round(percentile(latencies, 0.99), 2),
             "p50_from_burst_seconds": round(percentile([x for r in results for x in r.from_burst], 0.5), 2),
+            "p99_from_burst_seconds": round(percentile([x for r in results for x in r.from_burst], 0.99), 2),
             "p50_from_first_pod_seconds": round(
                 percentile([x for r in results for x in r.from_first_pod], 0.5), 2
+            ),
+            "p99_from_first_pod_seconds": round(
+                percentile([x for r in results for x in r.from_first_pod], 0.99), 2
             ),
             "pods_per_second": round(pods / seconds, 1),
             "per_round_pods_per_second": [round(r.pods / r.seconds, 1) for r in results],
@@ -591,7 +595,9 @@ def admission_cost(api: client.ApiClient, operator: Operator, components: dict[s
         "baseline_p50_seconds": base["p50_seconds"],
         "baseline_p99_seconds": base["p99_seconds"],
         "baseline_p50_from_burst_seconds": base["p50_from_burst_seconds"],
+        "baseline_p99_from_burst_seconds": base["p99_from_burst_seconds"],
         "baseline_p50_from_first_pod_seconds": base["p50_from_first_pod_seconds"],
+        "baseline_p99_from_first_pod_seconds": base["p99_from_first_pod_seconds"],
         "baseline_per_round_pods_per_second": base["per_round_pods_per_second"],
         "baseline_per_round_created_seconds": base["per_round_created_seconds"],
         "baseline_per_round_pod_start_p50_seconds": base["per_round_pod_start_p50_seconds"],
@@ -602,8 +608,10 @@ def admission_cost(api: client.ApiClient, operator: Operator, components: dict[s
         # Issue 17's per-gang p50 ratio (goal 1.2), three ways. The first was the goal's figure: a
         # TrainingJob's clock starts at its creation, before it waits in the operator's queue, the
         # baseline gang's at its first create, after it waited for one of the bench's 8 threads.
-        # The two others start both clocks at the same event: the burst (every gang handed over at
-        # once) or the gang's first pod (its own writes), the latter the figure read against the goal.
+        # From the burst, both clocks start at the same moment with 8 writers on each side: the
+        # figure read against the goal. From the gang's first pod leaves the wait out on both sides,
+        # and favours the operator by its design: it writes one gang's pods 8 at a time, the
+        # baseline's threads one by one.
         "p50_ratio_vs_baseline": round(ours["p50_seconds"] / base["p50_seconds"], 3),
         "p50_from_burst_ratio_vs_baseline": round(
             ours["p50_from_burst_seconds"] / base["p50_from_burst_seconds"], 3
@@ -611,7 +619,7 @@ def admission_cost(api: client.ApiClient, operator: Operator, components: dict[s
         "p50_from_first_pod_ratio_vs_baseline": round(
             ours["p50_from_first_pod_seconds"] / base["p50_from_first_pod_seconds"], 3
         ),
-        "p50_ratio_goal": 1.2,  # read against p50_from_first_pod_ratio_vs_baseline
+        "p50_ratio_goal": 1.2,  # read against p50_from_burst_ratio_vs_baseline
         "rounds": rounds,
         "order": "ABBA: rounds alternate which side goes first; each side starts on a quiet cluster",
         "warmup": f"one unmeasured round of {warmup_jobs} gangs per side before the measured rounds",
@@ -640,6 +648,7 @@ def wait_pods_finished(core: Any, namespaces: list[str], timeout: float = 120) -
 
 
 # -- part 2: contention ---------------------------------------------------------------------------
+CONTENTION_WARMUP = "warmup"  # the one-pod gang run first, left out of every figure
 # submit(namespace, name, pods, gpus per pod, run_for, placement): one gang of the contention part.
 Submit = Callable[[str, str, int, int, str, dict[str, Any]], None]
 
@@ -687,9 +696,11 @@ def contention(api: client.ApiClient, pool_nodes: int, run_seconds: int, rng: ra
     # operator (and a Kueue) past its start and first list, whichever part ran before, if any.
     warmup = PodWatch(core, ns, label).start()
     time.sleep(0.5)
-    submit(ns, "warmup", 1, 1, "1s", placement)
+    submit(ns, CONTENTION_WARMUP, 1, 1, "1s", placement)
     deadline = time.monotonic() + timeout
-    while not any(t.finished for t in warmup.snapshot()) and time.monotonic() < deadline:
+    while not any(t.finished for t in warmup.snapshot()):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the contention part's warm-up pod did not finish within {timeout:.0f}s")
         time.sleep(0.2)
     warmup.stopped = True
     watch = PodWatch(core, ns, label).start()
@@ -700,11 +711,11 @@ def contention(api: client.ApiClient, pool_nodes: int, run_seconds: int, rng: ra
     wait_groups(watch, {n: p for n, p, _ in gangs}, "contention", timeout)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        pods = [t for t in watch.snapshot() if t.group != "warmup"]
+        pods = [t for t in watch.snapshot() if t.group != CONTENTION_WARMUP]
         if len(pods) >= sum(p for _, p, _ in gangs) and all(t.finished for t in pods):
             break
         time.sleep(1)
-    pods = [t for t in watch.snapshot() if t.group != "warmup"]
+    pods = [t for t in watch.snapshot() if t.group != CONTENTION_WARMUP]
     watch.stopped = True
     if timings_out is not None:  # each pod's times, seconds from the submission, to look into a run
         rows = [{**asdict(t), **{k: round(v - start, 3) for k, v in asdict(t).items() if isinstance(v, float)}}
@@ -893,13 +904,13 @@ def _admission_rows(adm: dict[str, Any]) -> list[tuple[str, str]]:
             f"{adm['ratio_vs_baseline']} (per round {adm['ratio_per_round']})",
         ),
         (
-            "  per-gang p50 ratio from its first pod (goal <= 1.2)",
-            f"{adm.get('p50_from_first_pod_ratio_vs_baseline')} ({adm.get('p50_from_first_pod_seconds')} s "
-            f"/ {adm.get('baseline_p50_from_first_pod_seconds')} s)",
+            "  per-gang p50 ratio from the burst (goal <= 1.2)",
+            f"{adm.get('p50_from_burst_ratio_vs_baseline')} ({adm.get('p50_from_burst_seconds')} s "
+            f"/ {adm.get('baseline_p50_from_burst_seconds')} s)",
         ),
         (
-            "  per-gang p50 ratio from created / from the burst",
-            f"{adm.get('p50_ratio_vs_baseline')} / {adm.get('p50_from_burst_ratio_vs_baseline')}",
+            "  per-gang p50 ratio from created / from its first pod",
+            f"{adm.get('p50_ratio_vs_baseline')} / {adm.get('p50_from_first_pod_ratio_vs_baseline')}",
         ),
     ]
 

@@ -74,7 +74,8 @@ def main() -> int:
     args = parser.parse_args()
     part = PARTS[args.part]
     out: Path = args.out or REPO / "bench" / "results" / f"{args.part}-ab.json"
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+    # "-dirty" when the tree has changes not committed: side B ran those, not HEAD.
+    head = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO, capture_output=True, text=True,
                           check=True).stdout.strip()  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="phalanx-ab-") as scratch:
         worktree = Path(scratch) / "baseline"

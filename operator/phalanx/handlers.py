@@ -16,8 +16,8 @@ import kopf
 from phalanx import constants as c
 from phalanx.controller import Controller
 from phalanx.health import HealthServer, operator_readiness
-from phalanx.k8s import KubeApi, LeaseApi, load_api_client, load_lease_client
-from phalanx.kube_client import ConfigError, Credentials, load_credentials
+from phalanx.k8s import KubeApi, LeaseApi, load_lease_client
+from phalanx.kube_client import ConfigError, Credentials, load_client, load_credentials
 from phalanx.leader import LeaderElector
 from phalanx.settings import LeaderElection, OperatorSettings
 
@@ -88,7 +88,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
         getattr(memo, "settings", None) or OperatorSettings.from_environment()
     )
     elector = start_election(operator_settings.leader_election)
-    api = KubeApi(load_api_client(), write_fence=elector.fence if elector else None)
+    api = KubeApi(load_client(), write_fence=elector.fence if elector else None)
     controller = Controller(api, operator_settings, leader=elector)
     controller.loop = asyncio.get_running_loop()
     await controller.start()

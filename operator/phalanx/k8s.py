@@ -17,11 +17,6 @@ from phalanx.kube_client import ApiError, KubeClient, Timeout, load_client
 log = logging.getLogger("phalanx.k8s")
 
 
-def load_api_client() -> KubeClient:
-    """In-cluster service account first, else the current kubeconfig (KUBECONFIG)."""
-    return load_client()
-
-
 def load_lease_client() -> KubeClient:
     """The leader election's own client (LeaseApi): fewer retries than the default, see LEASE_RETRIES."""
     return load_client(retries=LEASE_RETRIES)

@@ -6,8 +6,8 @@ milliseconds on a busy API server: written by the pass itself, eleven of them he
 and the GPUs that finished meanwhile, for 0.42 s in `make bench-gang`'s contention part. Here one
 thread writes them in the order asked, and only the latest reason asked for a job is written: a
 reason replaced before its turn came is never sent, so a job's message never goes back to an older
-one, and none is written once the gang was admitted (nor retried over a newer version of the job:
-the next pass asks again)."""
+one, and none is written once the gang was admitted, nor over a version of the job newer than the
+one it was decided on (the next pass asks again)."""
 
 from __future__ import annotations
 
@@ -41,16 +41,18 @@ class AdmissionMessages:
         self.written = written
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="admission-messages")
         self._lock = threading.Lock()
-        self._asked: dict[str, tuple[str, str]] = {}  # job key -> (uid, reason) not written yet
+        # job key -> (uid, reason, the job's resourceVersion the reason was decided on), not written yet
+        self._asked: dict[str, tuple[str, str, str | None]] = {}
 
-    def ask(self, key: str, uid: str, reason: str) -> None:
-        """Writes `reason` to the job soon, unless a later ask replaces it first."""
+    def ask(self, key: str, uid: str, reason: str, version: str | None) -> None:
+        """Writes `reason` to the job soon, on the `version` of it the reason was decided on, unless
+        a later ask replaces it first."""
         with self._lock:
-            if self._asked.get(key) == (uid, reason):
+            asked = self._asked.get(key)
+            if asked is not None and asked[:2] == (uid, reason):
                 return  # already on its way
-            queued = key in self._asked
-            self._asked[key] = (uid, reason)
-        if not queued:
+            self._asked[key] = (uid, reason, version)
+        if asked is None:
             try:
                 self.pool.submit(self._write, key)
             except RuntimeError:  # the operator is stopping: its successor's first pass writes it
@@ -65,24 +67,26 @@ class AdmissionMessages:
     def pending(self, key: str) -> tuple[str, str] | None:
         """(uid, reason) asked for the job and not written yet (tests, and a pass deciding again)."""
         with self._lock:
-            return self._asked.get(key)
+            asked = self._asked.get(key)
+        return None if asked is None else asked[:2]
 
     def _write(self, key: str) -> None:
         with self._lock:
             asked = self._asked.get(key)
         if asked is None:
             return
-        uid, reason = asked
+        uid, reason, version = asked
         try:
             job = self.stores.jobs.get(key)
             # Gone, replaced, or admitted meanwhile (no pod at the gate: its reconcile clears the
             # message, which this write must not bring back).
             if job is not None and job["metadata"].get("uid") == uid and waits_at_the_gate(job, self.stores):
                 status = job.get("status") or {}
-                # Not retried on a conflict: the job moved on (admitted, its message cleared, perhaps),
-                # and whether it still waits, and why, is the next pass's to say.
+                # On the version it was decided on, not retried on a conflict: the job moved on
+                # (admitted, its message cleared, perhaps), and whether it still waits, and why, is
+                # the next pass's to say.
                 if status.get("admissionMessage") != reason and self.writer.write_facts(
-                    key, uid, {"admissionMessage": reason}, retry_on_conflict=False
+                    key, uid, {"admissionMessage": reason}, decided_on=version
                 ):
                     self.written(key)
         except StatusConflict:

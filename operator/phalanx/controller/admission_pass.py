@@ -163,13 +163,14 @@ class AdmissionPass:
             for pod_name, node in admission.placements:
                 admitted = admitted_pod(gated_pods[admission.key][pod_name], node)
                 patches.append((namespace, pod_name, admitted["spec"]))
+        for admission in plan.admitted:  # before the gates go: a reason on its way is no longer true
+            self.messages.drop(admission.key)
         self.admit_pods(patches)
         for admission in plan.admitted:
             namespace = admission.key.split("/", 1)[0]
             created = min(parse_iso(p["metadata"].get("creationTimestamp")) or now
                           for p in gated_pods[admission.key].values())  # fmt: skip
             metrics.observe_gang_admitted(namespace, admission.key.split("/", 1)[1], max(0.0, now - created))
-            self.messages.drop(admission.key)
             self.work.enqueue_threadsafe(admission.key)
         head = head_of_line_blocked(plan.waiting, admission_order(requests))
         # A finishing gang's lifted priority must not preempt, nor may spares on their own.
@@ -193,7 +194,7 @@ class AdmissionPass:
                 namespace, name = key.split("/", 1)
                 waiting_since = parse_iso(job["metadata"].get("creationTimestamp")) or now
                 metrics.observe_admission_wait_started(namespace, name, waiting_since)
-                self.messages.ask(key, uid, reason)
+                self.messages.ask(key, uid, reason, job["metadata"].get("resourceVersion"))
 
     def _free_at(self, jobs: list[dict[str, Any]], now: float) -> dict[str, float]:
         """When each node's work ends, for the ETA-aware backfill (gang/backfill.py)."""

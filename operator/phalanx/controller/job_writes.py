@@ -56,17 +56,20 @@ class JobWriter:
             self.stores.jobs.upsert(stored)
         return stored
 
-    def write_facts(self, key: str, uid: str, patch: dict[str, Any], retry_on_conflict: bool = True) -> bool:
+    def write_facts(self, key: str, uid: str, patch: dict[str, Any], decided_on: str | None = None) -> bool:
         """Copies facts (progress, an admission message) into the status of the job with `uid`;
         False when that job is gone, whether or not another was created under its name.
-        retry_on_conflict=False: StatusConflict when the stored copy's version is not the job's."""
+        decided_on: the resourceVersion the fact was decided on; written on that version only
+        (StatusConflict when the job has moved on), not retried on the current one."""
         namespace, name = key.split("/", 1)
         cached = self.stores.jobs.get(key)
         if cached is not None and cached["metadata"].get("uid") != uid:
             return False  # the watch already saw its successor
         version = cached["metadata"].get("resourceVersion") if cached is not None else None
+        if decided_on is not None:
+            version = decided_on
         stored = self.api.patch_job_facts(
-            namespace, name, patch, uid, version, retry_on_conflict=retry_on_conflict
+            namespace, name, patch, uid, version, retry_on_conflict=decided_on is None
         )
         if stored is not None:
             self.stores.jobs.upsert(stored)  # the next admission pass must not read an older status

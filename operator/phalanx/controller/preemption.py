@@ -107,8 +107,8 @@ class Preemptor:
             job = next(j for j in jobs if object_key(j) == victim)
             if self.stop_victim(job, preemption_message(head.key, head.priority)):
                 self.preempting[victim] = now  # the cooldown starts once its pods are told to stop
-            else:
-                self.choose_again_at = now + CHOOSE_AGAIN_SECONDS
+            else:  # from now: stop_victim may have spent a while reading the job again
+                self.choose_again_at = time.monotonic() + CHOOSE_AGAIN_SECONDS
             self.work.enqueue_threadsafe(victim)
 
     def stop_victim(self, job: dict[str, Any], message: str) -> bool:
