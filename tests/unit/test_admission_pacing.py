@@ -12,7 +12,7 @@ def test_a_cheap_pass_is_followed_by_the_shortest_pause_so_freed_gpus_are_handed
     assert pause_after(0.0) == MIN_PAUSE_SECONDS
 
 
-@pytest.mark.parametrize("pass_seconds", [0.05, 0.1, 0.2])
+@pytest.mark.parametrize("pass_seconds", [0.01, 0.05, 0.1])
 def test_a_costlier_pass_keeps_the_pass_within_its_share_of_a_core(pass_seconds: float) -> None:
     pause = pause_after(pass_seconds)
     assert pass_seconds / (pass_seconds + pause) == pytest.approx(MAX_DUTY)
