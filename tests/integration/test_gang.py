@@ -167,6 +167,42 @@ def test_two_gangs_of_sixteen_gpus_on_sixteen_gpus_run_one_after_the_other(
     assert job_status(cluster, namespace, second)["attempt"] == 0
 
 
+def test_a_gang_waiting_for_a_job_that_states_its_run_time_is_admitted_early_and_binds_as_it_ends(
+    cluster: Cluster, namespace: str, operator: OperatorProcess, private_nodes: Any
+) -> None:
+    # Both jobs say how long they run (spec.scheduling.expectedRunSeconds): within the lead
+    # (gang/early_start.py) of the first one's end, the second's gates are lifted onto its nodes,
+    # and the real scheduler binds each pod only once the first job's pod there has finished.
+    private_nodes.add(2, gpus=8)
+    placement = private_nodes.placement()
+    first = training_job("first", replicas=2, gpus=8, run_for="8s", placement=placement,
+                         scheduling={"expectedRunSeconds": 8})  # fmt: skip
+    cluster.apply([first], namespace)
+    wait_phase(cluster, namespace, "first", "Running", timeout=30)
+    cluster.apply([training_job("second", replicas=2, gpus=8, run_for="2s", placement=placement,
+                                scheduling={"expectedRunSeconds": 2})], namespace)  # fmt: skip
+
+    admitted_early = False
+    deadline = time.monotonic() + 40
+    while time.monotonic() < deadline:
+        pods = json.loads(cluster.kubectl("get", "pods", "-n", namespace, "-o", "json").stdout)["items"]
+        by_job: dict[str, list[dict[str, Any]]] = {}
+        for pod in pods:
+            by_job.setdefault(pod["metadata"]["labels"]["phalanx.dev/job-name"], []).append(pod)
+        holders = {job for job, members in by_job.items() for p in members if holds_node(p)}
+        assert holders != {"first", "second"}, f"both gangs hold GPUs at once: {holders}"
+        second = by_job.get("second", [])
+        if "first" in holders and len(second) == 2 and not any(is_gated(p) for p in second):
+            admitted_early = True  # gates lifted while the first job's pods still run
+            assert all(not p["spec"].get("nodeName") for p in second), "bound over a running pod"
+        if job_status(cluster, namespace, "second").get("phase") == "Succeeded":
+            break
+        time.sleep(0.3)
+    assert admitted_early, "the second gang was admitted only once the first had finished"
+    assert job_status(cluster, namespace, "second").get("phase") == "Succeeded"
+    assert job_status(cluster, namespace, "first").get("phase") == "Succeeded"
+
+
 @pytest.mark.parametrize("seed", [11, 29])
 def test_random_arrivals_of_mixed_gangs_all_finish_without_overcommit_or_partial_gangs(
     cluster: Cluster, namespace: str, operator: OperatorProcess, private_nodes: Any, seed: int

@@ -23,6 +23,7 @@ from phalanx.controller.queue import WorkQueue
 from phalanx.controller.stores import ClusterStores
 from phalanx.gang.admission import GangRequest, admission_order, plan_admission
 from phalanx.gang.backfill import job_end, node_free_at
+from phalanx.gang.early_start import EarlyStart, PodOnNode, node_handovers
 from phalanx.gang.preemption import head_of_line_blocked
 from phalanx.gang.requests import waiting_gang
 from phalanx.k8s import KubeApi, short_error
@@ -76,6 +77,7 @@ class AdmissionPass:
         self.fresh_progress: Callable[[str, str], dict[str, Any] | None] = lambda key, uid: None
         # (job key, uid) -> when (wall clock) that progress was read (held_back_read_at).
         self.fresh_progress_read_at: Callable[[str, str], float | None] = lambda key, uid: None
+        self.recheck_at: float | None = None  # the last plan's: when to look again to start a head early
         self.priority_values = PriorityValues(
             lambda: self.api.priority_values(), watched=stores.priority_classes
         )
@@ -86,8 +88,11 @@ class AdmissionPass:
         loop = asyncio.get_running_loop()
         dirty = self.work.admission_dirty
         while True:
+            wait = IDLE_PASS_SECONDS
+            if self.recheck_at is not None:  # a head to start early, before the next idle pass
+                wait = min(wait, max(0.0, self.recheck_at - self.clock()))
             try:
-                await asyncio.wait_for(dirty.wait(), timeout=IDLE_PASS_SECONDS)
+                await asyncio.wait_for(dirty.wait(), timeout=wait)
             except TimeoutError:
                 pass
             dirty.clear()
@@ -106,6 +111,7 @@ class AdmissionPass:
 
     def admission_pass(self) -> None:
         stores, state = self.stores, self.state
+        self.recheck_at = None
         if not stores.synced():
             return  # a pass over half a cluster would hand out room that is taken
         if not stores.usage.anyone_gated():
@@ -151,11 +157,14 @@ class AdmissionPass:
             if not requests:
                 return
             nodes = state.node_infos.infos(stores.current_nodes().values())
-            free_at = self._free_at(every_job, now) if any(r.estimate_seconds for r in requests) else None
+            ends = {object_key(j): self._job_end(j, now) for j in every_job}
+            free_at = self._free_at(ends) if any(r.estimate_seconds for r in requests) else None
+            early = EarlyStart(node_handovers(self._pods_on_nodes(state), ends, now))
             # A copy: forget() drops a deleted job's reservation from a reconcile thread.
             plan = plan_admission(requests, nodes, used, now, reservations=dict(state.reservations),
-                                  free_at=free_at)  # fmt: skip
+                                  free_at=free_at, early=early)  # fmt: skip
             state.reservations = dict(plan.reservations)
+            self.recheck_at = plan.recheck_at
         jobs_by_key = {object_key(j): j for j in jobs}
         patches = []
         for admission in plan.admitted:
@@ -196,9 +205,8 @@ class AdmissionPass:
                 metrics.observe_admission_wait_started(namespace, name, waiting_since)
                 self.messages.ask(key, uid, reason, job["metadata"].get("resourceVersion"))
 
-    def _free_at(self, jobs: list[dict[str, Any]], now: float) -> dict[str, float]:
+    def _free_at(self, ends: dict[str, float]) -> dict[str, float]:
         """When each node's work ends, for the ETA-aware backfill (gang/backfill.py)."""
-        ends = {object_key(j): self._job_end(j, now) for j in jobs}
         bound = (
             (str(p["spec"]["nodeName"]), job_of_pod(p))
             for p in self.stores.pods.items()
@@ -206,10 +214,34 @@ class AdmissionPass:
         )
         return node_free_at(bound, ends)
 
+    def _pods_on_nodes(self, state: AdmissionState) -> list[PodOnNode]:
+        """Every pod holding room on a node, for early start: bound ones and admitted ones not bound
+        yet (pinned), and the creates whose reply is on its way (state.assumed, under its lock)."""
+        pods = []
+        for key, node, requests in self.stores.usage.holders():  # requests parsed once, as pods change
+            pod = self.stores.pods.get(key)
+            if pod is not None:
+                spec = pod.get("spec") or {}
+                bound = bool(spec.get("nodeName"))
+                pods.append(
+                    PodOnNode(node, job_of_pod(pod), bound, dict(requests), int(spec.get("priority") or 0))
+                )
+        pods.extend(
+            PodOnNode(node, None, False, dict(requests), 0)
+            for key, (node, requests) in state.assumed.items()
+            if self.stores.pods.get(key) is None  # else counted above
+        )
+        return pods
+
     def _job_end(self, job: dict[str, Any], now: float) -> float:
-        """When the job's work ends, its ETA counted from the poll that read it when held back."""
+        """When the job's work ends: its ETA counted from the poll that read it when held back, else
+        its expected run time after it started (gang/backfill.py job_end)."""
         read_at = self.fresh_progress_read_at(object_key(job), str(job["metadata"].get("uid") or ""))
-        return job_end(self._freshest_status(job), now, read_at)  # None: the status' own progress
+        status = job.get("status") or {}
+        expected = ((job.get("spec") or {}).get("scheduling") or {}).get("expectedRunSeconds")
+        started = parse_iso(status.get("startTime"))
+        hinted = started + expected if started is not None and isinstance(expected, int) else None
+        return job_end(self._freshest_status(job), now, read_at, hinted)  # None: the status' own progress
 
     def _freshest_status(self, job: dict[str, Any]) -> dict[str, Any]:
         """The job's status with the newest progress read (its ETA), should the status lag it."""

@@ -20,11 +20,13 @@ from phalanx.gang.capacity import (
     RefusalKind,
     ResourceList,
     Resources,
+    add_into,
     copies_that_fit,
     permanent_refusal,
     placement_refusal,
     shortage,
 )
+from phalanx.gang.early_start import EarlyStart
 from phalanx.gang.explain import NodeOutlook, explain_never_fits, explain_waiting
 from phalanx.gang.topology import TopologyRequest, closest_domains, place_with_topology
 
@@ -63,6 +65,8 @@ class AdmissionPlan:
     never_fits: Mapping[str, str] = field(default_factory=dict)  # key -> why it cannot ever fit
     # key -> nodes held for that blocked gang; pass back into the next plan_admission call.
     reservations: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # When a pass should look again, to start a blocked head early (gang/early_start.py); None: no need.
+    recheck_at: float | None = None
 
 
 def admission_order(gangs: Sequence[GangRequest]) -> list[GangRequest]:
@@ -229,6 +233,7 @@ def plan_admission(
     reservations: Mapping[str, Sequence[str]] | None = None,
     max_reservations: int = 1,
     free_at: Mapping[str, float] | None = None,
+    early: EarlyStart | None = None,
 ) -> AdmissionPlan:
     """Decide which waiting gangs to admit now and where each of their pods goes.
 
@@ -241,8 +246,12 @@ def plan_admission(
     the free room of a blocked head's reserved nodes when it ends no later than the head can start
     (the latest free_at of those nodes): the head's start does not move, and GPUs that would idle
     while it waits train meanwhile (conservative backfilling, docs/scheduling.md).
+    early: with it, a blocked head whose nodes' work ends within its lead is admitted onto them at
+    once, its pods left to the scheduler to bind as the work ends (gang/early_start.py).
     """
     cluster = ClusterState(nodes, used)
+    placed: dict[str, dict[str, int]] = {}  # requests admitted this pass, per node (early start reads it)
+    recheck: list[float] = []
     previous = reservations or {}
     admitted: list[Admission] = []
     waiting_reasons: dict[str, str] = {}
@@ -283,8 +292,7 @@ def plan_admission(
                          for d, _ in groups}  # fmt: skip
                 placements = _place(gang, groups, needed, wider, cluster)
         if placements is not None:
-            cluster.take(placements, {pod: demand for demand, names in groups for pod in names})
-            admitted.append(Admission(gang.key, tuple(placements)))
+            _admit(gang, groups, placements, cluster, admitted, placed)
             continue
 
         outlooks = cluster.outlooks(groups[0][0], ever=False)
@@ -294,7 +302,26 @@ def plan_admission(
         waiting_reasons[gang.key] = reason
         blocked_cache[shape] = (cluster.version, reason)
         if len(held) < max_reservations and not gang.best_effort:
-            nodes_held = _reserve(cluster, groups, needed, candidates, previous.get(gang.key), gang.topology)
+            after = (
+                None
+                if early is None
+                else (lambda n: early.room_after(n, cluster.allocatable[n], placed.get(n) or {}))
+            )
+            nodes_held = _reserve(
+                cluster, groups, needed, candidates, previous.get(gang.key), gang.topology, after
+            )
+            if nodes_held and early is not None:
+                room = early.room(nodes_held, cluster.allocatable, placed, gang.priority, now)
+                if room is not None:
+                    on_held = {d: [n for n in cluster.eligible(d) if n in room] for d, _ in groups}
+                    placements = _place_in(gang, groups, needed, on_held, room, cluster)
+                    if placements is not None:
+                        del waiting_reasons[gang.key]
+                        _admit(gang, groups, placements, cluster, admitted, placed)
+                        continue
+                at = early.recheck_at(nodes_held, now)
+                if at is not None:
+                    recheck.append(at)
             if nodes_held:
                 held[gang.key] = nodes_held
                 cluster.reserve(gang.key, nodes_held)
@@ -305,7 +332,23 @@ def plan_admission(
         waiting=waiting_reasons,
         never_fits=never,
         reservations=held,
+        recheck_at=min(recheck, default=None),
     )
+
+
+def _admit(
+    gang: GangRequest,
+    groups: Sequence[PodGroup],
+    placements: Sequence[tuple[str, str]],
+    cluster: "ClusterState",
+    admitted: list[Admission],
+    placed: dict[str, dict[str, int]],
+) -> None:
+    demands = {pod: demand for demand, names in groups for pod in names}
+    cluster.take(placements, demands)
+    admitted.append(Admission(gang.key, tuple(placements)))
+    for pod, node in placements:
+        add_into(placed.setdefault(node, {}), demands[pod].requests)
 
 
 _Shape = tuple[tuple[tuple[PodDemand, int], ...], int, TopologyRequest | None, float | None]
@@ -318,11 +361,22 @@ def _place(
     candidates: Mapping[PodDemand, Sequence[str]],
     cluster: ClusterState,
 ) -> list[tuple[str, str]] | None:
+    return _place_in(gang, groups, needed, candidates, cluster.free, cluster)
+
+
+def _place_in(
+    gang: GangRequest,
+    groups: Sequence[PodGroup],
+    needed: int,
+    candidates: Mapping[PodDemand, Sequence[str]],
+    free: Mapping[str, Mapping[str, int]],
+    cluster: ClusterState,
+) -> list[tuple[str, str]] | None:
+    """Places the gang in `free` (the cluster's free room, or early start's room on held nodes)."""
     if gang.topology is None:
-        return place_gang(groups, needed, candidates, cluster.free, copies_in_free=cluster.copies)
-    return place_with_topology(
-        groups, needed, candidates, cluster.free, cluster.nodes, gang.topology, place_gang
-    )
+        cached = cluster.copies if free is cluster.free else None
+        return place_gang(groups, needed, candidates, free, copies_in_free=cached)
+    return place_with_topology(groups, needed, candidates, free, cluster.nodes, gang.topology, place_gang)
 
 
 def head_start(nodes: Sequence[str], free_at: Mapping[str, float], now: float) -> float:
@@ -376,11 +430,13 @@ def _reserve(
     candidates: Mapping[PodDemand, Sequence[str]],
     previous: Sequence[str] | None,
     topology: TopologyRequest | None = None,
+    room_after: Callable[[str], Mapping[str, int]] | None = None,
 ) -> tuple[str, ...]:
     """The nodes a blocked gang will run on once the work on them finishes.
 
     Keep the previous reservation when it is still usable; otherwise fill the nodes where the most
-    of the gang fits right now (they are likely to free up first), judged on allocatable. A gang
+    of the gang fits right now (they are likely to free up first), then where the most will fit once
+    the work that ends there has ended (room_after), judged on allocatable. A gang
     with a topology holds the nodes of the domains it would take on allocatable.
     """
     if topology is not None:
@@ -398,7 +454,12 @@ def _reserve(
                 return tuple(sorted({node for _, node in placements}))
     primary = groups[0][0]
     score = {node: _room_for(cluster.free[node], primary) for node in cluster.order}
-    ordered = {demand: sorted(nodes, key=lambda n: (-score[n], n)) for demand, nodes in candidates.items()}
+    # Between nodes as full now, those whose work ends (early start's room after it ends) before
+    # those just given to another gang, which stays there for its whole run.
+    later = {node: _room_for(room_after(node), primary) if room_after else 0.0 for node in cluster.order}
+    ordered = {
+        demand: sorted(nodes, key=lambda n: (-score[n], -later[n], n)) for demand, nodes in candidates.items()
+    }
     placements = place_gang(groups, needed, ordered, cluster.allocatable, fixed_order=True)
     if placements is None:
         return ()

@@ -102,6 +102,11 @@ class UsageIndex:
             used = {node: dict(totals) for node, totals in self._used.items()}
             return add_in_flight(used, in_flight or {}, self._present.__contains__)
 
+    def holders(self) -> list[tuple[str, str, Resources]]:
+        """(pod key, node, requests) of every pod holding room: bound, or admitted and not bound yet."""
+        with self._lock:
+            return [(key, node, requests) for key, (node, requests) in self._held.items()]
+
     def freeing(self) -> dict[str, dict[str, int]]:
         """The part of used() held by pods being deleted: room that frees up once they stop."""
         with self._lock:

@@ -1,0 +1,121 @@
+"""Early start: a blocked head's gates are lifted shortly before its room frees (pure; read by
+gang/admission.plan_admission).
+
+At a turnover the GPUs of the gangs that finish idle until the operator sees them finish, plans,
+and lifts the next gang's gates one write per pod, and only then can the scheduler bind. When the
+jobs' own estimates say that the work on every node a blocked head holds ends within
+EARLY_START_SECONDS, the head is admitted at once, pinned to those nodes: its pods wait in the
+scheduler, which binds each the moment the last pod on its node finishes.
+
+What may end: the bound pods of a Running TrainingJob whose end is known (its trainer's ETA, or its
+spec.scheduling.expectedRunSeconds counted from status.startTime, gang/backfill.job_end) and not
+overdue by more than the lead (startTime has whole seconds; an estimate is one). Everything else on a node stays: pods of other owners, of jobs without an estimate
+or past it, and pods admitted but not bound yet. The head starts early only where it fits beside
+what stays.
+
+No pod on those nodes may have a lower priority than the head: the scheduler would otherwise
+preempt it to bind the waiting pod early, killing a job moments before it ends.
+
+An estimate that turns out short leaves the head's pods pinned and waiting until the work ends; a
+head that then does not run whole within its gang timeout is torn down and requeued
+(reconcile/rules/gang_timeout.py), as any admitted gang.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+from phalanx.gang.capacity import ResourceList, add_into
+
+EARLY_START_SECONDS: Final = 2.0
+
+
+@dataclass(frozen=True)
+class PodOnNode:
+    """A pod holding room on a node, as early start reads it."""
+
+    node: str
+    job: str | None  # the TrainingJob it belongs to ("namespace/name"), None for other owners
+    bound: bool  # False: admitted, pinned to the node, not bound yet
+    requests: ResourceList
+    priority: int
+
+
+@dataclass
+class NodeHandover:
+    ends_at: float = -math.inf  # when the work on it that will end has ended
+    stays: dict[str, int] = field(default_factory=dict)  # requests of the pods that do not end
+    lowest_priority: int | None = None
+
+
+def node_handovers(
+    pods: Iterable[PodOnNode],
+    job_ends: Mapping[str, float],
+    now: float,
+    overdue_by: float = EARLY_START_SECONDS,
+) -> dict[str, NodeHandover]:
+    """Per node holding pods: when its ending work ends, what stays, and the lowest priority of the
+    pods bound there."""
+    handovers: dict[str, NodeHandover] = {}
+    for pod in pods:
+        handover = handovers.setdefault(pod.node, NodeHandover())
+        end = job_ends.get(pod.job, math.inf) if pod.job is not None and pod.bound else math.inf
+        if now - overdue_by <= end < math.inf:  # an estimate is one: a job a little past it still ends
+            handover.ends_at = max(handover.ends_at, end)
+        else:  # no end known, long overdue, or not bound yet: it stays
+            add_into(handover.stays, pod.requests.items())
+        if pod.bound:  # only a bound pod can be a preemption victim
+            lowest = handover.lowest_priority
+            handover.lowest_priority = pod.priority if lowest is None else min(lowest, pod.priority)
+    return handovers
+
+
+@dataclass(frozen=True)
+class EarlyStart:
+    handovers: Mapping[str, NodeHandover]
+    lead_seconds: float = EARLY_START_SECONDS
+
+    def start(self, nodes: Sequence[str], now: float) -> float:
+        """When the ending work on all these nodes has ended (now if none runs there)."""
+        return max([now, *(self.handovers[n].ends_at for n in nodes if n in self.handovers)])
+
+    def room(
+        self,
+        nodes: Sequence[str],
+        allocatable: Mapping[str, Mapping[str, int]],
+        placed: Mapping[str, Mapping[str, int]],
+        priority: int,
+        now: float,
+    ) -> dict[str, dict[str, int]] | None:
+        """The room on these nodes once their ending work has ended, beside what stays and what
+        this pass placed (`placed`); None unless that is within the lead and no pod there has a
+        lower priority than `priority`."""
+        if self.start(nodes, now) > now + self.lead_seconds:
+            return None
+        room: dict[str, dict[str, int]] = {}
+        for node in nodes:
+            lowest = self.handovers[node].lowest_priority if node in self.handovers else None
+            if lowest is not None and lowest < priority:
+                return None
+            room[node] = self.room_after(node, allocatable[node], placed.get(node) or {})
+        return room
+
+    def room_after(
+        self, node: str, allocatable: Mapping[str, int], placed: Mapping[str, int]
+    ) -> dict[str, int]:
+        """The node's room once its ending work has ended: what stays and what was placed taken."""
+        free = dict(allocatable)
+        if node in self.handovers:
+            add_into(free, self.handovers[node].stays.items(), times=-1)
+        add_into(free, placed.items(), times=-1)
+        return free
+
+    def recheck_at(self, nodes: Sequence[str], now: float) -> float | None:
+        """When a pass should look again to start the head early (None: no estimate to wait for)."""
+        start = self.start(nodes, now)
+        if not math.isfinite(start) or start <= now + self.lead_seconds:
+            return None
+        return start - self.lead_seconds
