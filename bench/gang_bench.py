@@ -281,8 +281,16 @@ def wait_groups(watch: PodWatch, groups: dict[str, int], what: str, timeout: flo
 
 # -- manifests ------------------------------------------------------------------------------------
 def training_job(
-    name: str, replicas: int, gpus: int, run_for: str, placement: dict[str, Any]
+    name: str,
+    replicas: int,
+    gpus: int,
+    run_for: str,
+    placement: dict[str, Any],
+    states_run_time: bool = False,
 ) -> dict[str, Any]:
+    """states_run_time: the job says how long it runs (spec.scheduling.expectedRunSeconds, the
+    simulated run time), as a user who knows it would."""
+    scheduling = {"scheduling": {"expectedRunSeconds": int(run_for.rstrip("s"))}} if states_run_time else {}
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "TrainingJob",
@@ -291,6 +299,7 @@ def training_job(
             "replicas": replicas,
             "resources": {"gpus": gpus},
             "runPolicy": {"terminationGracePeriodSeconds": 1},
+            **scheduling,
             "template": {
                 "metadata": {"annotations": {"phalanx.dev/sim-run-for": run_for}},
                 "spec": {"containers": [{"name": "trainer", "image": "trainer:bench"}], **placement},
@@ -653,13 +662,12 @@ CONTENTION_WARMUP = "warmup"  # the one-pod gang run first, left out of every fi
 Submit = Callable[[str, str, int, int, str, dict[str, Any]], None]
 
 
-def submit_training_job(api: client.ApiClient) -> Submit:
+def submit_training_job(api: client.ApiClient, states_run_time: bool = False) -> Submit:
     custom = client.CustomObjectsApi(api)
 
     def submit(ns: str, name: str, size: int, gpus: int, run_for: str, placement: dict[str, Any]) -> None:
-        custom.create_namespaced_custom_object(
-            GROUP, VERSION, ns, PLURAL, training_job(name, size, gpus, run_for, placement)
-        )
+        job = training_job(name, size, gpus, run_for, placement, states_run_time)
+        custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, job)
 
     return submit
 
@@ -678,11 +686,12 @@ def contention_gangs(rng: random.Random, capacity: int) -> list[tuple[str, int, 
 def contention(api: client.ApiClient, pool_nodes: int, run_seconds: int, rng: random.Random,
                gang_timeout: float, timeout: float, submit: Submit | None = None, label: str = JOB_LABEL,
                ns: str = "contention", prepare: Callable[[str], None] | None = None,
-               timings_out: Path | None = None) -> dict[str, Any]:  # fmt: skip
+               timings_out: Path | None = None, states_run_time: bool = True) -> dict[str, Any]:  # fmt: skip
     """Gangs asking twice the pool's GPUs, submitted at once through `submit` (TrainingJobs unless
-    told otherwise; `label` finds their pods; `prepare(ns)` runs once the namespace exists)."""
+    told otherwise, saying how long they run when `states_run_time`; `label` finds their pods;
+    `prepare(ns)` runs once the namespace exists)."""
     core: Any = client.CoreV1Api(api)
-    submit = submit or submit_training_job(api)
+    submit = submit or submit_training_job(api, states_run_time)
     create_namespace(core, ns)
     if prepare is not None:
         prepare(ns)
@@ -706,6 +715,8 @@ def contention(api: client.ApiClient, pool_nodes: int, run_seconds: int, rng: ra
     watch = PodWatch(core, ns, label).start()
     time.sleep(0.5)
     start = time.time()
+    # One by one, in order: gangs that fit while nothing waits are admitted at creation, so an order
+    # left to racing writers would change which gangs run first, and the packing with it.
     for name, size, gpus in gangs:
         submit(ns, name, size, gpus, f"{run_seconds}s", placement)
     wait_groups(watch, {n: p for n, p, _ in gangs}, "contention", timeout)
@@ -742,7 +753,7 @@ def contention(api: client.ApiClient, pool_nodes: int, run_seconds: int, rng: ra
         beyond_timeout += sum(
             t.gpus * max(0.0, full - t.running - gang_timeout) for t in members if t.running is not None
         )
-    core.delete_namespace(ns)
+    delete_namespace(core, ns)  # gone before whatever runs next (its 160 pods' deletes would load it)
     return {
         "nodes": pool_nodes,
         "gpus": capacity,
@@ -766,8 +777,8 @@ def turnover_latencies(pods: list[PodTimes], start: float) -> dict[str, Any]:
     """Where a contention run's idle GPU time goes. For the first gangs: submission -> first pod
     ungated, bound, Running. For each later gang: from the moment its nodes were freed (the last
     finish, on any of its nodes, of a pod that ran there before it) to its first pod ungated (the
-    operator: the watch, the admission pass, the gate lifts), to all of its pods bound (the
-    scheduler) and Running (kwok)."""
+    operator: the watch, the admission pass, the gate lifts; negative when started early), to all
+    of its pods bound (the scheduler) and Running (kwok)."""
     by_node: dict[str, list[PodTimes]] = {}
     for t in pods:
         if t.node:
@@ -781,12 +792,14 @@ def turnover_latencies(pods: list[PodTimes], start: float) -> dict[str, Any]:
         if any(t.ungated is None or t.bound is None or t.running is None for t in members):
             continue
         ungated = min(t.ungated for t in members if t.ungated is not None)
+        # What ran on its nodes before it (an early start lifts the gates before that has finished).
         earlier = [
             other.finished
             for t in members
             for other in by_node.get(t.node, [])
-            if other.group != t.group and other.finished is not None and other.finished <= ungated + 0.001
-        ]
+            if other.group != t.group and other.finished is not None and other.running is not None
+            and t.running is not None and other.running < t.running
+        ]  # fmt: skip
         if not earlier:
             first.extend(members)
             continue
@@ -921,8 +934,12 @@ def _contention_rows(con: dict[str, Any]) -> list[tuple[str, str]]:
         ("contention: jobs, demand / GPUs", f"{con['jobs']}, {con['demand_gpus']} / {con['gpus']}"),
         ("  makespan (ideal)", f"{con['makespan_seconds']} s ({con['ideal_makespan_seconds']} s)"),
         (
-            "  gpu_utilization while waiting (zero-latency bound)",
+            "  gpu_utilization while waiting, jobs stating run times (zero-latency bound)",
             f"{con['gpu_utilization']} ({con.get('zero_latency_gpu_utilization', 'n/a')})",
+        ),
+        (
+            "  gpu_utilization, the same jobs not stating them",
+            f"{(con.get('without_stated_run_times') or {}).get('gpu_utilization', 'n/a')}",
         ),
         (
             "  partial_gang_seconds (worst gang; beyond timeout)",
@@ -986,6 +1003,10 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--contention-timings", type=Path, help="also write each contention pod's times (JSON) here"
     )
+    parser.add_argument(
+        "--stated-run-times-only", action="store_true",
+        help="contention: skip the run whose jobs do not say how long they run (A/B runs, bench/part_ab.py)",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--timeout", type=float, default=300, help="per wait, seconds")
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -1040,10 +1061,21 @@ def main() -> int:
             for r in range(args.rounds):
                 admission_gangs(rng, r, args.jobs_per_round)
         if "contention" in parts:
+            # The same gangs twice: first not saying how long they run, then saying it (the early
+            # start and the ETA-aware backfill read it, docs/scheduling.md).
+            gangs_state = rng.getstate()
+            unstated = None
+            if not args.stated_run_times_only:
+                unstated = contention(
+                    api, args.contention_nodes, args.contention_run_seconds, rng, 300, args.timeout,
+                    ns="contention-unstated", states_run_time=False,
+                )  # fmt: skip
+            rng.setstate(gangs_state)
             contended = contention(
                 api, args.contention_nodes, args.contention_run_seconds, rng, 300, args.timeout,
                 timings_out=args.contention_timings,
             )  # fmt: skip
+            contended["without_stated_run_times"] = unstated
             save_partial(args.out, {"admission": admission, "contention": contended})
         if "footprint" in parts:
             foot = footprint(api, operator, args.footprint_jobs, args.footprint_timeout)

@@ -43,7 +43,8 @@ PARTS = {
                       ("all_running_seconds",)),
     "contention": Part("gpu_utilization", "", "GPU utilization while gangs asking twice the pool's GPUs wait",
                        ("zero_latency_gpu_utilization", "latency"),
-                       ("--nodes", "8")),  # its own pool: the main pool's 500 nodes would only slow the start
+                       # its own pool: the main pool's 500 nodes would only slow the start
+                       ("--nodes", "8", "--stated-run-times-only")),
 }  # fmt: skip
 
 
