@@ -4,12 +4,19 @@ admitted onto them at once; what ends, what stays, and what plan_admission does 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 
-from phalanx.gang.admission import plan_admission
-from phalanx.gang.backfill import job_end
-from phalanx.gang.early_start import EARLY_START_SECONDS, EarlyStart, PodOnNode, node_handovers
+from phalanx.gang.admission import GangRequest, plan_admission
+from phalanx.gang.early_start import (
+    EARLY_START_SECONDS,
+    EarlyStart,
+    PodOnNode,
+    end_for_early_start,
+    node_handovers,
+)
 from tests.unit.test_gang_admission import gang, gpu_node
 
 pytestmark = pytest.mark.unit
@@ -65,16 +72,21 @@ def test_room_is_given_only_within_the_lead() -> None:
 
 def test_room_leaves_out_what_stays_and_what_this_pass_placed() -> None:
     handovers = node_handovers([running("n0", "ns/a", 4), running("n0", None, 1)], {"ns/a": NOW + 1}, NOW)
-    room = EarlyStart(handovers).room(["n0"], {"n0": gpus(8)}, {"n0": gpus(2)}, 0, NOW)
+    room = EarlyStart(handovers).room(["n0"], {"n0": gpus(8)}, {"n0": (gpus(2), 0)}, 0, NOW)
     assert room == {"n0": gpus(5)}
 
 
-def test_no_early_start_over_a_pod_of_lower_priority() -> None:
-    # The scheduler would preempt it to bind the waiting pod at once.
-    handovers = node_handovers([running("n0", "ns/a", priority=0)], {"ns/a": NOW + 1}, NOW)
-    early = EarlyStart(handovers)
-    assert early.room(["n0"], {"n0": gpus(8)}, {}, 10, NOW) is None
-    assert early.room(["n0"], {"n0": gpus(8)}, {}, 0, NOW) is not None
+def test_no_early_start_over_a_pod_of_lower_priority_bound_or_about_to_be() -> None:
+    # The scheduler would preempt it to bind the waiting pod at once; a pod admitted and not bound
+    # yet, or placed by this very pass, binds within moments.
+    allocatable = {"n0": gpus(8)}
+    for pods in ([running("n0", "ns/a", priority=0)],
+                 [running("n0", "ns/a", 4, priority=10), running("n0", "ns/b", 4, priority=0, bound=False)]):  # fmt: skip
+        early = EarlyStart(node_handovers(pods, {"ns/a": NOW + 1}, NOW))
+        assert early.room(["n0"], allocatable, {}, 10, NOW) is None
+        assert early.room(["n0"], allocatable, {}, 0, NOW) is not None
+    alone = EarlyStart(node_handovers([running("n0", "ns/a", 4, priority=10)], {"ns/a": NOW + 1}, NOW))
+    assert alone.room(["n0"], allocatable, {"n0": (gpus(2), 0)}, 10, NOW) is None
 
 
 def test_an_unknown_end_is_never_waited_for() -> None:
@@ -82,18 +94,21 @@ def test_an_unknown_end_is_never_waited_for() -> None:
     assert early.recheck_at(["n0"], NOW) is None
 
 
-def test_a_running_job_without_an_eta_ends_at_its_hinted_end() -> None:
-    assert job_end({"phase": "Running"}, NOW, hinted_end=NOW + 20) == NOW + 20
-    assert job_end({"phase": "Running", "progress": {"etaSeconds": 5}}, NOW, hinted_end=NOW + 20) == NOW + 5
-    assert job_end({"phase": "Admitted"}, NOW, hinted_end=NOW + 20) == math.inf
+def test_an_eta_counts_only_as_read_at_a_known_time_else_the_stated_run_time() -> None:
+    running_job = {"phase": "Running", "progress": {"etaSeconds": 5}}
+    assert end_for_early_start(running_job, NOW - 1, NOW + 20) == NOW + 4
+    # status.progress has no time: its ETA may be minutes old and would never run out.
+    assert end_for_early_start(running_job, None, NOW + 20) == NOW + 20
+    assert end_for_early_start(running_job, None, None) == math.inf
+    assert end_for_early_start({**running_job, "phase": "Admitted"}, NOW, NOW + 20) == math.inf
 
 
-def two_full_nodes_ending(at: float) -> tuple[list, dict[str, dict[str, int]], EarlyStart]:
+def two_full_nodes_ending(at: float) -> tuple[list, dict[str, dict[str, int]], Callable[..., EarlyStart]]:
     nodes = [gpu_node("n0"), gpu_node("n1")]
     used = {"n0": gpus(8), "n1": gpus(8)}
     early = EarlyStart(node_handovers([running("n0", "ns/a"), running("n1", "ns/b")],
                                       {"ns/a": at, "ns/b": at}, NOW))  # fmt: skip
-    return nodes, used, early
+    return nodes, used, lambda held: early
 
 
 def test_a_head_whose_nodes_free_within_the_lead_is_admitted_onto_them() -> None:
@@ -127,12 +142,79 @@ def test_two_heads_in_one_pass_never_share_the_room_that_frees() -> None:
     assert "c" in plan.waiting
 
 
-def test_a_head_holds_nodes_whose_work_ends_before_nodes_just_given_to_another() -> None:
-    # n0 was just given to a gang (admitted, not bound: it stays for its whole run); n1 runs a job
-    # that ends in a minute. Both are full now; the head should wait for n1.
+def test_a_head_holds_a_full_node_before_one_given_early_to_another() -> None:
+    # n0 runs a job and holds a gang started early there (more than it has); n1 runs a job. Both
+    # are full; the head should not wait behind the gang that will then run on n0.
     nodes = [gpu_node("n0"), gpu_node("n1")]
-    used = {"n0": gpus(8), "n1": gpus(8)}
-    early = EarlyStart(node_handovers([running("n0", "ns/new", bound=False), running("n1", "ns/old")],
-                                      {"ns/old": NOW + 60}, NOW))  # fmt: skip
-    plan = plan_admission([gang("head", 1, 8)], nodes, used, NOW, early=early)
+    plan = plan_admission([gang("head", 1, 8)], nodes, {"n0": gpus(16), "n1": gpus(8)}, NOW)
     assert plan.reservations == {"head": ("n1",)}
+
+
+def test_the_guard_reads_the_priority_the_scheduler_sees_on_the_pods() -> None:
+    # A default PriorityClass: the job names none (priority 0 to the operator), its pods run at 1000.
+    nodes, used, _ = two_full_nodes_ending(NOW + 1)
+    early = EarlyStart(node_handovers([running("n0", "ns/a", priority=500), running("n1", "ns/b", priority=500)],
+                                      {"ns/a": NOW + 1, "ns/b": NOW + 1}, NOW))  # fmt: skip
+    head: GangRequest = replace(gang("head", 2, 8), pod_priority=1000)
+    assert not plan_admission([head], nodes, used, NOW, early=lambda held: early).admitted
+    same = replace(head, pod_priority=500)
+    assert [a.key for a in plan_admission([same], nodes, used, NOW, early=lambda held: early).admitted] == [
+        "head"
+    ]
+
+
+# -- the admission pass's side (controller/admission_pass.py): what it reads from its stores -----
+START = 1767225600.0  # 2026-01-01T00:00:00Z
+
+
+def pass_over(job_status: dict[str, object], now: float) -> EarlyStart:
+    """An AdmissionPass over stores holding one job with expectedRunSeconds 20, a bound pod of it on
+    n0, a creates in flight on n0 and a pod of another owner on n1; its early start outlook."""
+    import time
+
+    from phalanx.controller.admission_pass import AdmissionPass
+    from phalanx.controller.admission_state import AdmissionState
+    from phalanx.controller.stores import ClusterStores
+
+    stores = ClusterStores()
+    job = {"metadata": {"name": "a", "namespace": "ns", "uid": "u1", "resourceVersion": "1"},
+           "spec": {"replicas": 1, "scheduling": {"expectedRunSeconds": 20}}, "status": job_status}  # fmt: skip
+    stores.jobs.upsert(job)
+
+    def pod(name: str, node: str, labels: dict[str, str], priority: int) -> dict[str, object]:
+        return {"metadata": {"name": name, "namespace": "ns", "uid": name, "resourceVersion": "1", "labels": labels},
+                "spec": {"nodeName": node, "priority": priority,
+                         "containers": [{"name": "c", "resources": {"requests": {GPU: "4"}}}]},
+                "status": {"phase": "Running"}}  # fmt: skip
+
+    stores.pods.upsert(pod("a-0", "n0", {"phalanx.dev/job-name": "a"}, 5))
+    stores.pods.upsert(pod("daemon", "n1", {}, 7))
+    state = AdmissionState()
+    state.assumed["ns/b-0"] = ("n0", ((GPU, 2000),))
+    passing = AdmissionPass(None, stores, state, None, None, None, None, time.time)  # type: ignore[arg-type]
+    return passing._early_start(state, now)(["n0", "n1"])
+
+
+def test_the_pass_reads_a_first_attempts_stated_run_time_and_what_stays() -> None:
+    outlook = pass_over({"phase": "Running", "startTime": "2026-01-01T00:00:00Z"}, START + 19)
+    n0, n1 = outlook.handovers["n0"], outlook.handovers["n1"]
+    assert n0.ends_at == START + 20 and n0.stays == gpus(2), "the job's pod ends; the create in flight stays"
+    assert n0.lowest_priority is not None and n0.lowest_priority < 0, "a create in flight: priority unknown"
+    assert n1.ends_at == -math.inf and n1.stays[GPU] == 4000 and n1.lowest_priority == 7
+    assert outlook.room(["n0"], {"n0": gpus(8)}, {}, -(2**31), START + 19) == {"n0": gpus(6)}
+
+
+def test_the_pass_trusts_a_stated_run_time_only_in_a_first_attempt() -> None:
+    from phalanx.controller.admission_pass import AdmissionPass
+    from phalanx.controller.stores import ClusterStores
+
+    def end(status: dict[str, object]) -> float:
+        job = {"metadata": {"name": "a", "namespace": "ns", "uid": "u1"},
+               "spec": {"scheduling": {"expectedRunSeconds": 20}}, "status": status}  # fmt: skip
+        passing = AdmissionPass(None, ClusterStores(), None, None, None, None, None, lambda: NOW)  # type: ignore[arg-type]
+        return passing._early_end(job)
+
+    first = {"phase": "Running", "startTime": "2026-01-01T00:00:00Z"}
+    assert end(first) == START + 20
+    assert end({**first, "attempt": 1}) == math.inf  # startTime stays from the first attempt
+    assert end({**first, "restarts": {"failures": 0, "preemptions": 0, "hangs": 1}}) == math.inf

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -21,9 +21,16 @@ from phalanx.controller.job_writes import JobWriter
 from phalanx.controller.preemption import Preemptor
 from phalanx.controller.queue import WorkQueue
 from phalanx.controller.stores import ClusterStores
-from phalanx.gang.admission import GangRequest, admission_order, plan_admission
+from phalanx.gang.admission import Admission, GangRequest, admission_order, plan_admission
 from phalanx.gang.backfill import job_end, node_free_at
-from phalanx.gang.early_start import EarlyStart, PodOnNode, node_handovers
+from phalanx.gang.capacity import add_into
+from phalanx.gang.early_start import (
+    UNKNOWN_PRIORITY,
+    EarlyStart,
+    PodOnNode,
+    end_for_early_start,
+    node_handovers,
+)
 from phalanx.gang.preemption import head_of_line_blocked
 from phalanx.gang.requests import waiting_gang
 from phalanx.k8s import KubeApi, short_error
@@ -54,6 +61,18 @@ def is_admission_candidate(job: dict[str, Any]) -> bool:
     # current attempt exists, and the reconcile that records createdAttempt can sit behind many
     # others in the queue during a burst, delaying admission for nothing.
     return status.get("phase") not in (*FINISHED_PHASES, "Suspended")
+
+
+def used_after(
+    used: dict[str, dict[str, int]], requests: list[GangRequest], admitted: tuple[Admission, ...]
+) -> dict[str, dict[str, int]]:
+    """`used` with what the plan just admitted: the preemptor must not count that room as free."""
+    demands = {(r.key, pod): demand for r in requests for pod, demand in r.pods}
+    after = {node: dict(amounts) for node, amounts in used.items()}
+    for admission in admitted:
+        for pod, node in admission.placements:
+            add_into(after.setdefault(node, {}), demands[(admission.key, pod)].requests)
+    return after
 
 
 class AdmissionPass:
@@ -157,12 +176,10 @@ class AdmissionPass:
             if not requests:
                 return
             nodes = state.node_infos.infos(stores.current_nodes().values())
-            ends = {object_key(j): self._job_end(j, now) for j in every_job}
-            free_at = self._free_at(ends) if any(r.estimate_seconds for r in requests) else None
-            early = EarlyStart(node_handovers(self._pods_on_nodes(state), ends, now))
+            free_at = self._free_at(every_job, now) if any(r.estimate_seconds for r in requests) else None
             # A copy: forget() drops a deleted job's reservation from a reconcile thread.
             plan = plan_admission(requests, nodes, used, now, reservations=dict(state.reservations),
-                                  free_at=free_at, early=early)  # fmt: skip
+                                  free_at=free_at, early=self._early_start(state, now))  # fmt: skip
             state.reservations = dict(plan.reservations)
             self.recheck_at = plan.recheck_at
         jobs_by_key = {object_key(j): j for j in jobs}
@@ -184,7 +201,7 @@ class AdmissionPass:
         head = head_of_line_blocked(plan.waiting, admission_order(requests))
         # A finishing gang's lifted priority must not preempt, nor may spares on their own.
         if head is not None and head.key not in finishing and head.key not in spares_only:
-            self.preemptor.preempt_for(head, every_job, nodes, used)
+            self.preemptor.preempt_for(head, every_job, nodes, used_after(used, requests, plan.admitted))
         for key, reason in [
             *plan.waiting.items(),
             *((k, f"{NEVER_FITS}: {r}") for k, r in plan.never_fits.items()),
@@ -205,8 +222,9 @@ class AdmissionPass:
                 metrics.observe_admission_wait_started(namespace, name, waiting_since)
                 self.messages.ask(key, uid, reason, job["metadata"].get("resourceVersion"))
 
-    def _free_at(self, ends: dict[str, float]) -> dict[str, float]:
+    def _free_at(self, jobs: list[dict[str, Any]], now: float) -> dict[str, float]:
         """When each node's work ends, for the ETA-aware backfill (gang/backfill.py)."""
+        ends = {object_key(j): self._job_end(j, now) for j in jobs}
         bound = (
             (str(p["spec"]["nodeName"]), job_of_pod(p))
             for p in self.stores.pods.items()
@@ -214,34 +232,59 @@ class AdmissionPass:
         )
         return node_free_at(bound, ends)
 
-    def _pods_on_nodes(self, state: AdmissionState) -> list[PodOnNode]:
-        """Every pod holding room on a node, for early start: bound ones and admitted ones not bound
-        yet (pinned), and the creates whose reply is on its way (state.assumed, under its lock)."""
+    def _early_start(self, state: AdmissionState, now: float) -> Callable[[Sequence[str]], EarlyStart]:
+        """What early start knows of some nodes (gang/early_start.py), read when a plan asks: only
+        for the nodes a blocked head holds, so a pass with no blocked head reads no pod."""
+
+        def outlook(nodes: Sequence[str]) -> EarlyStart:
+            pods = self._pods_on(set(nodes), state)
+            ends = {}
+            for key in {p.job for p in pods if p.job is not None}:
+                job = self.stores.jobs.get(key)
+                if job is not None:
+                    ends[key] = self._early_end(job)
+            return EarlyStart(node_handovers(pods, ends, now))
+
+        return outlook
+
+    def _pods_on(self, nodes: set[str], state: AdmissionState) -> list[PodOnNode]:
+        """Every pod holding room on these nodes, bound or admitted and not bound yet (pinned), and
+        the creates whose reply is on its way (state.assumed, under its lock: the plan's caller's)."""
         pods = []
-        for key, node, requests in self.stores.usage.holders():  # requests parsed once, as pods change
+        for key, node, requests in self.stores.usage.holders(nodes):  # requests parsed once, as pods change
             pod = self.stores.pods.get(key)
             if pod is not None:
                 spec = pod.get("spec") or {}
-                bound = bool(spec.get("nodeName"))
-                pods.append(
-                    PodOnNode(node, job_of_pod(pod), bound, dict(requests), int(spec.get("priority") or 0))
-                )
+                priority = spec.get("priority")
+                pods.append(PodOnNode(node, job_of_pod(pod), bool(spec.get("nodeName")), dict(requests),
+                                      priority if isinstance(priority, int) else UNKNOWN_PRIORITY))  # fmt: skip
         pods.extend(
-            PodOnNode(node, None, False, dict(requests), 0)
+            PodOnNode(node, None, False, dict(requests), UNKNOWN_PRIORITY)
             for key, (node, requests) in state.assumed.items()
-            if self.stores.pods.get(key) is None  # else counted above
+            if node in nodes and self.stores.pods.get(key) is None  # else counted above
         )
         return pods
 
-    def _job_end(self, job: dict[str, Any], now: float) -> float:
-        """When the job's work ends: its ETA counted from the poll that read it when held back, else
-        its expected run time after it started (gang/backfill.py job_end)."""
-        read_at = self.fresh_progress_read_at(object_key(job), str(job["metadata"].get("uid") or ""))
+    def _early_end(self, job: dict[str, Any]) -> float:
+        """When the job's work ends, as far as early start trusts it: the ETA of a poll the interval
+        held back (read at a known time), else, in a first attempt that never restarted (startTime
+        stays from the first), spec.scheduling.expectedRunSeconds after status.startTime."""
+        key, uid = object_key(job), str(job["metadata"].get("uid") or "")
         status = job.get("status") or {}
         expected = ((job.get("spec") or {}).get("scheduling") or {}).get("expectedRunSeconds")
         started = parse_iso(status.get("startTime"))
-        hinted = started + expected if started is not None and isinstance(expected, int) else None
-        return job_end(self._freshest_status(job), now, read_at, hinted)  # None: the status' own progress
+        restarted = bool(status.get("attempt")) or any(
+            isinstance(count, int) and count > 0 for count in (status.get("restarts") or {}).values()
+        )
+        hinted = None
+        if started is not None and isinstance(expected, int) and not restarted:
+            hinted = started + expected
+        return end_for_early_start(self._freshest_status(job), self.fresh_progress_read_at(key, uid), hinted)
+
+    def _job_end(self, job: dict[str, Any], now: float) -> float:
+        """When the job's work ends, its ETA counted from the poll that read it when held back."""
+        read_at = self.fresh_progress_read_at(object_key(job), str(job["metadata"].get("uid") or ""))
+        return job_end(self._freshest_status(job), now, read_at)  # None: the status' own progress
 
     def _freshest_status(self, job: dict[str, Any]) -> dict[str, Any]:
         """The job's status with the newest progress read (its ETA), should the status lag it."""

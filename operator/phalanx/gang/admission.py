@@ -45,6 +45,14 @@ class GangRequest:
     # Admitted when room exists, never waited for: it holds no nodes when blocked (warm spares,
     # gang/requests.py), so it never keeps another gang from backfilling.
     best_effort: bool = False
+    # The highest spec.priority of its pods, as the scheduler compares it (None: as `priority`). It
+    # can differ from `priority` (a default PriorityClass, a gang whose admission is being finished).
+    pod_priority: int | None = None
+
+    @property
+    def scheduler_priority(self) -> int:
+        """The priority early start guards with: the higher of the two (gang/early_start.py)."""
+        return self.priority if self.pod_priority is None else max(self.priority, self.pod_priority)
 
     @property
     def needed(self) -> int:
@@ -233,7 +241,7 @@ def plan_admission(
     reservations: Mapping[str, Sequence[str]] | None = None,
     max_reservations: int = 1,
     free_at: Mapping[str, float] | None = None,
-    early: EarlyStart | None = None,
+    early: Callable[[Sequence[str]], EarlyStart] | None = None,
 ) -> AdmissionPlan:
     """Decide which waiting gangs to admit now and where each of their pods goes.
 
@@ -246,11 +254,13 @@ def plan_admission(
     the free room of a blocked head's reserved nodes when it ends no later than the head can start
     (the latest free_at of those nodes): the head's start does not move, and GPUs that would idle
     while it waits train meanwhile (conservative backfilling, docs/scheduling.md).
-    early: with it, a blocked head whose nodes' work ends within its lead is admitted onto them at
+    early: what early start knows of the nodes a blocked head holds (asked only then: it reads every
+    pod on them); with it, a head whose nodes' work ends within the lead is admitted onto them at
     once, its pods left to the scheduler to bind as the work ends (gang/early_start.py).
     """
     cluster = ClusterState(nodes, used)
-    placed: dict[str, dict[str, int]] = {}  # requests admitted this pass, per node (early start reads it)
+    # Per node, what this pass admitted there: requests and the lowest pod priority (early start).
+    placed: dict[str, tuple[dict[str, int], int]] = {}
     recheck: list[float] = []
     previous = reservations or {}
     admitted: list[Admission] = []
@@ -302,16 +312,10 @@ def plan_admission(
         waiting_reasons[gang.key] = reason
         blocked_cache[shape] = (cluster.version, reason)
         if len(held) < max_reservations and not gang.best_effort:
-            after = (
-                None
-                if early is None
-                else (lambda n: early.room_after(n, cluster.allocatable[n], placed.get(n) or {}))
-            )
-            nodes_held = _reserve(
-                cluster, groups, needed, candidates, previous.get(gang.key), gang.topology, after
-            )
-            if nodes_held and early is not None:
-                room = early.room(nodes_held, cluster.allocatable, placed, gang.priority, now)
+            nodes_held = _reserve(cluster, groups, needed, candidates, previous.get(gang.key), gang.topology)
+            outlook = early(nodes_held) if nodes_held and early is not None else None
+            if outlook is not None:
+                room = outlook.room(nodes_held, cluster.allocatable, placed, gang.scheduler_priority, now)
                 if room is not None:
                     on_held = {d: [n for n in cluster.eligible(d) if n in room] for d, _ in groups}
                     placements = _place_in(gang, groups, needed, on_held, room, cluster)
@@ -319,7 +323,7 @@ def plan_admission(
                         del waiting_reasons[gang.key]
                         _admit(gang, groups, placements, cluster, admitted, placed)
                         continue
-                at = early.recheck_at(nodes_held, now)
+                at = outlook.recheck_at(nodes_held, now)
                 if at is not None:
                     recheck.append(at)
             if nodes_held:
@@ -342,13 +346,17 @@ def _admit(
     placements: Sequence[tuple[str, str]],
     cluster: "ClusterState",
     admitted: list[Admission],
-    placed: dict[str, dict[str, int]],
+    placed: dict[str, tuple[dict[str, int], int]],
 ) -> None:
     demands = {pod: demand for demand, names in groups for pod in names}
     cluster.take(placements, demands)
     admitted.append(Admission(gang.key, tuple(placements)))
+    # The scheduler's view of these pods (a finishing gang's lifted priority is the operator's only).
+    priority = gang.priority if gang.pod_priority is None else gang.pod_priority
     for pod, node in placements:
-        add_into(placed.setdefault(node, {}), demands[pod].requests)
+        requests, lowest = placed.get(node, ({}, priority))
+        add_into(requests, demands[pod].requests)
+        placed[node] = (requests, min(lowest, priority))
 
 
 _Shape = tuple[tuple[tuple[PodDemand, int], ...], int, TopologyRequest | None, float | None]
@@ -430,13 +438,11 @@ def _reserve(
     candidates: Mapping[PodDemand, Sequence[str]],
     previous: Sequence[str] | None,
     topology: TopologyRequest | None = None,
-    room_after: Callable[[str], Mapping[str, int]] | None = None,
 ) -> tuple[str, ...]:
     """The nodes a blocked gang will run on once the work on them finishes.
 
     Keep the previous reservation when it is still usable; otherwise fill the nodes where the most
-    of the gang fits right now (they are likely to free up first), then where the most will fit once
-    the work that ends there has ended (room_after), judged on allocatable. A gang
+    of the gang fits right now (they are likely to free up first), judged on allocatable. A gang
     with a topology holds the nodes of the domains it would take on allocatable.
     """
     if topology is not None:
@@ -454,11 +460,12 @@ def _reserve(
                 return tuple(sorted({node for _, node in placements}))
     primary = groups[0][0]
     score = {node: _room_for(cluster.free[node], primary) for node in cluster.order}
-    # Between nodes as full now, those whose work ends (early start's room after it ends) before
-    # those just given to another gang, which stays there for its whole run.
-    later = {node: _room_for(room_after(node), primary) if room_after else 0.0 for node in cluster.order}
+    # Between nodes as full now, those holding more than they have last: a gang started early waits
+    # there for the room (gang/early_start.py) and then stays for its whole run.
+    overbooked = {node: any(amount < 0 for amount in cluster.free[node].values()) for node in cluster.order}
     ordered = {
-        demand: sorted(nodes, key=lambda n: (-score[n], -later[n], n)) for demand, nodes in candidates.items()
+        demand: sorted(nodes, key=lambda n: (-score[n], overbooked[n], n))
+        for demand, nodes in candidates.items()
     }
     placements = place_gang(groups, needed, ordered, cluster.allocatable, fixed_order=True)
     if placements is None:

@@ -2,9 +2,8 @@
 current work ends, and how long a waiting gang will run.
 
 - A running TrainingJob ends `status.progress.etaSeconds` from now (the trainer's ETA as last
-  reported); one with no ETA `spec.scheduling.expectedRunSeconds` after its status.startTime; one
-  with neither, and any pod that is not a TrainingJob's, ends "never" (inf), so its node is never
-  lent.
+  reported); one with no ETA, and any pod that is not a TrainingJob's, ends "never" (inf), so its
+  node is never lent.
 - A waiting gang's estimate is `spec.scheduling.expectedRunSeconds` when set; else, for a job that
   ran before (requeued, preempted), its steps left after the newest checkpoint times the step time
   it last measured (status.goodput.stepMilliseconds); else none, and the gang keeps today's rule.
@@ -22,17 +21,17 @@ from typing import Any
 from phalanx.api.v1alpha1 import TrainingJobSpec
 
 
-def job_end(
-    status: Mapping[str, Any], now: float, read_at: float | None = None, hinted_end: float | None = None
-) -> float:
+def job_end(status: Mapping[str, Any], now: float, read_at: float | None = None) -> float:
     """When a running job's work ends, as its trainer last estimated (inf: unknown); the ETA runs
-    from `read_at`, the poll that read it, when known (up to a poll interval ago). Without an ETA,
-    `hinted_end` (its spec.scheduling.expectedRunSeconds after status.startTime) when given."""
-    if status.get("phase") != "Running":
-        return math.inf
+    from `read_at`, the poll that read it, when known (up to a poll interval ago)."""
     eta = (status.get("progress") or {}).get("etaSeconds")
-    if not isinstance(eta, int | float) or isinstance(eta, bool) or eta < 0:
-        return math.inf if hinted_end is None else hinted_end
+    if (
+        status.get("phase") != "Running"
+        or not isinstance(eta, int | float)
+        or isinstance(eta, bool)
+        or eta < 0
+    ):
+        return math.inf
     return (now if read_at is None else min(now, read_at)) + float(eta)
 
 

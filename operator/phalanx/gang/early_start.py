@@ -7,14 +7,16 @@ jobs' own estimates say that the work on every node a blocked head holds ends wi
 EARLY_START_SECONDS, the head is admitted at once, pinned to those nodes: its pods wait in the
 scheduler, which binds each the moment the last pod on its node finishes.
 
-What may end: the bound pods of a Running TrainingJob whose end is known (its trainer's ETA, or its
-spec.scheduling.expectedRunSeconds counted from status.startTime, gang/backfill.job_end) and not
-overdue by more than the lead (startTime has whole seconds; an estimate is one). Everything else on a node stays: pods of other owners, of jobs without an estimate
+What may end: the bound pods of a Running TrainingJob whose end is known (end_for_early_start: its
+trainer's ETA as read by a poll at a known time, or, in a first attempt, its
+spec.scheduling.expectedRunSeconds counted from status.startTime) and not overdue by more than the
+lead (startTime has whole seconds; an estimate is one). Everything else on a node stays: pods of other owners, of jobs without an estimate
 or past it, and pods admitted but not bound yet. The head starts early only where it fits beside
 what stays.
 
-No pod on those nodes may have a lower priority than the head: the scheduler would otherwise
-preempt it to bind the waiting pod early, killing a job moments before it ends.
+No pod on those nodes, bound or about to be, may have a lower priority than the head's pods: the
+scheduler would otherwise preempt it to bind the waiting pod early, killing a job moments before
+it ends.
 
 An estimate that turns out short leaves the head's pods pinned and waiting until the work ends; a
 head that then does not run whole within its gang timeout is torn down and requeued
@@ -26,11 +28,27 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 from phalanx.gang.capacity import ResourceList, add_into
 
 EARLY_START_SECONDS: Final = 2.0
+UNKNOWN_PRIORITY: Final = -(2**31)  # a create in flight: its priority is not known, so assume the lowest
+
+
+def end_for_early_start(
+    status: Mapping[str, Any], eta_read_at: float | None, hinted_end: float | None
+) -> float:
+    """When a running job's work ends, as far as early start trusts it (inf: unknown). Its trainer's
+    ETA only as read by a poll at a known time (`eta_read_at`): status.progress carries no time, so
+    an ETA there may be minutes old and would never run out. Else `hinted_end`, which the caller
+    gives only for a first attempt that never restarted (status.startTime is not reset by one)."""
+    if status.get("phase") != "Running":
+        return math.inf
+    eta = (status.get("progress") or {}).get("etaSeconds")
+    if eta_read_at is not None and isinstance(eta, int | float) and not isinstance(eta, bool) and eta >= 0:
+        return eta_read_at + float(eta)
+    return math.inf if hinted_end is None else hinted_end
 
 
 @dataclass(frozen=True)
@@ -41,7 +59,7 @@ class PodOnNode:
     job: str | None  # the TrainingJob it belongs to ("namespace/name"), None for other owners
     bound: bool  # False: admitted, pinned to the node, not bound yet
     requests: ResourceList
-    priority: int
+    priority: int  # its spec.priority, as the scheduler compares it (UNKNOWN_PRIORITY: not known)
 
 
 @dataclass
@@ -57,8 +75,8 @@ def node_handovers(
     now: float,
     overdue_by: float = EARLY_START_SECONDS,
 ) -> dict[str, NodeHandover]:
-    """Per node holding pods: when its ending work ends, what stays, and the lowest priority of the
-    pods bound there."""
+    """Per node holding pods: when its ending work ends, what stays, and the lowest priority there
+    (of every pod holding room: one admitted and not bound yet binds within moments)."""
     handovers: dict[str, NodeHandover] = {}
     for pod in pods:
         handover = handovers.setdefault(pod.node, NodeHandover())
@@ -67,9 +85,8 @@ def node_handovers(
             handover.ends_at = max(handover.ends_at, end)
         else:  # no end known, long overdue, or not bound yet: it stays
             add_into(handover.stays, pod.requests.items())
-        if pod.bound:  # only a bound pod can be a preemption victim
-            lowest = handover.lowest_priority
-            handover.lowest_priority = pod.priority if lowest is None else min(lowest, pod.priority)
+        lowest = handover.lowest_priority
+        handover.lowest_priority = pod.priority if lowest is None else min(lowest, pod.priority)
     return handovers
 
 
@@ -86,32 +103,29 @@ class EarlyStart:
         self,
         nodes: Sequence[str],
         allocatable: Mapping[str, Mapping[str, int]],
-        placed: Mapping[str, Mapping[str, int]],
+        placed: Mapping[str, tuple[Mapping[str, int], int]],
         priority: int,
         now: float,
     ) -> dict[str, dict[str, int]] | None:
         """The room on these nodes once their ending work has ended, beside what stays and what
-        this pass placed (`placed`); None unless that is within the lead and no pod there has a
-        lower priority than `priority`."""
+        this pass placed there (`placed`: requests and the lowest priority of those pods); None
+        unless that is within the lead and no pod there has a lower priority than `priority`."""
         if self.start(nodes, now) > now + self.lead_seconds:
             return None
         room: dict[str, dict[str, int]] = {}
         for node in nodes:
-            lowest = self.handovers[node].lowest_priority if node in self.handovers else None
-            if lowest is not None and lowest < priority:
+            handover = self.handovers.get(node, NodeHandover())
+            placed_requests, placed_lowest = placed.get(node, ({}, priority))
+            lowest = min(
+                priority if handover.lowest_priority is None else handover.lowest_priority, placed_lowest
+            )
+            if lowest < priority:
                 return None
-            room[node] = self.room_after(node, allocatable[node], placed.get(node) or {})
+            free = dict(allocatable[node])
+            add_into(free, handover.stays.items(), times=-1)
+            add_into(free, placed_requests.items(), times=-1)
+            room[node] = free
         return room
-
-    def room_after(
-        self, node: str, allocatable: Mapping[str, int], placed: Mapping[str, int]
-    ) -> dict[str, int]:
-        """The node's room once its ending work has ended: what stays and what was placed taken."""
-        free = dict(allocatable)
-        if node in self.handovers:
-            add_into(free, self.handovers[node].stays.items(), times=-1)
-        add_into(free, placed.items(), times=-1)
-        return free
 
     def recheck_at(self, nodes: Sequence[str], now: float) -> float | None:
         """When a pass should look again to start the head early (None: no estimate to wait for)."""

@@ -83,6 +83,10 @@ def waiting_gang(
         min_available=min_available,
         topology=topology_request(spec),
         estimate_seconds=estimate_seconds(spec, job.get("status") or {}),
+        pod_priority=max(
+            (p["spec"]["priority"] for p in workers if isinstance(p["spec"].get("priority"), int)),
+            default=None,
+        ),
     )
     return WaitingGang(request, {p["metadata"]["name"]: p for p in workers}, finishing)
 

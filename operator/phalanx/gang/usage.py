@@ -12,7 +12,7 @@ on its planned node (tests/unit/test_gang_usage.py checks them side by side).
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from phalanx.cache import Slim
@@ -102,10 +102,11 @@ class UsageIndex:
             used = {node: dict(totals) for node, totals in self._used.items()}
             return add_in_flight(used, in_flight or {}, self._present.__contains__)
 
-    def holders(self) -> list[tuple[str, str, Resources]]:
-        """(pod key, node, requests) of every pod holding room: bound, or admitted and not bound yet."""
+    def holders(self, nodes: Collection[str]) -> list[tuple[str, str, Resources]]:
+        """(pod key, node, requests) of every pod holding room on these nodes: bound, or admitted and
+        not bound yet."""
         with self._lock:
-            return [(key, node, requests) for key, (node, requests) in self._held.items()]
+            return [(key, node, requests) for key, (node, requests) in self._held.items() if node in nodes]
 
     def freeing(self) -> dict[str, dict[str, int]]:
         """The part of used() held by pods being deleted: room that frees up once they stop."""
