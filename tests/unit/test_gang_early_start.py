@@ -218,3 +218,20 @@ def test_the_pass_trusts_a_stated_run_time_only_in_a_first_attempt() -> None:
     assert end(first) == START + 20
     assert end({**first, "attempt": 1}) == math.inf  # startTime stays from the first attempt
     assert end({**first, "restarts": {"failures": 0, "preemptions": 0, "hangs": 1}}) == math.inf
+
+
+def test_a_finishing_gang_is_guarded_with_its_pods_priority_not_its_lifted_order() -> None:
+    nodes, used, early = two_full_nodes_ending(NOW + 1)
+    finishing = replace(gang("head", 2, 8, priority=2**40), pod_priority=0)  # pods run at 0, like the job's
+    assert [a.key for a in plan_admission([finishing], nodes, used, NOW, early=early).admitted] == ["head"]
+
+
+def test_the_preemptor_sees_the_room_the_plan_just_gave() -> None:
+    from phalanx.controller.admission_pass import used_after
+
+    nodes, used, early = two_full_nodes_ending(NOW + 1)
+    head = gang("head", 2, 8)
+    plan = plan_admission([head], nodes, used, NOW, early=early)
+    after = used_after(used, [head], plan.admitted)
+    assert {node: amounts[GPU] for node, amounts in after.items()} == {"n0": 16000, "n1": 16000}
+    assert used == {"n0": gpus(8), "n1": gpus(8)}, "not changed in place"

@@ -51,8 +51,9 @@ class GangRequest:
 
     @property
     def scheduler_priority(self) -> int:
-        """The priority early start guards with: the higher of the two (gang/early_start.py)."""
-        return self.priority if self.pod_priority is None else max(self.priority, self.pod_priority)
+        """The priority the scheduler sees on its pods, which early start guards with
+        (gang/early_start.py): a finishing gang's lifted `priority` is the operator's order only."""
+        return self.priority if self.pod_priority is None else self.pod_priority
 
     @property
     def needed(self) -> int:
@@ -351,8 +352,7 @@ def _admit(
     demands = {pod: demand for demand, names in groups for pod in names}
     cluster.take(placements, demands)
     admitted.append(Admission(gang.key, tuple(placements)))
-    # The scheduler's view of these pods (a finishing gang's lifted priority is the operator's only).
-    priority = gang.priority if gang.pod_priority is None else gang.pod_priority
+    priority = gang.scheduler_priority
     for pod, node in placements:
         requests, lowest = placed.get(node, ({}, priority))
         add_into(requests, demands[pod].requests)
