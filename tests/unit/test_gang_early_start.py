@@ -235,3 +235,18 @@ def test_the_preemptor_sees_the_room_the_plan_just_gave() -> None:
     after = used_after(used, [head], plan.admitted)
     assert {node: amounts[GPU] for node, amounts in after.items()} == {"n0": 16000, "n1": 16000}
     assert used == {"n0": gpus(8), "n1": gpus(8)}, "not changed in place"
+
+
+def test_the_pass_counts_a_trainers_eta_from_the_poll_that_first_read_it() -> None:
+    from phalanx.controller.admission_pass import AdmissionPass
+    from phalanx.controller.stores import ClusterStores
+
+    job = {
+        "metadata": {"name": "a", "namespace": "ns", "uid": "u1"},
+        "spec": {},
+        "status": {"phase": "Running"},
+    }
+    passing = AdmissionPass(None, ClusterStores(), None, None, None, None, None, lambda: NOW)  # type: ignore[arg-type]
+    assert passing._early_end(job) == math.inf  # nothing read: the status' ETA has no time
+    passing.read_progress = lambda key, uid: ({"etaSeconds": 30}, NOW - 10) if uid == "u1" else None
+    assert passing._early_end(job) == NOW + 20

@@ -651,3 +651,25 @@ def test_a_report_before_the_first_step_writes_no_progress(trainer: Trainer) -> 
     trainer.report = {"step": 1, "total_steps": 100}
     polling.poll("ns/job")
     assert writer.writes == [{"progress": {"step": 1, "totalSteps": 100, "percent": 1}}]
+
+
+def test_early_start_reads_the_newest_progress_from_when_a_poll_first_read_it(trainer: Trainer) -> None:
+    # An ETA that stays the same between polls is the trainer's last estimate: it keeps counting
+    # down from the poll that first read it, written or held back (gang/early_start.py).
+    writer = RecordingWriter()
+    polling = poller(writer, seconds=30.0)
+    trainer.report["eta_seconds"] = 600
+    polling.poll("ns/job")  # written
+    first = polling.read_progress("ns/job", "uid-1")
+    assert first is not None and first[0]["etaSeconds"] == 600
+    polling.poll("ns/job")
+    assert polling.read_progress("ns/job", "uid-1") == first
+    trainer.now += 1.0
+    trainer.report.update(step=2, eta_seconds=590)
+    polling.poll("ns/job")  # held back by the interval, read all the same
+    newest = polling.read_progress("ns/job", "uid-1")
+    assert newest is not None and newest[0]["etaSeconds"] == 590 and newest[1] >= first[1]
+    assert len(writer.writes) == 1
+    assert polling.read_progress("ns/job", "other-uid") is None  # never onto another job
+    polling.forget("ns/job")
+    assert polling.read_progress("ns/job", "uid-1") is None

@@ -96,6 +96,8 @@ class AdmissionPass:
         self.fresh_progress: Callable[[str, str], dict[str, Any] | None] = lambda key, uid: None
         # (job key, uid) -> when (wall clock) that progress was read (held_back_read_at).
         self.fresh_progress_read_at: Callable[[str, str], float | None] = lambda key, uid: None
+        # (job key, uid) -> the newest progress read and when a poll first read it (read_progress).
+        self.read_progress: Callable[[str, str], tuple[dict[str, Any], float] | None] = lambda key, uid: None
         self.recheck_at: float | None = None  # the last plan's: when to look again to start a head early
         self.priority_values = PriorityValues(
             lambda: self.api.priority_values(), watched=stores.priority_classes
@@ -266,9 +268,9 @@ class AdmissionPass:
         return pods
 
     def _early_end(self, job: dict[str, Any]) -> float:
-        """When the job's work ends, as far as early start trusts it: the ETA of a poll the interval
-        held back (read at a known time), else, in a first attempt that never restarted (startTime
-        stays from the first), spec.scheduling.expectedRunSeconds after status.startTime."""
+        """When the job's work ends, as far as early start trusts it: the ETA of the newest progress a
+        poll read (from when it was first read), else, in a first attempt that never restarted
+        (startTime stays from the first), spec.scheduling.expectedRunSeconds after status.startTime."""
         key, uid = object_key(job), str(job["metadata"].get("uid") or "")
         status = job.get("status") or {}
         expected = ((job.get("spec") or {}).get("scheduling") or {}).get("expectedRunSeconds")
@@ -279,7 +281,10 @@ class AdmissionPass:
         hinted = None
         if started is not None and isinstance(expected, int) and not restarted:
             hinted = started + expected
-        return end_for_early_start(self._freshest_status(job), self.fresh_progress_read_at(key, uid), hinted)
+        read = self.read_progress(key, uid)
+        if read is None:
+            return end_for_early_start(status, None, hinted)
+        return end_for_early_start({**status, "progress": read[0]}, read[1], hinted)
 
     def _job_end(self, job: dict[str, Any], now: float) -> float:
         """When the job's work ends, its ETA counted from the poll that read it when held back."""

@@ -219,6 +219,9 @@ class ProgressPoller:
         # Read but held back by the interval, with its job's uid: a phase change writes it at once.
         self.unwritten: dict[str, tuple[str, dict[str, Any]]] = {}
         self.unwritten_read_at: dict[str, float] = {}  # when (wall clock) the poll read it
+        # The newest progress read, written or not, with its job's uid and when (wall clock) a poll
+        # first read that very progress: an ETA counts down from then (early start reads it).
+        self.progress_read: dict[str, tuple[str, dict[str, Any], float]] = {}
         # The poll threads and the reconcile's written_with_status change `unwritten` under it.
         self.unwritten_lock = threading.Lock()
         # The newest start-up times rank 0 reported, with the uid of its job (read by the reconcile).
@@ -230,7 +233,7 @@ class ProgressPoller:
     def forget(self, key: str) -> None:
         tables = (self.targets, self.next_poll, self.poll_started, self.failures, self.last_progress,
                   self.trainer_reports, self.hang_watch, self.written_at, self.unwritten,
-                  self.unwritten_read_at, self.stored_checkpoints)  # fmt: skip
+                  self.unwritten_read_at, self.stored_checkpoints, self.progress_read)  # fmt: skip
         for table in tables:
             table.pop(key, None)
 
@@ -259,6 +262,13 @@ class ProgressPoller:
         interval held it back); the backfill reads its ETA from here, not a 30 s old one."""
         held = self.unwritten.get(key)
         return held[1].get("progress") if held is not None and held[0] == uid else None
+
+    def read_progress(self, key: str, uid: str) -> tuple[dict[str, Any], float] | None:
+        """The newest progress read for the job with `uid` and when a poll first read it (an ETA that
+        stays the same between polls is the trainer's last estimate, not a new one)."""
+        with self.unwritten_lock:
+            read = self.progress_read.get(key)
+        return (read[1], read[2]) if read is not None and read[0] == uid else None
 
     def held_back_read_at(self, key: str, uid: str) -> float | None:
         """When (wall clock) the poll read the progress held back for the job with `uid`: its ETA
@@ -491,6 +501,10 @@ class ProgressPoller:
         if isinstance(total, int) and isinstance(step, int) and total > 0:
             metrics.observe_progress(namespace, name, step, total)
         written, now = self.last_progress.get(key), time.monotonic()
+        with self.unwritten_lock:
+            seen = self.progress_read.get(key)
+            if seen is None or seen[0] != target.uid or seen[1] != patch["progress"]:
+                self.progress_read[key] = (target.uid, patch["progress"], facts["polled_at"])
         if written == patch:
             with self.unwritten_lock:
                 self.unwritten.pop(key, None)
