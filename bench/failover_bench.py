@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from phalanx.devcluster.cluster import LocalCluster
+from phalanx.devcluster.cluster import LocalCluster, down_on_sigterm
 from phalanx.devcluster.crds import wait_established
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -91,6 +91,7 @@ def summary(times: list[float]) -> dict[str, Any]:
 
 
 def main() -> int:
+    down_on_sigterm()  # a killed run tears its cluster down
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()

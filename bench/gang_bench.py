@@ -47,7 +47,7 @@ from phalanx.api.v1alpha1 import TrainingJobSpec
 from phalanx.builders.pods import JobRef, build_headless_service, build_worker_pod
 from phalanx.constants import GANG_SCHEDULING_GATE
 from phalanx.controller.composition import WRITE_CONCURRENCY
-from phalanx.devcluster.cluster import LocalCluster
+from phalanx.devcluster.cluster import LocalCluster, down_on_sigterm
 from phalanx.devcluster.crds import wait_established
 from phalanx.devcluster.nodes import NodePool, node_manifests, without_capacity
 from phalanx.k8s import release
@@ -1027,6 +1027,7 @@ def remove_state(state_dir: Path, succeeded: bool) -> None:
 
 
 def main() -> int:
+    down_on_sigterm()  # a killed run tears its cluster down
     args = arguments()
     rng = random.Random(args.seed)
 

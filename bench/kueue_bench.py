@@ -36,7 +36,7 @@ import gang_bench as gang  # a sibling script: python puts bench/ first on the p
 from kubernetes import client
 from result_file import write_result
 
-from phalanx.devcluster.cluster import LocalCluster
+from phalanx.devcluster.cluster import LocalCluster, down_on_sigterm
 from phalanx.devcluster.kueue import resolve_kueue_dir, start_kueue
 from phalanx.k8s import release
 
@@ -213,6 +213,7 @@ def table(results: dict[str, Any]) -> str:
 
 
 def main() -> int:
+    down_on_sigterm()  # a killed run tears its cluster down
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

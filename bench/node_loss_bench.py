@@ -37,7 +37,7 @@ from kubernetes import client
 from result_file import write_result
 
 from phalanx.constants import GROUP, LABEL_ATTEMPT, LABEL_JOB_NAME, PLURAL, VERSION
-from phalanx.devcluster.cluster import LocalCluster
+from phalanx.devcluster.cluster import LocalCluster, down_on_sigterm
 
 RESULTS = Path(__file__).resolve().parent / "results" / "node-loss.json"
 SILENCED_HOLDER = "phalanx-bench-silenced"
@@ -191,6 +191,7 @@ def table(result: dict[str, Any]) -> str:
 
 
 def main() -> int:
+    down_on_sigterm()  # a killed run tears its cluster down
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=5, help="elastic and fixed jobs, one of each per pair")
     parser.add_argument(

@@ -56,7 +56,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from result_file import write_result
 
 from phalanx import constants as c
-from phalanx.devcluster.cluster import LocalCluster
+from phalanx.devcluster.cluster import LocalCluster, down_on_sigterm
 from phalanx.policy.hang import POLL_STALE_SECONDS
 from phalanx.policy.progress_polls import SLOWEST_POLL_SECONDS
 
@@ -230,6 +230,7 @@ def rows(steady: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def main() -> int:
+    down_on_sigterm()  # a killed run tears its cluster down
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

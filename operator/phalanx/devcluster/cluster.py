@@ -380,6 +380,13 @@ class LocalCluster:
         raise ClusterError("the default service account never appeared; see kube-controller-manager's log")
 
 
+def down_on_sigterm() -> None:
+    """A process that brings a LocalCluster up and down in try/finally (the benchmarks) tears it
+    down on SIGTERM too: Python's default handling ends the process without running `finally`,
+    and the cluster's processes, in no group that dies with it, kept spinning."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
 def terminate(pid: int, grace: float = 10.0) -> None:
     """SIGTERM to the process group `pid` leads, SIGKILL after `grace` seconds."""
     try:
