@@ -296,7 +296,8 @@ class Scheduling:
     )
     expected_run_seconds: int | None = api_field(
         "How long the job runs once started, at most (builtin provider): with it the gang may start "
-        "early on room a blocked gang holds idle, when it ends before that gang can start.",
+        "early on room a blocked gang holds idle, when it ends before that gang can start; and, while "
+        "its first attempt runs, a gang waiting for its nodes is admitted up to 2 s before it ends.",
         minimum=1, maximum=31_536_000,
     )  # fmt: skip
 
