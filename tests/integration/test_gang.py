@@ -167,23 +167,30 @@ def test_two_gangs_of_sixteen_gpus_on_sixteen_gpus_run_one_after_the_other(
     assert job_status(cluster, namespace, second)["attempt"] == 0
 
 
+@pytest.mark.parametrize(
+    ("runs", "states"),
+    [(8, 8), (12, 4)],  # as stated; and running 8 s past its estimate
+    ids=["as-stated", "overruns"],
+)
 def test_a_gang_waiting_for_a_job_that_states_its_run_time_is_admitted_early_and_binds_as_it_ends(
-    cluster: Cluster, namespace: str, operator: OperatorProcess, private_nodes: Any
+    cluster: Cluster, namespace: str, operator: OperatorProcess, private_nodes: Any, runs: int, states: int
 ) -> None:
     # Both jobs say how long they run (spec.scheduling.expectedRunSeconds): within the lead
-    # (gang/early_start.py) of the first one's end, the second's gates are lifted onto its nodes,
-    # and the real scheduler binds each pod only once the first job's pod there has finished.
+    # (gang/early_start.py) of the first one's stated end, the second's gates are lifted onto its
+    # nodes, and the real scheduler binds each pod only once the first job's pod there has finished,
+    # however late that is; its retries back off, but not past the gang timeout.
     private_nodes.add(2, gpus=8)
     placement = private_nodes.placement()
-    first = training_job("first", replicas=2, gpus=8, run_for="8s", placement=placement,
-                         scheduling={"expectedRunSeconds": 8})  # fmt: skip
+    first = training_job("first", replicas=2, gpus=8, run_for=f"{runs}s", placement=placement,
+                         scheduling={"expectedRunSeconds": states})  # fmt: skip
     cluster.apply([first], namespace)
     wait_phase(cluster, namespace, "first", "Running", timeout=30)
     cluster.apply([training_job("second", replicas=2, gpus=8, run_for="2s", placement=placement,
                                 scheduling={"expectedRunSeconds": 2})], namespace)  # fmt: skip
 
     admitted_early = False
-    deadline = time.monotonic() + 40
+    first_done = second_bound = None
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         pods = json.loads(cluster.kubectl("get", "pods", "-n", namespace, "-o", "json").stdout)["items"]
         by_job: dict[str, list[dict[str, Any]]] = {}
@@ -195,12 +202,19 @@ def test_a_gang_waiting_for_a_job_that_states_its_run_time_is_admitted_early_and
         if "first" in holders and len(second) == 2 and not any(is_gated(p) for p in second):
             admitted_early = True  # gates lifted while the first job's pods still run
             assert all(not p["spec"].get("nodeName") for p in second), "bound over a running pod"
+        if first_done is None and admitted_early and "first" not in holders:
+            first_done = time.monotonic()
+        if second_bound is None and len(second) == 2 and all(p["spec"].get("nodeName") for p in second):
+            second_bound = time.monotonic()
         if job_status(cluster, namespace, "second").get("phase") == "Succeeded":
             break
         time.sleep(0.3)
     assert admitted_early, "the second gang was admitted only once the first had finished"
     assert job_status(cluster, namespace, "second").get("phase") == "Succeeded"
     assert job_status(cluster, namespace, "first").get("phase") == "Succeeded"
+    assert first_done is not None and second_bound is not None
+    # The scheduler's backoff for a pod that failed its tries (at most 10 s), with the poll's slack.
+    assert second_bound - first_done < 15, f"bound {second_bound - first_done:.1f}s after the room freed"
 
 
 @pytest.mark.parametrize("seed", [11, 29])
