@@ -232,7 +232,7 @@ def test_the_preemptor_sees_the_room_the_plan_just_gave() -> None:
     nodes, used, early = two_full_nodes_ending(NOW + 1)
     head = gang("head", 2, 8)
     plan = plan_admission([head], nodes, used, NOW, early=early)
-    after = used_after(used, [head], plan.admitted)
+    after = used_after(used, plan)
     assert {node: amounts[GPU] for node, amounts in after.items()} == {"n0": 16000, "n1": 16000}
     assert used == {"n0": gpus(8), "n1": gpus(8)}, "not changed in place"
 

@@ -21,7 +21,7 @@ from phalanx.controller.job_writes import JobWriter
 from phalanx.controller.preemption import Preemptor
 from phalanx.controller.queue import WorkQueue
 from phalanx.controller.stores import ClusterStores
-from phalanx.gang.admission import Admission, GangRequest, admission_order, plan_admission
+from phalanx.gang.admission import AdmissionPlan, GangRequest, admission_order, plan_admission
 from phalanx.gang.backfill import job_end, node_free_at
 from phalanx.gang.capacity import add_into
 from phalanx.gang.early_start import (
@@ -63,15 +63,11 @@ def is_admission_candidate(job: dict[str, Any]) -> bool:
     return status.get("phase") not in (*FINISHED_PHASES, "Suspended")
 
 
-def used_after(
-    used: dict[str, dict[str, int]], requests: list[GangRequest], admitted: tuple[Admission, ...]
-) -> dict[str, dict[str, int]]:
+def used_after(used: dict[str, dict[str, int]], plan: AdmissionPlan) -> dict[str, dict[str, int]]:
     """`used` with what the plan just admitted: the preemptor must not count that room as free."""
-    demands = {(r.key, pod): demand for r in requests for pod, demand in r.pods}
     after = {node: dict(amounts) for node, amounts in used.items()}
-    for admission in admitted:
-        for pod, node in admission.placements:
-            add_into(after.setdefault(node, {}), demands[(admission.key, pod)].requests)
+    for node, requests in plan.placed.items():
+        add_into(after.setdefault(node, {}), requests.items())
     return after
 
 
@@ -203,7 +199,7 @@ class AdmissionPass:
         head = head_of_line_blocked(plan.waiting, admission_order(requests))
         # A finishing gang's lifted priority must not preempt, nor may spares on their own.
         if head is not None and head.key not in finishing and head.key not in spares_only:
-            self.preemptor.preempt_for(head, every_job, nodes, used_after(used, requests, plan.admitted))
+            self.preemptor.preempt_for(head, every_job, nodes, used_after(used, plan))
         for key, reason in [
             *plan.waiting.items(),
             *((k, f"{NEVER_FITS}: {r}") for k, r in plan.never_fits.items()),

@@ -76,6 +76,8 @@ class AdmissionPlan:
     reservations: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     # When a pass should look again, to start a blocked head early (gang/early_start.py); None: no need.
     recheck_at: float | None = None
+    # Requests this plan admitted, per node (what the caller's `used` lacks until the pods are seen).
+    placed: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
 
 def admission_order(gangs: Sequence[GangRequest]) -> list[GangRequest]:
@@ -338,6 +340,7 @@ def plan_admission(
         never_fits=never,
         reservations=held,
         recheck_at=min(recheck, default=None),
+        placed={node: requests for node, (requests, _) in placed.items()},
     )
 
 

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from phalanx.gang.backfill import job_end
 from phalanx.gang.capacity import ResourceList, add_into
 
 EARLY_START_SECONDS: Final = 2.0
@@ -45,9 +46,10 @@ def end_for_early_start(
     gives only for a first attempt that never restarted (status.startTime is not reset by one)."""
     if status.get("phase") != "Running":
         return math.inf
-    eta = (status.get("progress") or {}).get("etaSeconds")
-    if eta_read_at is not None and isinstance(eta, int | float) and not isinstance(eta, bool) and eta >= 0:
-        return eta_read_at + float(eta)
+    if eta_read_at is not None:
+        end = job_end(status, eta_read_at, eta_read_at)  # the backfill's reading of the same ETA
+        if math.isfinite(end):
+            return end
     return math.inf if hinted_end is None else hinted_end
 
 
