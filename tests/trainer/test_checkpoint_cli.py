@@ -30,6 +30,7 @@ from phalanx_trainer.checkpoint.safe_load import (
     load_small_state,
     read_dcp_metadata,
 )
+from phalanx_trainer.stacks import STACK_DUMP_SIGNAL
 
 pytestmark = pytest.mark.trainer
 
@@ -78,9 +79,11 @@ def finish(proc: subprocess.Popen[bytes], log: Path, timeout: float = 150.0) -> 
     try:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
+        os.kill(proc.pid, STACK_DUMP_SIGNAL)  # every rank's stacks into the log: where it hangs
+        time.sleep(3)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        pytest.fail(f"trainer did not finish in {timeout}s:\n{log.read_text()[-4000:]}")
+        pytest.fail(f"trainer did not finish in {timeout}s:\n{log.read_text()[-16000:]}")
 
 
 def progress(log: Path) -> dict[int, str]:

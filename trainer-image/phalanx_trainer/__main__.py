@@ -29,6 +29,7 @@ from phalanx_trainer.distenv import (
     read_dist_env,
     wait_for_rendezvous,
 )
+from phalanx_trainer.stacks import dump_stacks_on_signal
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -170,6 +171,7 @@ def _destroy_group() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     startup.mark(startup.STARTED)
+    dump_stacks_on_signal()  # first: a launcher replaces it with forwarding, a forked worker renews it
     args_list = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(args_list)
     env = dict(os.environ)

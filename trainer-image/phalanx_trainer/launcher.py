@@ -13,6 +13,7 @@ from types import FrameType
 from phalanx_trainer import contract
 from phalanx_trainer.distenv import worker_env
 from phalanx_trainer.restart_policy import combine_exit_codes
+from phalanx_trainer.stacks import forward_stack_dumps
 
 FAILURE_GRACE_SECONDS = 30.0  # after one worker fails, how long the others get to stop by themselves
 
@@ -35,6 +36,7 @@ def launch_local_workers(argv: Sequence[str], env: Mapping[str, str], nproc: int
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
+    forward_stack_dumps(lambda: [worker.pid for worker in workers if worker.returncode is None])
 
     codes: list[int | None] = [None] * nproc
     failed_at: float | None = None

@@ -48,6 +48,7 @@ from phalanx_trainer.restart_policy import (
     parse_generation_request,
     supersede,
 )
+from phalanx_trainer.stacks import forward_stack_dumps
 
 # Not part of the operator's contract: how workers start ("fork", the default, or "subprocess",
 # the cold baseline measured in docs/trainer.md).
@@ -506,6 +507,7 @@ def _serve(argv: Sequence[str], env: Mapping[str, str], emergency_budget_seconds
 
     signal.signal(signal.SIGTERM, on_sigterm)
     signal.signal(signal.SIGINT, on_sigterm)
+    forward_stack_dumps(lambda: [worker.pid for worker in launcher.workers if worker.exit_code is None])
     if launcher.start_method == "fork":
         preload()
     if launcher.state is not State.SPARE:

@@ -1,0 +1,92 @@
+"""`kill -USR1` on a trainer pod's launcher writes every rank's thread stacks to the log, and training
+goes on (phalanx_trainer/stacks.py): the local launcher and the resident one (restart in place)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from phalanx.ports import free_port
+
+pytestmark = pytest.mark.trainer
+
+REPO = Path(__file__).resolve().parents[2]
+SMALL = [
+    "job.torch_threads=1",
+    "model.n_layers=2",
+    "model.d_model=32",
+    "model.n_heads=4",
+    "model.seq_len=16",
+    "data.batch_size=4",
+    "metrics.log_every=1",
+    "metrics.port=0",
+    "job.steps=100000",
+]
+LAUNCHERS = {
+    "local": {"NPROC_PER_NODE": "2"},
+    "resident": {"NPROC_PER_NODE": "2", "NNODES": "1", "PHALANX_RESTART_IN_PLACE": "true"},
+}
+
+
+def last_step(stdout: Path) -> int:
+    steps = [0]
+    for line in stdout.read_text(errors="replace").splitlines():
+        if line.startswith("{") and '"progress"' in line:
+            try:
+                steps.append(int(json.loads(line)["step"]))
+            except json.JSONDecodeError:
+                continue
+    return max(steps)
+
+
+def wait_until(condition: object, what: str, process: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 90
+    while not condition():  # type: ignore[operator]
+        assert process.poll() is None, (
+            f"the trainer exited ({process.returncode}):\n{log.read_text()[-4000:]}"
+        )
+        assert time.monotonic() < deadline, f"timed out waiting for {what}:\n{log.read_text()[-4000:]}"
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
+def test_sigusr1_to_the_launcher_dumps_every_ranks_stacks_and_training_goes_on(
+    launcher: str, tmp_path: Path
+) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    env.update(
+        PYTHONPATH=str(REPO / "trainer-image"),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(free_port()),
+        GLOO_SOCKET_IFNAME="lo",
+        PHALANX_CONTROL_PORT=str(free_port()),
+        **LAUNCHERS[launcher],
+    )
+    stdout, stderr = tmp_path / "out", tmp_path / "err"
+    with stdout.open("wb") as out, stderr.open("wb") as err:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "phalanx_trainer", *SMALL],
+            env=env,
+            stdout=out,
+            stderr=err,
+            start_new_session=True,  # one killpg ends the launcher and its workers
+        )
+    try:
+        wait_until(lambda: last_step(stdout) >= 3, "step 3", process, stderr)
+        os.kill(process.pid, signal.SIGUSR1)  # the launcher only: it passes the signal on
+        wait_until(lambda: stderr.read_text().count("Current thread") >= 2, "two dumps", process, stderr)
+        dumped_at = last_step(stdout)
+        wait_until(lambda: last_step(stdout) >= dumped_at + 3, "steps after the dump", process, stderr)
+        text = stderr.read_text()
+        assert text.count("Current thread") == 2, text[-4000:]  # one per rank, none of the launcher's
+        assert "phalanx_trainer/train.py" in text, text[-4000:]  # a rank's training loop, as it stood
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(30)
