@@ -595,6 +595,57 @@ def test_a_gang_with_a_pod_on_a_node_that_stops_heartbeating_runs_again_on_other
         assert env["PHALANX_ATTEMPT"] == "1"
 
 
+@pytest.mark.parametrize("fault", ["cordoned", "silent"])
+def test_a_gang_admitted_early_onto_a_node_that_stops_taking_pods_runs_on_another_without_waiting_for_the_gang_timeout(
+    cluster: Cluster, namespace: str, operator: OperatorProcess, private_nodes: Any, fault: str
+) -> None:
+    """The second gang is admitted early onto the first job's node (it says it ends in 4 s, and runs
+    on), pinned there unbound; the node is then cordoned, or stops heartbeating. The scheduler will
+    never bind there, so the gang is queued again at once (rules/stranded.py) and runs on a node
+    added meanwhile, well before its 300 s gang timeout; nothing is counted as a restart. Fails
+    before the rule: the pod stays pinned until the gang timeout."""
+    (first_node,) = private_nodes.add(1, gpus=8)
+    placement = private_nodes.placement()
+    cluster.apply(training_job("first", replicas=1, gpus=8, run_for="600s", placement=placement,
+                               scheduling={"expectedRunSeconds": 4}), namespace)  # fmt: skip
+    wait_phase(cluster, namespace, "first", "Running", timeout=30)
+    cluster.apply(training_job("second", replicas=1, gpus=8, run_for="600s", placement=placement,
+                               scheduling={"expectedRunSeconds": 600}), namespace)  # fmt: skip
+
+    def pinned_and_waiting() -> bool:
+        second = pods_in(cluster, namespace, "second")
+        return len(second) == 1 and not is_gated(second[0]) and not second[0]["spec"].get("nodeName")
+
+    wait_for(pinned_and_waiting, timeout=30, what="the second gang admitted early, not bound")
+    assert pinned_node(pods_in(cluster, namespace, "second")[0]) == first_node
+    if fault == "cordoned":
+        cluster.kubectl("cordon", first_node)
+        bound = 30.0  # the node event, a reconcile, the next attempt's admission and kwok's start
+    else:
+        silence_node(cluster, first_node)
+        bound = NODE_MONITOR_GRACE_SECONDS + NODE_LOST_AFTER_SECONDS + 30
+    faulted_at = time.monotonic()
+    # Room elsewhere, which the pinned pod cannot take: two nodes, as the silent node's job restarts too.
+    others = private_nodes.add(2, gpus=8, prefix="q")
+
+    def running_elsewhere() -> dict[str, Any] | None:
+        status = job_status(cluster, namespace, "second")
+        current = [
+            p for p in pods_in(cluster, namespace, "second") if not p["metadata"].get("deletionTimestamp")
+        ]
+        on_other = len(current) == 1 and current[0]["spec"].get("nodeName") in others
+        return status if status.get("phase") == "Running" and on_other else None
+
+    status = wait_for(running_elsewhere, timeout=bound, what="the second gang running on the other node")
+    print(f"running elsewhere {time.monotonic() - faulted_at:.1f}s after the node was {fault}")
+    assert status["attempt"] == 1 and status["restarts"] == {"failures": 0, "preemptions": 0, "hangs": 0}
+    assert "gangTimeouts" not in status
+    events = cluster.get_json("events", "-n", namespace, "--field-selector", "involvedObject.name=second")
+    said = [e["message"] for e in events["items"] if e["reason"] == "AdmittedNodeUnusable"]
+    expected = "cordoned" if fault == "cordoned" else "not Ready since"
+    assert said and f"admitted onto node {first_node}, which is {expected}" in said[0], said
+
+
 # -- operator restart during admission ------------------------------------------------------------
 def test_operator_killed_in_the_middle_of_admitting_a_gang_finishes_it_after_restart(
     cluster: Cluster, namespace: str, operator: OperatorProcess, private_nodes: Any

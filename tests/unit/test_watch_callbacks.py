@@ -55,3 +55,41 @@ def test_a_node_that_goes_not_ready_enqueues_only_the_jobs_with_pods_there() -> 
     work.jobs.clear()
     callbacks.on_node_change("n1", slim_node(node("n1", "True", 1)), slim_node(node("n1", "True", 2)))
     assert work.jobs == []  # still Ready: nothing for the jobs to decide
+
+
+def admitted(name: str, job: str, node_name: str, version: int) -> dict[str, Any]:
+    """Admitted onto node_name and not bound yet (builders/pods.admitted_pod's pin)."""
+    from phalanx.builders.pods import admitted_pod
+
+    unbound = pod(name, job, "", version)
+    unbound["spec"].pop("nodeName")
+    unbound["status"] = {"phase": "Pending"}
+    return admitted_pod(unbound, node_name)
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"status": {"conditions": [{"type": "Ready", "status": "Unknown"}]}}, ["ns/pinned"]),
+        ({"spec": {"unschedulable": True}}, ["ns/pinned"]),
+        ({"spec": {"taints": [{"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}]}}, ["ns/pinned"]),
+        ({"metadata": {"labels": {"zone": "b"}}}, []),
+    ],
+    ids=["not-ready", "cordoned", "being-removed", "relabelled"],
+)
+def test_a_node_that_stops_taking_pods_enqueues_the_jobs_admitted_onto_it_too(
+    change: dict[str, Any], expected: list[str]
+) -> None:
+    # Their pods are not bound yet, so no nodeName says where they are (rules/stranded.py decides).
+    stores, work = ClusterStores(), Recorded()
+    stores.pods.upsert(admitted("pinned-0", "pinned", "n1", 1))
+    stores.pods.upsert(pod("elsewhere-0", "elsewhere", "n2", 2))
+    callbacks = WatchCallbacks(stores, work)  # type: ignore[arg-type]
+    before = node("n1", "True", 1)
+    after = {
+        **before,
+        **change,
+        "metadata": {**before["metadata"], "resourceVersion": "2", **change.get("metadata", {})},
+    }
+    callbacks.on_node_change("n1", slim_node(before), slim_node(after))
+    assert work.jobs == expected

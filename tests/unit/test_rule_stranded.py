@@ -1,0 +1,118 @@
+"""A gang admitted onto a node the scheduler will no longer bind to is torn down and queued again at
+once, not after the gang timeout (reconcile/rules/stranded.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from phalanx.builders.pods import admitted_pod
+from phalanx.reconcile.lifecycle import decide
+from phalanx.reconcile.plan import iso
+from tests.unit.lifecycle_fixtures import NODES, NOW, job, not_ready_node, pod
+
+pytestmark = pytest.mark.unit
+
+ADMITTED = {"attempt": 0, "createdAttempt": 0, "phase": "Admitted", "admittedTime": iso(NOW - 30)}
+REASON = "AdmittedNodeUnusable"
+
+
+def pinned(index: int, node: str, tolerations: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Admitted onto `node`, not bound yet (as an early start leaves it while the node's work ends)."""
+    spec: dict[str, Any] = {"nodeName": "", "schedulingGates": [{"name": "phalanx.dev/gang"}]}
+    if tolerations:
+        spec["tolerations"] = tolerations
+    return admitted_pod(pod(index, phase="Pending", spec=spec), node)
+
+
+def node(name: str, **spec: Any) -> dict[str, Any]:
+    ready = {"type": "Ready", "status": "True"}
+    return {"metadata": {"name": name}, "spec": spec, "status": {"conditions": [ready]}}
+
+
+def assert_torn_down(plan: Any, why: str) -> None:
+    assert plan.status["attempt"] == 1 and plan.status["phase"] == "Pending"
+    assert set(plan.delete_pods) == {"j-worker-0", "j-worker-1"}
+    assert plan.status["restarts"] == {"failures": 0, "preemptions": 0}  # the node's fault, not the gang's
+    assert "gangTimeouts" not in plan.status and "requeueAfter" not in plan.status  # no backoff
+    assert why in plan.status["message"] and "j-worker-1 was admitted onto node n1" in plan.status["message"]
+    assert [(e.type, e.reason) for e in plan.events] == [("Warning", REASON)]
+
+
+def test_a_gang_admitted_onto_a_node_that_is_lost_is_queued_again_at_once() -> None:
+    nodes = {**NODES, "n1": not_ready_node("n1", since=NOW - 21)}  # lost after 20 s
+    plan = decide(job(dict(ADMITTED)), [pod(0), pinned(1, "n1")], nodes, NOW)
+    assert_torn_down(plan, f"not Ready since {iso(NOW - 21)}")
+
+
+def test_a_node_not_ready_for_less_than_the_lost_bound_is_waited_for_and_looked_at_again_then() -> None:
+    nodes = {**NODES, "n1": not_ready_node("n1", since=NOW - 5)}
+    plan = decide(job(dict(ADMITTED)), [pod(0), pinned(1, "n1")], nodes, NOW)
+    assert plan.status["attempt"] == 0 and plan.delete_pods == [] and plan.status["phase"] == "Admitted"
+    assert plan.recheck_after is not None and plan.recheck_after == pytest.approx(15, abs=0.01)
+
+
+def test_a_gang_admitted_onto_a_node_that_no_longer_exists_is_queued_again() -> None:
+    plan = decide(job(dict(ADMITTED)), [pod(0), pinned(1, "n1")], NODES, NOW)
+    assert_torn_down(plan, "no longer exists")
+
+
+def test_no_node_known_yet_is_not_a_vanished_node() -> None:
+    plan = decide(job(dict(ADMITTED)), [pinned(0, "n0"), pinned(1, "n1")], {}, NOW)
+    assert plan.status["attempt"] == 0 and plan.delete_pods == []
+
+
+@pytest.mark.parametrize(
+    ("spec", "why"),
+    [
+        ({"unschedulable": True}, "cordoned"),
+        (
+            {"taints": [{"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"}]},
+            "being removed (the cluster autoscaler is removing it)",
+        ),
+    ],
+    ids=["cordoned", "autoscaler-removal"],
+)
+def test_a_gang_admitted_onto_a_node_that_takes_no_new_pods_is_queued_again(
+    spec: dict[str, Any], why: str
+) -> None:
+    plan = decide(job(dict(ADMITTED)), [pod(0), pinned(1, "n1")], {**NODES, "n1": node("n1", **spec)}, NOW)
+    assert_torn_down(plan, why)
+
+
+@pytest.mark.parametrize(
+    ("spec", "tolerate"),
+    [
+        ({"unschedulable": True}, {"key": "node.kubernetes.io/unschedulable", "operator": "Exists"}),
+        ({"taints": [{"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}]}, {"operator": "Exists"}),
+    ],
+    ids=["cordon-tolerated", "every-taint-tolerated"],
+)
+def test_a_pod_that_tolerates_what_the_node_says_still_binds_there_and_waits(
+    spec: dict[str, Any], tolerate: dict[str, Any]
+) -> None:
+    pods = [pod(0), pinned(1, "n1", tolerations=[tolerate])]
+    plan = decide(job(dict(ADMITTED)), pods, {**NODES, "n1": node("n1", **spec)}, NOW)
+    assert plan.status["attempt"] == 0 and plan.delete_pods == []
+
+
+def test_a_gang_admitted_onto_healthy_nodes_waits_for_the_scheduler() -> None:
+    plan = decide(job(dict(ADMITTED)), [pod(0), pinned(1, "n1")], {**NODES, "n1": node("n1")}, NOW)
+    assert plan.status["attempt"] == 0 and plan.delete_pods == [] and plan.status["phase"] == "Admitted"
+
+
+def test_a_job_still_pending_when_its_node_is_lost_is_told_by_an_event_too() -> None:
+    # The phase stays Pending, so the phase change says nothing: the teardown is news all the same.
+    status = {**ADMITTED, "phase": "Pending"}
+    nodes = {**NODES, "n1": not_ready_node("n1", since=NOW - 60)}
+    plan = decide(job(status), [pinned(0, "n0"), pinned(1, "n1")], nodes, NOW)
+    assert_torn_down(plan, "not Ready since")
+
+
+def test_an_external_scheduler_admits_and_places_its_own_gangs() -> None:
+    nodes = {**NODES, "n1": not_ready_node("n1", since=NOW - 60)}
+    plan = decide(
+        job(dict(ADMITTED), scheduling={"provider": "volcano"}), [pod(0), pinned(1, "n1")], nodes, NOW
+    )
+    assert plan.status["attempt"] == 0 and plan.delete_pods == []
