@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, Protocol
 
 from phalanx import constants as c
-from phalanx.pod_facts import TERMINAL_PHASES
+from phalanx.pod_facts import TERMINAL_PHASES, planned_node
 
 Slim = dict[str, Any]
 
@@ -129,14 +129,14 @@ def resource_version(obj: Mapping[str, Any]) -> int:
 
 
 INDEX_PRIMARY: Final = "primary"  # the index a store is built with (pods: their TrainingJob)
-INDEX_NODE: Final = "node"  # pods by spec.nodeName
+INDEX_NODE: Final = "node"  # pods by the node they are bound to, or admitted onto and not bound yet
 # How long a deleted key is remembered: far longer than any reply to our own write can take (the
 # client's read timeout is a minute), so a late reply never brings a deleted object back.
 TOMBSTONE_SECONDS: Final = 300.0
 
 
 def node_of(pod: Slim) -> str | None:
-    return (pod.get("spec") or {}).get("nodeName") or None
+    return (pod.get("spec") or {}).get("nodeName") or planned_node(pod)
 
 
 SHARED_STRING_MAX = 24  # short values repeat across objects: phases, reasons, labels, timestamps
@@ -301,7 +301,7 @@ class Store:
 
     def indexed(self, value: str, index: str = INDEX_PRIMARY) -> list[Slim]:
         """The objects whose `index` value is `value` (for pods: the pods of one TrainingJob, or with
-        INDEX_NODE the pods bound to one node)."""
+        INDEX_NODE the pods bound to one node or admitted onto it)."""
         with self._lock:
             entry = self._indexes.get(index)
             return [self._objects[k] for k in (entry[1].get(value, ()) if entry is not None else ())]

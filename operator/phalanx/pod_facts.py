@@ -173,3 +173,31 @@ def attempt_spec(
     """The spec as the current attempt runs it: replicas is the attempt's size."""
     replicas = attempt_replicas(spec, status, pods)
     return spec if replicas == spec.replicas else dataclasses.replace(spec, replicas=replicas)
+
+
+NODE_NAME_FIELD: Final = "metadata.name"  # what admission pins a pod's node by (builders/pods.admitted_pod)
+
+
+def pinned_node(spec: Mapping[str, Any]) -> str | None:
+    """The node admitted_pod pinned this pod spec to (the last metadata.name field of its first
+    required term), else None."""
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
+    terms = required.get("nodeSelectorTerms") or []
+    if not terms:
+        return None
+    pins = [
+        f.get("values") or []
+        for f in terms[0].get("matchFields") or []
+        if f.get("key") == NODE_NAME_FIELD and f.get("operator") == "In"
+    ]
+    return str(pins[-1][0]) if pins and len(pins[-1]) == 1 else None
+
+
+def planned_node(pod: Mapping[str, Any]) -> str | None:
+    """The node of a pod admitted (pinned, gang gate lifted) and not bound yet; else None."""
+    spec = pod.get("spec") or {}
+    if spec.get("nodeName") or is_gated(pod):
+        return None
+    return pinned_node(spec)

@@ -10,8 +10,9 @@ from phalanx.builders.pods import admitted_pod
 from phalanx.cache import object_key
 from phalanx.gang.admission import GangRequest
 from phalanx.gang.capacity import NodeInfo, PodDemand, as_resources
-from phalanx.gang.on_creation import Assumed, plan_on_creation, planned_node
+from phalanx.gang.on_creation import Assumed, plan_on_creation
 from phalanx.gang.usage import UsageIndex
+from phalanx.pod_facts import planned_node
 
 pytestmark = pytest.mark.unit
 

@@ -13,9 +13,9 @@ import pytest
 from phalanx import constants as c
 from phalanx.builders.pods import admitted_pod
 from phalanx.cache import Store, object_key, slim_pod
-from phalanx.gang.on_creation import Assumed, add_in_flight, planned_node, waits_for_admission
+from phalanx.gang.on_creation import Assumed, add_in_flight, waits_for_admission
 from phalanx.gang.usage import UsageIndex
-from phalanx.pod_facts import is_gated
+from phalanx.pod_facts import is_gated, planned_node
 from tests.unit.reference_usage import usage_by_node
 
 pytestmark = pytest.mark.unit

@@ -124,8 +124,9 @@ def test_the_operators_slim_copy_of_a_node_still_tells_since_when_it_is_not_read
 
 
 def test_the_next_attempt_is_kept_off_the_lost_node_by_a_required_affinity_that_pinning_narrows() -> None:
-    from phalanx.builders.pods import admitted_pod, pinned_node
+    from phalanx.builders.pods import admitted_pod
     from phalanx.gang.capacity import NodeInfo, PodDemand, placement_refusal
+    from phalanx.pod_facts import pinned_node
 
     spec = parse(
         TrainingJobSpec, {"replicas": 2, "template": {"spec": {"containers": [{"name": "trainer"}]}}}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +19,7 @@ from phalanx.builders.names import (
     worker_pod_name,
 )
 from phalanx.builders.torchrun_env import elastic_env
+from phalanx.pod_facts import NODE_NAME_FIELD
 from phalanx.providers import provider_for
 
 SHM_VOLUME = "phalanx-dshm"
@@ -349,9 +350,6 @@ def build_headless_service(job: JobRef, spec: TrainingJobSpec) -> dict[str, Any]
     }
 
 
-NODE_NAME_FIELD = "metadata.name"
-
-
 def admitted_pod(pod: dict[str, Any], node: str) -> dict[str, Any]:
     """The worker pod as gang admission leaves it: pinned to its planned node, gang gate gone.
 
@@ -387,20 +385,3 @@ def _narrowed_affinity(affinity: dict[str, Any] | None, field: dict[str, Any]) -
         term["matchFields"] = [*(term.get("matchFields") or []), field]
     node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = {**required, "nodeSelectorTerms": terms}
     return affinity
-
-
-def pinned_node(spec: Mapping[str, Any]) -> str | None:
-    """The node admitted_pod pinned this pod spec to (the last metadata.name field of its first
-    required term), else None."""
-    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
-        "requiredDuringSchedulingIgnoredDuringExecution"
-    ) or {}
-    terms = required.get("nodeSelectorTerms") or []
-    if not terms:
-        return None
-    pins = [
-        f.get("values") or []
-        for f in terms[0].get("matchFields") or []
-        if f.get("key") == NODE_NAME_FIELD and f.get("operator") == "In"
-    ]
-    return str(pins[-1][0]) if pins and len(pins[-1]) == 1 else None

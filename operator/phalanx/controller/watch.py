@@ -7,7 +7,13 @@ from phalanx.cache import INDEX_NODE, Slim, frees_or_changes_capacity, node_chan
 from phalanx.controller.queue import WorkQueue
 from phalanx.controller.stores import ClusterStores
 from phalanx.pod_facts import job_of_pod
+from phalanx.policy.node_drain import being_removed, is_cordoned
 from phalanx.policy.pod_outcome import node_is_ready
+
+
+def takes_pods(node: Slim) -> bool:
+    """Ready, not cordoned and not being removed."""
+    return node_is_ready(node) and not is_cordoned(node) and being_removed(node) is None
 
 
 class WatchCallbacks:
@@ -38,8 +44,9 @@ class WatchCallbacks:
     def on_node_change(self, key: str, old: Slim | None, new: Slim | None) -> None:
         if node_changed_for_admission(old, new):
             self.work.admission_dirty_threadsafe()
-        if new is None or (old is not None and node_is_ready(old) and not node_is_ready(new)):
-            # Gone or no longer Ready: the jobs with pods there decide now, not at the next resync.
+        if new is None or (old is not None and takes_pods(old) and not takes_pods(new)):
+            # Gone, no longer Ready, cordoned or going: the jobs with pods bound or admitted there
+            # decide now, not at the next resync (rules/node_loss.py, rules/stranded.py).
             for pod in self.stores.pods.indexed(key, index=INDEX_NODE):  # its pods, not every pod
                 job = job_of_pod(pod)
                 if job is not None:

@@ -9,21 +9,12 @@ and the admission pass decides in order.
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from phalanx.builders.pods import pinned_node
 from phalanx.gang.admission import GangRequest, plan_admission
 from phalanx.gang.capacity import NodeInfo, Resources, add_into
 from phalanx.pod_facts import is_gated, is_spare, is_terminal
 
 Assumed = Mapping[str, tuple[str, Resources]]
 """Pods admitted at creation whose create is still in flight: "namespace/name" -> (node, requests)."""
-
-
-def planned_node(pod: Mapping[str, Any]) -> str | None:
-    """The node of a pod admitted (pinned, gang gate lifted) and not bound yet; else None."""
-    spec = pod.get("spec") or {}
-    if spec.get("nodeName") or is_gated(pod):
-        return None
-    return pinned_node(spec)
 
 
 def add_in_flight(

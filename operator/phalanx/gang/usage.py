@@ -17,8 +17,8 @@ from typing import Any
 
 from phalanx.cache import Slim
 from phalanx.gang.capacity import Resources, add_into, as_resources, effective_requests, node_held
-from phalanx.gang.on_creation import Assumed, add_in_flight, planned_node, waits_for_admission
-from phalanx.pod_facts import is_gated
+from phalanx.gang.on_creation import Assumed, add_in_flight, waits_for_admission
+from phalanx.pod_facts import is_gated, planned_node
 
 
 def _held(pod: Mapping[str, Any]) -> tuple[str, Resources] | None:

@@ -48,6 +48,7 @@ from phalanx.reconcile.rules import (
     running,
     spares,
     straggler,
+    stranded,
     success,
     suspend,
     ttl,
@@ -74,6 +75,7 @@ STEPS: Final[tuple[Rule, ...]] = (
     elastic.unusable_size,  # spec.elastic: the trainer cannot split this size (exit 78): skipped, restart
     failure.apply,  # a worker failed: Failed, or a restart while backoffLimit allows
     preemption.apply,  # a worker was preempted: restart, the failure budget untouched
+    stranded.apply,  # admitted onto a node that is lost, gone, cordoned or going: tear down, queue again
     hang.apply,  # every worker runs, yet rank 0 reports no new step within the bound: restart (Hang)
     elastic.grow,  # spec.elastic, running below its size, a checkpoint since admission, room: restart (Resize)
     admission.apply,  # a pod still gated: wait for admission; otherwise Admitted

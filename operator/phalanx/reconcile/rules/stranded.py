@@ -1,0 +1,84 @@
+"""A gang admitted onto a node the scheduler will no longer bind to (builtin provider; pure).
+
+Admission pins each pod to its node (builders/pods.admitted_pod) and the scheduler binds it moments
+later, or, for a gang started early (gang/early_start.py), once the work there ends. If that node is
+lost in between (not Ready for node_lost_after seconds), gone, cordoned or being removed, the pod
+waits there for good and the rest of the gang holds its room for nothing until the gang timeout
+(300 s by default). The attempt is torn down and queued again at once: no backoff and no restart
+counted, since the node failed, not the gang; admission places the next attempt on nodes that take
+pods.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from phalanx.gang.capacity import UNSCHEDULABLE_TAINT_KEY, Taint, Toleration
+from phalanx.pod_facts import is_deleting, is_terminal, planned_node
+from phalanx.policy.node_drain import REMOVAL_TAINTS, is_cordoned
+from phalanx.policy.node_loss import not_ready_since, seconds_until_lost
+from phalanx.providers import provider_for
+from phalanx.reconcile.observed import Observed
+from phalanx.reconcile.plan import Event, PlanBuilder, iso
+from phalanx.reconcile.rules.transitions import new_attempt
+
+REASON_ADMITTED_NODE_UNUSABLE: Final = "AdmittedNodeUnusable"
+CORDON: Final = Taint(UNSCHEDULABLE_TAINT_KEY, "", "NoSchedule")  # what the scheduler sees of a cordon
+
+
+def _refusal(node: dict[str, Any], pod: dict[str, Any]) -> str | None:
+    """Why the scheduler no longer binds this pod there, a cordon or a removal taint it does not
+    tolerate; None if neither."""
+    tolerations = [Toleration.from_k8s(t) for t in (pod.get("spec") or {}).get("tolerations") or ()]
+    for raw in (node.get("spec") or {}).get("taints") or ():
+        why = REMOVAL_TAINTS.get(str(raw.get("key")))
+        taint = Taint.from_k8s(raw)
+        if (
+            why is not None
+            and taint.effect != "PreferNoSchedule"
+            and not any(t.tolerates(taint) for t in tolerations)
+        ):
+            return f"being removed ({why})"
+    if is_cordoned(node) and not any(t.tolerates(CORDON) for t in tolerations):
+        return "cordoned"
+    return None
+
+
+def why_unusable(pod: dict[str, Any], seen: Observed, now: float) -> tuple[str, str] | float | None:
+    """(node, why) when the node the pod was admitted onto will not take it; else the seconds until
+    that node counts as lost (not Ready, not lost yet), or None."""
+    node_name = planned_node(pod)
+    if node_name is None or is_terminal(pod) or is_deleting(pod):
+        return None  # bound (node_loss.py's), not admitted, or on its way out
+    node = seen.nodes.get(node_name)
+    if node is None:
+        return (node_name, "no longer exists") if seen.nodes else None  # no nodes: not known yet
+    left = seconds_until_lost(node, now, seen.node_lost_after)
+    if left is not None:
+        if left > 0:
+            return left
+        since = not_ready_since(node)
+        return node_name, f"not Ready since {iso(since) if since is not None else 'a while'}"
+    refusal = _refusal(node, pod)
+    return None if refusal is None else (node_name, refusal)
+
+
+def apply(b: PlanBuilder, seen: Observed) -> bool:
+    if not provider_for(seen.spec).admits_gangs:
+        return False
+    for pod in seen.current.values():
+        found = why_unusable(pod, seen, b.now)
+        if isinstance(found, float):
+            b.recheck(found)  # decide again the moment the node counts as lost
+        elif found is not None:
+            node, why = found
+            new_attempt(b, seen.current)
+            message = (
+                f"{pod['metadata']['name']} was admitted onto node {node}, which is {why}: the scheduler "
+                f"cannot bind it there; gang torn down and queued again as attempt {b.status['attempt']}"
+            )
+            if b.old.get("phase") == "Pending":  # no phase change, so phase() tells no one
+                b.plan.events.append(Event("Warning", REASON_ADMITTED_NODE_UNUSABLE, message))
+            b.phase("Pending", REASON_ADMITTED_NODE_UNUSABLE, message, "Warning")
+            return True
+    return False
