@@ -14,21 +14,12 @@ from pathlib import Path
 import pytest
 
 from phalanx.ports import free_port
+from tests.trainer.test_trainer_entry import SMALL
 
 pytestmark = pytest.mark.trainer
 
 REPO = Path(__file__).resolve().parents[2]
-SMALL = [
-    "job.torch_threads=1",
-    "model.n_layers=2",
-    "model.d_model=32",
-    "model.n_heads=4",
-    "model.seq_len=16",
-    "data.batch_size=4",
-    "metrics.log_every=1",
-    "metrics.port=0",
-    "job.steps=100000",
-]
+ARGS = [*SMALL, "metrics.port=0", "job.steps=100000"]  # runs until killed
 LAUNCHERS = {
     "local": {"NPROC_PER_NODE": "2"},
     "resident": {"NPROC_PER_NODE": "2", "NNODES": "1", "PHALANX_RESTART_IN_PLACE": "true"},
@@ -72,7 +63,7 @@ def test_sigusr1_to_the_launcher_dumps_every_ranks_stacks_and_training_goes_on(
     stdout, stderr = tmp_path / "out", tmp_path / "err"
     with stdout.open("wb") as out, stderr.open("wb") as err:
         process = subprocess.Popen(
-            [sys.executable, "-m", "phalanx_trainer", *SMALL],
+            [sys.executable, "-m", "phalanx_trainer", *ARGS],
             env=env,
             stdout=out,
             stderr=err,
