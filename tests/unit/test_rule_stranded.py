@@ -69,10 +69,14 @@ def test_no_node_known_yet_is_not_a_vanished_node() -> None:
         ({"unschedulable": True}, "cordoned"),
         (
             {"taints": [{"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"}]},
-            "being removed (the cluster autoscaler is removing it)",
+            "tainted ToBeDeletedByClusterAutoscaler:NoSchedule",
+        ),
+        (
+            {"taints": [{"key": "nvidia.com/gpu-unhealthy", "value": "xid-79", "effect": "NoExecute"}]},
+            "tainted nvidia.com/gpu-unhealthy=xid-79:NoExecute",
         ),
     ],
-    ids=["cordoned", "autoscaler-removal"],
+    ids=["cordoned", "autoscaler-removal", "device-health-taint"],
 )
 def test_a_gang_admitted_onto_a_node_that_takes_no_new_pods_is_queued_again(
     spec: dict[str, Any], why: str
@@ -97,6 +101,23 @@ def test_a_pod_that_tolerates_what_the_node_says_still_binds_there_and_waits(
     assert plan.status["attempt"] == 0 and plan.delete_pods == []
 
 
+def test_a_passing_condition_taint_on_a_ready_node_is_waited_out() -> None:
+    # Memory pressure and the like come and go; the scheduler binds once it clears.
+    pressure = {"taints": [{"key": "node.kubernetes.io/memory-pressure", "effect": "NoSchedule"}]}
+    plan = decide(
+        job(dict(ADMITTED)), [pod(0), pinned(1, "n1")], {**NODES, "n1": node("n1", **pressure)}, NOW
+    )
+    assert plan.status["attempt"] == 0 and plan.delete_pods == []
+
+
+def test_a_node_relabelled_out_of_the_pods_selector_is_queued_again() -> None:
+    pods = [pod(0), pinned(1, "n1")]
+    pods[1]["spec"]["nodeSelector"] = {"pool": "a"}
+    relabelled = {**node("n1"), "metadata": {"name": "n1", "labels": {"pool": "b"}}}
+    plan = decide(job(dict(ADMITTED)), pods, {**NODES, "n1": relabelled}, NOW)
+    assert_torn_down(plan, "nodeSelector pool=a not matched")
+
+
 def test_a_gang_admitted_onto_healthy_nodes_waits_for_the_scheduler() -> None:
     plan = decide(job(dict(ADMITTED)), [pod(0), pinned(1, "n1")], {**NODES, "n1": node("n1")}, NOW)
     assert plan.status["attempt"] == 0 and plan.delete_pods == [] and plan.status["phase"] == "Admitted"
@@ -108,6 +129,18 @@ def test_a_job_still_pending_when_its_node_is_lost_is_told_by_an_event_too() -> 
     nodes = {**NODES, "n1": not_ready_node("n1", since=NOW - 60)}
     plan = decide(job(status), [pinned(0, "n0"), pinned(1, "n1")], nodes, NOW)
     assert_torn_down(plan, "not Ready since")
+
+
+def test_a_gang_kueue_admitted_is_kueues_to_undo() -> None:
+    # Its pods are created ungated once the Workload is admitted: torn down, pods pinned the same way
+    # (by the user's template or a flavor) would come back at once, over and over.
+    from phalanx.kueue.gate import KueueGate
+
+    admitted = KueueGate(workload="wl", admitted=True, evicted=False, message="", cluster_queue="cq")
+    nodes = {**NODES, "n1": not_ready_node("n1", since=NOW - 60)}
+    plan = decide(job(dict(ADMITTED)), [pod(0), pinned(1, "n1")], nodes, NOW, kueue_gate=admitted)
+    assert plan.status["attempt"] == 0 and plan.delete_pods == []
+    assert not any(e.reason == REASON for e in plan.events)
 
 
 def test_an_external_scheduler_admits_and_places_its_own_gangs() -> None:

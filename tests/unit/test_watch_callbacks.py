@@ -73,9 +73,10 @@ def admitted(name: str, job: str, node_name: str, version: int) -> dict[str, Any
         ({"status": {"conditions": [{"type": "Ready", "status": "Unknown"}]}}, ["ns/pinned"]),
         ({"spec": {"unschedulable": True}}, ["ns/pinned"]),
         ({"spec": {"taints": [{"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}]}}, ["ns/pinned"]),
-        ({"metadata": {"labels": {"zone": "b"}}}, []),
+        ({"spec": {"taints": [{"key": "gpu-health", "effect": "PreferNoSchedule"}]}}, []),
+        ({"metadata": {"labels": {"zone": "b"}}}, []),  # left to the resync
     ],
-    ids=["not-ready", "cordoned", "being-removed", "relabelled"],
+    ids=["not-ready", "cordoned", "newly-tainted", "preference-only", "relabelled"],
 )
 def test_a_node_that_stops_taking_pods_enqueues_the_jobs_admitted_onto_it_too(
     change: dict[str, Any], expected: list[str]

@@ -3,17 +3,32 @@ job into keys for the work queue and a wake-up for the admission pass. Nothing i
 
 from __future__ import annotations
 
+from typing import Final
+
 from phalanx.cache import INDEX_NODE, Slim, frees_or_changes_capacity, node_changed_for_admission
 from phalanx.controller.queue import WorkQueue
 from phalanx.controller.stores import ClusterStores
 from phalanx.pod_facts import job_of_pod
-from phalanx.policy.node_drain import being_removed, is_cordoned
+from phalanx.policy.node_drain import is_cordoned
 from phalanx.policy.pod_outcome import node_is_ready
 
+BLOCKING_EFFECTS: Final = ("NoSchedule", "NoExecute")
 
-def takes_pods(node: Slim) -> bool:
-    """Ready, not cordoned and not being removed."""
-    return node_is_ready(node) and not is_cordoned(node) and being_removed(node) is None
+
+def _blocking_taints(node: Slim) -> set[tuple[str, str, str]]:
+    taints = (node.get("spec") or {}).get("taints") or ()
+    return {(str(t.get("key")), str(t.get("value") or ""), str(t.get("effect"))) for t in taints
+            if t.get("effect") in BLOCKING_EFFECTS}  # fmt: skip
+
+
+def stopped_taking_pods(old: Slim, new: Slim) -> bool:
+    """No longer Ready, newly cordoned, or newly tainted NoSchedule/NoExecute: pods bound there may
+    be lost, pods admitted there may never bind."""
+    return (
+        (node_is_ready(old) and not node_is_ready(new))
+        or (not is_cordoned(old) and is_cordoned(new))
+        or bool(_blocking_taints(new) - _blocking_taints(old))
+    )
 
 
 class WatchCallbacks:
@@ -44,8 +59,8 @@ class WatchCallbacks:
     def on_node_change(self, key: str, old: Slim | None, new: Slim | None) -> None:
         if node_changed_for_admission(old, new):
             self.work.admission_dirty_threadsafe()
-        if new is None or (old is not None and takes_pods(old) and not takes_pods(new)):
-            # Gone, no longer Ready, cordoned or going: the jobs with pods bound or admitted there
+        if new is None or (old is not None and stopped_taking_pods(old, new)):
+            # Gone, no longer Ready, cordoned or tainted: the jobs with pods bound or admitted there
             # decide now, not at the next resync (rules/node_loss.py, rules/stranded.py).
             for pod in self.stores.pods.indexed(key, index=INDEX_NODE):  # its pods, not every pod
                 job = job_of_pod(pod)

@@ -2,7 +2,8 @@
 
 Admission pins each pod to its node (builders/pods.admitted_pod) and the scheduler binds it moments
 later, or, for a gang started early (gang/early_start.py), once the work there ends. If that node is
-lost in between (not Ready for node_lost_after seconds), gone, cordoned or being removed, the pod
+lost in between (not Ready for node_lost_after seconds), gone, cordoned, or tainted or relabelled
+so that the pod no longer fits (an autoscaler removing it, a device health taint), the pod
 waits there for good and the rest of the gang holds its room for nothing until the gang timeout
 (300 s by default). The attempt is torn down and queued again at once: no backoff and no restart
 counted, since the node failed, not the gang; admission places the next attempt on nodes that take
@@ -13,9 +14,9 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from phalanx.gang.capacity import UNSCHEDULABLE_TAINT_KEY, Taint, Toleration
+from phalanx.gang.capacity import UNSCHEDULABLE_TAINT_KEY, NodeInfo, PodDemand, Taint, permanent_refusal
 from phalanx.pod_facts import is_deleting, is_terminal, planned_node
-from phalanx.policy.node_drain import REMOVAL_TAINTS, is_cordoned
+from phalanx.policy.node_drain import is_cordoned
 from phalanx.policy.node_loss import not_ready_since, seconds_until_lost
 from phalanx.providers import provider_for
 from phalanx.reconcile.observed import Observed
@@ -27,19 +28,16 @@ CORDON: Final = Taint(UNSCHEDULABLE_TAINT_KEY, "", "NoSchedule")  # what the sch
 
 
 def _refusal(node: dict[str, Any], pod: dict[str, Any]) -> str | None:
-    """Why the scheduler no longer binds this pod there, a cordon or a removal taint it does not
-    tolerate; None if neither."""
-    tolerations = [Toleration.from_k8s(t) for t in (pod.get("spec") or {}).get("tolerations") or ()]
-    for raw in (node.get("spec") or {}).get("taints") or ():
-        why = REMOVAL_TAINTS.get(str(raw.get("key")))
-        taint = Taint.from_k8s(raw)
-        if (
-            why is not None
-            and taint.effect != "PreferNoSchedule"
-            and not any(t.tolerates(taint) for t in tolerations)
-        ):
-            return f"being removed ({why})"
-    if is_cordoned(node) and not any(t.tolerates(CORDON) for t in tolerations):
+    """Why the scheduler no longer binds this pod to this Ready node: a taint it does not tolerate
+    (an autoscaler's removal, a device health or maintenance taint), labels its selector or affinity
+    no longer match (admission's own test, capacity.permanent_refusal), or a cordon; None if none.
+    The node.kubernetes.io/ condition taints (memory pressure and the like) come and go: left alone."""
+    spec = pod.get("spec") or {}
+    demand = PodDemand.from_pod_spec(spec)
+    refusal = permanent_refusal(NodeInfo.from_k8s(node), demand)
+    if refusal is not None:
+        return refusal.text
+    if is_cordoned(node) and not any(t.tolerates(CORDON) for t in demand.tolerations):
         return "cordoned"
     return None
 
@@ -64,8 +62,8 @@ def why_unusable(pod: dict[str, Any], seen: Observed, now: float) -> tuple[str, 
 
 
 def apply(b: PlanBuilder, seen: Observed) -> bool:
-    if not provider_for(seen.spec).admits_gangs:
-        return False
+    if not provider_for(seen.spec).admits_gangs or seen.kueue is not None:
+        return False  # another scheduler's placement, or Kueue's admission: theirs to undo
     for pod in seen.current.values():
         found = why_unusable(pod, seen, b.now)
         if isinstance(found, float):
