@@ -13,7 +13,7 @@ from types import FrameType
 from phalanx_trainer import contract
 from phalanx_trainer.distenv import worker_env
 from phalanx_trainer.restart_policy import combine_exit_codes
-from phalanx_trainer.stacks import forward_stack_dumps
+from phalanx_trainer.stacks import forward_stack_dumps, held_while_starting_workers
 
 FAILURE_GRACE_SECONDS = 30.0  # after one worker fails, how long the others get to stop by themselves
 
@@ -24,10 +24,13 @@ def as_exit_code(returncode: int) -> int:
 
 
 def launch_local_workers(argv: Sequence[str], env: Mapping[str, str], nproc: int) -> int:
-    workers = [
-        subprocess.Popen([sys.executable, "-m", "phalanx_trainer", *argv], env=worker_env(env, local_rank))
-        for local_rank in range(nproc)
-    ]
+    with held_while_starting_workers():
+        workers = [
+            subprocess.Popen(
+                [sys.executable, "-m", "phalanx_trainer", *argv], env=worker_env(env, local_rank)
+            )
+            for local_rank in range(nproc)
+        ]
 
     def forward(signum: int, frame: FrameType | None) -> None:
         for worker in workers:
@@ -36,7 +39,7 @@ def launch_local_workers(argv: Sequence[str], env: Mapping[str, str], nproc: int
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
-    forward_stack_dumps(lambda: [worker.pid for worker in workers if worker.returncode is None])
+    forward_stack_dumps(lambda: [(rank, w.pid) for rank, w in enumerate(workers) if w.returncode is None])
 
     codes: list[int | None] = [None] * nproc
     failed_at: float | None = None

@@ -48,7 +48,7 @@ from phalanx_trainer.restart_policy import (
     parse_generation_request,
     supersede,
 )
-from phalanx_trainer.stacks import forward_stack_dumps
+from phalanx_trainer.stacks import forward_stack_dumps, held_while_starting_workers
 
 # Not part of the operator's contract: how workers start ("fork", the default, or "subprocess",
 # the cold baseline measured in docs/trainer.md).
@@ -275,12 +275,13 @@ class ResidentLauncher:
         self.kill_at = None
         self.workers = []
         try:
-            for local_rank in range(self.nproc):
-                per_rank = worker_env(env, local_rank)
-                if self.start_method == "subprocess":
-                    self.workers.append(spawn_worker(self.argv, per_rank))
-                else:
-                    self.workers.append(fork_worker(self.argv, per_rank, self.close_in_child))
+            with held_while_starting_workers():
+                for local_rank in range(self.nproc):
+                    per_rank = worker_env(env, local_rank)
+                    if self.start_method == "subprocess":
+                        self.workers.append(spawn_worker(self.argv, per_rank))
+                    else:
+                        self.workers.append(fork_worker(self.argv, per_rank, self.close_in_child))
         except BaseException:
             # Half a generation must not outlive the launcher that cannot run it.
             self.kill_workers()
@@ -507,7 +508,9 @@ def _serve(argv: Sequence[str], env: Mapping[str, str], emergency_budget_seconds
 
     signal.signal(signal.SIGTERM, on_sigterm)
     signal.signal(signal.SIGINT, on_sigterm)
-    forward_stack_dumps(lambda: [worker.pid for worker in launcher.workers if worker.exit_code is None])
+    forward_stack_dumps(
+        lambda: [(rank, w.pid) for rank, w in enumerate(launcher.workers) if w.exit_code is None]
+    )
     if launcher.start_method == "fork":
         preload()
     if launcher.state is not State.SPARE:
