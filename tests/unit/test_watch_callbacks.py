@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from phalanx.cache import slim_node
+from phalanx.cache import INDEX_NODE, slim_node
 from phalanx.controller.stores import ClusterStores
 from phalanx.controller.watch import WatchCallbacks
 
@@ -94,3 +94,19 @@ def test_a_node_that_stops_taking_pods_enqueues_the_jobs_admitted_onto_it_too(
     }
     callbacks.on_node_change("n1", slim_node(before), slim_node(after))
     assert work.jobs == expected
+
+
+def test_the_node_index_follows_a_pod_from_the_gate_to_its_pin_to_its_binding_and_away() -> None:
+    stores = ClusterStores()
+    gated = pod("g-0", "g", "", 1)
+    gated["spec"].pop("nodeName")
+    gated["spec"]["schedulingGates"] = [{"name": "phalanx.dev/gang"}]
+    gated["status"] = {"phase": "Pending"}
+    stores.pods.upsert(gated)
+    assert stores.pods.indexed("n1", index=INDEX_NODE) == []  # waiting: on no node yet
+    stores.pods.upsert(admitted("g-0", "g", "n1", 2))
+    assert [p["metadata"]["name"] for p in stores.pods.indexed("n1", index=INDEX_NODE)] == ["g-0"]
+    stores.pods.upsert(pod("g-0", "g", "n1", 3))  # bound where it was pinned
+    assert [p["metadata"]["name"] for p in stores.pods.indexed("n1", index=INDEX_NODE)] == ["g-0"]
+    stores.pods.delete(pod("g-0", "g", "n1", 4))
+    assert stores.pods.indexed("n1", index=INDEX_NODE) == []
