@@ -89,21 +89,6 @@ def test_a_running_gang_offers_its_bound_pods_not_those_being_deleted() -> None:
     assert [(name, node) for name, node, _ in gang.pods] == [("j-worker-0", "n1")]
 
 
-def test_an_admitted_gang_waiting_unbound_on_its_nodes_offers_the_room_it_holds_there() -> None:
-    # An early start pins the gang to nodes whose work is about to end: it holds that room (the
-    # usage index counts it) for seconds or longer, and a higher priority may take it back.
-    from phalanx.builders.pods import admitted_pod
-
-    pods = [admitted_pod(a_pod(i, True), f"n{i}") for i in (0, 1)]
-    gang = running_gang("ns/j", a_job(phase="Admitted", attempt=0), pods, priority_of=at(0), started=1.0)
-    assert gang is not None and [(name, node) for name, node, _ in gang.pods] == [
-        ("j-worker-0", "n0"),
-        ("j-worker-1", "n1"),
-    ]
-    gated = [a_pod(0, True), a_pod(1, True)]  # not admitted: no room held, nothing to stop
-    assert running_gang("ns/j", a_job(phase="Admitted"), gated, priority_of=at(0), started=0.0) is None
-
-
 def test_only_running_or_admitted_gangs_with_bound_pods_can_be_stopped() -> None:
     bound = [a_pod(0, False, node="n1")]
     for phase in ("Pending", "Restarting", "Succeeded"):

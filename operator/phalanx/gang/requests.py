@@ -11,7 +11,7 @@ from phalanx.api.schema import parse
 from phalanx.api.v1alpha1 import TrainingJobSpec
 from phalanx.gang.admission import GangRequest
 from phalanx.gang.backfill import estimate_seconds
-from phalanx.gang.capacity import PodDemand, node_held
+from phalanx.gang.capacity import PodDemand
 from phalanx.gang.preemption import RunningGang
 from phalanx.gang.topology import TopologyRequest
 from phalanx.pod_facts import (
@@ -23,7 +23,6 @@ from phalanx.pod_facts import (
     is_gated,
     is_spare,
     is_terminal,
-    planned_node,
 )
 
 # Order value for a gang whose admission was interrupted: ahead of every PriorityClass (max 1e9).
@@ -130,10 +129,8 @@ def topology_request(spec: TrainingJobSpec) -> TopologyRequest | None:
 def running_gang(
     key: str, job: dict[str, Any], own_pods: list[dict[str, Any]], priority_of: PriorityOf, started: float
 ) -> RunningGang | None:
-    """A gang a preemption could stop: Running or Admitted, with pods of its attempt holding room
-    (bound, or admitted onto a node and not bound yet: an early start waits there for the work to
-    end) and not being deleted (those count as room being freed already, not as room a victim would
-    free)."""
+    """A gang a preemption could stop: Running or Admitted, with pods of its attempt bound and not
+    being deleted (those count as room being freed already, not as room a victim would free)."""
     status = job.get("status") or {}
     if status.get("phase") not in ("Running", "Admitted"):
         return None
@@ -161,14 +158,10 @@ def idle_spares(
 
 
 def _holds_room(pod: dict[str, Any]) -> bool:
-    """Bound or admitted onto a node, and not going: a pod being deleted counts as room being freed
-    already, and an ended pod holds none."""
-    return node_held(pod, planned_node(pod)) is not None and not is_deleting(pod)
+    """Bound and not going: a pod being deleted counts as room being freed already, and an ended
+    pod holds none."""
+    return bool(pod.get("spec", {}).get("nodeName")) and not is_deleting(pod) and not is_terminal(pod)
 
 
 def _bound(pod: dict[str, Any]) -> tuple[str, str, PodDemand]:
-    return (
-        pod["metadata"]["name"],
-        str(node_held(pod, planned_node(pod))),
-        PodDemand.from_pod_spec(pod["spec"]),
-    )
+    return pod["metadata"]["name"], pod["spec"]["nodeName"], PodDemand.from_pod_spec(pod["spec"])
