@@ -410,3 +410,28 @@ def test_a_spare_on_a_node_being_emptied_takes_no_rank() -> None:
     elsewhere = spare(1)
     plan = decide(job(dict(RUNNING), **SPARES), [resident(0), lost, beside, elsewhere], nodes, NOW)
     assert plan.relabel_pods == {"j-spare-1": 1}
+
+
+def test_an_idle_spare_admitted_onto_a_node_that_will_not_take_it_is_deleted_and_replaced() -> None:
+    # Admitted (pinned, not bound) onto a node then cordoned: it would stand there for good, counted alive.
+    from phalanx.builders.pods import admitted_pod
+
+    waiting = spare(0, phase="Pending")
+    del waiting["spec"]["nodeName"]
+    pinned = admitted_pod(waiting, "n1")
+    cordoned = {"metadata": {"name": "n1"}, "spec": {"unschedulable": True},
+                "status": {"conditions": [{"type": "Ready", "status": "True"}]}}  # fmt: skip
+    nodes = {**NODES, "n1": cordoned}
+    plan = decide(job(dict(RUNNING), **SPARES), [resident(0), resident(1), pinned], nodes, NOW)
+    assert plan.delete_pods == ["j-spare-0"] and plan.create_indices == []
+    assert plan.status["phase"] == "Running" and plan.status["attempt"] == 0  # the gang is not touched
+    assert [(e.reason, "node n1, which is cordoned" in e.message) for e in plan.events] == [
+        ("SpareStranded", True)
+    ]
+    # Once it is gone, another is made.
+    plan = decide(job(dict(plan.status), **SPARES), [resident(0), resident(1)], nodes, NOW + 1)
+    assert len(plan.create_spares) == 1
+    # On a node that takes pods, it waits for the scheduler.
+    plan = decide(job(dict(RUNNING), **SPARES), [resident(0), resident(1), pinned], NODES | {"n1": {
+        "metadata": {"name": "n1"}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}}, NOW)  # fmt: skip
+    assert plan.delete_pods == []

@@ -43,9 +43,11 @@ from phalanx.policy.spares import (
 )
 from phalanx.reconcile.observed import Observed
 from phalanx.reconcile.plan import FINISHED_PHASES, Event, PlanBuilder, iso, parse_iso
+from phalanx.reconcile.rules import stranded
 from phalanx.reconcile.rules.creation import avoided_now
 
 REASON_SPARES_IGNORED: Final = "SparesIgnored"
+REASON_SPARE_STRANDED: Final = "SpareStranded"
 REASON_SPARES_REFUSED: Final = "SparesRefused"
 KUEUE_IGNORED: Final = "spec.spares is ignored for a job Kueue admits"
 WAITING_FOR_WORKERS: Final = "no spare until the workers are admitted"
@@ -93,6 +95,17 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
         plan.events.append(Event("Normal", REASON_SPARE_PREEMPTED,
                                  f"spare {name} {seen.asked_to_yield(name)}; training goes on undisturbed"))  # fmt: skip
     going |= set(yielding)
+    # Admitted onto a node that will not take it (rules/stranded.py): it would stand there for good.
+    for name in count.alive:
+        found = None if name in going else stranded.why_unusable(seen.spare_pods.get(name, {}), seen, b.now)
+        if isinstance(found, float):
+            b.recheck(found)  # decide again the moment its node counts as lost
+        elif found is not None:
+            plan.delete_pods.append(name)
+            going.add(name)
+            plan.events.append(Event("Normal", REASON_SPARE_STRANDED,
+                                     f"spare {name} was admitted onto node {found[0]}, which is {found[1]}: "
+                                     "deleted, another is made"))  # fmt: skip
     surplus = surplus_spares(desired, count)
     if surplus:
         plan.delete_pods.extend(n for n in surplus if n not in going)
