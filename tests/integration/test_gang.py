@@ -595,12 +595,13 @@ def test_a_gang_with_a_pod_on_a_node_that_stops_heartbeating_runs_again_on_other
         assert env["PHALANX_ATTEMPT"] == "1"
 
 
-@pytest.mark.parametrize("fault", ["cordoned", "silent"])
+@pytest.mark.parametrize("fault", ["being-removed", "silent"])
 def test_a_gang_admitted_early_onto_a_node_that_stops_taking_pods_runs_on_another_without_waiting_for_the_gang_timeout(
     cluster: Cluster, namespace: str, operator: OperatorProcess, private_nodes: Any, fault: str
 ) -> None:
     """The second gang is admitted early onto the first job's node (it says it ends in 4 s, and runs
-    on), pinned there unbound; the node is then cordoned, or stops heartbeating. The scheduler will
+    on), pinned there unbound; the cluster autoscaler then taints the node for removal, or it stops
+    heartbeating. The scheduler will
     never bind there, so the gang is queued again at once (rules/stranded.py) and runs on a node
     added meanwhile, well before its 300 s gang timeout; nothing is counted as a restart. Fails
     before the rule: the pod stays pinned until the gang timeout."""
@@ -618,8 +619,8 @@ def test_a_gang_admitted_early_onto_a_node_that_stops_taking_pods_runs_on_anothe
 
     wait_for(pinned_and_waiting, timeout=30, what="the second gang admitted early, not bound")
     assert pinned_node(pods_in(cluster, namespace, "second")[0]) == first_node
-    if fault == "cordoned":
-        cluster.kubectl("cordon", first_node)
+    if fault == "being-removed":
+        cluster.kubectl("taint", "node", first_node, "ToBeDeletedByClusterAutoscaler=1700000000:NoSchedule")
         bound = 30.0  # the node event, a reconcile, the next attempt's admission and kwok's start
     else:
         silence_node(cluster, first_node)
@@ -642,7 +643,7 @@ def test_a_gang_admitted_early_onto_a_node_that_stops_taking_pods_runs_on_anothe
     assert "gangTimeouts" not in status
     events = cluster.get_json("events", "-n", namespace, "--field-selector", "involvedObject.name=second")
     said = [e["message"] for e in events["items"] if e["reason"] == "AdmittedNodeUnusable"]
-    expected = "cordoned" if fault == "cordoned" else "not Ready since"
+    expected = "being removed" if fault == "being-removed" else "not Ready since"
     assert said and f"admitted onto node {first_node}, which is {expected}" in said[0], said
 
 

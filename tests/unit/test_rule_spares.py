@@ -413,21 +413,22 @@ def test_a_spare_on_a_node_being_emptied_takes_no_rank() -> None:
 
 
 def test_an_idle_spare_admitted_onto_a_node_that_will_not_take_it_is_deleted_and_replaced() -> None:
-    # Admitted (pinned, not bound) onto a node then cordoned: it would stand there for good, counted alive.
+    # Admitted (pinned, not bound) onto a node the autoscaler then removes: it would stand there for
+    # good, counted alive.
     from phalanx.builders.pods import admitted_pod
 
     waiting = spare(0, phase="Pending")
     del waiting["spec"]["nodeName"]
     pinned = admitted_pod(waiting, "n1")
-    cordoned = {"metadata": {"name": "n1"}, "spec": {"unschedulable": True},
-                "status": {"conditions": [{"type": "Ready", "status": "True"}]}}  # fmt: skip
-    nodes = {**NODES, "n1": cordoned}
+    going = {"metadata": {"name": "n1"},
+             "spec": {"taints": [{"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"}]},
+             "status": {"conditions": [{"type": "Ready", "status": "True"}]}}  # fmt: skip
+    nodes = {**NODES, "n1": going}
     plan = decide(job(dict(RUNNING), **SPARES), [resident(0), resident(1), pinned], nodes, NOW)
-    assert plan.delete_pods == ["j-spare-0"] and plan.create_indices == []
+    assert plan.delete_pods == ["j-spare-0"] and plan.create_spares == [] and plan.create_indices == []
     assert plan.status["phase"] == "Running" and plan.status["attempt"] == 0  # the gang is not touched
-    assert [(e.reason, "node n1, which is cordoned" in e.message) for e in plan.events] == [
-        ("SpareStranded", True)
-    ]
+    [event] = plan.events
+    assert event.reason == "SpareStranded" and "node n1, which is being removed" in event.message
     # Once it is gone, another is made.
     plan = decide(job(dict(plan.status), **SPARES), [resident(0), resident(1)], nodes, NOW + 1)
     assert len(plan.create_spares) == 1

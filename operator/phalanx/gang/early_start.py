@@ -20,8 +20,8 @@ it ends.
 
 An estimate that turns out short leaves the head's pods pinned and waiting until the work ends; a
 head that then does not run whole within its gang timeout is torn down and requeued
-(reconcile/rules/gang_timeout.py), as any admitted gang. Should the node stop taking pods meanwhile
-(lost, deleted, cordoned, going), the head is queued again at once (reconcile/rules/stranded.py).
+(reconcile/rules/gang_timeout.py), as any admitted gang. Should the node stop taking pods for good meanwhile
+(lost, deleted, being removed), the head is queued again at once (reconcile/rules/stranded.py).
 """
 
 from __future__ import annotations

@@ -2,10 +2,9 @@
 
 Admission pins each pod to its node (builders/pods.admitted_pod) and the scheduler binds it moments
 later, or, for a gang started early (gang/early_start.py), once the work there ends. If that node is
-lost in between (not Ready for node_lost_after seconds), gone, cordoned, or tainted or relabelled
-so that the pod no longer fits (an autoscaler removing it, a device health taint), the pod
-waits there for good and the rest of the gang holds its room for nothing until the gang timeout
-(300 s by default). The attempt is torn down and queued again at once: no backoff and no restart
+lost in between (not Ready for node_lost_after seconds), gone, being removed (an autoscaler's or
+Karpenter's taint) or tainted NoExecute in a way the pod does not tolerate, the pod waits there for
+good and the rest of the gang holds its room for nothing until the gang timeout (300 s by default). The attempt is torn down and queued again at once: no backoff and no restart
 counted, since the node failed, not the gang; admission places the next attempt on nodes that take
 pods.
 """
@@ -14,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from phalanx.gang.capacity import UNSCHEDULABLE_TAINT_KEY, NodeInfo, PodDemand, Taint, permanent_refusal
+from phalanx.gang.capacity import CONDITION_TAINT_PREFIX, Taint, Toleration
 from phalanx.pod_facts import is_deleting, is_terminal, planned_node
-from phalanx.policy.node_drain import is_cordoned
+from phalanx.policy.node_drain import REMOVAL_TAINTS
 from phalanx.policy.node_loss import not_ready_since, seconds_until_lost
 from phalanx.providers import provider_for
 from phalanx.reconcile.observed import Observed
@@ -24,21 +23,22 @@ from phalanx.reconcile.plan import Event, PlanBuilder, iso
 from phalanx.reconcile.rules.transitions import new_attempt
 
 REASON_ADMITTED_NODE_UNUSABLE: Final = "AdmittedNodeUnusable"
-CORDON: Final = Taint(UNSCHEDULABLE_TAINT_KEY, "", "NoSchedule")  # what the scheduler sees of a cordon
 
 
 def _refusal(node: dict[str, Any], pod: dict[str, Any]) -> str | None:
-    """Why the scheduler no longer binds this pod to this Ready node: a taint it does not tolerate
-    (an autoscaler's removal, a device health or maintenance taint), labels its selector or affinity
-    no longer match (admission's own test, capacity.permanent_refusal), or a cordon; None if none.
-    The node.kubernetes.io/ condition taints (memory pressure and the like) come and go: left alone."""
-    spec = pod.get("spec") or {}
-    demand = PodDemand.from_pod_spec(spec)
-    refusal = permanent_refusal(NodeInfo.from_k8s(node), demand)
-    if refusal is not None:
-        return refusal.text
-    if is_cordoned(node) and not any(t.tolerates(CORDON) for t in demand.tolerations):
-        return "cordoned"
+    """Why this Ready node will not take the pod for good: a taint it does not tolerate that says the
+    node is going (an autoscaler's or Karpenter's removal) or evicts (NoExecute: it would be evicted
+    the moment it bound); None otherwise. A cordon, another NoSchedule taint or a label that no
+    longer matches may pass (a short maintenance cordon, a network agent restarting, a scale-down
+    aborted): tearing down would restart a gang for nothing, so those stay with the gang timeout."""
+    tolerations = [Toleration.from_k8s(t) for t in (pod.get("spec") or {}).get("tolerations") or ()]
+    for raw in (node.get("spec") or {}).get("taints") or ():
+        taint = Taint.from_k8s(raw)
+        removal = REMOVAL_TAINTS.get(taint.key)
+        final = removal is not None and taint.effect in ("NoSchedule", "NoExecute")
+        if (final or taint.effect == "NoExecute") and not taint.key.startswith(CONDITION_TAINT_PREFIX):
+            if not any(t.tolerates(taint) for t in tolerations):
+                return f"being removed ({removal})" if removal is not None else f"tainted {taint}"
     return None
 
 
