@@ -436,3 +436,19 @@ def test_an_idle_spare_admitted_onto_a_node_that_will_not_take_it_is_deleted_and
     plan = decide(job(dict(RUNNING), **SPARES), [resident(0), resident(1), pinned], NODES | {"n1": {
         "metadata": {"name": "n1"}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}}, NOW)  # fmt: skip
     assert plan.delete_pods == []
+
+
+def test_fewer_spares_asked_for_while_one_is_stranded_keeps_the_one_that_stays() -> None:
+    # Two spares for spec.spares 1 (it was lowered) as spare-0 is found stranded: spare-0 goes, spare-1 stays
+    # (counting the stranded one as surplus-eligible removed both, leaving none for a pass).
+    from phalanx.builders.pods import admitted_pod
+
+    waiting = spare(0, phase="Pending")
+    del waiting["spec"]["nodeName"]
+    stranded_spare = admitted_pod(waiting, "n1")
+    going = {"metadata": {"name": "n1"},
+             "spec": {"taints": [{"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"}]},
+             "status": {"conditions": [{"type": "Ready", "status": "True"}]}}  # fmt: skip
+    pods = [resident(0), resident(1), stranded_spare, spare(1, phase="Pending")]  # spare-1 still starting
+    plan = decide(job(dict(RUNNING), **SPARES), pods, {**NODES, "n1": going}, NOW)
+    assert plan.delete_pods == ["j-spare-0"]

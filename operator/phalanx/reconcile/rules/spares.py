@@ -17,6 +17,7 @@ are kept at spec.spares while the gang holds its room, in status.spares, and rem
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Final
 
 from phalanx.pod_facts import (
@@ -106,7 +107,10 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
             plan.events.append(Event("Normal", REASON_SPARE_STRANDED,
                                      f"spare {name} was admitted onto node {found[0]}, which is {found[1]}: "
                                      "deleted, another is made"))  # fmt: skip
-    surplus = surplus_spares(desired, count)
+    # Over those that stay: a spare this pass deletes (yielding, stranded) is no surplus to remove.
+    staying = dataclasses.replace(count, alive=tuple(n for n in count.alive if n not in going),
+                                  ready=tuple(n for n in count.ready if n not in going))  # fmt: skip
+    surplus = surplus_spares(desired, staying)
     if surplus:
         plan.delete_pods.extend(n for n in surplus if n not in going)
         plan.events.append(Event("Normal", REASON_SPARES_REMOVED,
