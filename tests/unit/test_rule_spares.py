@@ -412,18 +412,32 @@ def test_a_spare_on_a_node_being_emptied_takes_no_rank() -> None:
     assert plan.relabel_pods == {"j-spare-1": 1}
 
 
+def ready_node(name: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name},
+        "spec": spec,
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }
+
+
+# Tainted by the cluster autoscaler for removal: a pod pinned there never binds (rules/stranded.py).
+GOING = ready_node("n1", taints=[{"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"}])
+
+
+def pinned_spare(number: int, node: str) -> dict[str, Any]:
+    """Admitted (pinned, gate lifted) onto `node` and not bound yet."""
+    from phalanx.builders.pods import admitted_pod
+
+    waiting = spare(number, phase="Pending")
+    del waiting["spec"]["nodeName"]
+    return admitted_pod(waiting, node)
+
+
 def test_an_idle_spare_admitted_onto_a_node_that_will_not_take_it_is_deleted_and_replaced() -> None:
     # Admitted (pinned, not bound) onto a node the autoscaler then removes: it would stand there for
     # good, counted alive.
-    from phalanx.builders.pods import admitted_pod
-
-    waiting = spare(0, phase="Pending")
-    del waiting["spec"]["nodeName"]
-    pinned = admitted_pod(waiting, "n1")
-    going = {"metadata": {"name": "n1"},
-             "spec": {"taints": [{"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"}]},
-             "status": {"conditions": [{"type": "Ready", "status": "True"}]}}  # fmt: skip
-    nodes = {**NODES, "n1": going}
+    pinned = pinned_spare(0, "n1")
+    nodes = {**NODES, "n1": GOING}
     plan = decide(job(dict(RUNNING), **SPARES), [resident(0), resident(1), pinned], nodes, NOW)
     assert plan.delete_pods == ["j-spare-0"] and plan.create_spares == [] and plan.create_indices == []
     assert plan.status["phase"] == "Running" and plan.status["attempt"] == 0  # the gang is not touched
@@ -433,22 +447,19 @@ def test_an_idle_spare_admitted_onto_a_node_that_will_not_take_it_is_deleted_and
     plan = decide(job(dict(plan.status), **SPARES), [resident(0), resident(1)], nodes, NOW + 1)
     assert len(plan.create_spares) == 1
     # On a node that takes pods, it waits for the scheduler.
-    plan = decide(job(dict(RUNNING), **SPARES), [resident(0), resident(1), pinned], NODES | {"n1": {
-        "metadata": {"name": "n1"}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}}, NOW)  # fmt: skip
+    healthy = {**NODES, "n1": ready_node("n1")}
+    plan = decide(job(dict(RUNNING), **SPARES), [resident(0), resident(1), pinned], healthy, NOW)
     assert plan.delete_pods == []
 
 
 def test_fewer_spares_asked_for_while_one_is_stranded_keeps_the_one_that_stays() -> None:
     # Two spares for spec.spares 1 (it was lowered) as spare-0 is found stranded: spare-0 goes, spare-1 stays
     # (counting the stranded one as surplus-eligible removed both, leaving none for a pass).
-    from phalanx.builders.pods import admitted_pod
-
-    waiting = spare(0, phase="Pending")
-    del waiting["spec"]["nodeName"]
-    stranded_spare = admitted_pod(waiting, "n1")
-    going = {"metadata": {"name": "n1"},
-             "spec": {"taints": [{"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"}]},
-             "status": {"conditions": [{"type": "Ready", "status": "True"}]}}  # fmt: skip
-    pods = [resident(0), resident(1), stranded_spare, spare(1, phase="Pending")]  # spare-1 still starting
-    plan = decide(job(dict(RUNNING), **SPARES), pods, {**NODES, "n1": going}, NOW)
+    pods = [
+        resident(0),
+        resident(1),
+        pinned_spare(0, "n1"),
+        spare(1, phase="Pending"),
+    ]  # spare-1 still starting
+    plan = decide(job(dict(RUNNING), **SPARES), pods, {**NODES, "n1": GOING}, NOW)
     assert plan.delete_pods == ["j-spare-0"]

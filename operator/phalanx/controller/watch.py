@@ -3,16 +3,13 @@ job into keys for the work queue and a wake-up for the admission pass. Nothing i
 
 from __future__ import annotations
 
-from typing import Final
-
 from phalanx.cache import INDEX_NODE, Slim, frees_or_changes_capacity, node_changed_for_admission
 from phalanx.controller.queue import WorkQueue
 from phalanx.controller.stores import ClusterStores
+from phalanx.gang.capacity import BLOCKING_EFFECTS
 from phalanx.pod_facts import job_of_pod
 from phalanx.policy.node_drain import is_cordoned
 from phalanx.policy.pod_outcome import node_is_ready
-
-BLOCKING_EFFECTS: Final = ("NoSchedule", "NoExecute")
 
 
 def _blocking_taints(node: Slim) -> set[tuple[str, str, str]]:

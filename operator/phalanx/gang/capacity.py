@@ -25,7 +25,7 @@ ONE_POD: Final = 1 * MILLI
 UNSCHEDULABLE_TAINT_KEY: Final = "node.kubernetes.io/unschedulable"
 # Taints the node lifecycle controller sets for conditions (not-ready, unreachable, pressure...).
 CONDITION_TAINT_PREFIX: Final = "node.kubernetes.io/"
-_BLOCKING_EFFECTS: Final = frozenset({"NoSchedule", "NoExecute"})
+BLOCKING_EFFECTS: Final = frozenset({"NoSchedule", "NoExecute"})
 
 
 def _resource_list(raw: Mapping[str, Any] | None) -> dict[str, int]:
@@ -353,7 +353,7 @@ def _static_refusal(node: NodeInfo, demand: PodDemand, transient_too: bool) -> R
     for taint in node.taints:
         if not transient_too and taint.key.startswith(CONDITION_TAINT_PREFIX):
             continue
-        if taint.effect in _BLOCKING_EFFECTS and not any(t.tolerates(taint) for t in demand.tolerations):
+        if taint.effect in BLOCKING_EFFECTS and not any(t.tolerates(taint) for t in demand.tolerations):
             return Refusal(RefusalKind.TAINT, f"tainted {taint}")
     for key, value in demand.node_selector:
         if node.labels.get(key) != value:

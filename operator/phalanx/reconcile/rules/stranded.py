@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from phalanx.gang.capacity import CONDITION_TAINT_PREFIX, Taint, Toleration
+from phalanx.gang.capacity import BLOCKING_EFFECTS, CONDITION_TAINT_PREFIX, Taint, Toleration
 from phalanx.pod_facts import is_deleting, is_terminal, planned_node
 from phalanx.policy.node_drain import REMOVAL_TAINTS
 from phalanx.policy.node_loss import not_ready_since, seconds_until_lost
@@ -32,13 +32,14 @@ def _refusal(node: dict[str, Any], pod: dict[str, Any]) -> str | None:
     longer matches may pass (a short maintenance cordon, a network agent restarting, a scale-down
     aborted): tearing down would restart a gang for nothing, so those stay with the gang timeout."""
     tolerations = [Toleration.from_k8s(t) for t in (pod.get("spec") or {}).get("tolerations") or ()]
-    for raw in (node.get("spec") or {}).get("taints") or ():
-        taint = Taint.from_k8s(raw)
+    for taint in (Taint.from_k8s(raw) for raw in (node.get("spec") or {}).get("taints") or ()):
         removal = REMOVAL_TAINTS.get(taint.key)
-        final = removal is not None and taint.effect in ("NoSchedule", "NoExecute")
-        if (final or taint.effect == "NoExecute") and not taint.key.startswith(CONDITION_TAINT_PREFIX):
-            if not any(t.tolerates(taint) for t in tolerations):
-                return f"being removed ({removal})" if removal is not None else f"tainted {taint}"
+        if taint.effect not in BLOCKING_EFFECTS or taint.key.startswith(CONDITION_TAINT_PREFIX):
+            continue  # a preference, or a condition taint (memory pressure and the like) that passes
+        if (removal is not None or taint.effect == "NoExecute") and not any(
+            t.tolerates(taint) for t in tolerations
+        ):
+            return f"being removed ({removal})" if removal is not None else f"tainted {taint}"
     return None
 
 
