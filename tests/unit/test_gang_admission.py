@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from phalanx.gang.admission import AdmissionPlan, GangRequest, admission_order, plan_admission
-from phalanx.gang.capacity import NodeInfo, PodDemand
+from phalanx.gang.capacity import NodeInfo, NodeInfoCache, NodeSet, PodDemand
 from tests.unit.reference_usage import planned_nodes, usage_by_node
 
 pytestmark = pytest.mark.unit
@@ -264,3 +264,44 @@ def test_planned_nodes_feed_usage_until_the_scheduler_binds() -> None:
     used = usage_by_node([unbound], admitted_unbound=planned)
     second = plan_admission([gang("team/two", 1, 8)], nodes, used, now=1)
     assert second.admitted == () and "team/two" in second.waiting
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_decisions_sharing_one_node_set_answer_as_decisions_on_fresh_nodes(seed: int) -> None:
+    """The operator hands one NodeSet to every decision until a node changes; each answer must be
+    the one the nodes read afresh give, and the shared allocatable must come out untouched."""
+    rng = random.Random(seed)
+    taint = [{"key": "gpu", "value": "reserved", "effect": "NoSchedule"}]
+    nodes = [
+        gpu_node(f"n{i}", gpus=rng.choice([4, 8]), labels={"pool": rng.choice("ab")},
+                 taints=taint if rng.random() < 0.2 else [], ready=rng.choice(["True"] * 5 + ["False"]))
+        for i in range(12)
+    ]  # fmt: skip
+    shared = NodeSet(nodes)
+    allocatable_before = {name: dict(amounts) for name, amounts in shared.allocatable.items()}
+    for decision in range(25):
+        used = {n.name: {GPU: 1000 * rng.randint(0, 4)} for n in nodes if rng.random() < 0.5}
+        specs = [{}, {"nodeSelector": {"pool": "b"}}, {"tolerations": [{"key": "gpu", "operator": "Exists"}]}]
+        gangs = [
+            gang(f"ns/d{decision}-{k}", rng.randint(1, 6), rng.choice([1, 2, 4, 8, 16]), created=k,
+                 spec=dict(rng.choice(specs)))
+            for k in range(rng.randint(1, 4))
+        ]  # fmt: skip
+        fresh = plan_admission(gangs, list(nodes), used, now=0)
+        reused = plan_admission(gangs, shared, used, now=0)
+        assert reused == fresh, f"decision {decision}"
+    assert shared.allocatable == allocatable_before
+
+
+def test_a_gang_that_never_fits_fits_once_a_node_grows() -> None:
+    cache = NodeInfoCache()
+
+    def node(gpus: str) -> dict[str, Any]:
+        return {"metadata": {"name": "a"}, "spec": {},
+                "status": {"allocatable": {"cpu": "96", "pods": "110", GPU: gpus},
+                           "conditions": [{"type": "Ready", "status": "True"}]}}  # fmt: skip
+
+    big = gang("ns/big", 1, 16)
+    assert "ns/big" in plan_admission([big], cache.node_set([node("8")]), {}, now=0).never_fits
+    assert "ns/big" in plan_admission([big], cache.node_set([node("8")]), {}, now=0).never_fits
+    assert admitted_keys(plan_admission([big], cache.node_set([node("16")]), {}, now=0)) == ["ns/big"]

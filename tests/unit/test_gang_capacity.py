@@ -335,3 +335,55 @@ def test_node_info_cache_parses_a_node_again_only_when_what_it_reads_changed() -
     assert cache.infos([]) == []  # a deleted node leaves the cache
     [again] = cache.infos([node("5", "4", [{"key": "k", "effect": "NoSchedule"}])])
     assert again is not tainted
+
+
+def test_node_set_is_the_same_while_no_node_changed_and_a_new_one_when_one_did() -> None:
+    def node(
+        name: str, version: str, gpus: str = "8", taints: list[dict[str, str]] | None = None
+    ) -> dict[str, Any]:
+        return {
+            "metadata": {"name": name, "resourceVersion": version},
+            "spec": {"taints": taints} if taints else {},
+            "status": {
+                "allocatable": {"nvidia.com/gpu": gpus},
+                "conditions": [{"type": "Ready", "status": "True"}],
+            },
+        }
+
+    cache = NodeInfoCache()
+    first = cache.node_set([node("a", "1"), node("b", "1")])
+    assert first.remember("answer", lambda: 1) == 1
+    # Heartbeats: new copies, same facts. The set and what it remembered stay.
+    again = cache.node_set([node("a", "2"), node("b", "2")])
+    assert again is first and again.remember("answer", lambda: 2) == 1
+    for changed in (
+        [node("a", "3", gpus="4"), node("b", "2")],  # resized
+        [node("a", "3", taints=[{"key": "k", "effect": "NoSchedule"}]), node("b", "2")],  # tainted
+        [node("a", "2")],  # b deleted
+        [node("a", "2"), node("b", "2"), node("c", "1")],  # c added
+    ):
+        fresh = cache.node_set(changed)
+        assert fresh is not first and fresh.remember("answer", lambda: 2) == 2
+        assert [info.name for info in fresh] == [n["metadata"]["name"] for n in changed]
+        first = fresh
+
+
+def test_node_set_eligibility_follows_taints_and_readiness() -> None:
+    cache = NodeInfoCache()
+    gpu = PodDemand(requests=(("nvidia.com/gpu", 1000),))
+
+    def nodes(b_taints: list[dict[str, str]], b_ready: str) -> list[dict[str, Any]]:
+        return [
+            {"metadata": {"name": name}, "spec": {"taints": taints},
+             "status": {"allocatable": {"nvidia.com/gpu": "8"}, "conditions": [{"type": "Ready", "status": ready}]}}
+            for name, taints, ready in (("a", [], "True"), ("b", b_taints, b_ready))
+        ]  # fmt: skip
+
+    plain = cache.node_set(nodes([], "True"))
+    assert plain.refusal_table(gpu, ever=False)[0] == ["a", "b"]
+    tainted = cache.node_set(nodes([{"key": "k", "effect": "NoSchedule"}], "True"))
+    assert tainted.refusal_table(gpu, ever=False)[0] == ["a"]
+    assert tainted.refusal_table(gpu, ever=True)[0] == ["a"]
+    not_ready = cache.node_set(nodes([], "False"))
+    assert not_ready.refusal_table(gpu, ever=False)[0] == ["a"]
+    assert not_ready.refusal_table(gpu, ever=True)[0] == ["a", "b"]  # it may recover

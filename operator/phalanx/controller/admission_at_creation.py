@@ -62,7 +62,7 @@ class CreationAdmission:
                 min_available=spec.min_available,
                 topology=topology_request(spec),
             )
-            nodes = state.node_infos.infos(self.stores.nodes.items())
+            nodes = state.node_infos.node_set(self.stores.nodes.items())
             queued = bool(state.reservations) or self.stores.usage.anyone_waits()
             used = state.used_with_assumed(self.stores.usage)
             placements = plan_on_creation(request, nodes, used, queued, now)
@@ -98,7 +98,9 @@ class CreationAdmission:
             probe = GangRequest(key=key, priority=0, created=now,
                                 pods=tuple((f"room-{i}", demand) for i in range(most)), min_available=1)  # fmt: skip
             reserved = {n for k, nodes in state.reservations.items() if k != key for n in nodes}
-            nodes = [n for n in state.node_infos.infos(self.stores.nodes.items()) if n.name not in reserved]
+            nodes = [
+                n for n in state.node_infos.node_set(self.stores.nodes.items()) if n.name not in reserved
+            ]
             used = state.used_with_assumed(self.stores.usage)
             # The claims go first (a higher priority than the probe's): their room is not free.
             plan = plan_admission(

@@ -173,7 +173,7 @@ class AdmissionPass:
                 requests.append(waiting.request)
             if not requests:
                 return
-            nodes = state.node_infos.infos(stores.current_nodes().values())
+            nodes = state.node_infos.node_set(stores.current_nodes().values())
             free_at = self._free_at(every_job, now) if any(r.estimate_seconds for r in requests) else None
             # A copy: forget() drops a deleted job's reservation from a reconcile thread.
             plan = plan_admission(requests, nodes, used, now, reservations=dict(state.reservations),

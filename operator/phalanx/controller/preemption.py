@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from phalanx.api.schema import parse
@@ -52,7 +52,7 @@ class Preemptor:
         self,
         head: GangRequest,
         jobs: list[dict[str, Any]],
-        nodes: list[NodeInfo],
+        nodes: Sequence[NodeInfo],
         used: dict[str, dict[str, int]],
     ) -> None:
         """Priority preemption through admission: stop the fewest lower-priority gangs the head needs.

@@ -12,9 +12,11 @@ the full rule and why.
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 from phalanx.gang.capacity import (
     NodeInfo,
+    NodeSet,
     PodDemand,
     Refusal,
     RefusalKind,
@@ -22,8 +24,6 @@ from phalanx.gang.capacity import (
     Resources,
     add_into,
     copies_that_fit,
-    permanent_refusal,
-    placement_refusal,
     shortage,
 )
 from phalanx.gang.early_start import EarlyStart
@@ -106,39 +106,31 @@ class ClusterState:
     """Free capacity during one pass, with per-shape eligibility cached (it cannot change mid-pass).
 
     version changes whenever free capacity or the reserved set changes, so results computed for
-    one pod shape can be reused by the next gang of the same shape while nothing moved.
+    one pod shape can be reused by the next gang of the same shape while nothing moved. Given a
+    NodeSet (NodeInfoCache.node_set), what depends on the nodes' facts alone is shared with every
+    pass and decision that reads the same set.
     """
 
     def __init__(self, nodes: Sequence[NodeInfo], used: Mapping[str, ResourceList]) -> None:
-        self.nodes = {node.name: node for node in nodes}
-        self.order = sorted(self.nodes)
-        self.allocatable = {node.name: dict(node.allocatable) for node in nodes}
-        self.free: dict[str, dict[str, int]] = {}
-        for node in nodes:
-            free = dict(self.allocatable[node.name])
-            for name, amount in (used.get(node.name) or {}).items():
-                free[name] = free.get(name, 0) - amount
-            self.free[node.name] = free
+        self.node_set = nodes if isinstance(nodes, NodeSet) else NodeSet(nodes)
+        self.nodes = self.node_set.by_name
+        self.order = self.node_set.order
+        self.allocatable = self.node_set.allocatable  # shared: read only
+        self.free: dict[str, dict[str, int]] = {
+            name: dict(amounts) for name, amounts in self.allocatable.items()
+        }
+        for node, amounts in used.items():
+            free = self.free.get(node)
+            if free is not None:
+                for name, amount in amounts.items():
+                    free[name] = free.get(name, 0) - amount
         self.reserved_by: dict[str, str] = {}
         self.version = 0
         # requests -> node -> copies_that_fit(free[node], requests); dropped per node on take().
         self._copies: dict[Resources, dict[str, int]] = {}
-        self._refusals: dict[tuple[object, ...], tuple[list[str], dict[str, Refusal]]] = {}
 
     def _refusal_table(self, demand: PodDemand, ever: bool) -> tuple[list[str], dict[str, Refusal]]:
-        key = (demand.placement_key, ever)
-        if key not in self._refusals:
-            check = permanent_refusal if ever else placement_refusal
-            eligible: list[str] = []
-            refusals: dict[str, Refusal] = {}
-            for name in self.order:
-                refusal = check(self.nodes[name], demand)
-                if refusal is None:
-                    eligible.append(name)
-                else:
-                    refusals[name] = refusal
-            self._refusals[key] = (eligible, refusals)
-        return self._refusals[key]
+        return self.node_set.refusal_table(demand, ever)
 
     def eligible(self, demand: PodDemand, ever: bool = False) -> list[str]:
         """Nodes whose readiness, taints and selectors admit this shape (ever: once nodes recover)."""
@@ -270,7 +262,6 @@ def plan_admission(
     waiting_reasons: dict[str, str] = {}
     never: dict[str, str] = {}
     held: dict[str, tuple[str, ...]] = {}
-    never_fit_cache: dict[_Shape, str | None] = {}
     # shape -> (cluster version, reason) of the last failed attempt: same shape, nothing moved, same answer.
     blocked_cache: dict[_Shape, tuple[int, str]] = {}
 
@@ -283,9 +274,11 @@ def plan_admission(
         needed = gang.needed
         shape: _Shape = (tuple(counts), needed, gang.topology, gang.estimate_seconds if free_at else None)
 
-        if shape not in never_fit_cache:
-            never_fit_cache[shape] = _never_fit_reason(cluster, groups, counts, needed, gang.topology)
-        never_reason = never_fit_cache[shape]
+        # Depends on the nodes' facts alone: kept with the NodeSet, for the passes and decisions after.
+        never_reason = cluster.node_set.remember(
+            ("never fits", tuple(counts), needed, gang.topology),
+            partial(_never_fit_reason, cluster, groups, counts, needed, gang.topology),
+        )
         if never_reason is not None:
             never[gang.key] = never_reason
             continue

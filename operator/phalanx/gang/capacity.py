@@ -6,10 +6,10 @@ scheduler will bind. Resource amounts are int milli-units (see quantities.py); t
 pseudo-resource "pods", one pod being 1000.
 """
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Final
+from typing import Any, Final, TypeVar, overload
 
 from phalanx.gang.quantities import MILLI, QuantityError, format_milli, to_milli
 from phalanx.pod_facts import TERMINAL_PHASES
@@ -195,6 +195,7 @@ class NodeInfoCache:
 
     def __init__(self) -> None:
         self._by_name: dict[str, tuple[tuple[Any, ...], NodeInfo]] = {}
+        self._last: NodeSet | None = None
 
     def infos(self, nodes: Iterable[Mapping[str, Any]]) -> list[NodeInfo]:
         fresh: dict[str, tuple[tuple[Any, ...], NodeInfo]] = {}
@@ -202,11 +203,26 @@ class NodeInfoCache:
             name = str((node.get("metadata") or {}).get("name", ""))
             facts = _node_facts(node)
             cached = self._by_name.get(name)
-            fresh[name] = (
-                cached if cached is not None and cached[0] == facts else (facts, NodeInfo.from_k8s(node))
-            )
+            # The same facts keep their NodeInfo, filed under the copy just read: the next compare
+            # meets the very objects the store holds and ends at once.
+            info = cached[1] if cached is not None and cached[0] == facts else NodeInfo.from_k8s(node)
+            fresh[name] = (facts, info)
         self._by_name = fresh
         return [info for _, info in fresh.values()]
+
+    def node_set(self, nodes: Iterable[Mapping[str, Any]]) -> "NodeSet":
+        """The nodes as a NodeSet: the one returned last while no node's facts changed, so that
+        what it derived from them (NodeSet.remember) serves the next decisions too."""
+        infos = self.infos(nodes)
+        last = self._last
+        if (
+            last is not None
+            and len(last) == len(infos)
+            and all(a is b for a, b in zip(last, infos, strict=True))
+        ):
+            return last
+        self._last = NodeSet(infos)
+        return self._last
 
 
 @dataclass(frozen=True)
@@ -363,6 +379,73 @@ def _static_refusal(node: NodeInfo, demand: PodDemand, transient_too: bool) -> R
     ):
         return Refusal(RefusalKind.SELECTOR, "required node affinity not matched")
     return None
+
+
+_T = TypeVar("_T")
+
+# Entries a NodeSet keeps at most (gang shapes: sizes times pod shapes); beyond it, it starts over.
+NODE_SET_MEMO_LIMIT: Final = 4096
+
+
+class NodeSet(Sequence[NodeInfo]):
+    """The nodes at one moment, as admission reads them, and what admission derives from their facts
+    alone: per pod shape, which nodes admit it; per gang shape, whether it could ever fit. Neither
+    depends on what runs on the nodes, so NodeInfoCache.node_set hands the same NodeSet to every
+    decision until a node changes, and each of those scans of every node runs once instead of once
+    per decision (in a burst of new gangs they were the most of the operator's CPU).
+
+    allocatable is shared by every decision that reads this set: never modified.
+    """
+
+    def __init__(self, infos: Iterable[NodeInfo]) -> None:
+        self._infos = tuple(infos)
+        self.by_name = {info.name: info for info in self._infos}
+        self.order = sorted(self.by_name)
+        self.allocatable = {info.name: dict(info.allocatable) for info in self._infos}
+        self._refusals: dict[tuple[object, ...], tuple[list[str], dict[str, Refusal]]] = {}
+        self._memo: dict[Hashable, Any] = {}
+
+    @overload
+    def __getitem__(self, index: int) -> NodeInfo: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[NodeInfo]: ...
+    def __getitem__(self, index: int | slice) -> NodeInfo | Sequence[NodeInfo]:
+        return self._infos[index]
+
+    def __len__(self) -> int:
+        return len(self._infos)
+
+    def __iter__(self) -> Iterator[NodeInfo]:
+        return iter(self._infos)
+
+    def refusal_table(self, demand: PodDemand, ever: bool) -> tuple[list[str], dict[str, Refusal]]:
+        """(nodes in name order that admit this pod shape, why each other one does not); ever: once
+        nodes recover (permanent_refusal), otherwise now (placement_refusal). Callers do not
+        modify what it returns."""
+        key = (demand.placement_key, ever)
+        table = self._refusals.get(key)
+        if table is None:
+            check = permanent_refusal if ever else placement_refusal
+            eligible: list[str] = []
+            refusals: dict[str, Refusal] = {}
+            for name in self.order:
+                refusal = check(self.by_name[name], demand)
+                if refusal is None:
+                    eligible.append(name)
+                else:
+                    refusals[name] = refusal
+            table = self._refusals[key] = (eligible, refusals)
+        return table
+
+    def remember(self, key: Hashable, compute: Callable[[], _T]) -> _T:
+        """compute(), kept under key for as long as this set lives: only for answers that depend on
+        the nodes' facts and the key alone."""
+        if key in self._memo:
+            return self._memo[key]  # type: ignore[no-any-return]
+        if len(self._memo) >= NODE_SET_MEMO_LIMIT:
+            self._memo.clear()
+        value = self._memo[key] = compute()
+        return value
 
 
 def _resource_rank(name: str) -> tuple[int, str]:
