@@ -364,22 +364,23 @@ class Operator:
             stdout=self.log_file, stderr=subprocess.STDOUT, env=env,
         )  # fmt: skip
 
-    def api_requests(self) -> dict[str, float]:
-        """phalanx_api_requests_total summed over status codes, by "METHOD endpoint"."""
+    def _metrics(self) -> str:
         deadline = time.monotonic() + 60
         while True:  # the operator may still be importing its modules
             try:
                 with urllib.request.urlopen(
                     f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10
                 ) as answer:
-                    text = answer.read().decode()
-                break
+                    return str(answer.read().decode())
             except OSError:
                 if time.monotonic() > deadline or self.proc.poll() is not None:
                     raise
                 time.sleep(0.5)
+
+    def api_requests(self) -> dict[str, float]:
+        """phalanx_api_requests_total summed over status codes, by "METHOD endpoint"."""
         totals: dict[str, float] = {}
-        for family in text_string_to_metric_families(text):
+        for family in text_string_to_metric_families(self._metrics()):
             if family.name != "phalanx_api_requests":
                 continue
             for sample in family.samples:
@@ -387,6 +388,19 @@ class Operator:
                     key = f"{sample.labels['method']} {sample.labels['endpoint']}"
                     totals[key] = totals.get(key, 0.0) + sample.value
         return totals
+
+    def reconciles(self) -> tuple[float, float]:
+        """(reconciles so far, their wall seconds), every handler together."""
+        count = seconds = 0.0
+        for family in text_string_to_metric_families(self._metrics()):
+            if family.name != "phalanx_reconcile_duration_seconds":
+                continue
+            for sample in family.samples:
+                if sample.name.endswith("_count"):
+                    count += sample.value
+                elif sample.name.endswith("_sum"):
+                    seconds += sample.value
+        return count, seconds
 
     def cpu_seconds(self) -> float:
         """User + system CPU time of the operator process so far."""
@@ -515,6 +529,7 @@ def admission_cost(api: client.ApiClient, operator: Operator, components: dict[s
     core: Any = client.CoreV1Api(api)
     operator_requests: dict[str, float] = {}  # "METHOD endpoint" -> requests during the Phalanx sides
     operator_cpu: list[float] = []  # operator CPU seconds per second of each Phalanx side
+    reconciles = [0.0, 0.0]  # reconciles during the Phalanx sides, and their wall seconds
     placement = pool_placement("main")
     phalanx: list[SideResult] = []
     baseline: list[SideResult] = []
@@ -547,6 +562,7 @@ def admission_cost(api: client.ApiClient, operator: Operator, components: dict[s
                 f"admission round {r + 1}/{rounds}, {side}: {len(gangs)} gangs, {sum(s for _, s in gangs)} pods"
             )
             requests_before = operator.api_requests() if side == "phalanx" else {}
+            reconciles_before = operator.reconciles()
             cpu_before = operator.cpu_seconds()
             processes_before = {name: process_cpu_seconds(pid) for name, pid in processes.items()}
             result = run(api, ns, gangs, placement, "15s", timeout)
@@ -556,6 +572,9 @@ def admission_cost(api: client.ApiClient, operator: Operator, components: dict[s
             into.append(result)
             if side == "phalanx":
                 operator_cpu.append((operator.cpu_seconds() - cpu_before) / result.seconds)
+                count, wall = operator.reconciles()
+                reconciles[0] += count - reconciles_before[0]
+                reconciles[1] += wall - reconciles_before[1]
                 after = operator.api_requests()
                 for endpoint, count in after.items():
                     operator_requests[endpoint] = (
@@ -637,6 +656,9 @@ def admission_cost(api: client.ApiClient, operator: Operator, components: dict[s
         "warmup": f"one unmeasured round of {warmup_jobs} gangs per side before the measured rounds",
         "operator_cpu_cores_per_round": [round(x, 2) for x in operator_cpu],
         "operator_api_requests_per_pod": round(sum(operator_requests.values()) / max(pods, 1), 2),
+        # A job's pod events are batched into one reconcile a second (controller/queue.py).
+        "operator_reconciles_per_job": round(reconciles[0] / max(len(phalanx) * jobs_per_round, 1), 2),
+        "operator_reconcile_mean_ms": round(1000 * reconciles[1] / max(reconciles[0], 1), 2),
         "cpu_seconds_per_side": {
             side: {name: round(seconds, 1) for name, seconds in sorted(spent.items())}
             for side, spent in side_cpu.items()

@@ -10,6 +10,7 @@ import pytest
 
 from phalanx.gang.admission import AdmissionPlan, GangRequest, admission_order, plan_admission
 from phalanx.gang.capacity import NodeInfo, NodeInfoCache, NodeSet, PodDemand
+from phalanx.gang.topology import TopologyRequest
 from tests.unit.reference_usage import planned_nodes, usage_by_node
 
 pytestmark = pytest.mark.unit
@@ -273,7 +274,7 @@ def test_decisions_sharing_one_node_set_answer_as_decisions_on_fresh_nodes(seed:
     rng = random.Random(seed)
     taint = [{"key": "gpu", "value": "reserved", "effect": "NoSchedule"}]
     nodes = [
-        gpu_node(f"n{i}", gpus=rng.choice([4, 8]), labels={"pool": rng.choice("ab")},
+        gpu_node(f"n{i}", gpus=rng.choice([4, 8]), labels={"pool": rng.choice("ab"), "zone": rng.choice("xyz")},
                  taints=taint if rng.random() < 0.2 else [], ready=rng.choice(["True"] * 5 + ["False"]))
         for i in range(12)
     ]  # fmt: skip
@@ -282,15 +283,25 @@ def test_decisions_sharing_one_node_set_answer_as_decisions_on_fresh_nodes(seed:
     for decision in range(25):
         used = {n.name: {GPU: 1000 * rng.randint(0, 4)} for n in nodes if rng.random() < 0.5}
         specs = [{}, {"nodeSelector": {"pool": "b"}}, {"tolerations": [{"key": "gpu", "operator": "Exists"}]}]
-        gangs = [
-            gang(f"ns/d{decision}-{k}", rng.randint(1, 6), rng.choice([1, 2, 4, 8, 16]), created=k,
-                 spec=dict(rng.choice(specs)))
-            for k in range(rng.randint(1, 4))
-        ]  # fmt: skip
+        topologies = [
+            None,
+            None,
+            TopologyRequest("zone", required=True),
+            TopologyRequest("zone", required=False),
+            TopologyRequest("zone", required=True, group_size=2),
+        ]
+        gangs = []
+        for k in range(rng.randint(1, 4)):
+            size = rng.randint(1, 6)
+            # The same pod shape and size with another min_available or topology is another answer.
+            gangs.append(gang(f"ns/d{decision}-{k}", size, rng.choice([1, 2, 4, 8, 16]), created=k,
+                              spec=dict(rng.choice(specs)), min_available=rng.randint(0, size),
+                              topology=rng.choice(topologies)))  # fmt: skip
         fresh = plan_admission(gangs, list(nodes), used, now=0)
         reused = plan_admission(gangs, shared, used, now=0)
         assert reused == fresh, f"decision {decision}"
     assert shared.allocatable == allocatable_before
+    assert shared.order == sorted(n.name for n in nodes)
 
 
 def test_a_gang_that_never_fits_fits_once_a_node_grows() -> None:
@@ -305,3 +316,18 @@ def test_a_gang_that_never_fits_fits_once_a_node_grows() -> None:
     assert "ns/big" in plan_admission([big], cache.node_set([node("8")]), {}, now=0).never_fits
     assert "ns/big" in plan_admission([big], cache.node_set([node("8")]), {}, now=0).never_fits
     assert admitted_keys(plan_admission([big], cache.node_set([node("16")]), {}, now=0)) == ["ns/big"]
+
+
+def test_a_gang_whose_selector_no_node_matches_fits_once_a_node_is_labelled() -> None:
+    cache = NodeInfoCache()
+
+    def node(labels: dict[str, str]) -> dict[str, Any]:
+        return {"metadata": {"name": "a", "labels": labels}, "spec": {},
+                "status": {"allocatable": {"cpu": "96", "pods": "110", GPU: "8"},
+                           "conditions": [{"type": "Ready", "status": "True"}]}}  # fmt: skip
+
+    picky = gang("ns/picky", 1, 8, spec={"nodeSelector": {"pool": "b"}})
+    assert "ns/picky" in plan_admission([picky], cache.node_set([node({"pool": "a"})]), {}, now=0).never_fits
+    assert admitted_keys(plan_admission([picky], cache.node_set([node({"pool": "b"})]), {}, now=0)) == [
+        "ns/picky"
+    ]

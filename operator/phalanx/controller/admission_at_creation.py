@@ -3,7 +3,7 @@ nothing waits is created admitted, pinned and without the gate, saving one write
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any, Final
 
@@ -13,7 +13,7 @@ from phalanx.builders.pods import admitted_pod
 from phalanx.controller.admission_state import AdmissionState, Claim
 from phalanx.controller.stores import ClusterStores
 from phalanx.gang.admission import GangRequest, plan_admission
-from phalanx.gang.capacity import PodDemand
+from phalanx.gang.capacity import NodeInfo, PodDemand
 from phalanx.gang.on_creation import plan_on_creation
 from phalanx.gang.requests import topology_request
 from phalanx.pod_facts import gang_order, is_spare
@@ -98,9 +98,11 @@ class CreationAdmission:
             probe = GangRequest(key=key, priority=0, created=now,
                                 pods=tuple((f"room-{i}", demand) for i in range(most)), min_available=1)  # fmt: skip
             reserved = {n for k, nodes in state.reservations.items() if k != key for n in nodes}
-            nodes = [
-                n for n in state.node_infos.node_set(self.stores.nodes.items()) if n.name not in reserved
-            ]
+            every_node = state.node_infos.node_set(self.stores.nodes.items())
+            # The shared set (what it derived serves this probe too) unless some nodes are held.
+            nodes: Sequence[NodeInfo] = (
+                [n for n in every_node if n.name not in reserved] if reserved else every_node
+            )
             used = state.used_with_assumed(self.stores.usage)
             # The claims go first (a higher priority than the probe's): their room is not free.
             plan = plan_admission(

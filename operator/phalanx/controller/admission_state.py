@@ -96,7 +96,7 @@ class AdmissionState:
         self.assumed: dict[str, tuple[str, Resources]] = {}
         self.reservations: dict[str, tuple[str, ...]] = {}
         self.priorities: dict[str, int] = {}  # PriorityClass name -> value, read by each admission pass
-        self.node_infos = NodeInfoCache()  # read under the lock only
+        self.node_infos = NodeInfoCache()  # node_set() under the lock only; a NodeSet may be read outside it
         self.claims: dict[str, Claim] = {}  # job key -> the room it sized or grew into, not placed yet
 
     def priority_of(self, spec: TrainingJobSpec) -> int:

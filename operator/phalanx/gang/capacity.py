@@ -383,8 +383,10 @@ def _static_refusal(node: NodeInfo, demand: PodDemand, transient_too: bool) -> R
 
 _T = TypeVar("_T")
 
-# Entries a NodeSet keeps at most (gang shapes: sizes times pod shapes); beyond it, it starts over.
+# Entries a NodeSet keeps at most, per kind (refusal tables: one per pod placement, O(nodes) each;
+# answers: one per gang shape); beyond it, that kind starts over.
 NODE_SET_MEMO_LIMIT: Final = 4096
+_ABSENT: Final = object()
 
 
 class NodeSet(Sequence[NodeInfo]):
@@ -394,7 +396,9 @@ class NodeSet(Sequence[NodeInfo]):
     decision until a node changes, and each of those scans of every node runs once instead of once
     per decision (in a burst of new gangs they were the most of the operator's CPU).
 
-    allocatable is shared by every decision that reads this set: never modified.
+    allocatable is shared by every decision that reads this set: never modified. A set may be read
+    from several threads at once (preemption reads it outside the admission lock): a table or an
+    answer two of them compute at the same time is computed twice, the same either way.
     """
 
     def __init__(self, infos: Iterable[NodeInfo]) -> None:
@@ -434,16 +438,19 @@ class NodeSet(Sequence[NodeInfo]):
                     eligible.append(name)
                 else:
                     refusals[name] = refusal
+            if len(self._refusals) >= NODE_SET_MEMO_LIMIT:
+                self._refusals = {}  # a new dict: a reader elsewhere keeps the one it holds
             table = self._refusals[key] = (eligible, refusals)
         return table
 
     def remember(self, key: Hashable, compute: Callable[[], _T]) -> _T:
         """compute(), kept under key for as long as this set lives: only for answers that depend on
         the nodes' facts and the key alone."""
-        if key in self._memo:
-            return self._memo[key]  # type: ignore[no-any-return]
+        found = self._memo.get(key, _ABSENT)
+        if found is not _ABSENT:
+            return found  # type: ignore[no-any-return]
         if len(self._memo) >= NODE_SET_MEMO_LIMIT:
-            self._memo.clear()
+            self._memo = {}  # a new dict, not clear(): another thread may be reading this one
         value = self._memo[key] = compute()
         return value
 
