@@ -52,13 +52,28 @@ def kept_pod_uids(status: Mapping[str, Any]) -> dict[str, str]:
     return {str(k.get("name")): str(k.get("uid")) for k in status["inPlace"].get("keptPods") or []}
 
 
+def replaced_pod_uids(status: Mapping[str, Any]) -> frozenset[str]:
+    """The uids of the replacements the current in-place attempt deleted to create them again
+    (status.inPlace.replacedPods, reconcile/rules/stranded.py); empty otherwise."""
+    if not restarted_in_place(status):
+        return frozenset()
+    return frozenset(str(r.get("uid")) for r in status["inPlace"].get("replacedPods") or [])
+
+
 def in_current_attempt(pod: Mapping[str, Any], status: Mapping[str, Any]) -> bool:
     """The one answer to "is this pod part of the job's current attempt": created for it (its
     attempt label), or kept by it when it restarts in place (this very pod: name and uid). A warm
     spare standing by is no attempt's (is_spare), unless the in-place attempt has it take a rank
     (kept, status.inPlace.keptPods with a rank). Observed, housekeeping, the progress client, gang
-    timeout and admission all ask here."""
+    timeout and admission all ask here. A replacement the in-place attempt deletes to create it
+    again (replaced_pod_uids) is not, while unbound or going: its rank waits for the new pod. Bound
+    and not deleted after all (the scheduler bound it before the delete, whose precondition then
+    refused), it is the attempt's pod again."""
     metadata = pod.get("metadata") or {}
+    if str(metadata.get("uid")) in replaced_pod_uids(status) and (
+        not (pod.get("spec") or {}).get("nodeName") or is_deleting(pod)
+    ):
+        return False
     kept = kept_pod_uids(status)
     if bool(kept) and kept.get(str(metadata.get("name"))) == str(metadata.get("uid")):
         return True

@@ -161,3 +161,74 @@ def test_an_external_scheduler_admits_and_places_its_own_gangs() -> None:
         job(dict(ADMITTED), scheduling={"provider": "volcano"}), [pod(0), pinned(1, "n1")], nodes, NOW
     )
     assert plan.status["attempt"] == 0 and plan.delete_pods == []
+
+
+IN_PLACE_STATUS = {
+    "attempt": 1, "phase": "Restarting", "restarts": {"failures": 0, "preemptions": 1},
+    "inPlace": {"attempt": 1, "keptPods": [{"name": "j-worker-0", "uid": "p0-0"}], "time": iso(NOW - 5)},
+    "lastRecovery": {"attempt": 1, "path": "InPlace", "phasesMilliseconds": {}},
+    "admittedTime": iso(NOW - 3), "createdAttempt": 1,
+}  # fmt: skip
+
+
+def in_place_job(status: dict[str, Any]) -> dict[str, Any]:
+    return job(status, runPolicy={"restartStrategy": "InPlace"})
+
+
+def replacement(node_name: str, uid: str = "p1-1") -> dict[str, Any]:
+    gated = {"nodeName": "", "schedulingGates": [{"name": "phalanx.dev/gang"}]}
+    return admitted_pod(pod(1, 1, phase="Pending", spec=gated, metadata={"uid": uid}), node_name)
+
+
+def test_a_replacement_of_an_in_place_restart_stranded_is_placed_again_alone_and_the_kept_pod_waits() -> None:
+    # Restarting in place: worker-0 kept and running, worker-1's replacement admitted onto n1, which
+    # is then lost. A full restart would throw the kept rank away: only the replacement goes (if still
+    # unbound: a precondition) and its rank is created again, onto a node that takes pods.
+    nodes = {**NODES, "n1": not_ready_node("n1", since=NOW - 60)}
+    kept = pod(0, 0)
+    plan = decide(in_place_job(dict(IN_PLACE_STATUS)), [kept, replacement("n1")], nodes, NOW)
+    assert plan.status["attempt"] == 1 and plan.status["inPlace"]["attempt"] == 1
+    assert plan.delete_pods == [] and plan.delete_unchanged_pods == ["j-worker-1"]
+    assert plan.status["inPlace"]["replacedPods"] == [{"name": "j-worker-1", "uid": "p1-1"}]
+    assert "createdAttempt" not in plan.status
+    assert plan.status["restarts"] == {"failures": 0, "preemptions": 1}
+    [event] = [e for e in plan.events if e.reason == REASON]
+    assert event.type == "Warning" and "j-worker-1" in event.message and "j-worker-0" in event.message
+
+    # While it goes, nothing restarts; once it is gone, its rank is created again; the new pod
+    # (another uid) is the attempt's, and the attempt runs on as attempt 1.
+    leaving = replacement("n1")
+    leaving["metadata"]["deletionTimestamp"] = iso(NOW)
+    going = decide(in_place_job(dict(plan.status)), [kept, leaving], nodes, NOW + 1)
+    assert going.status["attempt"] == 1 and going.delete_pods == [] and going.create_indices == []
+    gone = decide(in_place_job(dict(going.status)), [kept], nodes, NOW + 2)
+    assert gone.status["attempt"] == 1 and gone.create_indices == [1]
+    created = decide(in_place_job(dict(gone.status)), [kept, replacement("n0", uid="p1-1b")], nodes, NOW + 3)
+    assert created.status["attempt"] == 1 and created.status.get("createdAttempt") == 1
+    assert created.delete_pods == [] and created.delete_unchanged_pods == []
+    trained = [kept, pod(1, 1, metadata={"uid": "p1-1b"})]
+    running = decide(in_place_job(dict(created.status)), trained, nodes, NOW + 4)
+    assert running.status["attempt"] == 1 and running.status["phase"] == "Running"
+
+
+def test_a_stranded_replacement_bound_before_its_deletion_stays_the_attempts_pod() -> None:
+    # Its node came back and the scheduler bound it before the delete, whose precondition refused:
+    # the pod runs where it was admitted and is the attempt's again; nothing is deleted or created.
+    lost = {**NODES, "n1": not_ready_node("n1", since=NOW - 60)}
+    plan = decide(in_place_job(dict(IN_PLACE_STATUS)), [pod(0, 0), replacement("n1")], lost, NOW)
+    bound = replacement("n1")
+    bound["spec"]["nodeName"] = "n1"
+    back = {**NODES, "n1": node("n1")}
+    after = decide(in_place_job(dict(plan.status)), [pod(0, 0), bound], back, NOW + 1)
+    assert after.status["attempt"] == 1 and after.delete_pods == [] and after.create_indices == []
+    assert after.delete_unchanged_pods == []
+
+
+def test_replaced_pods_name_only_pods_that_still_exist() -> None:
+    # A second stranding drops the first entry whose pod is gone: the list cannot grow without end.
+    status = {**IN_PLACE_STATUS, "inPlace": {**IN_PLACE_STATUS["inPlace"],
+              "replacedPods": [{"name": "j-worker-1", "uid": "gone-uid"}]}}  # fmt: skip
+    nodes = {**NODES, "n1": not_ready_node("n1", since=NOW - 60)}
+    plan = decide(in_place_job(status), [pod(0, 0), replacement("n1", uid="p1-1b")], nodes, NOW)
+    assert plan.status["inPlace"]["replacedPods"] == [{"name": "j-worker-1", "uid": "p1-1b"}]
+    assert "admittedTime" not in plan.status  # admitted again: the gang timeout counts from then

@@ -817,6 +817,15 @@ class KeptPod:
 
 
 @dataclass
+class ReplacedPod:
+    """A replacement the in-place attempt deleted before it ran, to create it again elsewhere."""
+
+    name: str = api_field("Pod name.", required=True, default="")
+    uid: str = api_field("Pod uid: the pod created again under the name is the attempt's own.", required=True,
+                         default="")  # fmt: skip
+
+
+@dataclass
 class Spares:
     """spec.spares: the warm standby pods."""
 
@@ -843,6 +852,10 @@ class InPlace:
     attempt: int | None = api_field("The in-place attempt (the restart generation its pods run).")
     kept_pods: list[KeptPod] | None = api_field("The running pods kept from the disrupted attempt.")
     time: str | None = api_field("When the in-place restart began (RFC 3339).")
+    replaced_pods: list[ReplacedPod] | None = api_field(
+        "Replacements deleted before they ran, their admitted node having stopped taking pods: no "
+        "longer the attempt's pods; each is created again and placed anew."
+    )
     stop: str | None = api_field(
         "How the kept pods stop their workers: checkpoint (a preemption: every rank agrees on a step "
         "and saves) or now (a failure: the lost rank can agree on nothing; the newest checkpoint is "

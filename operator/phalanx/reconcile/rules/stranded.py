@@ -6,7 +6,8 @@ lost in between (not Ready for node_lost_after seconds), gone, being removed (an
 Karpenter's taint) or tainted NoExecute in a way the pod does not tolerate, the pod waits there for
 good and the rest of the gang holds its room for nothing until the gang timeout (300 s by default). The attempt is torn down and queued again at once: no backoff and no restart
 counted, since the node failed, not the gang; admission places the next attempt on nodes that take
-pods.
+pods. Restarting in place, only the stranded replacement goes (the kept ranks run on): it is created
+again and placed anew.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from __future__ import annotations
 from typing import Any, Final
 
 from phalanx.gang.capacity import BLOCKING_EFFECTS, CONDITION_TAINT_PREFIX, Taint, Toleration
-from phalanx.pod_facts import is_deleting, is_terminal, planned_node
+from phalanx.pod_facts import is_deleting, is_terminal, kept_pod_uids, planned_node
+from phalanx.policy.in_place import in_place_attempt_unfinished
 from phalanx.policy.node_drain import REMOVAL_TAINTS
 from phalanx.policy.node_loss import not_ready_since, seconds_until_lost
 from phalanx.providers import provider_for
@@ -65,6 +67,8 @@ def why_unusable(pod: dict[str, Any], seen: Observed, now: float) -> tuple[str, 
 def apply(b: PlanBuilder, seen: Observed) -> bool:
     if not provider_for(seen.spec).admits_gangs or seen.kueue is not None:
         return False  # another scheduler's placement, or Kueue's admission: theirs to undo
+    if in_place_attempt_unfinished(b.status):
+        return _replace_stranded(b, seen)
     for pod in seen.current.values():
         found = why_unusable(pod, seen, b.now)
         if isinstance(found, float):
@@ -81,3 +85,40 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
             b.phase("Pending", REASON_ADMITTED_NODE_UNUSABLE, message, "Warning")
             return True
     return False
+
+
+def _replace_stranded(b: PlanBuilder, seen: Observed) -> bool:
+    """Restarting in place, the pods admitted are the replacements; the kept pods run (bound). A
+    stranded replacement alone is deleted and created again (rules/creation.py), to be admitted onto
+    a node that takes pods: a full restart would throw the kept ranks away. status.inPlace names it
+    (replacedPods), so it is no longer the attempt's pod and its rank reads as not created yet, not
+    as lost. Deleted only if unchanged since this decision: bound meanwhile (its node back), the
+    delete is refused and the pod is the attempt's again (pod_facts.in_current_attempt)."""
+    stranded: list[tuple[dict[str, Any], str, str]] = []
+    for pod in seen.current.values():
+        found = why_unusable(pod, seen, b.now)
+        if isinstance(found, float):
+            b.recheck(found)
+        elif found is not None:
+            stranded.append((pod, *found))
+    if not stranded:
+        return False
+    in_place = dict(b.status["inPlace"])
+    # Earlier ones whose pod is gone are done with: the list stays as short as the pods it names.
+    present = {str(p["metadata"].get("uid")) for p in seen.pods}
+    in_place["replacedPods"] = [
+        *(r for r in in_place.get("replacedPods") or [] if str(r.get("uid")) in present),
+        *({"name": str(p["metadata"]["name"]), "uid": str(p["metadata"].get("uid"))} for p, _, _ in stranded),
+    ]
+    b.status["inPlace"] = in_place
+    b.status.pop("createdAttempt", None)  # its ranks are to be created again
+    b.status.pop("admittedTime", None)  # and admitted again: the gang timeout counts from then
+    kept = ", ".join(sorted(kept_pod_uids(b.status))) or "none"
+    for pod, node, why in stranded:
+        name = str(pod["metadata"]["name"])
+        b.plan.delete_unchanged_pods.append(name)
+        b.plan.events.append(Event("Warning", REASON_ADMITTED_NODE_UNUSABLE, (
+            f"{name}, replacing a rank in place, was admitted onto node {node}, which is {why}: deleted, "
+            f"to be created again on a node that takes pods; the kept pods ({kept}) wait for it"
+        )))  # fmt: skip
+    return True
