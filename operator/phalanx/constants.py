@@ -61,6 +61,12 @@ ANNOTATION_CONTROL_TOKEN: Final = f"{GROUP}/control-token"
 # so a gated gang whose avoidance no longer holds can be rebuilt (reconcile/rules/creation.py).
 ANNOTATION_AVOIDED_NODES: Final = f"{GROUP}/avoided-nodes"
 
+# On the TrainingJob CRD: a digest of its spec as `make crd` generated it (api/crd.py). The operator
+# compares it with its own at start: `helm upgrade` leaves CRDs as they were, and an API server with
+# an older schema drops the status fields it does not know, silently (crd_freshness).
+ANNOTATION_SCHEMA_DIGEST: Final = f"{GROUP}/schema-digest"
+CRD_NAME: Final = f"{PLURAL}.{GROUP}"
+
 # Exit-code contract between trainer and operator (docs/environment.md).
 EXIT_SUCCESS: Final = 0
 # EX_TEMPFAIL from sysexits.h: the trainer saved a checkpoint after SIGTERM and stopped on purpose.

@@ -14,6 +14,8 @@ from typing import Any
 import kopf
 
 from phalanx import constants as c
+from phalanx import metrics
+from phalanx.api.crd import expected_digest, installed_digest, stale_crd_message
 from phalanx.controller import Controller
 from phalanx.health import HealthServer, operator_readiness
 from phalanx.k8s import KubeApi, LeaseApi, load_lease_client
@@ -89,12 +91,27 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     )
     elector = start_election(operator_settings.leader_election)
     api = KubeApi(load_client(), write_fence=elector.fence if elector else None)
+    await asyncio.to_thread(check_crd, api)
     controller = Controller(api, operator_settings, leader=elector)
     controller.loop = asyncio.get_running_loop()
     await controller.start()
     memo.controller = controller
     memo.elector = elector
     memo.health = start_health_server(getattr(memo, "health_endpoint", None), controller, elector)
+
+
+def check_crd(api: KubeApi) -> None:
+    """Says loudly when the installed CRD is not this operator's, and goes on: the jobs still run,
+    but an older schema drops the status fields it lacks (api/crd.stale_crd_message)."""
+    try:
+        installed = api.trainingjob_crd()
+    except Exception as exc:  # noqa: BLE001 - a check, never a reason not to start
+        logging.getLogger("phalanx.crd").warning("could not read the TrainingJob CRD to check it: %s", exc)
+        return
+    message = stale_crd_message(installed)
+    metrics.observe_crd_schema(installed_digest(installed), expected_digest())
+    if message:
+        logging.getLogger("phalanx.crd").error(message)
 
 
 def start_health_server(

@@ -288,6 +288,13 @@ class KubeApi:
         )["items"]
         return items
 
+    def trainingjob_crd(self) -> dict[str, Any] | None:
+        """The installed TrainingJob CustomResourceDefinition; None when absent. Listed by name
+        (the list and watch kopf needs already; no get on CRDs is granted)."""
+        selector = {"fieldSelector": f"metadata.name={c.CRD_NAME}"}
+        items: list[dict[str, Any]] = self._json(self._send("GET", CRDS, params=selector))["items"]
+        return items[0] if items else None
+
     def priority_classes_request(self, **params: Any) -> Any:
         """List or watch PriorityClasses (the admission pass's values, reflector.py)."""
         return list_or_watch(self.api_client, PRIORITY_CLASSES, params)
@@ -515,6 +522,7 @@ class KubeApi:
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 PRIORITY_CLASSES = group_path("scheduling.k8s.io", "v1", "priorityclasses")
+CRDS = group_path("apiextensions.k8s.io", "v1", "customresourcedefinitions")
 
 
 def _jobs(namespace: str | None, name: str | None = None, sub: str = "") -> str:

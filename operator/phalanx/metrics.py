@@ -64,6 +64,13 @@ JOBS_FINISHED: Final = Counter(
 JOBS_BY_PHASE: Final = Gauge(
     "phalanx_jobs", "TrainingJobs the operator currently knows, by phase.", ["phase"], registry=REGISTRY
 )
+CRD_SCHEMA: Final = Gauge(
+    "phalanx_crd_schema_info",
+    "The installed TrainingJob CRD's schema digest and this operator's, read at start; current=\"false\": "
+    "an older or other CRD, whose schema may drop status fields (apply the chart's CRDs).",
+    ["current", "installed", "expected"],
+    registry=REGISTRY,
+)
 ADMISSION_WAIT: Final = Histogram(
     "phalanx_admission_wait_seconds",
     "Time from a gang asking for admission to all its pods being admitted, by admitter (Builtin or "
@@ -315,6 +322,7 @@ REGISTRY.register(_JOBS)
 # Every sample family the operator exports, as PromQL sees it in the Prometheus text format
 # (counters with `_total`; histograms by base name, sampled as `_bucket`, `_sum`, `_count`).
 METRIC_NAMES: Final = (
+    "phalanx_crd_schema_info",
     "phalanx_jobs_created_total",
     "phalanx_jobs_finished_total",
     "phalanx_jobs",
@@ -588,3 +596,11 @@ def start_metrics_server(port: int, addr: str = "0.0.0.0") -> WSGIServer:
     """Serve /metrics on a daemon thread; port 0 picks a free port (read `server.server_port`)."""
     server, _thread = start_http_server(port, addr=addr, registry=REGISTRY)
     return server
+
+
+def observe_crd_schema(installed: str, expected: str) -> None:
+    """The one series of phalanx_crd_schema_info: the digests read at start ("absent": none)."""
+    CRD_SCHEMA.clear()
+    CRD_SCHEMA.labels(current=str(installed == expected).lower(), installed=installed, expected=expected).set(
+        1
+    )

@@ -295,6 +295,9 @@ def test_chart_operator_on_the_dev_node_reconciles_a_job_to_succeeded(
         )
         assert samples[("phalanx_jobs_finished_total", frozenset({("result", "succeeded")}))] >= 1
         assert samples[("phalanx_pods_created_total", frozenset())] >= 2
+        # The chart's CRD is the operator's own: its start-up check read it from the API server.
+        [(_, crd_labels)] = [key for key in samples if key[0] == "phalanx_crd_schema_info"]
+        assert dict(crd_labels)["current"] == "true", dict(crd_labels)
     finally:
         kubeconfig.unlink(missing_ok=True)
 

@@ -7,9 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from phalanx import constants as c
 from phalanx.api import generate
-from phalanx.api.crd import build_crd
+from phalanx.api.crd import build_crd, schema_digest, stale_crd_message
 
 pytestmark = pytest.mark.unit
 
@@ -93,3 +95,50 @@ def test_the_crd_stays_well_inside_the_api_servers_object_size_limit() -> None:
     # etcd takes 1.5 MiB per object; client-side `kubectl apply` would need < 256 KiB of annotation,
     # so the docs and tests apply the CRD server-side.
     assert len(json.dumps(build_crd(), separators=(",", ":"))) < 400_000
+
+
+def test_the_committed_crd_carries_the_digest_of_its_own_spec() -> None:
+    committed = yaml.safe_load((generate.REPO_ROOT / "crds" / generate.CRD_FILE).read_text())
+    digest = committed["metadata"]["annotations"][c.ANNOTATION_SCHEMA_DIGEST]
+    assert digest == schema_digest(committed["spec"]) == schema_digest(build_crd()["spec"])
+    assert stale_crd_message(committed) is None
+
+
+def test_an_older_crd_is_named_with_the_fix() -> None:
+    older = build_crd()
+    older["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"].pop(
+        "inPlace"
+    )
+    older["metadata"]["annotations"][c.ANNOTATION_SCHEMA_DIGEST] = schema_digest(older["spec"])
+    message = stale_crd_message(older)
+    assert message is not None and "kubectl apply --server-side -f charts/phalanx/crds/" in message
+    assert f"schema digest {schema_digest(older['spec'])}" in message
+    unannotated = build_crd()
+    del unannotated["metadata"]["annotations"]
+    assert "schema digest absent" in (stale_crd_message(unannotated) or "")
+    assert "is not installed" in (stale_crd_message(None) or "")
+
+
+def test_the_start_up_check_sets_the_gauge_and_logs_the_fix(caplog: pytest.LogCaptureFixture) -> None:
+    from phalanx import handlers, metrics
+
+    class Api:
+        def __init__(self, crd: dict[str, Any] | None) -> None:
+            self.crd = crd
+
+        def trainingjob_crd(self) -> dict[str, Any] | None:
+            return self.crd
+
+    older = build_crd()
+    older["metadata"]["annotations"][c.ANNOTATION_SCHEMA_DIGEST] = "0123456789abcdef"
+    expected = schema_digest(build_crd()["spec"])
+
+    def series() -> list[dict[str, str]]:
+        [family] = [f for f in metrics.REGISTRY.collect() if f.name == "phalanx_crd_schema_info"]
+        return [s.labels for s in family.samples if s.value == 1]
+
+    handlers.check_crd(Api(older))  # type: ignore[arg-type]
+    assert series() == [{"current": "false", "installed": "0123456789abcdef", "expected": expected}]
+    assert any(r.levelname == "ERROR" and "charts/phalanx/crds/" in r.getMessage() for r in caplog.records)
+    handlers.check_crd(Api(build_crd()))  # type: ignore[arg-type]
+    assert series() == [{"current": "true", "installed": expected, "expected": expected}]

@@ -167,6 +167,7 @@ KUBE_API_CALLS: dict[str, Callable[[k8s.KubeApi, str | None], Iterable[Any]]] = 
     "delete_job": lambda api, _: [api.delete_job(JOB.namespace, JOB.name, JOB.uid)],
     "list_job_pods": lambda api, _: [api.list_job_pods(JOB.namespace, JOB.name)],
     "priority_values": lambda api, _: [api.priority_values()],
+    "trainingjob_crd": lambda api, _: [api.trainingjob_crd()],
     "create_if_absent": lambda api, _: [api.create_if_absent(m) for m in created_manifests()],
     "read_like": lambda api, _: [api.read_like(m) for m in created_manifests()],
     "delete_pod": lambda api, _: [api.delete_pod(JOB.namespace, "gpt-worker-0", "u", 0)],

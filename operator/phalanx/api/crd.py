@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+from collections.abc import Mapping
 from typing import Any
 
 from phalanx import constants as c
@@ -33,12 +36,51 @@ def openapi_v3_schema() -> dict[str, Any]:
     return schema
 
 
+def schema_digest(crd_spec: Mapping[str, Any]) -> str:
+    """A short digest of a CRD spec as generated: equal digests, equal schemas."""
+    canonical = json.dumps(crd_spec, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def installed_digest(installed: Mapping[str, Any] | None) -> str:
+    """The schema digest an installed CRD carries; "absent" without one (or without a CRD)."""
+    annotations = ((installed or {}).get("metadata") or {}).get("annotations") or {}
+    return str(annotations.get(c.ANNOTATION_SCHEMA_DIGEST) or "absent")
+
+
+def expected_digest() -> str:
+    return schema_digest(build_crd()["spec"])
+
+
+def stale_crd_message(installed: Mapping[str, Any] | None) -> str | None:
+    """Why the installed TrainingJob CRD is not the one this operator was built with (None: it is).
+    An older schema makes the API server drop the status fields it does not know, silently, so the
+    operator's bookkeeping of newer features is lost on every write."""
+    if installed is None:
+        return f"the CustomResourceDefinition {c.CRD_NAME} is not installed: kubectl apply --server-side -f crds/"
+    expected, found = expected_digest(), installed_digest(installed)
+    if found == expected:
+        return None
+    return (
+        f"the installed CustomResourceDefinition {c.CRD_NAME} is not this operator's (schema digest "
+        f"{found}, expected {expected}): `helm upgrade` does not update CRDs, and the API server "
+        "drops the status fields an older schema lacks. Apply the chart's CRDs: kubectl apply --server-side "
+        "-f charts/phalanx/crds/"
+    )
+
+
 def build_crd() -> dict[str, Any]:
+    crd = _crd_without_digest()
+    crd["metadata"]["annotations"] = {c.ANNOTATION_SCHEMA_DIGEST: schema_digest(crd["spec"])}
+    return crd
+
+
+def _crd_without_digest() -> dict[str, Any]:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
         "metadata": {
-            "name": f"{c.PLURAL}.{c.GROUP}",
+            "name": c.CRD_NAME,
             "labels": {"app.kubernetes.io/part-of": "phalanx"},
         },
         "spec": {
