@@ -130,6 +130,21 @@ def test_a_pod_that_tolerates_what_the_node_says_still_binds_there_and_waits(
     assert plan.status["attempt"] == 0 and plan.delete_pods == []
 
 
+def test_a_node_whose_evicting_taint_the_pod_tolerates_for_a_while_only_is_no_place_to_bind() -> None:
+    # tolerationSeconds: bound there, the pod would be evicted once they pass, and the gang with it.
+    spec = {"taints": [{"key": "nvidia.com/gpu-unhealthy", "value": "xid-79", "effect": "NoExecute"}]}
+    for_a_while = {"key": "nvidia.com/gpu-unhealthy", "operator": "Exists", "effect": "NoExecute",
+                   "tolerationSeconds": 300}  # fmt: skip
+    pods = [pod(0), pinned(1, "n1", tolerations=[for_a_while])]
+    plan = decide(job(dict(ADMITTED)), pods, {**NODES, "n1": node("n1", **spec)}, NOW)
+    assert_torn_down(plan, "tainted nvidia.com/gpu-unhealthy=xid-79:NoExecute, tolerated for 300 s only")
+    # A toleration for good beside it: the pod stays there whatever the other says.
+    for_good = {"key": "nvidia.com/gpu-unhealthy", "operator": "Exists", "effect": "NoExecute"}
+    pods = [pod(0), pinned(1, "n1", tolerations=[for_a_while, for_good])]
+    plan = decide(job(dict(ADMITTED)), pods, {**NODES, "n1": node("n1", **spec)}, NOW)
+    assert plan.status["attempt"] == 0 and plan.delete_pods == []
+
+
 def test_a_gang_admitted_onto_healthy_nodes_waits_for_the_scheduler() -> None:
     plan = decide(job(dict(ADMITTED)), [pod(0), pinned(1, "n1")], {**NODES, "n1": node("n1")}, NOW)
     assert plan.status["attempt"] == 0 and plan.delete_pods == [] and plan.status["phase"] == "Admitted"

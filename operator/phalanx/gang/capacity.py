@@ -68,14 +68,18 @@ class Toleration:
     operator: str
     value: str
     effect: str
+    # tolerationSeconds: a NoExecute taint tolerated this long only, then the pod is evicted.
+    seconds: int | None = None
 
     @classmethod
     def from_k8s(cls, toleration: Mapping[str, Any]) -> "Toleration":
+        seconds = toleration.get("tolerationSeconds")
         return cls(
             str(toleration.get("key") or ""),
             str(toleration.get("operator") or "Equal"),
             str(toleration.get("value") or ""),
             str(toleration.get("effect") or ""),
+            int(seconds) if isinstance(seconds, int) else None,
         )
 
     def tolerates(self, taint: Taint) -> bool:

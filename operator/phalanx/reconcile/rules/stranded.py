@@ -38,9 +38,14 @@ def _refusal(node: dict[str, Any], pod: dict[str, Any]) -> str | None:
         removal = REMOVAL_TAINTS.get(taint.key)
         if taint.effect not in BLOCKING_EFFECTS or taint.key.startswith(CONDITION_TAINT_PREFIX):
             continue  # a preference, or a condition taint (memory pressure and the like) that passes
-        if (removal is not None or taint.effect == "NoExecute") and not any(
-            t.tolerates(taint) for t in tolerations
-        ):
+        if removal is None and taint.effect != "NoExecute":
+            continue
+        tolerating = [t for t in tolerations if t.tolerates(taint)]
+        # A NoExecute taint tolerated for tolerationSeconds only evicts the pod once the shortest of
+        # them passes (the taint manager's rule): the gang would bind there to be torn down later.
+        if taint.effect == "NoExecute" and tolerating and all(t.seconds is not None for t in tolerating):
+            return f"tainted {taint}, tolerated for {min(t.seconds or 0 for t in tolerating)} s only"
+        if not tolerating:
             return f"being removed ({removal})" if removal is not None else f"tainted {taint}"
     return None
 
