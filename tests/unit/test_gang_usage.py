@@ -13,6 +13,7 @@ import pytest
 from phalanx import constants as c
 from phalanx.builders.pods import admitted_pod
 from phalanx.cache import Store, object_key, slim_pod
+from phalanx.gang.capacity import as_resources, effective_requests, node_held
 from phalanx.gang.on_creation import Assumed, add_in_flight, waits_for_admission
 from phalanx.gang.usage import UsageIndex
 from phalanx.pod_facts import is_gated, planned_node
@@ -112,6 +113,12 @@ def test_index_matches_the_sum_over_every_pod_through_creates_updates_deletes_an
         # Creates in flight: counted unless the store already holds the pod (then the index does).
         in_flight = {f"ns/p{i}": (rng.choice(NODES), (("nvidia.com/gpu", 1000),)) for i in range(0, 31, 7)}
         assert index.used(in_flight) == without_zeros(usage_with_assumed(pods, in_flight)), f"step {step}"
+        # The pods holding room on some nodes (early start reads them), found by node, not by scan.
+        some = set(rng.sample(NODES, rng.randint(0, len(NODES))))
+        held = {(object_key(p), node_held(p, planned_node(p))): as_resources(effective_requests(p["spec"]))
+                for p in pods}  # fmt: skip
+        expected = {(key, node, requests) for (key, node), requests in held.items() if node in some}
+        assert set(index.holders(some)) == expected, f"step {step}"
 
 
 def test_used_returns_a_copy_the_caller_may_change() -> None:

@@ -36,6 +36,7 @@ class UsageIndex:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._held: dict[str, tuple[str, Resources]] = {}  # pod key -> (node, requests)
+        self._on_node: dict[str, set[str]] = {}  # node -> keys of the pods holding room there
         self._present: set[str] = set()  # every pod key the store holds
         self._used: dict[str, dict[str, int]] = {}
         # The part of _used held by pods being deleted (a grace period may last minutes).
@@ -67,6 +68,7 @@ class UsageIndex:
         """The store was replaced by a fresh list."""
         with self._lock:
             self._held, self._used, self._waiting, self._gated = {}, {}, set(), set()
+            self._on_node = {}
             self._terminating, self._freeing = set(), {}
             self._present = set(pods)
             for key, pod in pods.items():
@@ -82,11 +84,17 @@ class UsageIndex:
         before = self._held.pop(key, None)
         if before is not None:
             _subtract(self._used, *before)
+            keys = self._on_node.get(before[0])
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self._on_node[before[0]]
             if key in self._terminating:
                 self._terminating.discard(key)
                 _subtract(self._freeing, *before)
         if held is not None:
             self._held[key] = held
+            self._on_node.setdefault(held[0], set()).add(key)
             add_into(self._used.setdefault(held[0], {}), held[1])
             if terminating:
                 self._terminating.add(key)
@@ -105,8 +113,8 @@ class UsageIndex:
     def holders(self, nodes: Collection[str]) -> list[tuple[str, str, Resources]]:
         """(pod key, node, requests) of every pod holding room on these nodes: bound, or admitted and
         not bound yet."""
-        with self._lock:
-            return [(key, node, requests) for key, (node, requests) in self._held.items() if node in nodes]
+        with self._lock:  # by node: a blocked head's few nodes, not every pod in the cluster
+            return [(key, *self._held[key]) for node in nodes for key in sorted(self._on_node.get(node, ()))]
 
     def freeing(self) -> dict[str, dict[str, int]]:
         """The part of used() held by pods being deleted: room that frees up once they stop."""
