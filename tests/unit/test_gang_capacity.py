@@ -387,3 +387,32 @@ def test_node_set_eligibility_follows_taints_and_readiness() -> None:
     not_ready = cache.node_set(nodes([], "False"))
     assert not_ready.refusal_table(gpu, ever=False)[0] == ["a"]
     assert not_ready.refusal_table(gpu, ever=True)[0] == ["a", "b"]  # it may recover
+
+
+def test_an_evicting_taint_tolerated_for_a_while_only_keeps_a_gang_off_the_node() -> None:
+    """Bound there, the pod would be evicted once tolerationSeconds pass (the scheduler binds it all
+    the same): admission places no gang there, or the stranded rule would tear it down, over and over."""
+    taint = {"key": "nvidia.com/gpu-unhealthy", "value": "xid-79", "effect": "NoExecute"}
+    node = NodeInfo.from_k8s(node_json(taints=[taint]))
+    for_a_while = {
+        "key": "nvidia.com/gpu-unhealthy",
+        "operator": "Exists",
+        "effect": "NoExecute",
+        "tolerationSeconds": 60,
+    }
+    for_good = {"key": "nvidia.com/gpu-unhealthy", "operator": "Exists", "effect": "NoExecute"}
+    at_once = {**for_a_while, "tolerationSeconds": -5}
+
+    def refusal(*tolerations: dict[str, Any]) -> str | None:
+        found = placement_refusal(
+            node, PodDemand.from_pod_spec({"tolerations": list(tolerations), "containers": []})
+        )
+        return None if found is None else found.text
+
+    assert refusal() == "tainted nvidia.com/gpu-unhealthy=xid-79:NoExecute"
+    assert (
+        refusal(for_a_while) == "tainted nvidia.com/gpu-unhealthy=xid-79:NoExecute, tolerated for 60 s only"
+    )
+    assert refusal(at_once) == "tainted nvidia.com/gpu-unhealthy=xid-79:NoExecute, tolerated for 0 s only"
+    assert refusal(for_a_while, for_good) is not None  # the first that matches decides
+    assert refusal(for_good, for_a_while) is None

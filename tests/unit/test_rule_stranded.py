@@ -138,9 +138,13 @@ def test_a_node_whose_evicting_taint_the_pod_tolerates_for_a_while_only_is_no_pl
     pods = [pod(0), pinned(1, "n1", tolerations=[for_a_while])]
     plan = decide(job(dict(ADMITTED)), pods, {**NODES, "n1": node("n1", **spec)}, NOW)
     assert_torn_down(plan, "tainted nvidia.com/gpu-unhealthy=xid-79:NoExecute, tolerated for 300 s only")
-    # A toleration for good beside it: the pod stays there whatever the other says.
+    # As the taint manager reads them, the first toleration that matches decides: one for good after
+    # it changes nothing; first, the pod stays there for good.
     for_good = {"key": "nvidia.com/gpu-unhealthy", "operator": "Exists", "effect": "NoExecute"}
     pods = [pod(0), pinned(1, "n1", tolerations=[for_a_while, for_good])]
+    plan = decide(job(dict(ADMITTED)), pods, {**NODES, "n1": node("n1", **spec)}, NOW)
+    assert_torn_down(plan, "tolerated for 300 s only")
+    pods = [pod(0), pinned(1, "n1", tolerations=[for_good, for_a_while])]
     plan = decide(job(dict(ADMITTED)), pods, {**NODES, "n1": node("n1", **spec)}, NOW)
     assert plan.status["attempt"] == 0 and plan.delete_pods == []
 

@@ -6,6 +6,7 @@ scheduler will bind. Resource amounts are int milli-units (see quantities.py); t
 pseudo-resource "pods", one pod being 1000.
 """
 
+import math
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -89,6 +90,31 @@ class Toleration:
         if self.operator == "Exists":
             return not self.key or self.key == taint.key
         return self.key == taint.key and self.value == taint.value
+
+
+def tolerated_for(taint: Taint, tolerations: Iterable[Toleration]) -> float | None:
+    """How long a pod with these tolerations stays on a node with this taint: None when it does not
+    tolerate it at all, math.inf for good. For NoExecute, as the taint manager reads it: the first
+    toleration that matches decides, its tolerationSeconds (0 at most: at once) or forever."""
+    first = next((t for t in tolerations if t.tolerates(taint)), None)
+    if first is None:
+        return None
+    if taint.effect != "NoExecute" or first.seconds is None:
+        return math.inf
+    return float(max(first.seconds, 0))
+
+
+def blocking_taint(taint: Taint, tolerations: Iterable[Toleration]) -> str | None:
+    """Why this taint keeps the pod off the node (None: it does not): untolerated, or an evicting
+    taint tolerated for a while only (bound there, the pod would be evicted once it passes)."""
+    if taint.effect not in BLOCKING_EFFECTS:
+        return None
+    stays = tolerated_for(taint, tolerations)
+    if stays is None:
+        return f"tainted {taint}"
+    if math.isfinite(stays):
+        return f"tainted {taint}, tolerated for {stays:.0f} s only"
+    return None
 
 
 @dataclass(frozen=True)
@@ -373,8 +399,9 @@ def _static_refusal(node: NodeInfo, demand: PodDemand, transient_too: bool) -> R
     for taint in node.taints:
         if not transient_too and taint.key.startswith(CONDITION_TAINT_PREFIX):
             continue
-        if taint.effect in BLOCKING_EFFECTS and not any(t.tolerates(taint) for t in demand.tolerations):
-            return Refusal(RefusalKind.TAINT, f"tainted {taint}")
+        why = blocking_taint(taint, demand.tolerations)
+        if why is not None:
+            return Refusal(RefusalKind.TAINT, why)
     for key, value in demand.node_selector:
         if node.labels.get(key) != value:
             return Refusal(RefusalKind.SELECTOR, f"nodeSelector {key}={value} not matched")

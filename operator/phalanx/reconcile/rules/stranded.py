@@ -14,7 +14,14 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from phalanx.gang.capacity import BLOCKING_EFFECTS, CONDITION_TAINT_PREFIX, Taint, Toleration
+from phalanx.gang.capacity import (
+    BLOCKING_EFFECTS,
+    CONDITION_TAINT_PREFIX,
+    Taint,
+    Toleration,
+    blocking_taint,
+    tolerated_for,
+)
 from phalanx.pod_facts import is_deleting, is_terminal, kept_pod_uids, planned_node
 from phalanx.policy.in_place import in_place_attempt_unfinished
 from phalanx.policy.node_drain import REMOVAL_TAINTS
@@ -29,8 +36,9 @@ REASON_ADMITTED_NODE_UNUSABLE: Final = "AdmittedNodeUnusable"
 
 def _refusal(node: dict[str, Any], pod: dict[str, Any]) -> str | None:
     """Why this Ready node will not take the pod for good: a taint it does not tolerate that says the
-    node is going (an autoscaler's or Karpenter's removal) or evicts (NoExecute: it would be evicted
-    the moment it bound); None otherwise. A cordon, another NoSchedule taint or a label that no
+    node is going (an autoscaler's or Karpenter's removal), or a NoExecute taint it does not tolerate
+    for good (evicted the moment it bound, or once its tolerationSeconds pass; admission does not
+    place a gang there either: capacity.blocking_taint); None otherwise. A cordon, another NoSchedule taint or a label that no
     longer matches may pass (a short maintenance cordon, a network agent restarting, a scale-down
     aborted): tearing down would restart a gang for nothing, so those stay with the gang timeout."""
     tolerations = [Toleration.from_k8s(t) for t in (pod.get("spec") or {}).get("tolerations") or ()]
@@ -40,13 +48,11 @@ def _refusal(node: dict[str, Any], pod: dict[str, Any]) -> str | None:
             continue  # a preference, or a condition taint (memory pressure and the like) that passes
         if removal is None and taint.effect != "NoExecute":
             continue
-        tolerating = [t for t in tolerations if t.tolerates(taint)]
-        # A NoExecute taint tolerated for tolerationSeconds only evicts the pod once the shortest of
-        # them passes (the taint manager's rule): the gang would bind there to be torn down later.
-        if taint.effect == "NoExecute" and tolerating and all(t.seconds is not None for t in tolerating):
-            return f"tainted {taint}, tolerated for {min(t.seconds or 0 for t in tolerating)} s only"
-        if not tolerating:
-            return f"being removed ({removal})" if removal is not None else f"tainted {taint}"
+        if removal is not None and tolerated_for(taint, tolerations) is None:
+            return f"being removed ({removal})"
+        why = blocking_taint(taint, tolerations)
+        if why is not None:  # NoExecute: untolerated, or tolerated for a while only
+            return why
     return None
 
 
@@ -82,8 +88,8 @@ def apply(b: PlanBuilder, seen: Observed) -> bool:
             node, why = found
             new_attempt(b, seen.current)
             message = (
-                f"{pod['metadata']['name']} was admitted onto node {node}, which is {why}: the scheduler "
-                f"cannot bind it there; gang torn down and queued again as attempt {b.status['attempt']}"
+                f"{pod['metadata']['name']} was admitted onto node {node}, which is {why}: it would not run "
+                f"there; gang torn down and queued again as attempt {b.status['attempt']}"
             )
             if b.old.get("phase") == "Pending":  # no phase change, so phase() tells no one
                 b.plan.events.append(Event("Warning", REASON_ADMITTED_NODE_UNUSABLE, message))
