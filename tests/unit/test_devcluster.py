@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -144,3 +145,60 @@ def test_nodes_whose_capacity_was_lost_are_found_to_be_written_again() -> None:
     ]
     assert [m["metadata"]["name"] for m in without_capacity(listed, manifests)] == ["n-1", "n-2"]
     assert without_capacity(listed[:1], manifests[:1]) == []
+
+
+def test_a_port_taken_before_its_component_binds_it_starts_the_control_plane_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A free port is free only until someone binds it: another worker's cluster or a test's rendezvous
+    # took one in a CI run (kube-controller-manager: bind: address already in use), and every test of
+    # that worker errored. The control plane starts again on fresh ports; any other failure is raised.
+    from phalanx.devcluster import cluster as cluster_module
+    from phalanx.devcluster.cluster import PORT_ATTEMPTS, ClusterError, LocalCluster
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in cluster_module.REQUIRED_BINARIES:
+        (bin_dir / name).write_text("#!/bin/sh\n")
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PHALANX_CLUSTER_BIN", str(bin_dir))
+    starts: list[int] = []
+
+    def start(failures: int, error: str) -> Any:
+        def control_plane(self: LocalCluster, *_: Any) -> None:
+            starts.append(1)
+            if len(starts) <= failures:
+                raise ClusterError(
+                    f"kube-controller-manager exited during start-up; last log lines:\n{error}"
+                )
+
+        return control_plane
+
+    for name in ("add_nodes", "_wait_nodes_ready", "_wait_default_service_account"):
+        monkeypatch.setattr(LocalCluster, name, lambda *_, **__: None)
+    taken = (
+        'err="failed to listen on 127.0.0.1:24000: listen tcp 127.0.0.1:24000: bind: address already in use"'
+    )
+    monkeypatch.setattr(LocalCluster, "_start_control_plane", start(1, taken))
+    LocalCluster(tmp_path / "a", log=lambda _: None).up()
+    assert len(starts) == 2
+
+    starts.clear()
+    monkeypatch.setattr(LocalCluster, "_start_control_plane", start(PORT_ATTEMPTS, taken))
+    with pytest.raises(ClusterError, match="address already in use"):
+        LocalCluster(tmp_path / "b", log=lambda _: None).up()
+    assert len(starts) == PORT_ATTEMPTS
+
+    starts.clear()
+    monkeypatch.setattr(LocalCluster, "_start_control_plane", start(1, "flag provided but not defined"))
+    with pytest.raises(ClusterError, match="flag provided"):
+        LocalCluster(tmp_path / "c", log=lambda _: None).up()
+    assert len(starts) == 1
+
+
+def test_the_control_plane_ports_are_distinct() -> None:
+    from phalanx.devcluster.cluster import distinct_free_ports
+
+    for _ in range(50):
+        ports = distinct_free_ports(6)
+        assert len(set(ports)) == 6

@@ -32,6 +32,9 @@ if TYPE_CHECKING:
 
 REQUIRED_BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "kwok", "kubectl")
 STAGES_FILE = Path(__file__).with_name("kwok-stages.yaml")
+# Starts of the control plane when a port it chose is taken before a component binds it.
+PORT_ATTEMPTS = 3
+PORT_TAKEN = "address already in use"
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -165,23 +168,19 @@ class LocalCluster:
                 raise ClusterError(str(exc)) from exc
         for sub in ("run", "logs"):
             (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(self.state_dir / "etcd", ignore_errors=True)
         pki = ensure_pki(self.state_dir / "pki")
-        ports = components.Ports(*(free_port() for _ in range(6)))
-        self._state_file.write_text(ClusterState("dev", ports, str(bin_dir), time.time()).to_json())
-        server = f"https://127.0.0.1:{ports.apiserver}"
-        self.kubeconfig.write_text(kubeconfig_text(server, pki))
         try:
-            self._start(components.etcd(bin_dir, self.state_dir / "etcd", ports))
-            self._wait_http(f"http://127.0.0.1:{ports.etcd_client}/health", "etcd", timeout)
-            self._start(components.kube_apiserver(bin_dir, pki, ports))
-            self._wait_http(f"{server}/readyz", "kube-apiserver", timeout)
-            self._start(components.kube_scheduler(bin_dir, self.kubeconfig, ports))
-            self._start(components.kube_controller_manager(bin_dir, self.kubeconfig, pki, ports))
-            self._start(components.kwok(bin_dir, self.kubeconfig, STAGES_FILE, ports))
-            self._wait_http(f"https://127.0.0.1:{ports.scheduler}/healthz", "kube-scheduler", timeout)
-            self._wait_http(f"https://127.0.0.1:{ports.controller_manager}/healthz", "kube-controller-manager",
-                            timeout)  # fmt: skip
+            for attempt in range(1, PORT_ATTEMPTS + 1):
+                try:
+                    self._start_control_plane(bin_dir, pki, timeout)
+                    break
+                except ClusterError as exc:
+                    # A free port is only free until someone binds it: another cluster starting, or
+                    # a test's rendezvous, may take it between our check and the component's bind.
+                    if PORT_TAKEN not in str(exc) or attempt == PORT_ATTEMPTS:
+                        raise
+                    self.log(f"a port was taken before its component bound it; starting again ({exc})")
+                    self.down(quiet=True)
             self.add_nodes(pools)
             self._wait_nodes_ready(timeout)
             self._wait_default_service_account(timeout)
@@ -205,6 +204,24 @@ class LocalCluster:
             raise
         self.log(f"cluster ready in {time.monotonic() - started:.1f}s; kubeconfig: {self.kubeconfig}")
         return self.kubeconfig
+
+    def _start_control_plane(self, bin_dir: Path, pki: Pki, timeout: float) -> None:
+        """etcd, the API server, the scheduler, the controller manager and kwok, on fresh ports."""
+        shutil.rmtree(self.state_dir / "etcd", ignore_errors=True)
+        ports = components.Ports(*distinct_free_ports(6))
+        self._state_file.write_text(ClusterState("dev", ports, str(bin_dir), time.time()).to_json())
+        server = f"https://127.0.0.1:{ports.apiserver}"
+        self.kubeconfig.write_text(kubeconfig_text(server, pki))
+        self._start(components.etcd(bin_dir, self.state_dir / "etcd", ports))
+        self._wait_http(f"http://127.0.0.1:{ports.etcd_client}/health", "etcd", timeout)
+        self._start(components.kube_apiserver(bin_dir, pki, ports))
+        self._wait_http(f"{server}/readyz", "kube-apiserver", timeout)
+        self._start(components.kube_scheduler(bin_dir, self.kubeconfig, ports))
+        self._start(components.kube_controller_manager(bin_dir, self.kubeconfig, pki, ports))
+        self._start(components.kwok(bin_dir, self.kubeconfig, STAGES_FILE, ports))
+        self._wait_http(f"https://127.0.0.1:{ports.scheduler}/healthz", "kube-scheduler", timeout)
+        self._wait_http(f"https://127.0.0.1:{ports.controller_manager}/healthz", "kube-controller-manager",
+                        timeout)  # fmt: skip
 
     def down(self, quiet: bool = False) -> list[str]:
         from phalanx.devcluster.kueue import stop_kueue
@@ -378,6 +395,16 @@ class LocalCluster:
                 return
             time.sleep(0.5)
         raise ClusterError("the default service account never appeared; see kube-controller-manager's log")
+
+
+def distinct_free_ports(count: int) -> list[int]:
+    """`count` free ports, no two alike (each free_port() call checks one port on its own)."""
+    ports: list[int] = []
+    while len(ports) < count:
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    return ports
 
 
 def down_on_sigterm() -> None:
