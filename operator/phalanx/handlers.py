@@ -108,8 +108,9 @@ def check_crd(api: KubeApi) -> None:
     except Exception as exc:  # noqa: BLE001 - a check, never a reason not to start
         logging.getLogger("phalanx.crd").warning("could not read the TrainingJob CRD to check it: %s", exc)
         return
-    message = stale_crd_message(installed)
-    metrics.observe_crd_schema(installed_digest(installed), expected_digest())
+    expected = expected_digest()
+    message = stale_crd_message(installed, expected)
+    metrics.observe_crd_schema(installed_digest(installed), expected)
     if message:
         logging.getLogger("phalanx.crd").error(message)
 

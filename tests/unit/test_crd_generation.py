@@ -11,7 +11,7 @@ import yaml
 
 from phalanx import constants as c
 from phalanx.api import generate
-from phalanx.api.crd import build_crd, schema_digest, stale_crd_message
+from phalanx.api.crd import build_crd, expected_digest, schema_digest, stale_crd_message
 
 pytestmark = pytest.mark.unit
 
@@ -101,7 +101,7 @@ def test_the_committed_crd_carries_the_digest_of_its_own_spec() -> None:
     committed = yaml.safe_load((generate.REPO_ROOT / "crds" / generate.CRD_FILE).read_text())
     digest = committed["metadata"]["annotations"][c.ANNOTATION_SCHEMA_DIGEST]
     assert digest == schema_digest(committed["spec"]) == schema_digest(build_crd()["spec"])
-    assert stale_crd_message(committed) is None
+    assert stale_crd_message(committed, expected_digest()) is None
 
 
 def test_an_older_crd_is_named_with_the_fix() -> None:
@@ -110,13 +110,13 @@ def test_an_older_crd_is_named_with_the_fix() -> None:
         "inPlace"
     )
     older["metadata"]["annotations"][c.ANNOTATION_SCHEMA_DIGEST] = schema_digest(older["spec"])
-    message = stale_crd_message(older)
+    message = stale_crd_message(older, expected_digest())
     assert message is not None and "kubectl apply --server-side -f charts/phalanx/crds/" in message
     assert f"schema digest {schema_digest(older['spec'])}" in message
     unannotated = build_crd()
     del unannotated["metadata"]["annotations"]
-    assert "schema digest absent" in (stale_crd_message(unannotated) or "")
-    assert "is not installed" in (stale_crd_message(None) or "")
+    assert "schema digest absent" in (stale_crd_message(unannotated, expected_digest()) or "")
+    assert "is not installed" in (stale_crd_message(None, expected_digest()) or "")
 
 
 def test_the_start_up_check_sets_the_gauge_and_logs_the_fix(caplog: pytest.LogCaptureFixture) -> None:

@@ -52,13 +52,14 @@ def expected_digest() -> str:
     return schema_digest(build_crd()["spec"])
 
 
-def stale_crd_message(installed: Mapping[str, Any] | None) -> str | None:
+def stale_crd_message(installed: Mapping[str, Any] | None, expected: str) -> str | None:
     """Why the installed TrainingJob CRD is not the one this operator was built with (None: it is).
     An older schema makes the API server drop the status fields it does not know, silently, so the
-    operator's bookkeeping of newer features is lost on every write."""
+    operator's bookkeeping of newer features is lost on every write. expected: expected_digest()
+    (it builds the whole CRD: once per start)."""
     if installed is None:
         return f"the CustomResourceDefinition {c.CRD_NAME} is not installed: kubectl apply --server-side -f crds/"
-    expected, found = expected_digest(), installed_digest(installed)
+    found = installed_digest(installed)
     if found == expected:
         return None
     return (
