@@ -194,11 +194,3 @@ def test_a_port_taken_before_its_component_binds_it_starts_the_control_plane_aga
     with pytest.raises(ClusterError, match="flag provided"):
         LocalCluster(tmp_path / "c", log=lambda _: None).up()
     assert len(starts) == 1
-
-
-def test_the_control_plane_ports_are_distinct() -> None:
-    from phalanx.devcluster.cluster import distinct_free_ports
-
-    for _ in range(50):
-        ports = distinct_free_ports(6)
-        assert len(set(ports)) == 6

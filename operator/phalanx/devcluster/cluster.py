@@ -208,7 +208,8 @@ class LocalCluster:
     def _start_control_plane(self, bin_dir: Path, pki: Pki, timeout: float) -> None:
         """etcd, the API server, the scheduler, the controller manager and kwok, on fresh ports."""
         shutil.rmtree(self.state_dir / "etcd", ignore_errors=True)
-        ports = components.Ports(*distinct_free_ports(6))
+        first = free_port(consecutive=6)  # six ports, none alike
+        ports = components.Ports(*range(first, first + 6))
         self._state_file.write_text(ClusterState("dev", ports, str(bin_dir), time.time()).to_json())
         server = f"https://127.0.0.1:{ports.apiserver}"
         self.kubeconfig.write_text(kubeconfig_text(server, pki))
@@ -395,16 +396,6 @@ class LocalCluster:
                 return
             time.sleep(0.5)
         raise ClusterError("the default service account never appeared; see kube-controller-manager's log")
-
-
-def distinct_free_ports(count: int) -> list[int]:
-    """`count` free ports, no two alike (each free_port() call checks one port on its own)."""
-    ports: list[int] = []
-    while len(ports) < count:
-        port = free_port()
-        if port not in ports:
-            ports.append(port)
-    return ports
 
 
 def down_on_sigterm() -> None:

@@ -129,12 +129,9 @@ class ClusterState:
         # requests -> node -> copies_that_fit(free[node], requests); dropped per node on take().
         self._copies: dict[Resources, dict[str, int]] = {}
 
-    def _refusal_table(self, demand: PodDemand, ever: bool) -> tuple[list[str], dict[str, Refusal]]:
-        return self.node_set.refusal_table(demand, ever)
-
     def eligible(self, demand: PodDemand, ever: bool = False) -> list[str]:
         """Nodes whose readiness, taints and selectors admit this shape (ever: once nodes recover)."""
-        return self._refusal_table(demand, ever)[0]
+        return self.node_set.refusal_table(demand, ever)[0]
 
     def unreserved(self, demand: PodDemand) -> list[str]:
         return [n for n in self.eligible(demand) if n not in self.reserved_by]
@@ -164,7 +161,7 @@ class ClusterState:
 
     def outlooks(self, demand: PodDemand, ever: bool) -> list[NodeOutlook]:
         """Per node: how many pods of this shape fit (on allocatable when ever), or why none."""
-        refusals = self._refusal_table(demand, ever)[1]
+        refusals = self.node_set.refusal_table(demand, ever)[1]
         free_by_node = self.allocatable if ever else self.free
         outlooks = []
         for node in self.order:

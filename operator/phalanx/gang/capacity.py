@@ -414,8 +414,10 @@ def _static_refusal(node: NodeInfo, demand: PodDemand, transient_too: bool) -> R
 
 _T = TypeVar("_T")
 
-# Entries a NodeSet keeps at most, per kind (refusal tables: one per pod placement, O(nodes) each;
-# answers: one per gang shape); beyond it, that kind starts over.
+# Entries a NodeSet keeps at most; beyond it, that kind starts over. Refusal tables hold an entry per
+# node each (5,000 nodes x 4,096 placements would be millions): a few hundred placements; answers
+# (never-fits reasons, one short text per gang shape) may be many more.
+NODE_SET_TABLE_LIMIT: Final = 256
 NODE_SET_MEMO_LIMIT: Final = 4096
 _ABSENT: Final = object()
 
@@ -469,7 +471,7 @@ class NodeSet(Sequence[NodeInfo]):
                     eligible.append(name)
                 else:
                     refusals[name] = refusal
-            if len(self._refusals) >= NODE_SET_MEMO_LIMIT:
+            if len(self._refusals) >= NODE_SET_TABLE_LIMIT:
                 self._refusals = {}  # a new dict: a reader elsewhere keeps the one it holds
             table = self._refusals[key] = (eligible, refusals)
         return table
