@@ -789,7 +789,9 @@ def contention(api: client.ApiClient, pool_nodes: int, run_seconds: int, rng: ra
         "ideal_makespan_seconds": round(demand * run_seconds / capacity, 1),
         "gpu_utilization": round(used / available, 3),
         # The same gangs admitted by the same plan with no latency at all: the bound to read against.
-        "zero_latency_gpu_utilization": round(zero_latency_utilization(gangs, pool_nodes, run_seconds), 3),
+        "zero_latency_gpu_utilization": round(
+            zero_latency_utilization(gangs, pool_nodes, run_seconds, stated=states_run_time), 3
+        ),
         "partial_gang_seconds": round(partial, 1),
         "worst_partial_gang_seconds": round(worst, 2),
         "partial_gang_seconds_beyond_timeout": round(beyond_timeout, 1),

@@ -37,3 +37,12 @@ def test_each_start_a_second_late_costs_what_the_pool_idles_meanwhile() -> None:
     # before the first wave and 1 s between them; the second starts at 22 s, 20 of those 22 s used.
     gangs = [(f"g{i}", 2, 8) for i in range(4)]
     assert zero_latency_utilization(gangs, 4, 20.0, start_latency=1.0) == pytest.approx(20 / 22)
+
+
+def test_stated_run_times_let_a_short_gang_use_the_node_a_blocked_head_would_idle() -> None:
+    # 3 nodes: "a" takes two, the two-node head waits 20 s for them. Not knowing when they free, the
+    # head holds the idle third node meanwhile (16 of 24 GPUs busy until the last start at 20 s);
+    # knowing, it holds a's two nodes and "small" trains on the third.
+    gangs = [("a", 2, 8), ("head", 2, 8), ("small", 1, 8)]
+    assert zero_latency_utilization(gangs, 3, 20.0, stated=False) == pytest.approx(2 / 3)
+    assert zero_latency_utilization(gangs, 3, 20.0, stated=True) == pytest.approx(1.0)

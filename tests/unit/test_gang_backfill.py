@@ -9,7 +9,8 @@ import pytest
 from phalanx.api.schema import parse
 from phalanx.api.v1alpha1 import TrainingJobSpec
 from phalanx.gang.admission import plan_admission
-from phalanx.gang.backfill import estimate_seconds, job_end, node_free_at
+from phalanx.gang.backfill import PodOnNode, estimate_seconds, job_end, node_free_at, stated_end
+from phalanx.gang.capacity import NodeInfo
 from tests.unit.test_gang_admission import gang, gpu_node
 
 pytestmark = pytest.mark.unit
@@ -28,10 +29,30 @@ def test_a_running_job_ends_at_its_eta_and_one_without_never() -> None:
     assert job_end({"phase": "Restarting", "progress": {"etaSeconds": 5}}, NOW) == math.inf
 
 
-def test_a_node_is_free_when_its_last_job_ends_and_never_with_a_pod_of_someone_else() -> None:
+def on(node: str, job: str | None, bound: bool = True, **requests: int) -> PodOnNode:
+    return PodOnNode(node, job, bound, requests or {"nvidia.com/gpu": 4000}, 0)
+
+
+def test_a_node_is_free_when_its_last_job_ends_and_never_with_work_of_unknown_end() -> None:
     ends = {"ns/a": NOW + 50, "ns/b": NOW + 80}
-    free_at = node_free_at([("n0", "ns/a"), ("n0", "ns/b"), ("n1", "ns/a"), ("n2", None)], ends)
-    assert free_at == {"n0": NOW + 80, "n1": NOW + 50, "n2": math.inf}
+    pods = [on("n0", "ns/a"), on("n0", "ns/b"), on("n1", "ns/a"), on("n2", None), on("n3", "ns/c")]
+    assert node_free_at(pods, ends) == {"n0": NOW + 80, "n1": NOW + 50, "n2": math.inf, "n3": math.inf}
+
+
+def test_a_pod_admitted_and_not_bound_yet_has_no_known_end() -> None:
+    # Its run begins when it binds: the end its job reports is an earlier run's, or none.
+    assert node_free_at(
+        [on("n0", "ns/a"), on("n0", "ns/b", bound=False)], {"ns/a": NOW + 50, "ns/b": NOW + 9}
+    ) == {"n0": math.inf}
+
+
+def test_an_agent_of_another_owner_without_accelerators_does_not_keep_a_node_from_freeing() -> None:
+    # Every node of a real cluster runs DaemonSet pods (device plugin, exporters, CNI): counted as
+    # work of unknown end they would keep every node from ever being lent or traded.
+    agent = on("n0", None, cpu=100, memory=200 * 2**20, pods=1000)
+    assert node_free_at([on("n0", "ns/a"), agent], {"ns/a": NOW + 50}) == {"n0": NOW + 50}
+    assert node_free_at([agent], {}) == {}, "a node with agents only is free now"
+    assert node_free_at([on("n1", None)], {}) == {"n1": math.inf}, "another owner's GPU pod never ends"
 
 
 def test_the_estimate_is_the_spec_hint_else_the_steps_left_at_the_measured_pace() -> None:
@@ -49,7 +70,7 @@ def blocked_head_and_a_short_job(estimate: float | None) -> list[str]:
     """node-0 and node-1 each run a job with 4 of 8 GPUs, ending at +100 s; the head needs both
     nodes whole. A 1-pod, 4-GPU gang behind it asks for the free half of a reserved node."""
     nodes = [gpu_node("node-0"), gpu_node("node-1")]
-    used = {"node-0": {"nvidia.com/gpu": 4}, "node-1": {"nvidia.com/gpu": 4}}
+    used = {"node-0": {"nvidia.com/gpu": 4000}, "node-1": {"nvidia.com/gpu": 4000}}
     head = gang("head", 2, 8, created=0.0)
     short = gang("short", 1, 4, created=1.0, estimate_seconds=estimate)
     plan = plan_admission([head, short], nodes, used, NOW, free_at={"node-0": NOW + 100, "node-1": NOW + 100})
@@ -68,7 +89,7 @@ def test_a_gang_that_would_end_after_the_head_could_start_waits_as_today() -> No
 
 def test_without_node_end_times_nothing_is_lent() -> None:
     nodes = [gpu_node("node-0"), gpu_node("node-1")]
-    used = {"node-0": {"nvidia.com/gpu": 4}, "node-1": {"nvidia.com/gpu": 4}}
+    used = {"node-0": {"nvidia.com/gpu": 4000}, "node-1": {"nvidia.com/gpu": 4000}}
     plan = plan_admission(
         [gang("head", 2, 8), gang("short", 1, 4, created=1.0, estimate_seconds=1.0)], nodes, used, NOW
     )
@@ -78,7 +99,7 @@ def test_without_node_end_times_nothing_is_lent() -> None:
 def test_a_head_whose_start_is_unknown_lends_nothing() -> None:
     # node-0's work has no ETA: the head may start any minute, so even a short gang must wait.
     nodes = [gpu_node("node-0"), gpu_node("node-1")]
-    used = {"node-0": {"nvidia.com/gpu": 4}, "node-1": {"nvidia.com/gpu": 4}}
+    used = {"node-0": {"nvidia.com/gpu": 4000}, "node-1": {"nvidia.com/gpu": 4000}}
     head, short = gang("head", 2, 8), gang("short", 1, 4, created=1.0, estimate_seconds=1.0)
     plan = plan_admission([head, short], nodes, used, NOW, free_at={"node-0": math.inf, "node-1": NOW + 100})
     assert not plan.admitted
@@ -90,3 +111,67 @@ def test_an_eta_read_a_while_ago_counts_from_when_it_was_read() -> None:
     running = {"phase": "Running", "progress": {"etaSeconds": 120}}
     assert job_end(running, NOW, read_at=NOW - 30) == NOW - 30 + 120
     assert job_end(running, NOW, read_at=NOW + 5) == NOW + 120  # a clock ahead: never later than read now
+
+
+def test_a_first_attempt_that_states_its_run_time_ends_that_long_after_its_start() -> None:
+    job = {"spec": {"scheduling": {"expectedRunSeconds": 20}}, "status": {"phase": "Running"}}
+    assert stated_end(job, NOW) == NOW + 20
+    assert stated_end(job, None) is None, "not started"
+    assert stated_end({**job, "status": {"phase": "Running", "attempt": 1}}, NOW) is None, (
+        "startTime is the first's"
+    )
+    assert stated_end({**job, "status": {"phase": "Running", "restarts": {"failures": 1}}}, NOW) is None
+    assert stated_end({**job, "status": {"phase": "Succeeded"}}, NOW) is None
+    assert stated_end({"spec": {}, "status": {"phase": "Running"}}, NOW) is None
+
+
+# -- the head's nodes: busy ones that free by its start rather than idle ones -------------------------
+def four_nodes(ends: dict[str, float]) -> tuple[list[NodeInfo], dict[str, dict[str, int]]]:
+    """n0-n2 run work (all 8 GPUs) ending as `ends` says; n3 is idle."""
+    nodes = [gpu_node(f"n{i}") for i in range(4)]
+    return nodes, {name: {"nvidia.com/gpu": 8000} for name in ("n0", "n1", "n2")}
+
+
+def test_a_blocked_head_holds_busy_nodes_that_free_by_its_start_and_leaves_the_idle_one_to_others() -> None:
+    ends = {"n0": NOW + 20, "n1": NOW + 20, "n2": NOW + 20}
+    nodes, used = four_nodes(ends)
+    head, small = gang("head", 3, 8), gang("small", 1, 8, created=1.0)  # small states no run time
+    plan = plan_admission([head, small], nodes, used, NOW, free_at=ends)
+    assert plan.reservations == {"head": ("n0", "n1", "n2")}, "it starts at +20 all the same"
+    assert [(a.key, a.placements) for a in plan.admitted] == [("small", (("small-0", "n3"),))]
+    # Without the ends it holds the idle node, which idles until the head can start.
+    plan = plan_admission([head, small], nodes, used, NOW)
+    assert "n3" in plan.reservations["head"] and not plan.admitted
+
+
+def test_a_node_whose_work_ends_after_the_head_could_start_is_never_taken_for_an_idle_one() -> None:
+    for late in (NOW + 30, math.inf):  # ends later; end unknown
+        ends = {"n0": NOW + 20, "n1": NOW + 20, "n2": late}
+        nodes, used = four_nodes(ends)
+        plan = plan_admission(
+            [gang("head", 3, 8), gang("small", 1, 8, created=1.0)], nodes, used, NOW, free_at=ends
+        )
+        assert plan.reservations == {"head": ("n0", "n1", "n3")} and not plan.admitted, late
+
+
+def test_neither_a_node_this_pass_filled_nor_an_overbooked_one_is_taken_for_an_idle_one() -> None:
+    # n2 is idle too: "first" takes it in this pass and runs on with no end known; a head counting it
+    # as freeing by its start (it has no free_at) would lend the idle n3 away and wait for ever.
+    ends = {"n0": NOW + 20, "n1": NOW + 20}
+    nodes, used = four_nodes(ends)
+    del used["n2"]
+    plan = plan_admission(
+        [gang("first", 1, 8), gang("head", 3, 8, created=1.0), gang("small", 1, 8, created=2.0)],
+        nodes, used, NOW, free_at=ends,
+    )  # fmt: skip
+    taken = dict(plan.admitted[0].placements)["first-0"]
+    assert [a.key for a in plan.admitted] == ["first"]
+    assert taken not in plan.reservations["head"] and len(plan.reservations["head"]) == 3
+    # Overbooked: a gang started early waits on n2 for the room, then stays its whole run.
+    ends = {"n0": NOW + 20, "n1": NOW + 20, "n2": NOW + 20}
+    nodes, used = four_nodes(ends)
+    used["n2"] = {"nvidia.com/gpu": 16000}
+    plan = plan_admission(
+        [gang("head", 3, 8), gang("small", 1, 8, created=1.0)], nodes, used, NOW, free_at=ends
+    )
+    assert plan.reservations == {"head": ("n0", "n1", "n3")} and not plan.admitted

@@ -4,6 +4,7 @@ admitted onto them at once; what ends, what stays, and what plan_admission does 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -170,8 +171,6 @@ START = 1767225600.0  # 2026-01-01T00:00:00Z
 def pass_over(job_status: dict[str, object], now: float) -> EarlyStart:
     """An AdmissionPass over stores holding one job with expectedRunSeconds 20, a bound pod of it on
     n0, a creates in flight on n0 and a pod of another owner on n1; its early start outlook."""
-    import time
-
     from phalanx.controller.admission_pass import AdmissionPass
     from phalanx.controller.admission_state import AdmissionState
     from phalanx.controller.stores import ClusterStores
@@ -250,3 +249,36 @@ def test_the_pass_counts_a_trainers_eta_from_the_poll_that_first_read_it() -> No
     assert passing._early_end(job) == math.inf  # nothing read: the status' ETA has no time
     passing.read_progress = lambda key, uid: ({"etaSeconds": 30}, NOW - 10) if uid == "u1" else None
     assert passing._early_end(job) == NOW + 20
+
+
+def test_the_pass_reads_when_nodes_free_from_stated_run_times_and_leaves_agents_out() -> None:
+    # What the backfill and the head's reservation read (admission_pass._free_at): a job with no ETA
+    # ends by its stated run time, as early start reads it; a node's agents (cpu only) stay beside.
+    from phalanx.controller.admission_pass import AdmissionPass
+    from phalanx.controller.admission_state import AdmissionState
+    from phalanx.controller.stores import ClusterStores
+
+    stores = ClusterStores()
+    job = {"metadata": {"name": "a", "namespace": "ns", "uid": "u1", "resourceVersion": "1"},
+           "spec": {"replicas": 1, "scheduling": {"expectedRunSeconds": 20}},
+           "status": {"phase": "Running", "startTime": "2026-01-01T00:00:00Z"}}  # fmt: skip
+    stores.jobs.upsert(job)
+
+    def pod(name: str, node: str, labels: dict[str, str], requests: dict[str, str]) -> dict[str, object]:
+        return {"metadata": {"name": name, "namespace": "ns", "uid": name, "resourceVersion": "1", "labels": labels},
+                "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {"requests": requests}}]},
+                "status": {"phase": "Running"}}  # fmt: skip
+
+    stores.pods.upsert(pod("a-0", "n0", {"phalanx.dev/job-name": "a"}, {GPU: "8"}))
+    stores.pods.upsert(pod("agent-n0", "n0", {}, {"cpu": "100m", "memory": "64Mi"}))
+    stores.pods.upsert(pod("agent-n3", "n3", {}, {"cpu": "100m"}))
+    stores.pods.upsert(pod("someone-elses", "n1", {}, {GPU: "1"}))
+    state = AdmissionState()
+    state.assumed["ns/b-0"] = ("n2", ((GPU, 2000),))
+    passing = AdmissionPass(None, stores, state, None, None, None, None, time.time)  # type: ignore[arg-type]
+    free_at = passing._free_at([job], {"n0", "n1", "n2", "n3"}, state, START + 5)
+    assert free_at == {"n0": START + 20, "n1": math.inf, "n2": math.inf}
+    # A trainer's ETA, once a poll has read it, counts over the stated run time.
+    passing.fresh_progress = lambda key, uid: {"etaSeconds": 40}
+    passing.fresh_progress_read_at = lambda key, uid: START + 5
+    assert passing._free_at([job], {"n0"}, state, START + 5) == {"n0": START + 45}

@@ -27,8 +27,9 @@ from dataclasses import dataclass
 import pytest
 
 from phalanx.gang.admission import GangRequest, admission_order, plan_admission
+from phalanx.gang.backfill import PodOnNode
 from phalanx.gang.capacity import NodeInfo, PodDemand
-from phalanx.gang.early_start import EarlyStart, PodOnNode, node_handovers
+from phalanx.gang.early_start import EarlyStart, node_handovers
 
 pytestmark = pytest.mark.unit
 
@@ -174,6 +175,9 @@ def simulate(seed: int, estimates: bool = False, early: bool = False) -> float:
                 known = gangs[key].request.estimate_seconds is not None
                 for _, node in gangs[key].placements:
                     free_at[node] = max(free_at.get(node, 0.0), float(end) if known else math.inf)
+            for key in binding:  # admitted, not all bound: its run has not begun, its end is unknown
+                for _, node in gangs[key].placements:
+                    free_at[node] = math.inf
         early_start = EarlyStart({})
         if early:
             ends = {

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -22,12 +23,11 @@ from phalanx.controller.preemption import Preemptor
 from phalanx.controller.queue import WorkQueue
 from phalanx.controller.stores import ClusterStores
 from phalanx.gang.admission import AdmissionPlan, GangRequest, admission_order, plan_admission
-from phalanx.gang.backfill import job_end, node_free_at
+from phalanx.gang.backfill import PodOnNode, job_end, node_free_at, stated_end
 from phalanx.gang.capacity import add_into
 from phalanx.gang.early_start import (
     UNKNOWN_PRIORITY,
     EarlyStart,
-    PodOnNode,
     end_for_early_start,
     node_handovers,
 )
@@ -35,7 +35,7 @@ from phalanx.gang.preemption import head_of_line_blocked
 from phalanx.gang.requests import waiting_gang
 from phalanx.k8s import KubeApi, short_error
 from phalanx.kueue.workload import managed_here, queue_name
-from phalanx.pod_facts import is_gated, is_terminal, job_of_pod
+from phalanx.pod_facts import is_gated, job_of_pod
 from phalanx.policy.admission_pacing import IDLE_PASS_SECONDS, MAX_PASS_CPU_SECONDS, pause_after
 from phalanx.providers import provider_of_raw
 from phalanx.reconcile.plan import FINISHED_PHASES, parse_iso
@@ -69,6 +69,28 @@ def used_after(used: dict[str, dict[str, int]], plan: AdmissionPlan) -> dict[str
     for node, requests in plan.placed.items():
         add_into(after.setdefault(node, {}), requests.items())
     return after
+
+
+class _OnFirstRead(Mapping[str, float]):
+    """A mapping computed when first read, then kept: what a plan may never ask for costs nothing."""
+
+    def __init__(self, compute: Callable[[], dict[str, float]]) -> None:
+        self._compute = compute
+        self._value: dict[str, float] | None = None
+
+    def _read(self) -> dict[str, float]:
+        if self._value is None:
+            self._value = self._compute()
+        return self._value
+
+    def __getitem__(self, key: str) -> float:
+        return self._read()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._read())
+
+    def __len__(self) -> int:
+        return len(self._read())
 
 
 class AdmissionPass:
@@ -174,7 +196,8 @@ class AdmissionPass:
             if not requests:
                 return
             nodes = state.node_infos.node_set(stores.current_nodes().values())
-            free_at = self._free_at(every_job, now) if any(r.estimate_seconds for r in requests) else None
+            # Read only if the plan asks (a blocked head, a gang with an estimate): it reads every pod.
+            free_at = _OnFirstRead(lambda: self._free_at(every_job, set(used), state, now))
             # A copy: forget() drops a deleted job's reservation from a reconcile thread.
             plan = plan_admission(requests, nodes, used, now, reservations=dict(state.reservations),
                                   free_at=free_at, early=self._early_start(state, now))  # fmt: skip
@@ -220,15 +243,13 @@ class AdmissionPass:
                 metrics.observe_admission_wait_started(namespace, name, waiting_since)
                 self.messages.ask(key, uid, reason, job["metadata"].get("resourceVersion"))
 
-    def _free_at(self, jobs: list[dict[str, Any]], now: float) -> dict[str, float]:
-        """When each node's work ends, for the ETA-aware backfill (gang/backfill.py)."""
+    def _free_at(
+        self, jobs: list[dict[str, Any]], nodes: set[str], state: AdmissionState, now: float
+    ) -> dict[str, float]:
+        """When the work on these nodes (those holding room) ends, for the ETA-aware backfill and
+        the head's reservation (gang/backfill.py)."""
         ends = {object_key(j): self._job_end(j, now) for j in jobs}
-        bound = (
-            (str(p["spec"]["nodeName"]), job_of_pod(p))
-            for p in self.stores.pods.items()
-            if (p.get("spec") or {}).get("nodeName") and not is_terminal(p)
-        )
-        return node_free_at(bound, ends)
+        return node_free_at(self._pods_on(nodes, state), ends)
 
     def _early_start(self, state: AdmissionState, now: float) -> Callable[[Sequence[str]], EarlyStart]:
         """What early start knows of some nodes (gang/early_start.py), read when a plan asks: only
@@ -269,23 +290,21 @@ class AdmissionPass:
         (startTime stays from the first), spec.scheduling.expectedRunSeconds after status.startTime."""
         key, uid = object_key(job), str(job["metadata"].get("uid") or "")
         status = job.get("status") or {}
-        expected = ((job.get("spec") or {}).get("scheduling") or {}).get("expectedRunSeconds")
-        started = parse_iso(status.get("startTime"))
-        restarted = bool(status.get("attempt")) or any(
-            isinstance(count, int) and count > 0 for count in (status.get("restarts") or {}).values()
-        )
-        hinted = None
-        if started is not None and isinstance(expected, int) and not restarted:
-            hinted = started + expected
+        stated = stated_end(job, parse_iso(status.get("startTime")))
         read = self.read_progress(key, uid)
         if read is None:
-            return end_for_early_start(status, None, hinted)
-        return end_for_early_start({**status, "progress": read[0]}, read[1], hinted)
+            return end_for_early_start(status, None, stated)
+        return end_for_early_start({**status, "progress": read[0]}, read[1], stated)
 
     def _job_end(self, job: dict[str, Any], now: float) -> float:
-        """When the job's work ends, its ETA counted from the poll that read it when held back."""
+        """When the job's work ends, its ETA counted from the poll that read it when held back; with
+        no ETA, its stated run time from its start, as early start reads it."""
         read_at = self.fresh_progress_read_at(object_key(job), str(job["metadata"].get("uid") or ""))
-        return job_end(self._freshest_status(job), now, read_at)  # None: the status' own progress
+        end = job_end(self._freshest_status(job), now, read_at)  # None: the status' own progress
+        if math.isinf(end):
+            stated = stated_end(job, parse_iso((job.get("status") or {}).get("startTime")))
+            return end if stated is None else stated
+        return end
 
     def _freshest_status(self, job: dict[str, Any]) -> dict[str, Any]:
         """The job's status with the newest progress read (its ETA), should the status lag it."""

@@ -10,7 +10,7 @@ the full rule and why.
 """
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -269,7 +269,12 @@ def plan_admission(
             continue
         counts = [(demand, len(names)) for demand, names in groups]
         needed = gang.needed
-        shape: _Shape = (tuple(counts), needed, gang.topology, gang.estimate_seconds if free_at else None)
+        shape: _Shape = (
+            tuple(counts),
+            needed,
+            gang.topology,
+            gang.estimate_seconds if free_at is not None else None,
+        )
 
         # Depends on the nodes' facts alone: kept with the NodeSet, for the passes and decisions after.
         never_reason = cluster.node_set.remember(
@@ -306,6 +311,10 @@ def plan_admission(
         blocked_cache[shape] = (cluster.version, reason)
         if len(held) < max_reservations and not gang.best_effort:
             nodes_held = _reserve(cluster, groups, needed, candidates, previous.get(gang.key), gang.topology)
+            if free_at is not None and nodes_held and gang.topology is None:
+                nodes_held = _busy_instead_of_idle(
+                    cluster, groups, needed, candidates, nodes_held, _Ends(free_at, now, placed.keys())
+                )
             outlook = early(nodes_held) if nodes_held and early is not None else None
             if outlook is not None:
                 room = outlook.room(nodes_held, cluster.allocatable, placed, gang.scheduler_priority, now)
@@ -463,6 +472,58 @@ def _reserve(
     placements = place_gang(groups, needed, ordered, cluster.allocatable, fixed_order=True)
     if placements is None:
         return ()
+    return tuple(sorted({node for _, node in placements}))
+
+
+@dataclass(frozen=True)
+class _Ends:
+    """What the reservation reads of when nodes free: free_at, the pass's time, and the nodes this
+    pass placed gangs on (they run from now, for as long as those gangs do)."""
+
+    free_at: Mapping[str, float]
+    now: float
+    placed: Collection[str]
+
+
+def _busy_instead_of_idle(
+    cluster: ClusterState,
+    groups: Sequence[PodGroup],
+    needed: int,
+    candidates: Mapping[PodDemand, Sequence[str]],
+    held: tuple[str, ...],
+    ends: _Ends,
+) -> tuple[str, ...]:
+    """A blocked head's nodes, trading a node whose room idles now for one whose work ends by the
+    time the head can start anyway: the head starts no later, and the idle room is left to the gangs
+    behind it, with or without estimates (EASY backfilling's extra nodes).
+
+    Without this the head holds the emptiest nodes, which suits a head whose other nodes' work has no
+    known end. A node takes their place only when free_at knows its end (its work is bound pods of
+    jobs with an estimate), it ends by that start, and nothing there is overbooked (a gang started
+    early, waiting there for its whole run). An estimate that turns out short delays the head by the
+    overrun, as in the ETA-aware backfill.
+    """
+    primary = groups[0][0]
+    room = {node: _room_for(cluster.free[node], primary) for node in cluster.order}
+    if all(room[node] == 0 for node in held):
+        return held
+    start = head_start(held, ends.free_at, ends.now)
+    if not math.isfinite(start):
+        return held
+
+    def frees_by_start(node: str) -> bool:
+        if node in ends.placed or any(amount < 0 for amount in cluster.free[node].values()):
+            return False
+        return ends.free_at.get(node, ends.now) <= start
+
+    # Busy nodes first, the fullest first; idle ones only where the gang needs them.
+    ordered = {
+        demand: sorted((n for n in nodes if frees_by_start(n)), key=lambda n: (room[n], n))
+        for demand, nodes in candidates.items()
+    }
+    placements = place_gang(groups, needed, ordered, cluster.allocatable, fixed_order=True)
+    if placements is None:
+        return held
     return tuple(sorted({node for _, node in placements}))
 
 

@@ -2,8 +2,13 @@
 current work ends, and how long a waiting gang will run.
 
 - A running TrainingJob ends `status.progress.etaSeconds` from now (the trainer's ETA as last
-  reported); one with no ETA, and any pod that is not a TrainingJob's, ends "never" (inf), so its
+  reported); one without, in a first attempt that states spec.scheduling.expectedRunSeconds, that
+  long after status.startTime (the reading early start trusts too); else "never" (inf), and its
   node is never lent.
+- A node's work ends when the last of its TrainingJob pods ends. A pod admitted and not bound yet,
+  and another owner's pod holding an accelerator, end "never": neither is known to end. Another
+  owner's pod holding cpu and memory only (a DaemonSet's agent, a device plugin) stays beside
+  whatever runs there: it does not keep the node from freeing, or no node of a real cluster would.
 - A waiting gang's estimate is `spec.scheduling.expectedRunSeconds` when set; else, for a job that
   ran before (requeued, preempted), its steps left after the newest checkpoint times the step time
   it last measured (status.goodput.stepMilliseconds); else none, and the gang keeps today's rule.
@@ -16,9 +21,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from phalanx.api.v1alpha1 import TrainingJobSpec
+from phalanx.gang.capacity import ResourceList, holds_extended
 
 
 def job_end(status: Mapping[str, Any], now: float, read_at: float | None = None) -> float:
@@ -35,12 +42,41 @@ def job_end(status: Mapping[str, Any], now: float, read_at: float | None = None)
     return (now if read_at is None else min(now, read_at)) + float(eta)
 
 
-def node_free_at(pods: Iterable[tuple[str, str | None]], job_ends: Mapping[str, float]) -> dict[str, float]:
-    """(node, job key or None) of every bound, unfinished pod -> when each node's work ends."""
+@dataclass(frozen=True)
+class PodOnNode:
+    """A pod holding room on a node, as the backfill and early start read it."""
+
+    node: str
+    job: str | None  # the TrainingJob it belongs to ("namespace/name"), None for other owners
+    bound: bool  # False: admitted, pinned to the node, not bound yet
+    requests: ResourceList
+    priority: int  # its spec.priority, as the scheduler compares it (early_start.UNKNOWN_PRIORITY: not known)
+
+
+def stated_end(job: Mapping[str, Any], started: float | None) -> float | None:
+    """When a Running job ends by the run time it states: spec.scheduling.expectedRunSeconds after
+    `started` (its status.startTime), in a first attempt that never restarted only (startTime is
+    not reset by a restart); else None."""
+    status = job.get("status") or {}
+    expected = ((job.get("spec") or {}).get("scheduling") or {}).get("expectedRunSeconds")
+    restarted = bool(status.get("attempt")) or any(
+        isinstance(count, int) and count > 0 for count in (status.get("restarts") or {}).values()
+    )
+    if status.get("phase") != "Running" or started is None or restarted:
+        return None
+    if not isinstance(expected, int) or isinstance(expected, bool):
+        return None
+    return started + expected
+
+
+def node_free_at(pods: Iterable[PodOnNode], job_ends: Mapping[str, float]) -> dict[str, float]:
+    """Every pod holding room -> when each node's work ends (a node absent: nothing to wait for)."""
     free_at: dict[str, float] = {}
-    for node, job in pods:
-        end = job_ends.get(job, math.inf) if job is not None else math.inf
-        free_at[node] = max(free_at.get(node, end), end)
+    for pod in pods:
+        if pod.job is None and not holds_extended(pod.requests):
+            continue  # an agent beside the work, there for good: the node frees without it
+        end = job_ends.get(pod.job, math.inf) if pod.job is not None and pod.bound else math.inf
+        free_at[pod.node] = max(free_at.get(pod.node, end), end)
     return free_at
 
 

@@ -22,6 +22,8 @@ Resources = tuple[tuple[str, int], ...]
 """A hashable, sorted ResourceList without zero entries."""
 
 PODS: Final = "pods"
+# What every pod may ask of a node besides extended resources (accelerators, MIG slices, RDMA).
+NON_EXTENDED: Final = ("cpu", "memory", "ephemeral-storage", PODS)
 ONE_POD: Final = 1 * MILLI
 UNSCHEDULABLE_TAINT_KEY: Final = "node.kubernetes.io/unschedulable"
 # Taints the node lifecycle controller sets for conditions (not-ready, unreachable, pressure...).
@@ -292,6 +294,11 @@ def _container_requests(container: Mapping[str, Any]) -> dict[str, int]:
     for name, amount in _resource_list(resources.get("limits")).items():
         requests.setdefault(name, amount)
     return requests
+
+
+def holds_extended(requests: ResourceList) -> bool:
+    """Whether these requests hold an extended resource (an accelerator, say)."""
+    return any(amount > 0 for name, amount in requests.items() if name not in NON_EXTENDED)
 
 
 def effective_requests(spec: Mapping[str, Any]) -> dict[str, int]:

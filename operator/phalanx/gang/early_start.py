@@ -31,8 +31,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from phalanx.gang.backfill import job_end
-from phalanx.gang.capacity import ResourceList, add_into
+from phalanx.gang.backfill import PodOnNode, job_end
+from phalanx.gang.capacity import add_into
 
 EARLY_START_SECONDS: Final = 2.0
 UNKNOWN_PRIORITY: Final = -(2**31)  # a create in flight: its priority is not known, so assume the lowest
@@ -52,17 +52,6 @@ def end_for_early_start(
         if math.isfinite(end):
             return end
     return math.inf if hinted_end is None else hinted_end
-
-
-@dataclass(frozen=True)
-class PodOnNode:
-    """A pod holding room on a node, as early start reads it."""
-
-    node: str
-    job: str | None  # the TrainingJob it belongs to ("namespace/name"), None for other owners
-    bound: bool  # False: admitted, pinned to the node, not bound yet
-    requests: ResourceList
-    priority: int  # its spec.priority, as the scheduler compares it (UNKNOWN_PRIORITY: not known)
 
 
 @dataclass
