@@ -150,6 +150,13 @@ def is_owned_by(obj: Mapping[str, Any], job_uid: str) -> bool:
     return bool(job_uid) and controller_uid(obj) == job_uid
 
 
+def is_node_agent(pod: Mapping[str, Any]) -> bool:
+    """A pod that runs on its node for good: a DaemonSet's, or a static pod (its mirror is owned by
+    the Node)."""
+    owners = (pod.get("metadata") or {}).get("ownerReferences") or []
+    return any(o.get("kind") in ("DaemonSet", "Node") and o.get("controller") is True for o in owners)
+
+
 def gang_size(pod: Mapping[str, Any]) -> int | None:
     """The size of the attempt the pod was built for (its label); None without a readable one (a pod
     created before the label existed)."""

@@ -29,30 +29,40 @@ def test_a_running_job_ends_at_its_eta_and_one_without_never() -> None:
     assert job_end({"phase": "Restarting", "progress": {"etaSeconds": 5}}, NOW) == math.inf
 
 
-def on(node: str, job: str | None, bound: bool = True, **requests: int) -> PodOnNode:
-    return PodOnNode(node, job, bound, requests or {"nvidia.com/gpu": 4000}, 0)
+def on(node: str, job: str | None, bound: bool = True, agent: bool = False, **requests: int) -> PodOnNode:
+    return PodOnNode(node, job, bound, requests or {"nvidia.com/gpu": 4000}, 0, agent=agent)
 
 
 def test_a_node_is_free_when_its_last_job_ends_and_never_with_work_of_unknown_end() -> None:
     ends = {"ns/a": NOW + 50, "ns/b": NOW + 80}
     pods = [on("n0", "ns/a"), on("n0", "ns/b"), on("n1", "ns/a"), on("n2", None), on("n3", "ns/c")]
-    assert node_free_at(pods, ends) == {"n0": NOW + 80, "n1": NOW + 50, "n2": math.inf, "n3": math.inf}
+    assert node_free_at(pods, ends, NOW) == {"n0": NOW + 80, "n1": NOW + 50, "n2": math.inf, "n3": math.inf}
+
+
+def test_a_job_well_past_its_end_has_no_known_end() -> None:
+    # An estimate is one: 2 s past it the job still ends; further past, it overran and may run on.
+    assert node_free_at([on("n0", "ns/a")], {"ns/a": NOW - 1.5}, NOW) == {"n0": NOW - 1.5}
+    assert node_free_at([on("n0", "ns/a")], {"ns/a": NOW - 60}, NOW) == {"n0": math.inf}
 
 
 def test_a_pod_admitted_and_not_bound_yet_has_no_known_end() -> None:
-    # Its run begins when it binds: the end its job reports is an earlier run's, or none.
-    assert node_free_at(
-        [on("n0", "ns/a"), on("n0", "ns/b", bound=False)], {"ns/a": NOW + 50, "ns/b": NOW + 9}
-    ) == {"n0": math.inf}
+    # Its run begins when it binds: the end its job reports is an earlier run's, or none; a create in
+    # flight (no job known, not bound) likewise, whatever it asks for.
+    ends = {"ns/a": NOW + 50, "ns/b": NOW + 9}
+    assert node_free_at([on("n0", "ns/a"), on("n0", "ns/b", bound=False)], ends, NOW) == {"n0": math.inf}
+    assert node_free_at([on("n1", None, bound=False, cpu=1000)], {}, NOW) == {"n1": math.inf}
 
 
-def test_an_agent_of_another_owner_without_accelerators_does_not_keep_a_node_from_freeing() -> None:
+def test_a_node_agent_without_accelerators_does_not_keep_a_node_from_freeing() -> None:
     # Every node of a real cluster runs DaemonSet pods (device plugin, exporters, CNI): counted as
     # work of unknown end they would keep every node from ever being lent or traded.
-    agent = on("n0", None, cpu=100, memory=200 * 2**20, pods=1000)
-    assert node_free_at([on("n0", "ns/a"), agent], {"ns/a": NOW + 50}) == {"n0": NOW + 50}
-    assert node_free_at([agent], {}) == {}, "a node with agents only is free now"
-    assert node_free_at([on("n1", None)], {}) == {"n1": math.inf}, "another owner's GPU pod never ends"
+    agent = on("n0", None, agent=True, cpu=100, memory=200 * 2**20, pods=1000)
+    assert node_free_at([on("n0", "ns/a"), agent], {"ns/a": NOW + 50}, NOW) == {"n0": NOW + 50}
+    assert node_free_at([agent], {}, NOW) == {}, "a node with agents only is free now"
+    assert node_free_at([on("n1", None, agent=True)], {}, NOW) == {"n1": math.inf}, "an agent holding a GPU"
+    # Another owner's cpu-only pod that is no agent (a Deployment's, a notebook) may hold what the
+    # head needs for as long as it likes.
+    assert node_free_at([on("n2", None, cpu=30000)], {}, NOW) == {"n2": math.inf}
 
 
 def test_the_estimate_is_the_spec_hint_else_the_steps_left_at_the_measured_pace() -> None:
@@ -126,15 +136,15 @@ def test_a_first_attempt_that_states_its_run_time_ends_that_long_after_its_start
 
 
 # -- the head's nodes: busy ones that free by its start rather than idle ones -------------------------
-def four_nodes(ends: dict[str, float]) -> tuple[list[NodeInfo], dict[str, dict[str, int]]]:
-    """n0-n2 run work (all 8 GPUs) ending as `ends` says; n3 is idle."""
+def four_nodes() -> tuple[list[NodeInfo], dict[str, dict[str, int]]]:
+    """n0-n2 run work on all 8 GPUs (each test says when it ends); n3 is idle."""
     nodes = [gpu_node(f"n{i}") for i in range(4)]
     return nodes, {name: {"nvidia.com/gpu": 8000} for name in ("n0", "n1", "n2")}
 
 
 def test_a_blocked_head_holds_busy_nodes_that_free_by_its_start_and_leaves_the_idle_one_to_others() -> None:
     ends = {"n0": NOW + 20, "n1": NOW + 20, "n2": NOW + 20}
-    nodes, used = four_nodes(ends)
+    nodes, used = four_nodes()
     head, small = gang("head", 3, 8), gang("small", 1, 8, created=1.0)  # small states no run time
     plan = plan_admission([head, small], nodes, used, NOW, free_at=ends)
     assert plan.reservations == {"head": ("n0", "n1", "n2")}, "it starts at +20 all the same"
@@ -147,7 +157,7 @@ def test_a_blocked_head_holds_busy_nodes_that_free_by_its_start_and_leaves_the_i
 def test_a_node_whose_work_ends_after_the_head_could_start_is_never_taken_for_an_idle_one() -> None:
     for late in (NOW + 30, math.inf):  # ends later; end unknown
         ends = {"n0": NOW + 20, "n1": NOW + 20, "n2": late}
-        nodes, used = four_nodes(ends)
+        nodes, used = four_nodes()
         plan = plan_admission(
             [gang("head", 3, 8), gang("small", 1, 8, created=1.0)], nodes, used, NOW, free_at=ends
         )
@@ -158,7 +168,7 @@ def test_neither_a_node_this_pass_filled_nor_an_overbooked_one_is_taken_for_an_i
     # n2 is idle too: "first" takes it in this pass and runs on with no end known; a head counting it
     # as freeing by its start (it has no free_at) would lend the idle n3 away and wait for ever.
     ends = {"n0": NOW + 20, "n1": NOW + 20}
-    nodes, used = four_nodes(ends)
+    nodes, used = four_nodes()
     del used["n2"]
     plan = plan_admission(
         [gang("first", 1, 8), gang("head", 3, 8, created=1.0), gang("small", 1, 8, created=2.0)],
@@ -169,9 +179,49 @@ def test_neither_a_node_this_pass_filled_nor_an_overbooked_one_is_taken_for_an_i
     assert taken not in plan.reservations["head"] and len(plan.reservations["head"]) == 3
     # Overbooked: a gang started early waits on n2 for the room, then stays its whole run.
     ends = {"n0": NOW + 20, "n1": NOW + 20, "n2": NOW + 20}
-    nodes, used = four_nodes(ends)
+    nodes, used = four_nodes()
     used["n2"] = {"nvidia.com/gpu": 16000}
     plan = plan_admission(
         [gang("head", 3, 8), gang("small", 1, 8, created=1.0)], nodes, used, NOW, free_at=ends
     )
     assert plan.reservations == {"head": ("n0", "n1", "n3")} and not plan.admitted
+
+
+def test_a_head_whose_kept_nodes_no_longer_have_a_known_end_chooses_again() -> None:
+    # It traded n3 for n2 last pass; n2's job has since restarted (its end unknown). Keeping n2, it
+    # would wait on work that may never end, with n3 lent away.
+    ends = {"n0": NOW + 20, "n1": NOW + 20, "n2": math.inf}
+    nodes, used = four_nodes()
+    previous = {"head": ("n0", "n1", "n2")}
+    plan = plan_admission([gang("head", 3, 8)], nodes, used, NOW, reservations=previous, free_at=ends)
+    assert plan.reservations == {"head": ("n0", "n1", "n3")}
+    # Without ends known it keeps what it held, as before.
+    plan = plan_admission([gang("head", 3, 8)], nodes, used, NOW, reservations=previous)
+    assert plan.reservations == previous
+
+
+def test_a_head_that_may_preempt_keeps_the_idle_node_it_holds() -> None:
+    # Above the running work's priority, the head stops victims for the room it lacks: the idle node
+    # handed to "small" would cost it one victim more.
+    ends = {"n0": NOW + 20, "n1": NOW + 20, "n2": NOW + 20}
+    nodes, used = four_nodes()
+    head, small = gang("head", 3, 8, priority=10), gang("small", 1, 8, created=1.0, priority=10)
+    plan = plan_admission([head, small], nodes, used, NOW, free_at=ends, lowest_running_priority=0)
+    assert "n3" in plan.reservations["head"] and not plan.admitted
+    plan = plan_admission([head, small], nodes, used, NOW, free_at=ends, lowest_running_priority=10)
+    assert plan.reservations == {"head": ("n0", "n1", "n2")}, "nothing below it to preempt: it trades"
+
+
+def test_the_pass_reads_the_lowest_priority_of_running_work() -> None:
+    from phalanx.controller.admission_pass import lowest_running_priority
+
+    def job(phase: str, klass: str | None) -> dict[str, object]:
+        return {
+            "spec": {"scheduling": {"priorityClassName": klass} if klass else {}},
+            "status": {"phase": phase},
+        }
+
+    priorities = {"high": 100, "low": -5}
+    jobs = [job("Running", "high"), job("Admitted", None), job("Pending", "low"), job("Succeeded", "low")]
+    assert lowest_running_priority(jobs, priorities) == 0
+    assert lowest_running_priority([job("Pending", "low")], priorities) is None

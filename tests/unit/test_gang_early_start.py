@@ -211,7 +211,7 @@ def test_the_pass_trusts_a_stated_run_time_only_in_a_first_attempt() -> None:
         job = {"metadata": {"name": "a", "namespace": "ns", "uid": "u1"},
                "spec": {"scheduling": {"expectedRunSeconds": 20}}, "status": status}  # fmt: skip
         passing = AdmissionPass(None, ClusterStores(), None, None, None, None, None, lambda: NOW)  # type: ignore[arg-type]
-        return passing._early_end(job)
+        return passing._work_end(job)
 
     first = {"phase": "Running", "startTime": "2026-01-01T00:00:00Z"}
     assert end(first) == START + 20
@@ -246,9 +246,9 @@ def test_the_pass_counts_a_trainers_eta_from_the_poll_that_first_read_it() -> No
         "status": {"phase": "Running"},
     }
     passing = AdmissionPass(None, ClusterStores(), None, None, None, None, None, lambda: NOW)  # type: ignore[arg-type]
-    assert passing._early_end(job) == math.inf  # nothing read: the status' ETA has no time
+    assert passing._work_end(job) == math.inf  # nothing read: the status' ETA has no time
     passing.read_progress = lambda key, uid: ({"etaSeconds": 30}, NOW - 10) if uid == "u1" else None
-    assert passing._early_end(job) == NOW + 20
+    assert passing._work_end(job) == NOW + 20
 
 
 def test_the_pass_reads_when_nodes_free_from_stated_run_times_and_leaves_agents_out() -> None:
@@ -264,21 +264,25 @@ def test_the_pass_reads_when_nodes_free_from_stated_run_times_and_leaves_agents_
            "status": {"phase": "Running", "startTime": "2026-01-01T00:00:00Z"}}  # fmt: skip
     stores.jobs.upsert(job)
 
-    def pod(name: str, node: str, labels: dict[str, str], requests: dict[str, str]) -> dict[str, object]:
-        return {"metadata": {"name": name, "namespace": "ns", "uid": name, "resourceVersion": "1", "labels": labels},
+    def pod(
+        name: str, node: str, labels: dict[str, str], requests: dict[str, str], owner: str = ""
+    ) -> dict[str, object]:
+        owners = [{"kind": owner, "name": "x", "uid": "o", "controller": True}] if owner else []
+        return {"metadata": {"name": name, "namespace": "ns", "uid": name, "resourceVersion": "1", "labels": labels,
+                             "ownerReferences": owners},
                 "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {"requests": requests}}]},
                 "status": {"phase": "Running"}}  # fmt: skip
 
     stores.pods.upsert(pod("a-0", "n0", {"phalanx.dev/job-name": "a"}, {GPU: "8"}))
-    stores.pods.upsert(pod("agent-n0", "n0", {}, {"cpu": "100m", "memory": "64Mi"}))
-    stores.pods.upsert(pod("agent-n3", "n3", {}, {"cpu": "100m"}))
+    stores.pods.upsert(pod("agent-n0", "n0", {}, {"cpu": "100m", "memory": "64Mi"}, owner="DaemonSet"))
+    stores.pods.upsert(pod("static-n3", "n3", {}, {"cpu": "100m"}, owner="Node"))
     stores.pods.upsert(pod("someone-elses", "n1", {}, {GPU: "1"}))
+    stores.pods.upsert(pod("a-deployments", "n4", {}, {"cpu": "2"}, owner="ReplicaSet"))
     state = AdmissionState()
     state.assumed["ns/b-0"] = ("n2", ((GPU, 2000),))
     passing = AdmissionPass(None, stores, state, None, None, None, None, time.time)  # type: ignore[arg-type]
-    free_at = passing._free_at([job], {"n0", "n1", "n2", "n3"}, state, START + 5)
-    assert free_at == {"n0": START + 20, "n1": math.inf, "n2": math.inf}
+    free_at = passing._free_at([job], {"n0", "n1", "n2", "n3", "n4"}, state, START + 5)
+    assert free_at == {"n0": START + 20, "n1": math.inf, "n2": math.inf, "n4": math.inf}
     # A trainer's ETA, once a poll has read it, counts over the stated run time.
-    passing.fresh_progress = lambda key, uid: {"etaSeconds": 40}
-    passing.fresh_progress_read_at = lambda key, uid: START + 5
+    passing.read_progress = lambda key, uid: ({"etaSeconds": 40}, START + 5)
     assert passing._free_at([job], {"n0"}, state, START + 5) == {"n0": START + 45}

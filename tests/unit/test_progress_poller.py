@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import time
 from typing import Any
 
@@ -131,7 +132,7 @@ def test_the_interval_comes_from_the_environment() -> None:
         OperatorSettings.from_environment({"PHALANX_PROGRESS_STATUS_SECONDS": "0"})
 
 
-def test_the_backfill_reads_the_eta_the_interval_held_back(trainer: Trainer) -> None:
+def test_the_backfill_reads_the_eta_of_the_newest_poll_from_when_it_was_read(trainer: Trainer) -> None:
     from phalanx.controller.admission_pass import AdmissionPass
     from phalanx.controller.stores import ClusterStores
 
@@ -143,15 +144,13 @@ def test_the_backfill_reads_the_eta_the_interval_held_back(trainer: Trainer) -> 
     trainer.report.update(step=50, eta_seconds=580)
     polling.poll("ns/job")  # held back by the interval
     passing = AdmissionPass(None, ClusterStores(), None, None, None, None, None, time.time)  # type: ignore[arg-type]
-    passing.fresh_progress = polling.held_back
-    passing.fresh_progress_read_at = polling.held_back_read_at
+    passing.read_progress = polling.read_progress
     job = {"metadata": {"name": "job", "namespace": "ns", "uid": "uid-1"},
            "status": {"phase": "Running", "progress": writer.writes[0]["progress"]}}  # fmt: skip
-    assert passing._freshest_status(job)["progress"]["etaSeconds"] == 580
     read_at = polling.trainer_reports["ns/job"][1]["polled_at"]
-    assert passing._job_end(job, read_at + 30.0) == pytest.approx(read_at + 580)  # not 30 s later
+    assert passing._work_end(job) == pytest.approx(read_at + 580)  # the held-back 580, not the status' 600
     other = {**job, "metadata": {**job["metadata"], "uid": "uid-2"}}  # a job re-created by name
-    assert passing._freshest_status(other)["progress"]["etaSeconds"] == 600
+    assert passing._work_end(other) == math.inf, "another job's reading, and the status' ETA has no time"
 
 
 def test_a_trainer_slow_to_start_is_still_polled_every_second_after_four_minutes(

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -23,7 +22,7 @@ from phalanx.controller.preemption import Preemptor
 from phalanx.controller.queue import WorkQueue
 from phalanx.controller.stores import ClusterStores
 from phalanx.gang.admission import AdmissionPlan, GangRequest, admission_order, plan_admission
-from phalanx.gang.backfill import PodOnNode, job_end, node_free_at, stated_end
+from phalanx.gang.backfill import PodOnNode, node_free_at, stated_end
 from phalanx.gang.capacity import add_into
 from phalanx.gang.early_start import (
     UNKNOWN_PRIORITY,
@@ -35,13 +34,24 @@ from phalanx.gang.preemption import head_of_line_blocked
 from phalanx.gang.requests import waiting_gang
 from phalanx.k8s import KubeApi, short_error
 from phalanx.kueue.workload import managed_here, queue_name
-from phalanx.pod_facts import is_gated, job_of_pod
+from phalanx.pod_facts import is_gated, is_node_agent, job_of_pod
 from phalanx.policy.admission_pacing import IDLE_PASS_SECONDS, MAX_PASS_CPU_SECONDS, pause_after
 from phalanx.providers import provider_of_raw
 from phalanx.reconcile.plan import FINISHED_PHASES, parse_iso
 from phalanx.reconcile.rules.creation import NEVER_FITS
 
 log = logging.getLogger("phalanx.controller")
+
+
+def lowest_running_priority(jobs: list[dict[str, Any]], priorities: Mapping[str, int]) -> int | None:
+    """The lowest priority of the jobs that run or are admitted (None: none), from the PriorityClass
+    values the pass read: what a blocked head above it may preempt."""
+    running = [
+        priorities.get(((j.get("spec") or {}).get("scheduling") or {}).get("priorityClassName") or "", 0)
+        for j in jobs
+        if (j.get("status") or {}).get("phase") in ("Running", "Admitted")
+    ]
+    return min(running, default=None)
 
 
 def is_admission_candidate(job: dict[str, Any]) -> bool:
@@ -110,10 +120,6 @@ class AdmissionPass:
         self.messages = AdmissionMessages(
             stores, writer, work.enqueue_threadsafe if work else lambda key: None
         )
-        # (job key, uid) -> progress newer than its status, if any (the progress poller's held_back).
-        self.fresh_progress: Callable[[str, str], dict[str, Any] | None] = lambda key, uid: None
-        # (job key, uid) -> when (wall clock) that progress was read (held_back_read_at).
-        self.fresh_progress_read_at: Callable[[str, str], float | None] = lambda key, uid: None
         # (job key, uid) -> the newest progress read and when a poll first read it (read_progress).
         self.read_progress: Callable[[str, str], tuple[dict[str, Any], float] | None] = lambda key, uid: None
         self.recheck_at: float | None = None  # the last plan's: when to look again to start a head early
@@ -200,7 +206,8 @@ class AdmissionPass:
             free_at = _OnFirstRead(lambda: self._free_at(every_job, set(used), state, now))
             # A copy: forget() drops a deleted job's reservation from a reconcile thread.
             plan = plan_admission(requests, nodes, used, now, reservations=dict(state.reservations),
-                                  free_at=free_at, early=self._early_start(state, now))  # fmt: skip
+                                  free_at=free_at, early=self._early_start(state, now),
+                                  lowest_running_priority=lowest_running_priority(jobs, state.priorities))  # fmt: skip
             state.reservations = dict(plan.reservations)
             self.recheck_at = plan.recheck_at
         jobs_by_key = {object_key(j): j for j in jobs}
@@ -248,8 +255,8 @@ class AdmissionPass:
     ) -> dict[str, float]:
         """When the work on these nodes (those holding room) ends, for the ETA-aware backfill and
         the head's reservation (gang/backfill.py)."""
-        ends = {object_key(j): self._job_end(j, now) for j in jobs}
-        return node_free_at(self._pods_on(nodes, state), ends)
+        ends = {object_key(j): self._work_end(j) for j in jobs}
+        return node_free_at(self._pods_on(nodes, state), ends, now)
 
     def _early_start(self, state: AdmissionState, now: float) -> Callable[[Sequence[str]], EarlyStart]:
         """What early start knows of some nodes (gang/early_start.py), read when a plan asks: only
@@ -261,7 +268,7 @@ class AdmissionPass:
             for key in {p.job for p in pods if p.job is not None}:
                 job = self.stores.jobs.get(key)
                 if job is not None:
-                    ends[key] = self._early_end(job)
+                    ends[key] = self._work_end(job)
             return EarlyStart(node_handovers(pods, ends, now))
 
         return outlook
@@ -276,7 +283,8 @@ class AdmissionPass:
                 spec = pod.get("spec") or {}
                 priority = spec.get("priority")
                 pods.append(PodOnNode(node, job_of_pod(pod), bool(spec.get("nodeName")), dict(requests),
-                                      priority if isinstance(priority, int) else UNKNOWN_PRIORITY))  # fmt: skip
+                                      priority if isinstance(priority, int) else UNKNOWN_PRIORITY,
+                                      agent=is_node_agent(pod)))  # fmt: skip
         pods.extend(
             PodOnNode(node, None, False, dict(requests), UNKNOWN_PRIORITY)
             for key, (node, requests) in state.assumed.items()
@@ -284,10 +292,12 @@ class AdmissionPass:
         )
         return pods
 
-    def _early_end(self, job: dict[str, Any]) -> float:
-        """When the job's work ends, as far as early start trusts it: the ETA of the newest progress a
-        poll read (from when it was first read), else, in a first attempt that never restarted
-        (startTime stays from the first), spec.scheduling.expectedRunSeconds after status.startTime."""
+    def _work_end(self, job: dict[str, Any]) -> float:
+        """When the job's work ends, as early start and the backfill trust it: the ETA of the newest
+        progress a poll read (from when it was first read; status.progress carries no time, so an ETA
+        read only there may be minutes old and would never run out), else, in a first attempt that
+        never restarted (startTime stays from the first), spec.scheduling.expectedRunSeconds after
+        status.startTime."""
         key, uid = object_key(job), str(job["metadata"].get("uid") or "")
         status = job.get("status") or {}
         stated = stated_end(job, parse_iso(status.get("startTime")))
@@ -295,22 +305,6 @@ class AdmissionPass:
         if read is None:
             return end_for_early_start(status, None, stated)
         return end_for_early_start({**status, "progress": read[0]}, read[1], stated)
-
-    def _job_end(self, job: dict[str, Any], now: float) -> float:
-        """When the job's work ends, its ETA counted from the poll that read it when held back; with
-        no ETA, its stated run time from its start, as early start reads it."""
-        read_at = self.fresh_progress_read_at(object_key(job), str(job["metadata"].get("uid") or ""))
-        end = job_end(self._freshest_status(job), now, read_at)  # None: the status' own progress
-        if math.isinf(end):
-            stated = stated_end(job, parse_iso((job.get("status") or {}).get("startTime")))
-            return end if stated is None else stated
-        return end
-
-    def _freshest_status(self, job: dict[str, Any]) -> dict[str, Any]:
-        """The job's status with the newest progress read (its ETA), should the status lag it."""
-        status = job.get("status") or {}
-        fresh = self.fresh_progress(object_key(job), str(job["metadata"].get("uid") or ""))
-        return {**status, "progress": fresh} if fresh is not None else status
 
     def admit_pods(self, patches: list[tuple[str, str, dict[str, Any]]]) -> None:
         """Lifts the gates, several requests at a time: one request per pod, so a big burst of gangs

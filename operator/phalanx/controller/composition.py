@@ -86,8 +86,6 @@ class Controller:
             api, self.stores, admission, self.writer, preemptor, self.work, self.write_pool, clock
         )
         # The ETA-aware backfill reads the newest ETA, not the one the write interval let through.
-        self.admission.fresh_progress = self.progress.held_back
-        self.admission.fresh_progress_read_at = self.progress.held_back_read_at
         self.admission.read_progress = self.progress.read_progress
         self.watch = WatchCallbacks(self.stores, self.work)
         self.reflectors: list[Reflector] = []

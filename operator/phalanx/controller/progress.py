@@ -218,7 +218,6 @@ class ProgressPoller:
         self.written_at: dict[str, float] = {}  # when (monotonic) it was written
         # Read but held back by the interval, with its job's uid: a phase change writes it at once.
         self.unwritten: dict[str, tuple[str, dict[str, Any]]] = {}
-        self.unwritten_read_at: dict[str, float] = {}  # when (wall clock) the poll read it
         # The newest progress read, written or not, with its job's uid and when (wall clock) a poll
         # first read that very progress: an ETA counts down from then (early start reads it).
         self.progress_read: dict[str, tuple[str, dict[str, Any], float]] = {}
@@ -233,7 +232,7 @@ class ProgressPoller:
     def forget(self, key: str) -> None:
         tables = (self.targets, self.next_poll, self.poll_started, self.failures, self.last_progress,
                   self.trainer_reports, self.hang_watch, self.written_at, self.unwritten,
-                  self.unwritten_read_at, self.stored_checkpoints, self.progress_read)  # fmt: skip
+                  self.stored_checkpoints, self.progress_read)  # fmt: skip
         for table in tables:
             table.pop(key, None)
 
@@ -259,7 +258,7 @@ class ProgressPoller:
 
     def held_back(self, key: str, uid: str) -> dict[str, Any] | None:
         """status.progress as last read for the job with `uid`, if newer than its status (the
-        interval held it back); the backfill reads its ETA from here, not a 30 s old one."""
+        interval held it back); the reconcile writes it with the next status."""
         held = self.unwritten.get(key)
         return held[1].get("progress") if held is not None and held[0] == uid else None
 
@@ -269,13 +268,6 @@ class ProgressPoller:
         with self.unwritten_lock:
             read = self.progress_read.get(key)
         return (read[1], read[2]) if read is not None and read[0] == uid else None
-
-    def held_back_read_at(self, key: str, uid: str) -> float | None:
-        """When (wall clock) the poll read the progress held back for the job with `uid`: its ETA
-        counts from then (gang/backfill.py job_end)."""
-        with self.unwritten_lock:
-            held = self.unwritten.get(key)
-            return self.unwritten_read_at.get(key) if held is not None and held[0] == uid else None
 
     def sample_due(self, key: str, uid: str) -> bool:
         """The reconcile's write is to carry the progress held back for the job with `uid`: the
@@ -513,7 +505,6 @@ class ProgressPoller:
             # The reconcile's write carries it, with the goodput booking: one periodic write a job.
             with self.unwritten_lock:
                 self.unwritten[key] = (target.uid, patch)
-                self.unwritten_read_at[key] = facts["polled_at"]
             if self.wakes_reconcile and sample_due(self.written_at.get(key), now, self.status_seconds):
                 self.work.enqueue_threadsafe(key)
             return

@@ -234,6 +234,7 @@ def plan_admission(
     max_reservations: int = 1,
     free_at: Mapping[str, float] | None = None,
     early: Callable[[Sequence[str]], EarlyStart] | None = None,
+    lowest_running_priority: int | None = None,
 ) -> AdmissionPlan:
     """Decide which waiting gangs to admit now and where each of their pods goes.
 
@@ -246,9 +247,14 @@ def plan_admission(
     the free room of a blocked head's reserved nodes when it ends no later than the head can start
     (the latest free_at of those nodes): the head's start does not move, and GPUs that would idle
     while it waits train meanwhile (conservative backfilling, docs/scheduling.md).
+    With free_at, a blocked head also trades reserved nodes whose room idles for busy ones whose
+    work ends by its start anyway (_busy_instead_of_idle), leaving the idle room to the gangs behind.
     early: what early start knows of the nodes a blocked head holds (asked only then: it reads every
     pod on them); with it, a head whose nodes' work ends within the lead is admitted onto them at
     once, its pods left to the scheduler to bind as the work ends (gang/early_start.py).
+    lowest_running_priority: the lowest priority of the running gangs (None: none): a head above it
+    may preempt, so it keeps the idle room it holds (handed to a gang behind, the head would need
+    one victim more, or stop the gang just admitted).
     """
     cluster = ClusterState(nodes, used)
     # Per node, what this pass admitted there: requests and the lowest pod priority (early start).
@@ -311,10 +317,16 @@ def plan_admission(
         blocked_cache[shape] = (cluster.version, reason)
         if len(held) < max_reservations and not gang.best_effort:
             nodes_held = _reserve(cluster, groups, needed, candidates, previous.get(gang.key), gang.topology)
-            if free_at is not None and nodes_held and gang.topology is None:
-                nodes_held = _busy_instead_of_idle(
-                    cluster, groups, needed, candidates, nodes_held, _Ends(free_at, now, placed.keys())
-                )
+            may_preempt = lowest_running_priority is not None and gang.priority > lowest_running_priority
+            if free_at is not None and nodes_held and gang.topology is None and not may_preempt:
+                known = _Ends(free_at, now, placed.keys())
+                if previous.get(gang.key) and not math.isfinite(head_start(nodes_held, free_at, now)):
+                    # The nodes it kept no longer have a known end (a job restarted, overran): choose
+                    # again, if that gives a start that is known.
+                    fresh = _reserve(cluster, groups, needed, candidates, None)
+                    if fresh and math.isfinite(head_start(fresh, free_at, now)):
+                        nodes_held = fresh
+                nodes_held = _busy_instead_of_idle(cluster, groups, needed, candidates, nodes_held, known)
             outlook = early(nodes_held) if nodes_held and early is not None else None
             if outlook is not None:
                 room = outlook.room(nodes_held, cluster.allocatable, placed, gang.scheduler_priority, now)
@@ -499,9 +511,11 @@ def _busy_instead_of_idle(
 
     Without this the head holds the emptiest nodes, which suits a head whose other nodes' work has no
     known end. A node takes their place only when free_at knows its end (its work is bound pods of
-    jobs with an estimate), it ends by that start, and nothing there is overbooked (a gang started
-    early, waiting there for its whole run). An estimate that turns out short delays the head by the
-    overrun, as in the ETA-aware backfill.
+    jobs with an estimate), it ends by that start, nothing there is overbooked (a gang started
+    early, waiting there for its whole run) and no gang took it in this pass. The trade is made on
+    the estimates: an estimate that turns out short delays the head by the overrun, and with
+    estimates that are upper bounds the head may start later than the idle node would have let it
+    (still by the start they promised).
     """
     primary = groups[0][0]
     room = {node: _room_for(cluster.free[node], primary) for node in cluster.order}
@@ -516,9 +530,11 @@ def _busy_instead_of_idle(
             return False
         return ends.free_at.get(node, ends.now) <= start
 
-    # Busy nodes first, the fullest first; idle ones only where the gang needs them.
+    # Busy nodes first, the fullest first, then the soonest free; idle ones only where it needs them.
     ordered = {
-        demand: sorted((n for n in nodes if frees_by_start(n)), key=lambda n: (room[n], n))
+        demand: sorted(
+            (n for n in nodes if frees_by_start(n)), key=lambda n: (room[n], ends.free_at.get(n, ends.now), n)
+        )
         for demand, nodes in candidates.items()
     }
     placements = place_gang(groups, needed, ordered, cluster.allocatable, fixed_order=True)

@@ -6,8 +6,8 @@ current work ends, and how long a waiting gang will run.
   long after status.startTime (the reading early start trusts too); else "never" (inf), and its
   node is never lent.
 - A node's work ends when the last of its TrainingJob pods ends. A pod admitted and not bound yet,
-  and another owner's pod holding an accelerator, end "never": neither is known to end. Another
-  owner's pod holding cpu and memory only (a DaemonSet's agent, a device plugin) stays beside
+  another owner's pod, and a job more than OVERDUE_SECONDS past its end end "never": none is known
+  to end. A node agent (a DaemonSet's pod or a static pod) holding cpu and memory only stays beside
   whatever runs there: it does not keep the node from freeing, or no node of a real cluster would.
 - A waiting gang's estimate is `spec.scheduling.expectedRunSeconds` when set; else, for a job that
   ran before (requeued, preempted), its steps left after the newest checkpoint times the step time
@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from phalanx.api.v1alpha1 import TrainingJobSpec
 from phalanx.gang.capacity import ResourceList, holds_extended
@@ -42,6 +42,10 @@ def job_end(status: Mapping[str, Any], now: float, read_at: float | None = None)
     return (now if read_at is None else min(now, read_at)) + float(eta)
 
 
+# An estimate is one: a job this little past its end still ends; one further past has no known end.
+OVERDUE_SECONDS: Final = 2.0
+
+
 @dataclass(frozen=True)
 class PodOnNode:
     """A pod holding room on a node, as the backfill and early start read it."""
@@ -51,6 +55,7 @@ class PodOnNode:
     bound: bool  # False: admitted, pinned to the node, not bound yet
     requests: ResourceList
     priority: int  # its spec.priority, as the scheduler compares it (early_start.UNKNOWN_PRIORITY: not known)
+    agent: bool = False  # a node agent (a DaemonSet's or a static pod): there for good, beside any work
 
 
 def stated_end(job: Mapping[str, Any], started: float | None) -> float | None:
@@ -69,13 +74,15 @@ def stated_end(job: Mapping[str, Any], started: float | None) -> float | None:
     return started + expected
 
 
-def node_free_at(pods: Iterable[PodOnNode], job_ends: Mapping[str, float]) -> dict[str, float]:
+def node_free_at(pods: Iterable[PodOnNode], job_ends: Mapping[str, float], now: float) -> dict[str, float]:
     """Every pod holding room -> when each node's work ends (a node absent: nothing to wait for)."""
     free_at: dict[str, float] = {}
     for pod in pods:
-        if pod.job is None and not holds_extended(pod.requests):
-            continue  # an agent beside the work, there for good: the node frees without it
+        if pod.agent and pod.bound and not holds_extended(pod.requests):
+            continue  # beside the work for good: the node frees without it
         end = job_ends.get(pod.job, math.inf) if pod.job is not None and pod.bound else math.inf
+        if end < now - OVERDUE_SECONDS:
+            end = math.inf
         free_at[pod.node] = max(free_at.get(pod.node, end), end)
     return free_at
 
