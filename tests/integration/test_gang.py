@@ -217,6 +217,60 @@ def test_a_gang_waiting_for_a_job_that_states_its_run_time_is_admitted_early_and
     assert second_bound - first_done < 15, f"bound {second_bound - first_done:.1f}s after the room freed"
 
 
+def node_agents(placement: dict[str, Any]) -> dict[str, Any]:
+    """A DaemonSet on the test's nodes, as every real cluster runs (device plugin, exporters, CNI)."""
+    labels = {"app": "node-agent"}
+    restricted = {"runAsNonRoot": True, "runAsUser": 65532, "allowPrivilegeEscalation": False,
+                  "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}  # fmt: skip
+    container = {"name": "agent", "image": "registry.k8s.io/pause:3.10", "securityContext": restricted,
+                 "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}}  # fmt: skip
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": "node-agent"},
+        "spec": {
+            "selector": {"matchLabels": labels},
+            "template": {"metadata": {"labels": labels}, "spec": {**placement, "containers": [container]}},
+        },
+    }
+
+
+def test_a_blocked_head_holds_nodes_that_free_in_time_and_the_idle_one_trains_meanwhile(
+    cluster: Cluster, namespace: str, operator: OperatorProcess, private_nodes: Any
+) -> None:
+    # 3 nodes, each with a DaemonSet's agent: "first" runs on two and states when it ends. The head
+    # needs two whole nodes: it holds first's two (they free by the time it could start anyway)
+    # rather than the idle third, so "small" (stating nothing) trains there meanwhile; the head
+    # starts once first has ended, never beside it. Before, the head held the idle node, and the
+    # agents made every node's end unknown.
+    private_nodes.add(3, gpus=8)
+    placement = private_nodes.placement()
+    cluster.apply([node_agents(placement)], namespace)
+    wait_for(
+        lambda: sum(p["status"].get("phase") == "Running" for p in cluster.get_json("pods", "-n", namespace, "-l", "app=node-agent")["items"]) == 3,
+        timeout=60, what="an agent Running on each node",
+    )  # fmt: skip
+    first = training_job("first", replicas=2, gpus=8, run_for="40s", placement=placement,
+                         scheduling={"expectedRunSeconds": 40})  # fmt: skip
+    cluster.apply([first], namespace)
+    wait_phase(cluster, namespace, "first", "Running", timeout=30)
+    cluster.apply([training_job("head", replicas=2, gpus=8, run_for="2s", placement=placement)], namespace)
+    wait_for(lambda: bool(job_status(cluster, namespace, "head").get("admissionMessage")), timeout=30,
+             what="the head waiting")  # fmt: skip
+    cluster.apply([training_job("small", replicas=1, gpus=8, run_for="5s", placement=placement)], namespace)
+    wait_phase(cluster, namespace, "small", "Running", timeout=30)
+    assert job_status(cluster, namespace, "first").get("phase") == "Running", (
+        "small ran only once first ended"
+    )
+    deadline = time.monotonic() + 90
+    while job_status(cluster, namespace, "head").get("phase") != "Succeeded":
+        assert time.monotonic() < deadline, f"head: {job_status(cluster, namespace, 'head')}"
+        pods = pods_in(cluster, namespace)
+        holders = {p["metadata"]["labels"]["phalanx.dev/job-name"] for p in pods if holds_node(p)}
+        assert not {"first", "head"} <= holders, "the head bound beside first"
+        time.sleep(0.5)
+
+
 @pytest.mark.parametrize("seed", [11, 29])
 def test_random_arrivals_of_mixed_gangs_all_finish_without_overcommit_or_partial_gangs(
     cluster: Cluster, namespace: str, operator: OperatorProcess, private_nodes: Any, seed: int
