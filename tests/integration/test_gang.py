@@ -250,8 +250,8 @@ def test_a_blocked_head_holds_nodes_that_free_in_time_and_the_idle_one_trains_me
         lambda: sum(p["status"].get("phase") == "Running" for p in cluster.get_json("pods", "-n", namespace, "-l", "app=node-agent")["items"]) == 3,
         timeout=60, what="an agent Running on each node",
     )  # fmt: skip
-    first = training_job("first", replicas=2, gpus=8, run_for="40s", placement=placement,
-                         scheduling={"expectedRunSeconds": 40})  # fmt: skip
+    first = training_job("first", replicas=2, gpus=8, run_for="30s", placement=placement,
+                         scheduling={"expectedRunSeconds": 30})  # fmt: skip
     cluster.apply([first], namespace)
     wait_phase(cluster, namespace, "first", "Running", timeout=30)
     cluster.apply([training_job("head", replicas=2, gpus=8, run_for="2s", placement=placement)], namespace)

@@ -59,6 +59,8 @@ def test_a_node_agent_without_accelerators_does_not_keep_a_node_from_freeing() -
     agent = on("n0", None, agent=True, cpu=100, memory=200 * 2**20, pods=1000)
     assert node_free_at([on("n0", "ns/a"), agent], {"ns/a": NOW + 50}, NOW) == {"n0": NOW + 50}
     assert node_free_at([agent], {}, NOW) == {}, "a node with agents only is free now"
+    pending = on("n0", None, bound=False, agent=True, cpu=100)  # a DaemonSet's pod is pinned to its node
+    assert node_free_at([on("n0", "ns/a"), pending], {"ns/a": NOW + 50}, NOW) == {"n0": NOW + 50}
     assert node_free_at([on("n1", None, agent=True)], {}, NOW) == {"n1": math.inf}, "an agent holding a GPU"
     # Another owner's cpu-only pod that is no agent (a Deployment's, a notebook) may hold what the
     # head needs for as long as it likes.
@@ -187,17 +189,17 @@ def test_neither_a_node_this_pass_filled_nor_an_overbooked_one_is_taken_for_an_i
     assert plan.reservations == {"head": ("n0", "n1", "n3")} and not plan.admitted
 
 
-def test_a_head_whose_kept_nodes_no_longer_have_a_known_end_chooses_again() -> None:
-    # It traded n3 for n2 last pass; n2's job has since restarted (its end unknown). Keeping n2, it
-    # would wait on work that may never end, with n3 lent away.
-    ends = {"n0": NOW + 20, "n1": NOW + 20, "n2": math.inf}
+def test_a_head_whose_kept_node_overran_keeps_its_nodes_and_trades_nothing() -> None:
+    # n2's job is 3 s past its end: no known end now, so no trade counts on it (it would be picked
+    # first, as the soonest free); and the head keeps the nodes it held, not a fresh choice.
+    job_ends = {"ns/long": NOW + 3600, "ns/over": NOW - 3}
+    free_at = node_free_at([on("n0", "ns/long"), on("n1", "ns/long"), on("n2", "ns/over")], job_ends, NOW)
+    assert free_at == {"n0": NOW + 3600, "n1": NOW + 3600, "n2": math.inf}
     nodes, used = four_nodes()
-    previous = {"head": ("n0", "n1", "n2")}
-    plan = plan_admission([gang("head", 3, 8)], nodes, used, NOW, reservations=previous, free_at=ends)
-    assert plan.reservations == {"head": ("n0", "n1", "n3")}
-    # Without ends known it keeps what it held, as before.
-    plan = plan_admission([gang("head", 3, 8)], nodes, used, NOW, reservations=previous)
-    assert plan.reservations == previous
+    previous = {"head": ("n1", "n2", "n3")}
+    gangs = [gang("head", 3, 8), gang("small", 1, 8, created=1.0)]
+    plan = plan_admission(gangs, nodes, used, NOW, reservations=previous, free_at=free_at)
+    assert plan.reservations == previous and not plan.admitted
 
 
 def test_a_head_that_may_preempt_keeps_the_idle_node_it_holds() -> None:
@@ -212,16 +214,22 @@ def test_a_head_that_may_preempt_keeps_the_idle_node_it_holds() -> None:
     assert plan.reservations == {"head": ("n0", "n1", "n2")}, "nothing below it to preempt: it trades"
 
 
-def test_the_pass_reads_the_lowest_priority_of_running_work() -> None:
+def test_the_pass_reads_the_priority_a_head_must_exceed_to_preempt() -> None:
     from phalanx.controller.admission_pass import lowest_running_priority
 
-    def job(phase: str, klass: str | None) -> dict[str, object]:
-        return {
-            "spec": {"scheduling": {"priorityClassName": klass} if klass else {}},
-            "status": {"phase": phase},
-        }
+    def job(phase: str, klass: str | None, **extra: object) -> dict[str, object]:
+        spec: dict[str, object] = {"scheduling": {"priorityClassName": klass} if klass else {}}
+        labels = extra.pop("labels", {})
+        return {"metadata": {"labels": labels}, "spec": {**spec, **extra}, "status": {"phase": phase}}
 
     priorities = {"high": 100, "low": -5}
-    jobs = [job("Running", "high"), job("Admitted", None), job("Pending", "low"), job("Succeeded", "low")]
-    assert lowest_running_priority(jobs, priorities) == 0
-    assert lowest_running_priority([job("Pending", "low")], priorities) is None
+    assert lowest_running_priority([job("Running", "high"), job("Admitted", None)], priorities) == 0
+    assert lowest_running_priority([job("Pending", "low"), job("Succeeded", "low")], priorities) is None
+    # Another provider's job is the preemptor's too; Kueue's and another manager's are not.
+    assert lowest_running_priority([job("Running", "low", provider={"name": "volcano"})], priorities) == -5
+    kueues = job("Running", "low", labels={"kueue.x-k8s.io/queue-name": "q"})
+    elsewhere = job("Running", "low", managedBy="kueue.x-k8s.io/multikueue")
+    assert lowest_running_priority([kueues, elsewhere], priorities) is None
+    # A job with warm spares, restarting too: a head of its priority may take a spare's room.
+    assert lowest_running_priority([job("Restarting", "high", spares=1)], priorities) == 99
+    assert lowest_running_priority([job("Restarting", "high")], priorities) is None

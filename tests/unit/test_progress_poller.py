@@ -591,6 +591,22 @@ def test_a_restart_between_two_polls_is_not_counted_as_the_pace(trainer: Trainer
     assert (metrics.REGISTRY.get_sample_value("phalanx_progress_poll_interval_seconds_count") or 0.0) == count
 
 
+def test_a_restart_forgets_the_eta_read_in_the_attempt_before(trainer: Trainer) -> None:
+    # The backfill and early start read a job's end from the newest poll: an ETA of the attempt that
+    # stopped is no end of the next one, which has reported nothing yet.
+    rank0 = {"metadata": {"name": "job-worker-0", "labels": {"phalanx.dev/attempt": "0",
+                                                             "phalanx.dev/replica-index": "0"}},
+             "status": {"podIP": "10.0.0.1"}}  # fmt: skip
+    polling = ProgressPoller(RecordingWriter(), NoQueue(), status_seconds=30.0)  # type: ignore[arg-type]
+    trainer.report["eta_seconds"] = 600
+    polling.track("ns/job", "uid-1", [rank0], {"phase": "Running", "attempt": 0})
+    polling.poll("ns/job")
+    assert polling.read_progress("ns/job", "uid-1") is not None
+    polling.track("ns/job", "uid-1", [rank0], {"phase": "Restarting", "attempt": 0})
+    polling.track("ns/job", "uid-1", [rank0], {"phase": "Running", "attempt": 1})
+    assert polling.read_progress("ns/job", "uid-1") is None
+
+
 @pytest.mark.parametrize(
     ("answer", "error"),
     [

@@ -44,14 +44,22 @@ log = logging.getLogger("phalanx.controller")
 
 
 def lowest_running_priority(jobs: list[dict[str, Any]], priorities: Mapping[str, int]) -> int | None:
-    """The lowest priority of the jobs that run or are admitted (None: none), from the PriorityClass
-    values the pass read: what a blocked head above it may preempt."""
-    running = [
-        priorities.get(((j.get("spec") or {}).get("scheduling") or {}).get("priorityClassName") or "", 0)
-        for j in jobs
-        if (j.get("status") or {}).get("phase") in ("Running", "Admitted")
-    ]
-    return min(running, default=None)
+    """The priority a blocked head must exceed to preempt (None: nothing it could stop), from the
+    PriorityClass values the pass read, over the jobs the preemptor looks at (controller/
+    preemption.py): running or admitted, managed here, not Kueue's. A job with warm spares counts one
+    lower: a head of its very priority may take a spare's room (gang/preemption.py)."""
+    lowest: int | None = None
+    for job in jobs:
+        phase = (job.get("status") or {}).get("phase")
+        spec = job.get("spec") or {}
+        spares = isinstance(spec.get("spares"), int) and spec["spares"] > 0
+        if queue_name(job) or not managed_here(job):
+            continue
+        if phase not in ("Running", "Admitted") and not (spares and phase == "Restarting"):
+            continue
+        value = priorities.get((spec.get("scheduling") or {}).get("priorityClassName") or "", 0) - int(spares)
+        lowest = value if lowest is None else min(lowest, value)
+    return lowest
 
 
 def is_admission_candidate(job: dict[str, Any]) -> bool:
@@ -207,7 +215,7 @@ class AdmissionPass:
             # A copy: forget() drops a deleted job's reservation from a reconcile thread.
             plan = plan_admission(requests, nodes, used, now, reservations=dict(state.reservations),
                                   free_at=free_at, early=self._early_start(state, now),
-                                  lowest_running_priority=lowest_running_priority(jobs, state.priorities))  # fmt: skip
+                                  lowest_running_priority=lowest_running_priority(every_job, state.priorities))  # fmt: skip
             state.reservations = dict(plan.reservations)
             self.recheck_at = plan.recheck_at
         jobs_by_key = {object_key(j): j for j in jobs}

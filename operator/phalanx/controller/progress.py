@@ -303,6 +303,8 @@ class ProgressPoller:
             self.targets.pop(key, None)
             self.hang_watch.pop(key, None)
             self.poll_started.pop(key, None)  # the pace resumes with the next attempt's polls
+            with self.unwritten_lock:  # an ETA of this attempt is no end of the next (gang/backfill.py)
+                self.progress_read.pop(key, None)
             return
         if key not in self.last_progress and isinstance(status.get("progress"), dict):
             # What the status shows, as if this poller had written it (an operator restart or a

@@ -252,9 +252,9 @@ def plan_admission(
     early: what early start knows of the nodes a blocked head holds (asked only then: it reads every
     pod on them); with it, a head whose nodes' work ends within the lead is admitted onto them at
     once, its pods left to the scheduler to bind as the work ends (gang/early_start.py).
-    lowest_running_priority: the lowest priority of the running gangs (None: none): a head above it
-    may preempt, so it keeps the idle room it holds (handed to a gang behind, the head would need
-    one victim more, or stop the gang just admitted).
+    lowest_running_priority: the lowest priority preemption may stop below (None: nothing to stop):
+    a head above it may preempt, so it keeps the idle room it holds (handed to a gang behind, the
+    head would need one victim more, or stop the gang just admitted).
     """
     cluster = ClusterState(nodes, used)
     # Per node, what this pass admitted there: requests and the lowest pod priority (early start).
@@ -320,12 +320,6 @@ def plan_admission(
             may_preempt = lowest_running_priority is not None and gang.priority > lowest_running_priority
             if free_at is not None and nodes_held and gang.topology is None and not may_preempt:
                 known = _Ends(free_at, now, placed.keys())
-                if previous.get(gang.key) and not math.isfinite(head_start(nodes_held, free_at, now)):
-                    # The nodes it kept no longer have a known end (a job restarted, overran): choose
-                    # again, if that gives a start that is known.
-                    fresh = _reserve(cluster, groups, needed, candidates, None)
-                    if fresh and math.isfinite(head_start(fresh, free_at, now)):
-                        nodes_held = fresh
                 nodes_held = _busy_instead_of_idle(cluster, groups, needed, candidates, nodes_held, known)
             outlook = early(nodes_held) if nodes_held and early is not None else None
             if outlook is not None:
@@ -490,11 +484,15 @@ def _reserve(
 @dataclass(frozen=True)
 class _Ends:
     """What the reservation reads of when nodes free: free_at, the pass's time, and the nodes this
-    pass placed gangs on (they run from now, for as long as those gangs do)."""
+    pass placed gangs on (they run from now, for as long as those gangs do: no known end)."""
 
     free_at: Mapping[str, float]
     now: float
     placed: Collection[str]
+
+    def at(self, node: str) -> float:
+        """When the node's work ends (now: nothing runs there; inf: not known)."""
+        return math.inf if node in self.placed else self.free_at.get(node, self.now)
 
 
 def _busy_instead_of_idle(
@@ -521,20 +519,16 @@ def _busy_instead_of_idle(
     room = {node: _room_for(cluster.free[node], primary) for node in cluster.order}
     if all(room[node] == 0 for node in held):
         return held
-    start = head_start(held, ends.free_at, ends.now)
+    start = max(ends.at(node) for node in held)
     if not math.isfinite(start):
         return held
 
     def frees_by_start(node: str) -> bool:
-        if node in ends.placed or any(amount < 0 for amount in cluster.free[node].values()):
-            return False
-        return ends.free_at.get(node, ends.now) <= start
+        return ends.at(node) <= start and all(amount >= 0 for amount in cluster.free[node].values())
 
     # Busy nodes first, the fullest first, then the soonest free; idle ones only where it needs them.
     ordered = {
-        demand: sorted(
-            (n for n in nodes if frees_by_start(n)), key=lambda n: (room[n], ends.free_at.get(n, ends.now), n)
-        )
+        demand: sorted((n for n in nodes if frees_by_start(n)), key=lambda n: (room[n], ends.at(n), n))
         for demand, nodes in candidates.items()
     }
     placements = place_gang(groups, needed, ordered, cluster.allocatable, fixed_order=True)

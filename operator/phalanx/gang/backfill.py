@@ -78,8 +78,8 @@ def node_free_at(pods: Iterable[PodOnNode], job_ends: Mapping[str, float], now: 
     """Every pod holding room -> when each node's work ends (a node absent: nothing to wait for)."""
     free_at: dict[str, float] = {}
     for pod in pods:
-        if pod.agent and pod.bound and not holds_extended(pod.requests):
-            continue  # beside the work for good: the node frees without it
+        if pod.agent and not holds_extended(pod.requests):
+            continue  # beside the work for good, bound or about to be: the node frees without it
         end = job_ends.get(pod.job, math.inf) if pod.job is not None and pod.bound else math.inf
         if end < now - OVERDUE_SECONDS:
             end = math.inf

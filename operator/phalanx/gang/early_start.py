@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from phalanx.gang.backfill import PodOnNode, job_end
+from phalanx.gang.backfill import OVERDUE_SECONDS, PodOnNode, job_end
 from phalanx.gang.capacity import add_into
 
 EARLY_START_SECONDS: Final = 2.0
@@ -65,7 +65,7 @@ def node_handovers(
     pods: Iterable[PodOnNode],
     job_ends: Mapping[str, float],
     now: float,
-    overdue_by: float = EARLY_START_SECONDS,
+    overdue_by: float = OVERDUE_SECONDS,
 ) -> dict[str, NodeHandover]:
     """Per node holding pods: when its ending work ends, what stays, and the lowest priority there
     (of every pod holding room: one admitted and not bound yet binds within moments)."""
