@@ -281,8 +281,8 @@ def test_the_pass_reads_when_nodes_free_from_stated_run_times_and_leaves_agents_
     state = AdmissionState()
     state.assumed["ns/b-0"] = ("n2", ((GPU, 2000),))
     passing = AdmissionPass(None, stores, state, None, None, None, None, time.time)  # type: ignore[arg-type]
-    free_at = passing._free_at([job], {"n0", "n1", "n2", "n3", "n4"}, state, START + 5)
+    free_at = passing._free_at({"n0", "n1", "n2", "n3", "n4"}, state, START + 5)
     assert free_at == {"n0": START + 20, "n1": math.inf, "n2": math.inf, "n4": math.inf}
     # A trainer's ETA, once a poll has read it, counts over the stated run time.
     passing.read_progress = lambda key, uid: ({"etaSeconds": 40}, START + 5)
-    assert passing._free_at([job], {"n0"}, state, START + 5) == {"n0": START + 45}
+    assert passing._free_at({"n0"}, state, START + 5) == {"n0": START + 45}

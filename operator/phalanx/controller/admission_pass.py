@@ -211,7 +211,7 @@ class AdmissionPass:
                 return
             nodes = state.node_infos.node_set(stores.current_nodes().values())
             # Read only if the plan asks (a blocked head, a gang with an estimate): it reads every pod.
-            free_at = _OnFirstRead(lambda: self._free_at(every_job, set(used), state, now))
+            free_at = _OnFirstRead(lambda: self._free_at(set(used), state, now))
             # A copy: forget() drops a deleted job's reservation from a reconcile thread.
             plan = plan_admission(requests, nodes, used, now, reservations=dict(state.reservations),
                                   free_at=free_at, early=self._early_start(state, now),
@@ -258,13 +258,16 @@ class AdmissionPass:
                 metrics.observe_admission_wait_started(namespace, name, waiting_since)
                 self.messages.ask(key, uid, reason, job["metadata"].get("resourceVersion"))
 
-    def _free_at(
-        self, jobs: list[dict[str, Any]], nodes: set[str], state: AdmissionState, now: float
-    ) -> dict[str, float]:
+    def _free_at(self, nodes: set[str], state: AdmissionState, now: float) -> dict[str, float]:
         """When the work on these nodes (those holding room) ends, for the ETA-aware backfill and
-        the head's reservation (gang/backfill.py)."""
-        ends = {object_key(j): self._work_end(j) for j in jobs}
-        return node_free_at(self._pods_on(nodes, state), ends, now)
+        the head's reservation (gang/backfill.py): the end of each job with a pod there."""
+        pods = self._pods_on(nodes, state)
+        ends = {}
+        for key in {p.job for p in pods if p.job is not None}:
+            job = self.stores.jobs.get(key)
+            if job is not None:
+                ends[key] = self._work_end(job)
+        return node_free_at(pods, ends, now)
 
     def _early_start(self, state: AdmissionState, now: float) -> Callable[[Sequence[str]], EarlyStart]:
         """What early start knows of some nodes (gang/early_start.py), read when a plan asks: only
