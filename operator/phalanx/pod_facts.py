@@ -139,10 +139,15 @@ def is_deleting(pod: Mapping[str, Any]) -> bool:
     return bool((pod.get("metadata") or {}).get("deletionTimestamp"))
 
 
+def controller_ref(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The object's controlling owner reference; empty when it has none."""
+    owners = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return next((o for o in owners if o.get("controller") is True), {})
+
+
 def controller_uid(obj: Mapping[str, Any]) -> str:
     """The uid of the object's controlling owner; "" when it has none."""
-    owners = (obj.get("metadata") or {}).get("ownerReferences") or []
-    return next((str(o.get("uid")) for o in owners if o.get("controller") is True), "")
+    return str(controller_ref(obj).get("uid") or "")
 
 
 def is_owned_by(obj: Mapping[str, Any], job_uid: str) -> bool:
@@ -153,8 +158,7 @@ def is_owned_by(obj: Mapping[str, Any], job_uid: str) -> bool:
 def is_node_agent(pod: Mapping[str, Any]) -> bool:
     """A pod that runs on its node for good: a DaemonSet's, or a static pod (its mirror is owned by
     the Node)."""
-    owners = (pod.get("metadata") or {}).get("ownerReferences") or []
-    return any(o.get("kind") in ("DaemonSet", "Node") and o.get("controller") is True for o in owners)
+    return controller_ref(pod).get("kind") in ("DaemonSet", "Node")
 
 
 def gang_size(pod: Mapping[str, Any]) -> int | None:

@@ -62,6 +62,8 @@ def test_a_node_agent_without_accelerators_does_not_keep_a_node_from_freeing() -
     pending = on("n0", None, bound=False, agent=True, cpu=100)  # a DaemonSet's pod is pinned to its node
     assert node_free_at([on("n0", "ns/a"), pending], {"ns/a": NOW + 50}, NOW) == {"n0": NOW + 50}
     assert node_free_at([on("n1", None, agent=True)], {}, NOW) == {"n1": math.inf}, "an agent holding a GPU"
+    hugepages = on("n3", None, agent=True, **{"hugepages-2Mi": 512 * 2**20 * 1000, "cpu": 100})
+    assert node_free_at([hugepages], {}, NOW) == {}, "hugepages are native, not an accelerator"
     # Another owner's cpu-only pod that is no agent (a Deployment's, a notebook) may hold what the
     # head needs for as long as it likes.
     assert node_free_at([on("n2", None, cpu=30000)], {}, NOW) == {"n2": math.inf}

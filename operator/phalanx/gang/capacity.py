@@ -297,8 +297,13 @@ def _container_requests(container: Mapping[str, Any]) -> dict[str, int]:
 
 
 def holds_extended(requests: ResourceList) -> bool:
-    """Whether these requests hold an extended resource (an accelerator, say)."""
-    return any(amount > 0 for name, amount in requests.items() if name not in NON_EXTENDED)
+    """Whether these requests hold an extended resource (an accelerator, say), by the scheduler's
+    rule: a name with a domain outside kubernetes.io (hugepages-2Mi is native)."""
+    return any(amount > 0 and _is_extended(name) for name, amount in requests.items())
+
+
+def _is_extended(name: str) -> bool:
+    return "/" in name and not name.startswith("kubernetes.io/") and not name.startswith("requests.")
 
 
 def effective_requests(spec: Mapping[str, Any]) -> dict[str, int]:
