@@ -13,9 +13,11 @@ import pytest
 from phalanx import constants as c
 from phalanx.builders.pods import admitted_pod
 from phalanx.cache import Store, object_key, slim_pod
+from phalanx.gang.backfill import PodOnNode
 from phalanx.gang.capacity import as_resources, effective_requests, node_held
+from phalanx.gang.early_start import UNKNOWN_PRIORITY
 from phalanx.gang.on_creation import Assumed, add_in_flight, waits_for_admission
-from phalanx.gang.usage import UsageIndex
+from phalanx.gang.usage import UsageIndex, holding_pod
 from phalanx.pod_facts import is_gated, planned_node
 from tests.unit.reference_usage import usage_by_node
 
@@ -82,6 +84,10 @@ def random_pod(rng: random.Random, name: str, version: int) -> dict[str, Any]:
     }
     if rng.random() < 0.25:
         metadata["deletionTimestamp"] = "2026-01-01T00:00:00Z"  # Terminating: holds its room until it stops
+    if rng.random() < 0.2:  # a node agent (what the backfill reads of each holder follows the pod)
+        metadata["ownerReferences"] = [{"kind": "DaemonSet", "name": "agent", "uid": "a", "controller": True}]
+    if rng.random() < 0.5:
+        spec["priority"] = rng.choice([0, 7, 1000])
     return {"metadata": metadata, "spec": spec, "status": {"phase": phase}}
 
 
@@ -115,10 +121,39 @@ def test_index_matches_the_sum_over_every_pod_through_creates_updates_deletes_an
         assert index.used(in_flight) == without_zeros(usage_with_assumed(pods, in_flight)), f"step {step}"
         # The pods holding room on some nodes (early start reads them), found by node, not by scan.
         some = set(rng.sample(NODES, rng.randint(0, len(NODES))))
-        held = {(object_key(p), node_held(p, planned_node(p))): as_resources(effective_requests(p["spec"]))
-                for p in pods}  # fmt: skip
-        expected = {(key, node, requests) for (key, node), requests in held.items() if node in some}
-        assert set(index.holders(some)) == expected, f"step {step}"
+        # Each with what the backfill reads of it (usage.holding_pod), as the pod is now.
+        expected = sorted(
+            repr(holding_pod(p, node, as_resources(effective_requests(p["spec"]))))
+            for p in pods
+            if (node := node_held(p, planned_node(p))) in some
+        )
+        assert sorted(repr(p) for p in index.pods_on(some)) == expected, f"step {step}"
+
+
+def test_what_the_backfill_reads_of_each_holder_follows_its_pod() -> None:
+    # Taken once per pod change (holding_pod), read by every pass: the job by its label, bound only
+    # once the scheduler bound it (admitted and pinned is not), its priority, and whether it is a
+    # node agent; a pod with no priority set reads as the lowest.
+    index = UsageIndex()
+    store = Store(slim_pod, observer=index)
+    store.replace([], 0)
+    gpu = {"name": "c", "resources": {"limits": {"nvidia.com/gpu": "2"}}}
+    worker = {"metadata": {"name": "a-0", "namespace": "ns", "resourceVersion": "1", "labels": {c.LABEL_JOB_NAME: "a"}},
+              "spec": {"priority": 7, "affinity": pin("n1"), "containers": [gpu]}, "status": {"phase": "Pending"}}  # fmt: skip
+    agent = {"metadata": {"name": "dcgm", "namespace": "ns", "resourceVersion": "1",
+                          "ownerReferences": [{"kind": "DaemonSet", "name": "d", "uid": "d", "controller": True}]},
+             "spec": {"nodeName": "n1", "containers": [{"name": "c", "resources": {"requests": {"cpu": "1"}}}]},
+             "status": {"phase": "Running"}}  # fmt: skip
+    store.upsert(worker)
+    store.upsert(agent)
+    admitted = PodOnNode("n1", "ns/a", False, {"nvidia.com/gpu": 2000, "pods": 1000}, 7)
+    agent_read = PodOnNode("n1", None, True, {"cpu": 1000, "pods": 1000}, UNKNOWN_PRIORITY, agent=True)
+    assert sorted(index.pods_on({"n1"}), key=repr) == sorted([admitted, agent_read], key=repr)
+    store.upsert({**worker, "metadata": {**worker["metadata"], "resourceVersion": "2"},
+                  "spec": {**worker["spec"], "nodeName": "n1"}, "status": {"phase": "Running"}})  # fmt: skip
+    bound = PodOnNode("n1", "ns/a", True, {"nvidia.com/gpu": 2000, "pods": 1000}, 7)
+    assert sorted(index.pods_on({"n1", "n2"}), key=repr) == sorted([bound, agent_read], key=repr)
+    assert index.pods_on({"n2"}) == []
 
 
 def test_used_returns_a_copy_the_caller_may_change() -> None:

@@ -34,7 +34,7 @@ from phalanx.gang.preemption import head_of_line_blocked
 from phalanx.gang.requests import waiting_gang
 from phalanx.k8s import KubeApi, short_error
 from phalanx.kueue.workload import managed_here, queue_name
-from phalanx.pod_facts import is_gated, is_node_agent, job_of_pod
+from phalanx.pod_facts import is_gated
 from phalanx.policy.admission_pacing import IDLE_PASS_SECONDS, MAX_PASS_CPU_SECONDS, pause_after
 from phalanx.providers import provider_of_raw
 from phalanx.reconcile.plan import FINISHED_PHASES, parse_iso
@@ -287,15 +287,7 @@ class AdmissionPass:
     def _pods_on(self, nodes: set[str], state: AdmissionState) -> list[PodOnNode]:
         """Every pod holding room on these nodes, bound or admitted and not bound yet (pinned), and
         the creates whose reply is on its way (state.assumed, under its lock: the plan's caller's)."""
-        pods = []
-        for key, node, requests in self.stores.usage.holders(nodes):  # requests parsed once, as pods change
-            pod = self.stores.pods.get(key)
-            if pod is not None:
-                spec = pod.get("spec") or {}
-                priority = spec.get("priority")
-                pods.append(PodOnNode(node, job_of_pod(pod), bool(spec.get("nodeName")), dict(requests),
-                                      priority if isinstance(priority, int) else UNKNOWN_PRIORITY,
-                                      agent=is_node_agent(pod)))  # fmt: skip
+        pods = self.stores.usage.pods_on(nodes)  # read once per pod change, not per pass
         pods.extend(
             PodOnNode(node, None, False, dict(requests), UNKNOWN_PRIORITY)
             for key, (node, requests) in state.assumed.items()

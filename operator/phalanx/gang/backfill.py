@@ -46,7 +46,7 @@ def job_end(status: Mapping[str, Any], now: float, read_at: float | None = None)
 OVERDUE_SECONDS: Final = 2.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PodOnNode:
     """A pod holding room on a node, as the backfill and early start read it."""
 

@@ -16,14 +16,33 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from phalanx.cache import Slim
+from phalanx.gang.backfill import PodOnNode
 from phalanx.gang.capacity import Resources, add_into, as_resources, effective_requests, node_held
+from phalanx.gang.early_start import UNKNOWN_PRIORITY
 from phalanx.gang.on_creation import Assumed, add_in_flight, waits_for_admission
-from phalanx.pod_facts import is_gated, planned_node
+from phalanx.pod_facts import is_gated, is_node_agent, job_of_pod, planned_node
+
+# A pod holding room: its node, its requests, and what the backfill and early start read of it.
+_Holding = tuple[str, Resources, PodOnNode]
 
 
-def _held(pod: Mapping[str, Any]) -> tuple[str, Resources] | None:
+def _held(pod: Mapping[str, Any]) -> _Holding | None:
     node = node_held(pod, planned_node(pod))
-    return None if node is None else (node, as_resources(effective_requests(pod.get("spec") or {})))
+    if node is None:
+        return None
+    spec = pod.get("spec") or {}
+    requests = as_resources(effective_requests(spec))
+    return node, requests, holding_pod(pod, node, requests)
+
+
+def holding_pod(pod: Mapping[str, Any], node: str, requests: Resources) -> PodOnNode:
+    """What the backfill and early start read of a pod holding room on `node` (gang/backfill.py),
+    taken once as the pod changes: a pass reading every node's pods at 5,000 nodes then costs a
+    look-up per pod, not a parse."""
+    spec = pod.get("spec") or {}
+    priority = spec.get("priority")
+    return PodOnNode(node, job_of_pod(pod), bool(spec.get("nodeName")), dict(requests),
+                     priority if isinstance(priority, int) else UNKNOWN_PRIORITY, agent=is_node_agent(pod))  # fmt: skip
 
 
 def _terminating(pod: Mapping[str, Any] | None) -> bool:
@@ -35,7 +54,7 @@ class UsageIndex:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._held: dict[str, tuple[str, Resources]] = {}  # pod key -> (node, requests)
+        self._held: dict[str, _Holding] = {}  # pod key -> (node, requests, what the backfill reads)
         self._on_node: dict[str, set[str]] = {}  # node -> keys of the pods holding room there
         self._present: set[str] = set()  # every pod key the store holds
         self._used: dict[str, dict[str, int]] = {}
@@ -80,10 +99,10 @@ class UsageIndex:
                 if is_gated(pod):
                     self._gated.add(key)
 
-    def _move(self, key: str, held: tuple[str, Resources] | None, terminating: bool = False) -> None:
+    def _move(self, key: str, held: _Holding | None, terminating: bool = False) -> None:
         before = self._held.pop(key, None)
         if before is not None:
-            _subtract(self._used, *before)
+            _subtract(self._used, before[0], before[1])
             keys = self._on_node.get(before[0])
             if keys is not None:
                 keys.discard(key)
@@ -91,7 +110,7 @@ class UsageIndex:
                     del self._on_node[before[0]]
             if key in self._terminating:
                 self._terminating.discard(key)
-                _subtract(self._freeing, *before)
+                _subtract(self._freeing, before[0], before[1])
         if held is not None:
             self._held[key] = held
             self._on_node.setdefault(held[0], set()).add(key)
@@ -110,11 +129,11 @@ class UsageIndex:
             used = {node: dict(totals) for node, totals in self._used.items()}
             return add_in_flight(used, in_flight or {}, self._present.__contains__)
 
-    def holders(self, nodes: Collection[str]) -> list[tuple[str, str, Resources]]:
-        """(pod key, node, requests) of every pod holding room on these nodes: bound, or admitted and
-        not bound yet."""
-        with self._lock:  # by node: a blocked head's few nodes, not every pod in the cluster
-            return [(key, *self._held[key]) for node in nodes for key in sorted(self._on_node.get(node, ()))]
+    def pods_on(self, nodes: Collection[str]) -> list[PodOnNode]:
+        """Every pod holding room on these nodes, bound or admitted and not bound yet, in no order."""
+        with self._lock:  # by node: the nodes asked about, not every pod in the cluster
+            held = self._held
+            return [held[key][2] for node in nodes for key in self._on_node.get(node, ())]
 
     def freeing(self) -> dict[str, dict[str, int]]:
         """The part of used() held by pods being deleted: room that frees up once they stop."""

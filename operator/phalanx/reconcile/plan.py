@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -72,6 +73,9 @@ def iso(ts: float) -> str:
     return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+# Kept: a pass reads every running job's startTime and creationTimestamp, the same strings each time,
+# and strptime costs ~10 us (50 ms a pass at 5,000 jobs).
+@functools.lru_cache(maxsize=16384)
 def parse_iso(value: str | None) -> float | None:
     if not value:
         return None
