@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadscope)
 
 .PHONY: help system-deps venv cluster-bin kueue-bin lint typecheck test test-unit test-integration test-e2e test-trainer \
-        crd crd-check docs chart-lint kind-up demo bench bench-trainer bench-restart bench-restore bench-checkpoint bench-gang bench-decision bench-footprint-ab bench-contention-ab bench-kueue bench-recovery bench-node-loss bench-goodput bench-failover gpu-check dev-up dev-down clean
+        crd crd-check docs chart-lint kind-up demo bench bench-trainer bench-restart bench-restore bench-checkpoint bench-gang bench-decision bench-pass-reads bench-footprint-ab bench-contention-ab bench-kueue bench-recovery bench-node-loss bench-goodput bench-failover gpu-check dev-up dev-down clean
 
 help:
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -109,6 +109,9 @@ bench-contention-ab: $(STAMP) cluster-bin ## the contention part, this tree's op
 
 bench-decision: $(STAMP) ## one admission decision on 500 nodes, the nodes re-read per decision vs one shared NodeSet, 7 pairs -> bench/results/decision.json
 	$(BIN)/python bench/decision_bench.py
+
+bench-pass-reads: $(STAMP) ## when nodes free, as a pass reads it on 5,000 nodes x 8 pods, this tree vs BASELINE=<commit>, 5 pairs -> bench/results/pass-reads.json
+	$(BIN)/python bench/pass_reads_bench.py --baseline $(or $(BASELINE),$(error give BASELINE=<commit>)) --pairs 5
 
 bench-kueue: $(STAMP) cluster-bin kueue-bin ## the same gangs via builtin admission, via Kueue, and as Kueue pod groups -> bench/results/kueue.json
 	$(BIN)/python bench/kueue_bench.py

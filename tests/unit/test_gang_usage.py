@@ -154,6 +154,26 @@ def test_what_the_backfill_reads_of_each_holder_follows_its_pod() -> None:
     bound = PodOnNode("n1", "ns/a", True, {"nvidia.com/gpu": 2000, "pods": 1000}, 7)
     assert sorted(index.pods_on({"n1", "n2"}), key=repr) == sorted([bound, agent_read], key=repr)
     assert index.pods_on({"n2"}) == []
+    # A Deployment's pod is no agent, a static pod (its mirror owned by the Node) is one; neither
+    # states a priority.
+    for name, kind in (("web", "ReplicaSet"), ("static", "Node")):
+        store.upsert({"metadata": {"name": name, "namespace": "ns", "resourceVersion": "1",
+                                   "ownerReferences": [{"kind": kind, "name": "o", "uid": name, "controller": True}]},
+                      "spec": {"nodeName": "n2", "containers": [{"name": "c", "resources": {"requests": {"cpu": "1"}}}]},
+                      "status": {"phase": "Running"}})  # fmt: skip
+    cpu = {"cpu": 1000, "pods": 1000}
+    web, static = (
+        PodOnNode("n2", None, True, cpu, UNKNOWN_PRIORITY),
+        PodOnNode("n2", None, True, cpu, UNKNOWN_PRIORITY, agent=True),
+    )
+    assert sorted(index.pods_on({"n2"}), key=repr) == sorted([web, static], key=repr)
+    # Creates in flight count until the store holds their pod (then as that pod): no job, priority unknown.
+    in_flight = {"ns/b-0": ("n2", (("nvidia.com/gpu", 1000),)), "ns/a-0": ("n1", (("nvidia.com/gpu", 2000),))}
+    on_its_way = PodOnNode("n2", None, False, {"nvidia.com/gpu": 1000}, UNKNOWN_PRIORITY)
+    assert sorted(index.pods_on({"n1", "n2"}, in_flight), key=repr) == sorted(
+        [bound, agent_read, web, static, on_its_way], key=repr
+    )
+    assert sorted(index.pods_on({"n1"}, in_flight), key=repr) == sorted([bound, agent_read], key=repr)
 
 
 def test_used_returns_a_copy_the_caller_may_change() -> None:

@@ -25,7 +25,6 @@ from phalanx.gang.admission import AdmissionPlan, GangRequest, admission_order, 
 from phalanx.gang.backfill import PodOnNode, node_free_at, stated_end
 from phalanx.gang.capacity import add_into
 from phalanx.gang.early_start import (
-    UNKNOWN_PRIORITY,
     EarlyStart,
     end_for_early_start,
     node_handovers,
@@ -287,13 +286,7 @@ class AdmissionPass:
     def _pods_on(self, nodes: set[str], state: AdmissionState) -> list[PodOnNode]:
         """Every pod holding room on these nodes, bound or admitted and not bound yet (pinned), and
         the creates whose reply is on its way (state.assumed, under its lock: the plan's caller's)."""
-        pods = self.stores.usage.pods_on(nodes)  # read once per pod change, not per pass
-        pods.extend(
-            PodOnNode(node, None, False, dict(requests), UNKNOWN_PRIORITY)
-            for key, (node, requests) in state.assumed.items()
-            if node in nodes and self.stores.pods.get(key) is None  # else counted above
-        )
-        return pods
+        return self.stores.usage.pods_on(nodes, state.assumed)  # read once per pod change, not per pass
 
     def _work_end(self, job: dict[str, Any]) -> float:
         """When the job's work ends, as early start and the backfill trust it: the ETA of the newest

@@ -11,6 +11,7 @@ on its planned node (tests/unit/test_gang_usage.py checks them side by side).
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Collection, Mapping
 from typing import Any
@@ -22,26 +23,24 @@ from phalanx.gang.early_start import UNKNOWN_PRIORITY
 from phalanx.gang.on_creation import Assumed, add_in_flight, waits_for_admission
 from phalanx.pod_facts import is_gated, is_node_agent, job_of_pod, planned_node
 
-# A pod holding room: its node, its requests, and what the backfill and early start read of it.
-_Holding = tuple[str, Resources, PodOnNode]
 
-
-def _held(pod: Mapping[str, Any]) -> _Holding | None:
+def _held(pod: Mapping[str, Any]) -> PodOnNode | None:
     node = node_held(pod, planned_node(pod))
-    if node is None:
-        return None
-    spec = pod.get("spec") or {}
-    requests = as_resources(effective_requests(spec))
-    return node, requests, holding_pod(pod, node, requests)
+    return (
+        None
+        if node is None
+        else holding_pod(pod, node, as_resources(effective_requests(pod.get("spec") or {})))
+    )
 
 
 def holding_pod(pod: Mapping[str, Any], node: str, requests: Resources) -> PodOnNode:
-    """What the backfill and early start read of a pod holding room on `node` (gang/backfill.py),
-    taken once as the pod changes: a pass reading every node's pods at 5,000 nodes then costs a
-    look-up per pod, not a parse."""
+    """A pod holding room on `node`: its requests, and what the backfill and early start read of it
+    (gang/backfill.py), taken once as the pod changes: a pass reading every node's pods at 5,000
+    nodes then costs a look-up per pod, not a parse. Shared by every pass: read, never changed."""
     spec = pod.get("spec") or {}
     priority = spec.get("priority")
-    return PodOnNode(node, job_of_pod(pod), bool(spec.get("nodeName")), dict(requests),
+    job = job_of_pod(pod)
+    return PodOnNode(node, None if job is None else sys.intern(job), bool(spec.get("nodeName")), dict(requests),
                      priority if isinstance(priority, int) else UNKNOWN_PRIORITY, agent=is_node_agent(pod))  # fmt: skip
 
 
@@ -54,7 +53,7 @@ class UsageIndex:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._held: dict[str, _Holding] = {}  # pod key -> (node, requests, what the backfill reads)
+        self._held: dict[str, PodOnNode] = {}  # pod key -> its node, requests, what the backfill reads
         self._on_node: dict[str, set[str]] = {}  # node -> keys of the pods holding room there
         self._present: set[str] = set()  # every pod key the store holds
         self._used: dict[str, dict[str, int]] = {}
@@ -99,25 +98,25 @@ class UsageIndex:
                 if is_gated(pod):
                     self._gated.add(key)
 
-    def _move(self, key: str, held: _Holding | None, terminating: bool = False) -> None:
+    def _move(self, key: str, held: PodOnNode | None, terminating: bool = False) -> None:
         before = self._held.pop(key, None)
         if before is not None:
-            _subtract(self._used, before[0], before[1])
-            keys = self._on_node.get(before[0])
+            _subtract(self._used, before.node, before.requests)
+            keys = self._on_node.get(before.node)
             if keys is not None:
                 keys.discard(key)
                 if not keys:
-                    del self._on_node[before[0]]
+                    del self._on_node[before.node]
             if key in self._terminating:
                 self._terminating.discard(key)
-                _subtract(self._freeing, before[0], before[1])
+                _subtract(self._freeing, before.node, before.requests)
         if held is not None:
             self._held[key] = held
-            self._on_node.setdefault(held[0], set()).add(key)
-            add_into(self._used.setdefault(held[0], {}), held[1])
+            self._on_node.setdefault(held.node, set()).add(key)
+            add_into(self._used.setdefault(held.node, {}), held.requests.items())
             if terminating:
                 self._terminating.add(key)
-                add_into(self._freeing.setdefault(held[0], {}), held[1])
+                add_into(self._freeing.setdefault(held.node, {}), held.requests.items())
 
     # -- reads --------------------------------------------------------------------------------
     def used(self, in_flight: Assumed | None = None) -> dict[str, dict[str, int]]:
@@ -129,11 +128,19 @@ class UsageIndex:
             used = {node: dict(totals) for node, totals in self._used.items()}
             return add_in_flight(used, in_flight or {}, self._present.__contains__)
 
-    def pods_on(self, nodes: Collection[str]) -> list[PodOnNode]:
-        """Every pod holding room on these nodes, bound or admitted and not bound yet, in no order."""
+    def pods_on(self, nodes: Collection[str], in_flight: Assumed | None = None) -> list[PodOnNode]:
+        """Every pod holding room on these nodes, bound or admitted and not bound yet, in no order;
+        and the creates in flight there the store does not hold yet (no job, priority unknown). One
+        lock for both, as in used(): a reply stored between two reads would be in neither."""
         with self._lock:  # by node: the nodes asked about, not every pod in the cluster
             held = self._held
-            return [held[key][2] for node in nodes for key in self._on_node.get(node, ())]
+            pods = [held[key] for node in nodes for key in self._on_node.get(node, ())]
+            pods.extend(
+                PodOnNode(node, None, False, dict(requests), UNKNOWN_PRIORITY)
+                for key, (node, requests) in (in_flight or {}).items()
+                if node in nodes and key not in self._present
+            )
+            return pods
 
     def freeing(self) -> dict[str, dict[str, int]]:
         """The part of used() held by pods being deleted: room that frees up once they stop."""
@@ -155,9 +162,9 @@ class UsageIndex:
             return bool(self._gated)
 
 
-def _subtract(totals_by_node: dict[str, dict[str, int]], node: str, requests: Resources) -> None:
+def _subtract(totals_by_node: dict[str, dict[str, int]], node: str, requests: Mapping[str, int]) -> None:
     totals = totals_by_node[node]
-    add_into(totals, requests, times=-1)
+    add_into(totals, requests.items(), times=-1)
     for name in [n for n, amount in totals.items() if amount == 0]:
         del totals[name]
     if not totals:
