@@ -259,34 +259,29 @@ class AdmissionPass:
 
     def _free_at(self, nodes: set[str], state: AdmissionState, now: float) -> dict[str, float]:
         """When the work on these nodes (those holding room) ends, for the ETA-aware backfill and
-        the head's reservation (gang/backfill.py): the end of each job with a pod there."""
-        pods = self._pods_on(nodes, state)
-        ends = {}
-        for key in {p.job for p in pods if p.job is not None}:
-            job = self.stores.jobs.get(key)
-            if job is not None:
-                ends[key] = self._work_end(job)
-        return node_free_at(pods, ends, now)
+        the head's reservation (gang/backfill.py)."""
+        return node_free_at(*self._work_on(nodes, state), now)
 
     def _early_start(self, state: AdmissionState, now: float) -> Callable[[Sequence[str]], EarlyStart]:
         """What early start knows of some nodes (gang/early_start.py), read when a plan asks: only
         for the nodes a blocked head holds, so a pass with no blocked head reads no pod."""
 
         def outlook(nodes: Sequence[str]) -> EarlyStart:
-            pods = self._pods_on(set(nodes), state)
-            ends = {}
-            for key in {p.job for p in pods if p.job is not None}:
-                job = self.stores.jobs.get(key)
-                if job is not None:
-                    ends[key] = self._work_end(job)
-            return EarlyStart(node_handovers(pods, ends, now))
+            return EarlyStart(node_handovers(*self._work_on(set(nodes), state), now))
 
         return outlook
 
-    def _pods_on(self, nodes: set[str], state: AdmissionState) -> list[PodOnNode]:
-        """Every pod holding room on these nodes, bound or admitted and not bound yet (pinned), and
-        the creates whose reply is on its way (state.assumed, under its lock: the plan's caller's)."""
-        return self.stores.usage.pods_on(nodes, state.assumed)  # read once per pod change, not per pass
+    def _work_on(self, nodes: set[str], state: AdmissionState) -> tuple[list[PodOnNode], dict[str, float]]:
+        """Every pod holding room on these nodes (bound, or admitted and pinned, and the creates whose
+        reply is on its way: state.assumed, under the plan caller's lock), read once per pod change
+        by the usage index; and when each job with a pod there ends."""
+        pods = self.stores.usage.pods_on(nodes, state.assumed)
+        ends = {}
+        for key in {p.job for p in pods if p.job is not None}:
+            job = self.stores.jobs.get(key)
+            if job is not None:
+                ends[key] = self._work_end(job)
+        return pods, ends
 
     def _work_end(self, job: dict[str, Any]) -> float:
         """When the job's work ends, as early start and the backfill trust it: the ETA of the newest
