@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import pytest
 
 from phalanx.gang.admission import GangRequest, admission_order, plan_admission
-from phalanx.gang.backfill import OVERDUE_SECONDS, PodOnNode
+from phalanx.gang.backfill import PodOnNode, node_free_at
 from phalanx.gang.capacity import NodeInfo, PodDemand
 from phalanx.gang.early_start import EarlyStart, node_handovers
 
@@ -181,31 +181,25 @@ def simulate(seed: int, estimates: bool = False, early: bool = False, overrun: i
             break
         held = {name: gpus_used[name] + planned[name] for name in gpus_used}
         used = {name: {GPU: amount * 1000} for name, amount in held.items() if amount}
+        # Running and binding gangs' pods as the pass reads them: bound ones end with their gang.
+        pods = [
+            PodOnNode(node, key, i < g.bound, {GPU: g.gpus_per_pod * 1000}, g.request.priority)
+            for key, g in gangs.items()
+            if key in running or key in binding
+            for i, (_, node) in enumerate(g.placements)
+        ]
         free_at: dict[str, float] | None = None
         if estimates:
-            free_at = {}
-            for key in running:
-                # One gang in five reports no ETA: its nodes' end of work is unknown (never lent);
-                # one past its estimate by more than OVERDUE_SECONDS overran: unknown too.
-                end = expected_end.get(key, math.inf)
-                if end < tick - OVERDUE_SECONDS:
-                    end = math.inf
-                for _, node in gangs[key].placements:
-                    free_at[node] = max(free_at.get(node, 0.0), end)
-            for key in binding:  # admitted, not all bound: its run has not begun, its end is unknown
-                for _, node in gangs[key].placements:
-                    free_at[node] = math.inf
+            # What the operator believes (node_free_at): one gang in five reports no ETA (its nodes'
+            # end unknown, never lent); one past its estimate by more than OVERDUE_SECONDS overran,
+            # unknown too; a binding gang's run has not begun (its end unknown).
+            believed = {key: expected_end[key] for key in running if key in expected_end}
+            free_at = node_free_at(pods, believed, tick)
         early_start = EarlyStart({})
         if early:
             ends = {
                 k: float(end) for k, end in running.items() if gangs[k].request.estimate_seconds is not None
             }
-            pods = [
-                PodOnNode(node, key, i < g.bound, {GPU: g.gpus_per_pod * 1000}, g.request.priority)
-                for key, g in gangs.items()
-                if key in running or key in binding
-                for i, (_, node) in enumerate(g.placements)
-            ]
             early_start = EarlyStart(node_handovers(pods, ends, tick))
         plan = plan_admission(
             waiting,

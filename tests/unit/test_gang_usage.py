@@ -13,9 +13,8 @@ import pytest
 from phalanx import constants as c
 from phalanx.builders.pods import admitted_pod
 from phalanx.cache import Store, object_key, slim_pod
-from phalanx.gang.backfill import PodOnNode
+from phalanx.gang.backfill import UNKNOWN_PRIORITY, PodOnNode
 from phalanx.gang.capacity import as_resources, effective_requests, node_held
-from phalanx.gang.early_start import UNKNOWN_PRIORITY
 from phalanx.gang.on_creation import Assumed, add_in_flight, waits_for_admission
 from phalanx.gang.usage import UsageIndex, holding_pod
 from phalanx.pod_facts import is_gated, planned_node

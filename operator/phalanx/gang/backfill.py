@@ -46,6 +46,10 @@ def job_end(status: Mapping[str, Any], now: float, read_at: float | None = None)
 OVERDUE_SECONDS: Final = 2.0
 
 
+# A pod whose priority is not known (a create in flight): assumed the lowest.
+UNKNOWN_PRIORITY: Final = -(2**31)
+
+
 @dataclass(frozen=True, slots=True)
 class PodOnNode:
     """A pod holding room on a node, as the backfill and early start read it."""
@@ -53,8 +57,8 @@ class PodOnNode:
     node: str
     job: str | None  # the TrainingJob it belongs to ("namespace/name"), None for other owners
     bound: bool  # False: admitted, pinned to the node, not bound yet
-    requests: ResourceList
-    priority: int  # its spec.priority, as the scheduler compares it (early_start.UNKNOWN_PRIORITY: not known)
+    requests: ResourceList  # shared by every pass that reads the pod (gang/usage.py): read, never changed
+    priority: int  # its spec.priority, as the scheduler compares it (UNKNOWN_PRIORITY: not known)
     agent: bool = False  # a node agent (a DaemonSet's or a static pod): there for good, beside any work
 
 
@@ -80,11 +84,17 @@ def node_free_at(pods: Iterable[PodOnNode], job_ends: Mapping[str, float], now: 
     for pod in pods:
         if pod.agent and not holds_extended(pod.requests):
             continue  # beside the work for good, bound or about to be: the node frees without it
-        end = job_ends.get(pod.job, math.inf) if pod.job is not None and pod.bound else math.inf
-        if end < now - OVERDUE_SECONDS:
-            end = math.inf
+        end = pod_end(pod, job_ends, now)
         free_at[pod.node] = max(free_at.get(pod.node, end), end)
     return free_at
+
+
+def pod_end(pod: PodOnNode, job_ends: Mapping[str, float], now: float) -> float:
+    """When a pod's work ends (inf: not known): its job's end, once the pod is bound; not for another
+    owner's pod, nor for a job more than OVERDUE_SECONDS past its end (an estimate is one: a job a
+    little past it still ends)."""
+    end = job_ends.get(pod.job, math.inf) if pod.job is not None and pod.bound else math.inf
+    return math.inf if end < now - OVERDUE_SECONDS else end
 
 
 def estimate_seconds(spec: TrainingJobSpec, status: Mapping[str, Any]) -> float | None:

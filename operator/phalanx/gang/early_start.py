@@ -31,11 +31,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from phalanx.gang.backfill import OVERDUE_SECONDS, PodOnNode, job_end
+from phalanx.gang.backfill import PodOnNode, job_end, pod_end
 from phalanx.gang.capacity import add_into
 
 EARLY_START_SECONDS: Final = 2.0
-UNKNOWN_PRIORITY: Final = -(2**31)  # a create in flight: its priority is not known, so assume the lowest
 
 
 def end_for_early_start(
@@ -65,15 +64,14 @@ def node_handovers(
     pods: Iterable[PodOnNode],
     job_ends: Mapping[str, float],
     now: float,
-    overdue_by: float = OVERDUE_SECONDS,
 ) -> dict[str, NodeHandover]:
     """Per node holding pods: when its ending work ends, what stays, and the lowest priority there
     (of every pod holding room: one admitted and not bound yet binds within moments)."""
     handovers: dict[str, NodeHandover] = {}
     for pod in pods:
         handover = handovers.setdefault(pod.node, NodeHandover())
-        end = job_ends.get(pod.job, math.inf) if pod.job is not None and pod.bound else math.inf
-        if now - overdue_by <= end < math.inf:  # an estimate is one: a job a little past it still ends
+        end = pod_end(pod, job_ends, now)
+        if end < math.inf:
             handover.ends_at = max(handover.ends_at, end)
         else:  # no end known, long overdue, or not bound yet: it stays
             add_into(handover.stays, pod.requests.items())

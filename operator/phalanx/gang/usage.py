@@ -17,9 +17,8 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from phalanx.cache import Slim
-from phalanx.gang.backfill import PodOnNode
+from phalanx.gang.backfill import UNKNOWN_PRIORITY, PodOnNode
 from phalanx.gang.capacity import Resources, add_into, as_resources, effective_requests, node_held
-from phalanx.gang.early_start import UNKNOWN_PRIORITY
 from phalanx.gang.on_creation import Assumed, add_in_flight, waits_for_admission
 from phalanx.pod_facts import is_gated, is_node_agent, job_of_pod, planned_node
 
