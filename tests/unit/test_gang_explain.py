@@ -65,6 +65,18 @@ def test_cpu_only_pods_are_described_by_cpu_and_memory() -> None:
     assert describe_requests(demand) == "4 cpu, 16Gi memory"
 
 
+def test_native_resources_with_a_prefix_are_not_named_as_accelerators() -> None:
+    # The scheduler's rule (capacity.is_extended_resource): hugepages and kubernetes.io names are
+    # native; a name in another domain is an accelerator, MIG slice or RDMA device.
+    demand = PodDemand.from_pod_spec({"containers": [{"name": "c", "resources": {
+        "requests": {"cpu": "4", "memory": "16Gi", "hugepages-2Mi": "1Gi", "example.kubernetes.io/slot": "1"},
+        "limits": {"hugepages-2Mi": "1Gi", "nvidia.com/mig-1g.10gb": "1"}}}]})  # fmt: skip
+    assert describe_requests(demand) == "1 nvidia.com/mig-1g.10gb"
+    plain = PodDemand.from_pod_spec({"containers": [{"name": "c", "resources": {
+        "requests": {"cpu": "4", "memory": "16Gi", "hugepages-2Mi": "1Gi"}, "limits": {"hugepages-2Mi": "1Gi"}}}]})  # fmt: skip
+    assert describe_requests(plain) == "4 cpu, 16Gi memory"
+
+
 def test_never_fits_names_the_largest_node() -> None:
     plan = plan_admission([gang("ns/huge", 2, {GPU: "16"})], [node("a"), node("b")], {}, now=0)
     assert plan.never_fits["ns/huge"] == (

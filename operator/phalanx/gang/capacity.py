@@ -22,8 +22,6 @@ Resources = tuple[tuple[str, int], ...]
 """A hashable, sorted ResourceList without zero entries."""
 
 PODS: Final = "pods"
-# What every pod may ask of a node besides extended resources (accelerators, MIG slices, RDMA).
-NON_EXTENDED: Final = ("cpu", "memory", "ephemeral-storage", PODS)
 ONE_POD: Final = 1 * MILLI
 UNSCHEDULABLE_TAINT_KEY: Final = "node.kubernetes.io/unschedulable"
 # Taints the node lifecycle controller sets for conditions (not-ready, unreachable, pressure...).
@@ -299,11 +297,13 @@ def _container_requests(container: Mapping[str, Any]) -> dict[str, int]:
 def holds_extended(requests: ResourceList) -> bool:
     """Whether these requests hold an extended resource (an accelerator, say), by the scheduler's
     rule: a name with a domain outside kubernetes.io (hugepages-2Mi is native)."""
-    return any(amount > 0 and _is_extended(name) for name, amount in requests.items())
+    return any(amount > 0 and is_extended_resource(name) for name, amount in requests.items())
 
 
-def _is_extended(name: str) -> bool:
-    return "/" in name and not name.startswith("kubernetes.io/") and not name.startswith("requests.")
+def is_extended_resource(name: str) -> bool:
+    """An extended resource (an accelerator, a MIG slice, RDMA), by the scheduler's rule: a name with
+    a domain, not in kubernetes.io (cpu, memory, hugepages-2Mi are native)."""
+    return "/" in name and "kubernetes.io/" not in name and not name.startswith("requests.")
 
 
 def effective_requests(spec: Mapping[str, Any]) -> dict[str, int]:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from phalanx.gang.capacity import NON_EXTENDED, PODS, PodDemand, Refusal, RefusalKind
+from phalanx.gang.capacity import PODS, PodDemand, Refusal, RefusalKind, is_extended_resource
 from phalanx.gang.quantities import format_milli
 
 MAX_REASON_CHARS: Final = 299
@@ -34,7 +34,7 @@ def _plural(count: int, word: str) -> str:
 def describe_requests(demand: PodDemand) -> str:
     """ "8 nvidia.com/gpu" for accelerator pods, "4 cpu, 16Gi memory" for the rest."""
     requests = [(name, amount) for name, amount in demand.requests if name != PODS]
-    extended = [(name, amount) for name, amount in requests if name not in NON_EXTENDED]
+    extended = [(name, amount) for name, amount in requests if is_extended_resource(name)]
     shown = extended or [(name, amount) for name, amount in requests if name in _BASIC_RESOURCES]
     if not shown:
         return "no resources"
