@@ -607,6 +607,26 @@ def test_a_restart_forgets_the_eta_read_in_the_attempt_before(trainer: Trainer) 
     assert polling.read_progress("ns/job", "uid-1") is None
 
 
+def test_a_poll_that_straddles_a_restart_keeps_no_eta_of_the_attempt_that_ended(
+    trainer: Trainer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The attempt ends (track() forgets its ETA) after the poll read its report and before the poll
+    # stores it: what the poll read belongs to the attempt that ended.
+    rank0 = {"metadata": {"name": "job-worker-0", "labels": {"phalanx.dev/attempt": "0",
+                                                             "phalanx.dev/replica-index": "0"}},
+             "status": {"podIP": "10.0.0.1"}}  # fmt: skip
+    polling = ProgressPoller(RecordingWriter(), NoQueue(), status_seconds=30.0)  # type: ignore[arg-type]
+    trainer.report["eta_seconds"] = 600
+    polling.track("ns/job", "uid-1", [rank0], {"phase": "Running", "attempt": 0})
+
+    def restart_meanwhile(*_: object) -> None:
+        polling.track("ns/job", "uid-1", [rank0], {"phase": "Restarting", "attempt": 0})
+
+    monkeypatch.setattr(progress_module.metrics, "observe_progress", restart_meanwhile)
+    polling.poll("ns/job")
+    assert polling.read_progress("ns/job", "uid-1") is None
+
+
 @pytest.mark.parametrize(
     ("answer", "error"),
     [

@@ -497,7 +497,9 @@ class ProgressPoller:
         written, now = self.last_progress.get(key), time.monotonic()
         with self.unwritten_lock:
             seen = self.progress_read.get(key)
-            if seen is None or seen[0] != target.uid or seen[1] != patch["progress"]:
+            # Not if its attempt ended while this poll ran (track() forgot its ETA under this lock).
+            current = self.targets.get(key) == target
+            if current and (seen is None or seen[0] != target.uid or seen[1] != patch["progress"]):
                 self.progress_read[key] = (target.uid, patch["progress"], facts["polled_at"])
         if written == patch:
             with self.unwritten_lock:
