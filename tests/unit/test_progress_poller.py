@@ -591,15 +591,21 @@ def test_a_restart_between_two_polls_is_not_counted_as_the_pace(trainer: Trainer
     assert (metrics.REGISTRY.get_sample_value("phalanx_progress_poll_interval_seconds_count") or 0.0) == count
 
 
-def test_a_restart_forgets_the_eta_read_in_the_attempt_before(trainer: Trainer) -> None:
-    # The backfill and early start read a job's end from the newest poll: an ETA of the attempt that
-    # stopped is no end of the next one, which has reported nothing yet.
+def tracked_with_an_eta(trainer: Trainer) -> tuple[dict[str, Any], ProgressPoller]:
+    """Rank 0 of a Running first attempt, tracked; its trainer reports an ETA of 600 s."""
     rank0 = {"metadata": {"name": "job-worker-0", "labels": {"phalanx.dev/attempt": "0",
                                                              "phalanx.dev/replica-index": "0"}},
              "status": {"podIP": "10.0.0.1"}}  # fmt: skip
     polling = ProgressPoller(RecordingWriter(), NoQueue(), status_seconds=30.0)  # type: ignore[arg-type]
     trainer.report["eta_seconds"] = 600
     polling.track("ns/job", "uid-1", [rank0], {"phase": "Running", "attempt": 0})
+    return rank0, polling
+
+
+def test_a_restart_forgets_the_eta_read_in_the_attempt_before(trainer: Trainer) -> None:
+    # The backfill and early start read a job's end from the newest poll: an ETA of the attempt that
+    # stopped is no end of the next one, which has reported nothing yet.
+    rank0, polling = tracked_with_an_eta(trainer)
     polling.poll("ns/job")
     assert polling.read_progress("ns/job", "uid-1") is not None
     polling.track("ns/job", "uid-1", [rank0], {"phase": "Restarting", "attempt": 0})
@@ -612,12 +618,7 @@ def test_a_poll_that_straddles_a_restart_keeps_no_eta_of_the_attempt_that_ended(
 ) -> None:
     # The attempt ends (track() forgets its ETA) after the poll read its report and before the poll
     # stores it: what the poll read belongs to the attempt that ended.
-    rank0 = {"metadata": {"name": "job-worker-0", "labels": {"phalanx.dev/attempt": "0",
-                                                             "phalanx.dev/replica-index": "0"}},
-             "status": {"podIP": "10.0.0.1"}}  # fmt: skip
-    polling = ProgressPoller(RecordingWriter(), NoQueue(), status_seconds=30.0)  # type: ignore[arg-type]
-    trainer.report["eta_seconds"] = 600
-    polling.track("ns/job", "uid-1", [rank0], {"phase": "Running", "attempt": 0})
+    rank0, polling = tracked_with_an_eta(trainer)
 
     def restart_meanwhile(*_: object) -> None:
         polling.track("ns/job", "uid-1", [rank0], {"phase": "Restarting", "attempt": 0})
